@@ -1,0 +1,38 @@
+# dsgd — the two commands of the quick start, and a few more for developers.
+#   make demo        install what is missing, build, train the CNN on Fashion-MNIST
+#   make test        install what is missing, build, run the fast test suite, then the long one
+# Also: make build | test-fast | test-long | bench | clean
+BUILD ?= build
+JOBS  ?= $(shell nproc)
+CTEST  = ctest --test-dir $(BUILD) --output-on-failure --timeout 900
+
+.PHONY: deps configure build demo test test-fast test-long bench clean
+deps:
+	@scripts/install-deps.sh
+
+$(BUILD)/build.ninja:
+	cmake -S . -B $(BUILD) -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo
+
+configure: deps $(BUILD)/build.ninja
+
+build: configure
+	cmake --build $(BUILD) -j $(JOBS)
+
+# The main job: the reference CNN, 4 epochs, 2 threads (2 cores). Prints progress and a JSON summary.
+demo: build
+	$(BUILD)/dsgd train --model cnn --epochs 4 --batch-size 64 --lr 0.01 --momentum 0.9 --threads 2 \
+	    --json-out $(BUILD)/demo.json
+
+test: test-fast test-long
+
+test-fast: build
+	$(CTEST) -j $(JOBS) -LE long
+
+test-long: build
+	$(CTEST) -L long
+
+bench: build
+	bench/train_baseline.sh
+
+clean:
+	rm -rf $(BUILD)

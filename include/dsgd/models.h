@@ -1,0 +1,52 @@
+// dsgd/models.h — the reference models, selectable by name.
+//
+//   auto model = dsgd::models::make_model("cnn");          // the PyTorch MNIST example's CNN
+//   torch::Tensor logits = model->forward(images);          // [N, 1, 28, 28] -> [N, 10]
+//
+//   name       layout                                                    parameters (defaults)
+//   cnn        conv 1->32 3x3, relu, conv 32->64 3x3, relu, maxpool 2,   1,199,882
+//              dropout .25, fc 9216->128, relu, dropout .5, fc 128->10
+//   mlp        784-2048-2048-10 with relu (communication-bound bench)    5,824,522
+//   resnet18   torchvision's ResNet-18 (BasicBlock 2-2-2-2)              11.2 M (3x224x224, 1000 classes: 11,689,512)
+//   resnet50   torchvision's ResNet-50 (Bottleneck 3-4-6-3)              23.5 M (3x224x224, 1000 classes: 25,557,032)
+//
+// ResNets use torchvision's stem (7x7 stride 2 + max pool) for images of 64 pixels or more and
+// a 3x3 stride-1 stem without pooling for small images such as 28x28. make_model throws
+// dsgd::ConfigError for an unknown name (listing the known ones) or inconsistent options.
+// Models are ordinary torch::nn::Modules; seed with torch::manual_seed before make_model for
+// reproducible initial weights.
+#pragma once
+
+#include <torch/nn/module.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace dsgd::models {
+
+struct ModelOptions {
+  int64_t in_channels = 1;                   // image channels
+  int64_t image_size = 28;                   // height = width, pixels
+  int64_t num_classes = 10;                  // outputs (logits)
+  bool dropout = true;                       // false: dropout layers become identities (for
+                                             // bit-exact equivalence tests)
+  std::vector<int64_t> mlp_hidden = {2048, 2048};  // hidden widths of "mlp"
+};
+
+// An image classifier: images [N, C, H, W] -> logits [N, num_classes].
+class Classifier : public torch::nn::Module {
+ public:
+  virtual torch::Tensor forward(const torch::Tensor& images) = 0;
+};
+
+std::shared_ptr<Classifier> make_model(const std::string& name, const ModelOptions& options = {});
+
+// The names make_model accepts: cnn, mlp, resnet18, resnet50.
+const std::vector<std::string>& model_names();
+
+// Total number of parameter elements (trainable tensors only).
+int64_t parameter_count(const torch::nn::Module& module);
+
+}  // namespace dsgd::models

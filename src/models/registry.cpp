@@ -1,0 +1,45 @@
+#include <torch/nn/module.h>
+
+#include "dsgd/error.h"
+#include "models/zoo.h"
+
+namespace dsgd::models {
+
+const std::vector<std::string>& model_names() {
+  static const std::vector<std::string> names = {"cnn", "mlp", "resnet18", "resnet50"};
+  return names;
+}
+
+std::shared_ptr<Classifier> make_model(const std::string& name, const ModelOptions& o) {
+  if (o.in_channels < 1 || o.image_size < 1 || o.num_classes < 1) {
+    throw ConfigError("model '" + name + "': in_channels, image_size and num_classes must be >= 1 (got " +
+                      std::to_string(o.in_channels) + ", " + std::to_string(o.image_size) + ", " +
+                      std::to_string(o.num_classes) + ")");
+  }
+  if (name == "cnn") {
+    if (o.image_size < 6) {
+      throw ConfigError("model 'cnn' needs images of at least 6x6 pixels (two 3x3 convolutions "
+                        "and a 2x2 pool); got " + std::to_string(o.image_size));
+    }
+    return make_cnn(o);
+  }
+  if (name == "mlp") {
+    for (int64_t h : o.mlp_hidden) {
+      if (h < 1) throw ConfigError("model 'mlp': hidden widths must be >= 1, got " + std::to_string(h));
+    }
+    return make_mlp(o);
+  }
+  if (name == "resnet18") return make_resnet(18, o);
+  if (name == "resnet50") return make_resnet(50, o);
+  std::string known;
+  for (const auto& n : model_names()) known += (known.empty() ? "" : ", ") + n;
+  throw ConfigError("unknown model '" + name + "'; known models: " + known);
+}
+
+int64_t parameter_count(const torch::nn::Module& module) {
+  int64_t n = 0;
+  for (const auto& p : module.parameters()) n += p.numel();
+  return n;
+}
+
+}  // namespace dsgd::models

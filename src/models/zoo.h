@@ -1,0 +1,13 @@
+// Factories for the reference models, one .cpp each; make_model (registry.cpp) picks by name.
+// Options are validated by the caller.
+#pragma once
+
+#include "dsgd/models.h"
+
+namespace dsgd::models {
+
+std::shared_ptr<Classifier> make_cnn(const ModelOptions& options);
+std::shared_ptr<Classifier> make_mlp(const ModelOptions& options);
+std::shared_ptr<Classifier> make_resnet(int depth, const ModelOptions& options);  // 18 or 50
+
+}  // namespace dsgd::models

@@ -1,0 +1,170 @@
+#include "runtime/local_job.h"
+
+#include <ATen/Parallel.h>
+#include <torch/nn/functional/loss.h>
+#include <torch/optim/sgd.h>
+#include <torch/utils.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <optional>
+
+#include "dsgd/data.h"
+#include "dsgd/error.h"
+#include "dsgd/models.h"
+
+namespace dsgd::runtime {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+void require(bool ok, const std::string& what) {
+  if (!ok) throw ConfigError(what);
+}
+
+struct Evaluation {
+  double loss = 0;
+  double accuracy = 0;
+};
+
+Evaluation evaluate(models::Classifier& model, const data::ImageDataset& test) {
+  torch::NoGradGuard no_grad;
+  model.eval();
+  constexpr int64_t kEvalBatch = 1000;
+  const int64_t n = test.length();
+  double loss_sum = 0;
+  int64_t correct = 0;
+  for (int64_t start = 0; start < n; start += kEvalBatch) {
+    const int64_t end = std::min(n, start + kEvalBatch);
+    auto x = test.images().slice(0, start, end);
+    auto y = test.labels().slice(0, start, end);
+    auto logits = model.forward(x);
+    loss_sum += torch::nn::functional::cross_entropy(
+                    logits, y, torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum))
+                    .item<double>();
+    correct += logits.argmax(1).eq(y).sum().item<int64_t>();
+  }
+  model.train();
+  return {loss_sum / static_cast<double>(n), static_cast<double>(correct) / static_cast<double>(n)};
+}
+
+}  // namespace
+
+void validate(const LocalJobOptions& o) {
+  const auto& names = models::model_names();
+  if (std::find(names.begin(), names.end(), o.model) == names.end()) {
+    std::string known;
+    for (const auto& n : names) known += (known.empty() ? "" : ", ") + n;
+    throw ConfigError("unknown model '" + o.model + "'; known models: " + known);
+  }
+  require(o.dataset == "fashion-mnist" || o.dataset == "synthetic",
+          "unknown dataset '" + o.dataset + "'; use fashion-mnist or synthetic");
+  require(o.epochs >= 1, "epochs must be >= 1, got " + std::to_string(o.epochs));
+  require(o.batch_size >= 1, "batch size must be >= 1, got " + std::to_string(o.batch_size));
+  require(std::isfinite(o.lr) && o.lr > 0, "learning rate must be a positive number, got " + std::to_string(o.lr));
+  require(std::isfinite(o.momentum) && o.momentum >= 0 && o.momentum < 1,
+          "momentum must be in [0, 1), got " + std::to_string(o.momentum));
+  require(o.threads >= 1 && o.threads <= 1024, "threads must be in 1..1024, got " + std::to_string(o.threads));
+  require(o.max_steps >= 0, "max steps must be >= 0 (0 = no limit), got " + std::to_string(o.max_steps));
+  require(o.synthetic_samples >= 1, "synthetic samples must be >= 1, got " + std::to_string(o.synthetic_samples));
+  require(o.synthetic_image_size >= 6 && o.synthetic_image_size <= 1024,
+          "synthetic image size must be in 6..1024 pixels, got " + std::to_string(o.synthetic_image_size));
+}
+
+LocalJobResult run_local_job(const LocalJobOptions& o, ProgressListener* listener) {
+  validate(o);
+  const auto wall_start = Clock::now();
+  at::set_num_threads(o.threads);
+  torch::manual_seed(o.seed);
+
+  // The synthetic dataset is drawn once and split 4:1, so both splits share its teacher.
+  const int64_t synthetic_test = std::max<int64_t>(1, o.synthetic_samples / 4);
+  std::optional<data::ImageDataset> synthetic;
+  if (o.dataset == "synthetic") {
+    synthetic.emplace(data::make_synthetic(
+        {.num_samples = o.synthetic_samples + synthetic_test, .image_size = o.synthetic_image_size, .seed = o.seed}));
+  }
+  auto split = [&](data::Split which) {
+    if (!synthetic) return data::load_fashion_mnist(o.data_dir, which);
+    auto rows = which == data::Split::kTrain ? synthetic->images().slice(0, 0, o.synthetic_samples)
+                                             : synthetic->images().slice(0, o.synthetic_samples);
+    auto labels = which == data::Split::kTrain ? synthetic->labels().slice(0, 0, o.synthetic_samples)
+                                               : synthetic->labels().slice(0, o.synthetic_samples);
+    return data::ImageDataset(rows.contiguous(), labels.contiguous(), synthetic->num_classes());
+  };
+  data::ImageDataset train = split(data::Split::kTrain);
+  std::optional<data::ImageDataset> test;
+  if (o.evaluate) test.emplace(split(data::Split::kTest));
+
+  models::ModelOptions mo;
+  mo.in_channels = train.images().size(1);
+  mo.image_size = train.images().size(2);
+  mo.num_classes = train.num_classes();
+  mo.dropout = o.dropout;
+  auto model = models::make_model(o.model, mo);
+  model->train();
+  torch::optim::SGD optimizer(model->parameters(), torch::optim::SGDOptions(o.lr).momentum(o.momentum));
+
+  LocalJobResult result;
+  result.parameters = models::parameter_count(*model);
+  const int64_t n = train.length();
+  const int64_t batches = (n + o.batch_size - 1) / o.batch_size;
+  const int64_t total_steps = o.max_steps > 0 ? std::min(o.max_steps, batches * o.epochs) : batches * o.epochs;
+
+  for (int64_t epoch = 1; epoch <= o.epochs && result.steps < total_steps; ++epoch) {
+    // A fresh permutation per epoch, derived from the seed alone so any process can recompute it.
+    auto gen = at::detail::createCPUGenerator(o.seed * 0x9E3779B97F4A7C15ULL + static_cast<uint64_t>(epoch));
+    auto order = torch::randperm(n, gen);
+    EpochSummary summary;
+    summary.epoch = epoch;
+    double loss_sum = 0;
+    int64_t epoch_samples = 0;
+    const auto epoch_start = Clock::now();
+    for (int64_t b = 0; b < batches && result.steps < total_steps; ++b) {
+      const auto step_start = Clock::now();
+      auto indices = order.slice(0, b * o.batch_size, std::min(n, (b + 1) * o.batch_size));
+      auto batch = train.batch(indices);
+      optimizer.zero_grad();
+      auto loss = torch::nn::functional::cross_entropy(model->forward(batch.data), batch.target);
+      loss.backward();
+      optimizer.step();
+      const double loss_value = loss.item<double>();
+      const int64_t bs = indices.size(0);
+      result.train_s += seconds_since(step_start);
+      result.steps++;
+      result.samples += bs;
+      loss_sum += loss_value * static_cast<double>(bs);
+      epoch_samples += bs;
+      if (listener != nullptr) {
+        listener->on_batch({.epoch = epoch, .epochs = o.epochs, .batch = b + 1, .batches_per_epoch = batches,
+                            .step = result.steps, .total_steps = total_steps, .loss = loss_value,
+                            .samples_per_s = static_cast<double>(result.samples) / result.train_s,
+                            .elapsed_s = result.train_s});
+      }
+    }
+    summary.epoch_s = seconds_since(epoch_start);
+    summary.train_loss = loss_sum / static_cast<double>(epoch_samples);
+    summary.samples_per_s = static_cast<double>(epoch_samples) / summary.epoch_s;
+    if (test) {
+      auto ev = evaluate(*model, *test);
+      summary.test_loss = ev.loss;
+      summary.test_accuracy = ev.accuracy;
+    }
+    result.history.push_back(summary);
+    result.epochs = epoch;
+    result.train_loss = summary.train_loss;
+    result.test_loss = summary.test_loss;
+    result.test_accuracy = summary.test_accuracy;
+    if (listener != nullptr) listener->on_epoch(summary);
+  }
+  result.samples_per_s = result.train_s > 0 ? static_cast<double>(result.samples) / result.train_s : 0;
+  result.wall_s = seconds_since(wall_start);
+  return result;
+}
+
+}  // namespace dsgd::runtime

@@ -1,0 +1,85 @@
+// Reference models: output shapes, exact parameter counts, and name errors.
+#include <gtest/gtest.h>
+#include <torch/types.h>
+
+#include "dsgd/error.h"
+#include "dsgd/models.h"
+
+namespace dsgd::models {
+namespace {
+
+TEST(Models, CnnMatchesThePyTorchExample) {
+  auto m = make_model("cnn");
+  // conv1 320 + conv2 18,496 + fc1 1,179,776 + fc2 1,290.
+  EXPECT_EQ(parameter_count(*m), 1199882);
+  auto y = m->forward(torch::randn({3, 1, 28, 28}));
+  EXPECT_EQ(y.sizes(), (std::vector<int64_t>{3, 10}));
+  const auto names = m->named_parameters().keys();
+  EXPECT_EQ(names.front(), "conv1.weight");
+  EXPECT_EQ(names.back(), "fc2.bias");
+}
+
+TEST(Models, MlpDefaultIs784x2048x2048x10) {
+  auto m = make_model("mlp");
+  EXPECT_EQ(parameter_count(*m), 784 * 2048 + 2048 + 2048 * 2048 + 2048 + 2048 * 10 + 10);
+  EXPECT_EQ(m->forward(torch::randn({2, 1, 28, 28})).sizes(), (std::vector<int64_t>{2, 10}));
+  ModelOptions o;
+  o.mlp_hidden = {16};
+  EXPECT_EQ(parameter_count(*make_model("mlp", o)), 784 * 16 + 16 + 16 * 10 + 10);
+}
+
+TEST(Models, ResNetsMatchTorchvisionParameterCounts) {
+  ModelOptions imagenet{.in_channels = 3, .image_size = 224, .num_classes = 1000};
+  EXPECT_EQ(parameter_count(*make_model("resnet18", imagenet)), 11689512);
+  EXPECT_EQ(parameter_count(*make_model("resnet50", imagenet)), 25557032);
+}
+
+TEST(Models, ResNetsRunOnSmallAndLargeImages) {
+  for (const auto& name : {"resnet18", "resnet50"}) {
+    auto small = make_model(name);  // 1x28x28, small stem
+    small->eval();
+    EXPECT_EQ(small->forward(torch::randn({2, 1, 28, 28})).sizes(), (std::vector<int64_t>{2, 10})) << name;
+    auto large = make_model(name, {.in_channels = 3, .image_size = 64, .num_classes = 7});
+    large->eval();
+    EXPECT_EQ(large->forward(torch::randn({1, 3, 64, 64})).sizes(), (std::vector<int64_t>{1, 7})) << name;
+  }
+}
+
+TEST(Models, DropoutOffMakesTrainingForwardDeterministic) {
+  torch::manual_seed(3);
+  auto m = make_model("cnn", {.dropout = false});
+  m->train();
+  auto x = torch::randn({4, 1, 28, 28});
+  EXPECT_TRUE(m->forward(x).equal(m->forward(x)));
+  auto with = make_model("cnn");
+  with->train();
+  EXPECT_FALSE(with->forward(x).equal(with->forward(x)));
+}
+
+TEST(Models, SameSeedSameWeights) {
+  torch::manual_seed(11);
+  auto a = make_model("cnn");
+  torch::manual_seed(11);
+  auto b = make_model("cnn");
+  auto pa = a->parameters(), pb = b->parameters();
+  ASSERT_EQ(pa.size(), pb.size());
+  for (size_t i = 0; i < pa.size(); ++i) EXPECT_TRUE(pa[i].equal(pb[i]));
+}
+
+TEST(Models, UnknownNameListsKnownOnes) {
+  try {
+    make_model("vgg16");
+    FAIL() << "unknown model accepted";
+  } catch (const ConfigError& e) {
+    EXPECT_STREQ(e.what(), "unknown model 'vgg16'; known models: cnn, mlp, resnet18, resnet50");
+  }
+}
+
+TEST(Models, BadOptionsAreConfigErrors) {
+  EXPECT_THROW(make_model("cnn", {.image_size = 4}), ConfigError);
+  EXPECT_THROW(make_model("mlp", {.num_classes = 0}), ConfigError);
+  EXPECT_THROW(make_model("mlp", {.mlp_hidden = {8, -1}}), ConfigError);
+}
+
+}  // namespace
+}  // namespace dsgd::models

@@ -1,0 +1,31 @@
+// Full training runs (label `long`, minutes each): the accuracy the demo promises.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+
+#include "dsgd/data.h"
+#include "runtime/local_job.h"
+
+namespace dsgd::runtime {
+namespace {
+
+TEST(LongTraining, CnnReaches90PercentOnFashionMnist) {
+  if (!std::filesystem::exists(std::string(data::kFashionMnistDir) + "/train-images-idx3-ubyte.gz")) {
+    GTEST_SKIP() << "Fashion-MNIST is not installed at " << data::kFashionMnistDir
+                 << "; run scripts/install-deps.sh (package dataset-fashion-mnist)";
+  }
+  LocalJobOptions o;  // the demo's settings (Makefile: demo)
+  o.model = "cnn";
+  o.epochs = 4;
+  o.batch_size = 64;
+  o.lr = 0.01;
+  o.momentum = 0.9;
+  o.threads = 2;
+  LocalJobResult r = run_local_job(o);
+  std::cout << "test accuracy " << r.test_accuracy << ", " << r.samples_per_s << " samples/s, " << r.wall_s
+            << " s\n";
+  EXPECT_GE(r.test_accuracy, 0.90);
+}
+
+}  // namespace
+}  // namespace dsgd::runtime

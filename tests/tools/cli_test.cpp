@@ -1,0 +1,101 @@
+// The `dsgd` command line, run as a user would: help, flag errors (exit 2 with a clear message),
+// data errors (exit 1), and a short real run whose JSON summary is checked.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <array>
+#include <cstdio>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "testing/temp_dir.h"
+
+namespace {
+
+struct CliRun {
+  int exit_code = -1;
+  std::string output;  // stdout and stderr together
+};
+
+CliRun run_dsgd(const std::string& args) {
+  CliRun r;
+  const std::string cmd = std::string(DSGD_BINARY) + " " + args + " 2>&1";
+  FILE* p = ::popen(cmd.c_str(), "r");
+  if (p == nullptr) return r;
+  std::array<char, 4096> buf;
+  size_t n;
+  while ((n = std::fread(buf.data(), 1, buf.size(), p)) > 0) r.output.append(buf.data(), n);
+  const int status = ::pclose(p);
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
+}
+
+void expect_usage_error(const std::string& args, const std::string& needle) {
+  CliRun r = run_dsgd(args);
+  EXPECT_EQ(r.exit_code, 2) << args << "\n" << r.output;
+  EXPECT_NE(r.output.find(needle), std::string::npos) << args << "\n" << r.output;
+}
+
+TEST(Cli, HelpDescribesSubcommandsAndFlags) {
+  CliRun top = run_dsgd("--help");
+  EXPECT_EQ(top.exit_code, 0);
+  EXPECT_NE(top.output.find("train"), std::string::npos) << top.output;
+  CliRun train = run_dsgd("train --help");
+  EXPECT_EQ(train.exit_code, 0);
+  for (const char* flag : {"--model", "--epochs", "--batch-size", "--lr", "--momentum", "--seed", "--threads",
+                           "--data-dir", "--workers", "--strategy", "--json-out", "Examples"}) {
+    EXPECT_NE(train.output.find(flag), std::string::npos) << flag << "\n" << train.output;
+  }
+  CliRun version = run_dsgd("--version");
+  EXPECT_EQ(version.exit_code, 0);
+  EXPECT_NE(version.output.find("dsgd 0."), std::string::npos) << version.output;
+}
+
+TEST(Cli, FlagErrorsExitWithUsageStatusAndSayWhatIsWrong) {
+  expect_usage_error("", "subcommand");
+  expect_usage_error("fly", "fly");
+  expect_usage_error("train --epochs 0", "epochs must be >= 1, got 0");
+  expect_usage_error("train --epochs many", "--epochs");
+  expect_usage_error("train --batch-size -1", "batch size must be >= 1, got -1");
+  expect_usage_error("train --lr -0.1", "learning rate must be a positive number");
+  expect_usage_error("train --momentum 1", "momentum must be in [0, 1)");
+  expect_usage_error("train --model vgg16", "unknown model 'vgg16'; known models: cnn, mlp, resnet18, resnet50");
+  expect_usage_error("train --strategy gossip", "unknown --strategy 'gossip'; known strategies: simple, allreduce");
+  expect_usage_error("train --workers 0", "--workers must be >= 1, got 0");
+  expect_usage_error("train --workers 2", "run with --workers 1");
+  expect_usage_error("train --dataset imagenet", "unknown dataset 'imagenet'");
+  expect_usage_error("train --json-out /nonexistent-dir/x.json", "/nonexistent-dir does not exist");
+  expect_usage_error("train --no-such-flag", "--no-such-flag");
+}
+
+TEST(Cli, MissingDataFailsWithTheDirectoryNamed) {
+  CliRun r = run_dsgd("train --data-dir /nonexistent/fmnist");
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("/nonexistent/fmnist: data directory not found"), std::string::npos) << r.output;
+}
+
+TEST(Cli, ShortRunWritesJsonSummary) {
+  dsgd::testing::TempDir dir;
+  const std::string out = dir.file("run.json");
+  CliRun r = run_dsgd("train --model mlp --dataset synthetic --synthetic-samples 512 --image-size 8 --epochs 2 "
+                   "--batch-size 32 --threads 1 --json-out " + out);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("epoch 2 done"), std::string::npos) << r.output;  // plain progress lines
+  std::ifstream f(out);
+  ASSERT_TRUE(f.good());
+  auto j = nlohmann::json::parse(f);
+  for (const char* key : {"test_accuracy", "test_loss", "train_loss", "epochs", "workers", "strategy",
+                          "samples_per_s", "wall_s"}) {
+    EXPECT_TRUE(j.contains(key)) << key;
+  }
+  EXPECT_EQ(j["epochs"], 2);
+  EXPECT_EQ(j["workers"], 1);
+  EXPECT_EQ(j["steps"], 32);
+  EXPECT_EQ(j["model"], "mlp");
+  EXPECT_GT(j["samples_per_s"].get<double>(), 0);
+  EXPECT_GE(j["test_accuracy"].get<double>(), 0);
+  EXPECT_LE(j["test_accuracy"].get<double>(), 1);
+  EXPECT_LT(j["history"][1]["train_loss"].get<double>(), j["history"][0]["train_loss"].get<double>());
+}
+
+}  // namespace

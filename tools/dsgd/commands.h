@@ -1,0 +1,16 @@
+// The `dsgd` command line: one add_*_command per subcommand, each in its own file.
+// A subcommand's handler returns the process exit code: 0 success, 1 the job failed
+// (e.g. bad data), 2 bad usage (a flag's value is invalid).
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+namespace dsgd::cli {
+
+inline constexpr int kExitFailure = 1;
+inline constexpr int kExitUsage = 2;
+
+// `dsgd train`: trains a model and prints a JSON summary. *exit_code receives its status.
+void add_train_command(CLI::App& app, int* exit_code);
+
+}  // namespace dsgd::cli

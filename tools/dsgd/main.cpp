@@ -1,0 +1,35 @@
+// dsgd — distributed data-parallel training of LibTorch models. See `dsgd --help`.
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <string>
+
+#include "commands.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{
+      "dsgd: distributed synchronous SGD for LibTorch models.\n"
+      "Trains the reference models (cnn, mlp, resnet18, resnet50) on Fashion-MNIST or synthetic data."};
+  app.set_version_flag("--version", std::string("dsgd ") + DSGD_VERSION);
+  app.require_subcommand(1);
+  app.footer("\nRun `dsgd SUBCOMMAND --help` for a subcommand's flags.");
+  int exit_code = 0;
+  dsgd::cli::add_train_command(app, &exit_code);
+  // CLI11 would only say "a subcommand is required" for a misspelt one: name it.
+  std::string known;
+  bool found = false;
+  for (const auto* sub : app.get_subcommands({})) {
+    known += (known.empty() ? "" : ", ") + sub->get_name();
+    found = found || (argc > 1 && sub->get_name() == argv[1]);
+  }
+  if (argc > 1 && argv[1][0] != '-' && !found) {
+    std::fprintf(stderr, "dsgd: unknown command '%s'; commands: %s (see dsgd --help)\n", argv[1], known.c_str());
+    return dsgd::cli::kExitUsage;
+  }
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    const int rc = app.exit(e);
+    return rc == 0 ? 0 : dsgd::cli::kExitUsage;
+  }
+  return exit_code;
+}

@@ -1,0 +1,59 @@
+#include "progress.h"
+
+#include <cmath>
+#include <string>
+
+namespace dsgd::cli {
+
+std::string format_duration(double seconds) {
+  if (!std::isfinite(seconds) || seconds < 0) return "?";
+  const long s = std::lround(seconds);
+  char buf[32];
+  if (s >= 3600) {
+    std::snprintf(buf, sizeof(buf), "%ld:%02ld:%02ld", s / 3600, (s / 60) % 60, s % 60);
+  } else {
+    std::snprintf(buf, sizeof(buf), "%ld:%02ld", s / 60, s % 60);
+  }
+  return buf;
+}
+
+ProgressPrinter::ProgressPrinter(std::FILE* out, bool interactive, double line_interval_s)
+    : out_(out), interactive_(interactive), line_interval_s_(line_interval_s) {}
+
+void ProgressPrinter::on_batch(const runtime::BatchProgress& p) {
+  const auto now = Clock::now();
+  const double since = std::chrono::duration<double>(now - last_print_).count();
+  const bool last = p.step == p.total_steps;
+  if (!last && since < (interactive_ ? 0.1 : line_interval_s_)) return;
+  last_print_ = now;
+  const double eta = p.samples_per_s > 0 ? p.elapsed_s / p.step * (p.total_steps - p.step) : NAN;
+  if (interactive_) {
+    constexpr int kWidth = 24;
+    const int filled = static_cast<int>(kWidth * p.batch / std::max<int64_t>(1, p.batches_per_epoch));
+    std::string bar(filled, '#');
+    bar.resize(kWidth, '.');
+    std::fprintf(out_, "\r\033[Kepoch %lld/%lld [%s] %lld/%lld  loss %.4f  %.0f samples/s  ETA %s",
+                 static_cast<long long>(p.epoch), static_cast<long long>(p.epochs), bar.c_str(),
+                 static_cast<long long>(p.batch), static_cast<long long>(p.batches_per_epoch), p.loss,
+                 p.samples_per_s, format_duration(eta).c_str());
+    bar_open_ = true;
+  } else {
+    std::fprintf(out_, "epoch %lld/%lld batch %lld/%lld  loss %.4f  %.0f samples/s  ETA %s\n",
+                 static_cast<long long>(p.epoch), static_cast<long long>(p.epochs),
+                 static_cast<long long>(p.batch), static_cast<long long>(p.batches_per_epoch), p.loss,
+                 p.samples_per_s, format_duration(eta).c_str());
+  }
+  std::fflush(out_);
+}
+
+void ProgressPrinter::on_epoch(const runtime::EpochSummary& s) {
+  if (bar_open_) std::fputs("\r\033[K", out_);
+  bar_open_ = false;
+  std::fprintf(out_, "epoch %lld done in %.1f s: train loss %.4f, %.0f samples/s", static_cast<long long>(s.epoch),
+               s.epoch_s, s.train_loss, s.samples_per_s);
+  if (s.test_accuracy >= 0) std::fprintf(out_, ", test loss %.4f, test accuracy %.2f%%", s.test_loss, 100 * s.test_accuracy);
+  std::fputc('\n', out_);
+  std::fflush(out_);
+}
+
+}  // namespace dsgd::cli

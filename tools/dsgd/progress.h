@@ -1,0 +1,33 @@
+// Progress display for long jobs: a live one-line bar on a terminal, plain periodic lines
+// otherwise (CI logs, pipes). Writes to stderr so stdout stays machine-readable.
+#pragma once
+
+#include <chrono>
+#include <cstdio>
+
+#include "runtime/local_job.h"
+
+namespace dsgd::cli {
+
+class ProgressPrinter : public runtime::ProgressListener {
+ public:
+  // interactive: redraw a bar in place (true on a terminal). line_interval_s: seconds between
+  // plain lines when not interactive.
+  ProgressPrinter(std::FILE* out, bool interactive, double line_interval_s = 10.0);
+
+  void on_batch(const runtime::BatchProgress& p) override;
+  void on_epoch(const runtime::EpochSummary& s) override;
+
+ private:
+  using Clock = std::chrono::steady_clock;
+  std::FILE* out_;
+  bool interactive_;
+  double line_interval_s_;
+  Clock::time_point last_print_{};
+  bool bar_open_ = false;  // a bar is drawn on the current line
+};
+
+// "1:05:09", "4:07" — for ETAs.
+std::string format_duration(double seconds);
+
+}  // namespace dsgd::cli
