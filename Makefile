@@ -18,9 +18,9 @@ configure: deps $(BUILD)/build.ninja
 build: configure
 	cmake --build $(BUILD) -j $(JOBS)
 
-# The main job: the reference CNN, 4 epochs, 2 threads (2 cores). Prints progress and a JSON summary.
+# The main job: the reference CNN, 5 epochs, 2 threads (2 cores). Prints progress and a JSON summary.
 demo: build
-	$(BUILD)/dsgd train --model cnn --epochs 4 --batch-size 64 --lr 0.01 --momentum 0.9 --threads 2 \
+	$(BUILD)/dsgd train --model cnn --epochs 5 --batch-size 64 --lr 0.02 --lr-decay 0.7 --momentum 0.9 --threads 2 \
 	    --json-out $(BUILD)/demo.json
 
 test: test-fast test-long

@@ -69,6 +69,8 @@ void validate(const LocalJobOptions& o) {
   require(std::isfinite(o.lr) && o.lr > 0, "learning rate must be a positive number, got " + std::to_string(o.lr));
   require(std::isfinite(o.momentum) && o.momentum >= 0 && o.momentum < 1,
           "momentum must be in [0, 1), got " + std::to_string(o.momentum));
+  require(std::isfinite(o.lr_decay) && o.lr_decay > 0 && o.lr_decay <= 1,
+          "learning rate decay must be in (0, 1], got " + std::to_string(o.lr_decay));
   require(o.threads >= 1 && o.threads <= 1024, "threads must be in 1..1024, got " + std::to_string(o.threads));
   require(o.max_steps >= 0, "max steps must be >= 0 (0 = no limit), got " + std::to_string(o.max_steps));
   require(o.synthetic_samples >= 1, "synthetic samples must be >= 1, got " + std::to_string(o.synthetic_samples));
@@ -156,6 +158,10 @@ LocalJobResult run_local_job(const LocalJobOptions& o, ProgressListener* listene
       summary.test_accuracy = ev.accuracy;
     }
     result.history.push_back(summary);
+    for (auto& group : optimizer.param_groups()) {
+      auto& options = static_cast<torch::optim::SGDOptions&>(group.options());
+      options.lr(options.lr() * o.lr_decay);
+    }
     result.epochs = epoch;
     result.train_loss = summary.train_loss;
     result.test_loss = summary.test_loss;

@@ -23,6 +23,7 @@ struct LocalJobOptions {
   int64_t batch_size = 64;                 // samples per step
   double lr = 0.01;                        // SGD learning rate
   double momentum = 0.9;                   // SGD momentum, in [0, 1)
+  double lr_decay = 1.0;                   // learning rate x this after every epoch, in (0, 1]
   uint64_t seed = 1;                       // initial weights and shuffling
   int threads = 1;                         // LibTorch intra-op (and OpenMP/OpenBLAS) threads
   int64_t max_steps = 0;                   // > 0: stop after this many steps in all (benchmarks)

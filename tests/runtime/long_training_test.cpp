@@ -16,9 +16,10 @@ TEST(LongTraining, CnnReaches90PercentOnFashionMnist) {
   }
   LocalJobOptions o;  // the demo's settings (Makefile: demo)
   o.model = "cnn";
-  o.epochs = 4;
+  o.epochs = 5;
   o.batch_size = 64;
-  o.lr = 0.01;
+  o.lr = 0.02;
+  o.lr_decay = 0.7;
   o.momentum = 0.9;
   o.threads = 2;
   LocalJobResult r = run_local_job(o);

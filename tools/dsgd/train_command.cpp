@@ -50,6 +50,7 @@ nlohmann::json to_json(const TrainFlags& f, const runtime::LocalJobResult& r) {
           {"batch_size", f.job.batch_size},
           {"lr", f.job.lr},
           {"momentum", f.job.momentum},
+          {"lr_decay", f.job.lr_decay},
           {"seed", f.job.seed},
           {"threads", f.job.threads},
           {"history", history}};
@@ -98,7 +99,7 @@ int run_train(TrainFlags& f) {
   try {
     std::unique_ptr<ProgressPrinter> progress;
     if (!f.quiet) progress = std::make_unique<ProgressPrinter>(stderr, ::isatty(STDERR_FILENO) != 0);
-    std::cerr << "dsgd train: model " << f.job.model << ", dataset " << f.job.dataset << ", " << f.job.epochs
+    if (!f.quiet) std::cerr << "dsgd train: model " << f.job.model << ", dataset " << f.job.dataset << ", " << f.job.epochs
               << " epoch(s), batch " << f.job.batch_size << ", " << f.job.threads << " thread(s), "
               << f.workers << " worker(s)\n";
     auto result = runtime::run_local_job(f.job, progress.get());
@@ -144,6 +145,8 @@ void add_train_command(CLI::App& app, int* exit_code) {
   cmd->add_option("--batch-size", j.batch_size, "Global batch size (samples per step)")->capture_default_str();
   cmd->add_option("--lr", j.lr, "SGD learning rate")->capture_default_str();
   cmd->add_option("--momentum", j.momentum, "SGD momentum, in [0, 1)")->capture_default_str();
+  cmd->add_option("--lr-decay", j.lr_decay, "Multiply the learning rate by this after every epoch, in (0, 1]")
+      ->capture_default_str();
   cmd->add_option("--seed", j.seed, "Seed for initial weights and shuffling")->capture_default_str();
   j.threads = 0;
   cmd->add_option("--threads", j.threads, "LibTorch threads per worker; 0 = cores / workers")
