@@ -35,4 +35,28 @@ class DataError : public Error {
   std::string path_;
 };
 
+// A communication operation failed: a peer died, a connection broke, the group was aborted.
+// op() names the operation ("allreduce #17"), peer() the rank at fault (-1 if unknown) and
+// host() its host ("" if unknown). A group that raised it must be re-formed, not reused.
+class CommError : public Error {
+ public:
+  CommError(const std::string& message, std::string op = "", int peer = -1, std::string host = "")
+      : Error(message), op_(std::move(op)), peer_(peer), host_(std::move(host)) {}
+  const std::string& op() const { return op_; }
+  int peer() const { return peer_; }
+  const std::string& host() const { return host_; }
+
+ private:
+  std::string op_;
+  int peer_;
+  std::string host_;
+};
+
+// A wait ran past its deadline: a peer hung, or a key never appeared. A CommError, since the
+// group that raised it is as unusable as after any other communication failure.
+class TimeoutError : public CommError {
+ public:
+  using CommError::CommError;
+};
+
 }  // namespace dsgd

@@ -1,0 +1,640 @@
+// Group over Gloo's TCP transport. One Gloo context per group, used only with Gloo's
+// unbound-buffer API (mixing in the bound-buffer algorithm classes pins the socket buffers small
+// and slows gloo::allreduce 150x on Debian's Gloo). Collectives run one at a time on the
+// collective thread, tagged with their sequence number. Point-to-point operations are posted at
+// once from the caller's thread (so a send and the matching recv never wait on each other's
+// queue), and each gets a waiter thread: Gloo can only block on one buffer at a time, and
+// completing them in posting order could deadlock two ranks that receive in different orders.
+#include <gloo/allgather.h>
+#include <gloo/allreduce.h>
+#include <gloo/barrier.h>
+#include <gloo/broadcast.h>
+#include <gloo/common/error.h>
+#include <gloo/math.h>
+#include <gloo/rendezvous/context.h>
+#include <gloo/transport/tcp/device.h>
+#include <gloo/types.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <atomic>
+#include <deque>
+#include <list>
+#include <fstream>
+#include <functional>
+#include <mutex>
+#include <thread>
+
+#include "comm/gloo/store_adapter.h"
+#include "dsgd/comm/group.h"
+#include "dsgd/error.h"
+
+namespace dsgd::comm {
+namespace {
+
+using std::chrono::milliseconds;
+
+// Point-to-point slots live above Gloo's collective prefixes (0x01-0x08).
+constexpr uint8_t kP2pSlotPrefix = 0x40;
+// How often the watchdog checks that same-host peers are alive while an operation is pending.
+constexpr milliseconds kLivenessInterval{100};
+// How long a dead same-host peer may take to show as exited after its sockets were reset.
+constexpr milliseconds kExitVisibleWithin{300};
+// Below this, halving-doubling's log2(n) steps beat the ring's 2(n-1) on latency.
+constexpr size_t kHalvingDoublingMaxBytes = 256 * 1024;
+
+using ReduceFn = void (*)(void*, const void*, const void*, size_t);
+
+std::string this_host() {
+  char buf[256] = {};
+  if (::gethostname(buf, sizeof(buf) - 1) != 0) return "localhost";
+  return buf;
+}
+
+bool power_of_two(int n) { return n > 0 && (n & (n - 1)) == 0; }
+
+// True if process `pid` on this host has exited (or is a zombie awaiting its parent).
+bool process_gone(int pid) {
+  if (pid <= 0) return false;
+  if (::kill(pid, 0) != 0 && errno == ESRCH) return true;
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  std::string line;
+  if (!std::getline(stat, line)) return true;
+  const auto close = line.rfind(')');
+  return close != std::string::npos && close + 2 < line.size() && (line[close + 2] == 'Z' || line[close + 2] == 'X');
+}
+
+template <typename T>
+void configure_allreduce(gloo::AllreduceOptions& o, void* data, size_t count, ReduceOp op) {
+  o.setOutput<T>(static_cast<T*>(data), count);
+  o.setReduceFunction(op == ReduceOp::kMax ? static_cast<ReduceFn>(&gloo::max<T>) : static_cast<ReduceFn>(&gloo::sum<T>));
+}
+
+template <typename T>
+void divide(void* data, size_t count, int by) {
+  T* p = static_cast<T*>(data);
+  for (size_t i = 0; i < count; ++i) p[i] /= static_cast<T>(by);
+}
+
+// Owned through shared_ptr: the collective thread holds a reference, so a group destroyed while
+// a Gloo call is stuck (Gloo cannot interrupt one; it ends at its deadline) hands the thread
+// its state instead of blocking the caller.
+class GlooGroup : public Group, public std::enable_shared_from_this<GlooGroup> {
+ public:
+  GlooGroup(std::shared_ptr<Store> store, int rank, int size, const GroupOptions& options)
+      : rank_(rank), size_(size), options_(options) {
+    if (size < 1 || rank < 0 || rank >= size) {
+      throw ConfigError("group: rank " + std::to_string(rank) + " is not in 0.." + std::to_string(size - 1) +
+                        " (size " + std::to_string(size) + ")");
+    }
+    if (options_.timeout.count() <= 0) throw ConfigError("group: timeout must be positive");
+    if (options_.host.empty()) options_.host = this_host();
+    rendezvous(*store);
+  }
+
+  void start() {
+    collective_thread_ = std::thread([self = shared_from_this()] { self->collective_loop(); });
+    watchdog_thread_ = std::thread([this] { watchdog_loop(); });
+  }
+
+  // Stops the threads: fails what is queued, aborts p2p waits, and joins the collective thread
+  // unless a Gloo call is in flight, which it then leaves to end at its own deadline.
+  void shutdown() {
+    bool in_flight = false;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      stopping_ = true;
+      if (!error_) error_ = std::make_exception_ptr(CommError("group destroyed", "shutdown"));
+      in_flight = current_ != nullptr;
+    }
+    queue_cv_.notify_all();
+    watchdog_cv_.notify_all();
+    watchdog_thread_.join();
+    abort_p2p();
+    {
+      std::lock_guard<std::mutex> lock(waiters_mutex_);
+      for (auto& w : waiters_) w.thread.join();
+      waiters_.clear();
+    }
+    if (in_flight) {
+      context_->closeConnections();
+      collective_thread_.detach();
+    } else {
+      collective_thread_.join();
+    }
+  }
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  const std::string& host(int rank) const override { return hosts_.at(static_cast<size_t>(rank)); }
+  std::vector<int> local_ranks() const override {
+    std::vector<int> out;
+    for (int r = 0; r < size_; ++r) {
+      if (hosts_[r] == options_.host) out.push_back(r);
+    }
+    return out;
+  }
+  milliseconds timeout() const override { return options_.timeout; }
+
+  std::shared_ptr<Work> allreduce_async(void* data, size_t count, DataType type, ReduceOp op,
+                                        AllreduceAlgorithm algorithm, milliseconds timeout) override {
+    const size_t bytes = count * element_size(type);
+    if (algorithm == AllreduceAlgorithm::kAuto) {
+      algorithm = power_of_two(size_) && bytes <= kHalvingDoublingMaxBytes ? AllreduceAlgorithm::kHalvingDoubling
+                                                                            : AllreduceAlgorithm::kRing;
+    } else if (algorithm == AllreduceAlgorithm::kHalvingDoubling && !power_of_two(size_)) {
+      algorithm = AllreduceAlgorithm::kRing;
+    }
+    const std::string what = std::to_string(count) + " x " + to_string(type) + ", " + to_string(op) + ", " +
+                             to_string(algorithm);
+    return enqueue("allreduce", what, timeout, [=, this](uint32_t tag, milliseconds t) {
+      if (count == 0 || size_ == 1) return;
+      gloo::AllreduceOptions o(context_);
+      o.setTag(tag);
+      o.setTimeout(t);
+      o.setAlgorithm(algorithm == AllreduceAlgorithm::kRing ? gloo::AllreduceOptions::Algorithm::RING
+                                                             : gloo::AllreduceOptions::Algorithm::BCUBE);
+      switch (type) {
+        case DataType::kFloat32: configure_allreduce<float>(o, data, count, op); break;
+        case DataType::kFloat64: configure_allreduce<double>(o, data, count, op); break;
+        case DataType::kInt64: configure_allreduce<int64_t>(o, data, count, op); break;
+      }
+      gloo::allreduce(o);
+      if (op == ReduceOp::kAverage) {
+        switch (type) {
+          case DataType::kFloat32: divide<float>(data, count, size_); break;
+          case DataType::kFloat64: divide<double>(data, count, size_); break;
+          case DataType::kInt64: divide<int64_t>(data, count, size_); break;
+        }
+      }
+    });
+  }
+
+  std::shared_ptr<Work> broadcast_async(void* data, size_t bytes, int root, milliseconds timeout) override {
+    check_peer(root, "broadcast root");
+    return enqueue("broadcast", std::to_string(bytes) + " bytes from rank " + std::to_string(root), timeout,
+                   [=, this](uint32_t tag, milliseconds t) {
+                     if (bytes == 0 || size_ == 1) return;
+                     gloo::BroadcastOptions o(context_);
+                     o.setTag(tag);
+                     o.setTimeout(t);
+                     o.setRoot(root);
+                     o.setOutput<uint8_t>(static_cast<uint8_t*>(data), bytes);
+                     gloo::broadcast(o);
+                   });
+  }
+
+  std::shared_ptr<Work> allgather_async(const void* in, void* out, size_t bytes, milliseconds timeout) override {
+    return enqueue("allgather", std::to_string(bytes) + " bytes per rank", timeout,
+                   [=, this](uint32_t tag, milliseconds t) {
+                     if (bytes == 0) return;
+                     uint8_t* dst = static_cast<uint8_t*>(out);
+                     if (size_ == 1) {
+                       std::memmove(dst, in, bytes);
+                       return;
+                     }
+                     gloo::AllgatherOptions o(context_);
+                     o.setTag(tag);
+                     o.setTimeout(t);
+                     o.setInput<uint8_t>(const_cast<uint8_t*>(static_cast<const uint8_t*>(in)), bytes);
+                     o.setOutput<uint8_t>(dst, bytes * static_cast<size_t>(size_));
+                     gloo::allgather(o);
+                   });
+  }
+
+  // Gloo's unbound API has no reduce-scatter: allreduce a copy and keep this rank's block. This
+  // moves 2x the optimal bytes; the shared-memory path does a true reduce-scatter.
+  std::shared_ptr<Work> reduce_scatter_async(const void* in, void* out, size_t count, DataType type, ReduceOp op,
+                                             milliseconds timeout) override {
+    const size_t es = element_size(type);
+    auto scratch = std::make_shared<std::vector<uint8_t>>(count * es * static_cast<size_t>(size_));
+    return enqueue("reduce_scatter", std::to_string(count) + " x " + to_string(type) + " per rank, " + to_string(op),
+                   timeout, [=, this](uint32_t tag, milliseconds t) {
+                     if (count == 0) return;
+                     std::memcpy(scratch->data(), in, scratch->size());
+                     if (size_ > 1) {
+                       gloo::AllreduceOptions o(context_);
+                       o.setTag(tag);
+                       o.setTimeout(t);
+                       o.setAlgorithm(gloo::AllreduceOptions::Algorithm::RING);
+                       const size_t n = count * static_cast<size_t>(size_);
+                       switch (type) {
+                         case DataType::kFloat32: configure_allreduce<float>(o, scratch->data(), n, op); break;
+                         case DataType::kFloat64: configure_allreduce<double>(o, scratch->data(), n, op); break;
+                         case DataType::kInt64: configure_allreduce<int64_t>(o, scratch->data(), n, op); break;
+                       }
+                       gloo::allreduce(o);
+                     }
+                     uint8_t* block = scratch->data() + count * es * static_cast<size_t>(rank_);
+                     if (op == ReduceOp::kAverage) {
+                       switch (type) {
+                         case DataType::kFloat32: divide<float>(block, count, size_); break;
+                         case DataType::kFloat64: divide<double>(block, count, size_); break;
+                         case DataType::kInt64: divide<int64_t>(block, count, size_); break;
+                       }
+                     }
+                     std::memcpy(out, block, count * es);
+                   });
+  }
+
+  std::shared_ptr<Work> barrier_async(milliseconds timeout) override {
+    return enqueue("barrier", "", timeout, [this](uint32_t tag, milliseconds t) {
+      if (size_ == 1) return;
+      gloo::BarrierOptions o(context_);
+      o.setTag(tag);
+      o.setTimeout(t);
+      gloo::barrier(o);
+    });
+  }
+
+  std::shared_ptr<Work> send_async(const void* data, size_t bytes, int peer, uint32_t tag,
+                                   milliseconds timeout) override {
+    return post_p2p(/*send=*/true, const_cast<void*>(data), bytes, peer, tag, timeout);
+  }
+
+  std::shared_ptr<Work> recv_async(void* data, size_t bytes, int peer, uint32_t tag, milliseconds timeout) override {
+    return post_p2p(/*send=*/false, data, bytes, peer, tag, timeout);
+  }
+
+  void abort(const std::string& reason) override {
+    abort_with(std::make_exception_ptr(CommError("group aborted: " + reason, "abort")));
+  }
+
+ private:
+  struct Op {
+    std::shared_ptr<Work> work;
+    uint32_t tag;
+    milliseconds timeout;
+    std::function<void(uint32_t, milliseconds)> run;
+  };
+  struct P2pOp {
+    std::shared_ptr<Work> work;
+    std::unique_ptr<gloo::transport::UnboundBuffer> buffer;
+    bool send;
+    int peer;
+    milliseconds timeout;
+    std::atomic<bool> finished{false};
+  };
+  struct Waiter {
+    std::shared_ptr<P2pOp> op;
+    std::thread thread;
+  };
+
+  void rendezvous(Store& store) {
+    const std::string me = "rank/" + std::to_string(rank_);
+    store.set(me + "/size", std::to_string(size_));
+    store.set(me + "/pid", std::to_string(::getpid()));
+    store.set(me + "/host", options_.host);
+    std::vector<std::string> keys;
+    for (int r = 0; r < size_; ++r) keys.push_back("rank/" + std::to_string(r) + "/host");
+    try {
+      store.wait(keys, options_.timeout);
+    } catch (const TimeoutError&) {
+      std::string missing;
+      for (int r = 0; r < size_; ++r) {
+        if (!store.check({keys[r]})) missing += (missing.empty() ? "" : ", ") + std::to_string(r);
+      }
+      throw TimeoutError("group rendezvous: rank(s) " + missing + " of " + std::to_string(size_) +
+                             " did not arrive within " + std::to_string(options_.timeout.count()) +
+                             " ms (not started, crashed, or using another store or job prefix)",
+                         "rendezvous");
+    }
+    for (int r = 0; r < size_; ++r) {
+      const std::string key = "rank/" + std::to_string(r);
+      const std::string their_size = store.get(key + "/size", options_.timeout);
+      if (their_size != std::to_string(size_)) {
+        throw ConfigError("group rendezvous: rank " + std::to_string(r) + " expects a group of " + their_size +
+                          ", this rank (" + std::to_string(rank_) + ") expects " + std::to_string(size_));
+      }
+      hosts_.push_back(store.get(key + "/host", options_.timeout));
+      pids_.push_back(std::stoi(store.get(key + "/pid", options_.timeout)));
+    }
+    if (size_ == 1) {
+      context_ = std::make_shared<gloo::rendezvous::Context>(rank_, size_);
+      return;
+    }
+    try {
+      gloo::transport::tcp::attr attr(options_.bind_address.c_str());
+      auto device = gloo::transport::tcp::CreateDevice(attr);
+      auto context = std::make_shared<gloo::rendezvous::Context>(rank_, size_);
+      context->setTimeout(options_.timeout);
+      GlooStoreAdapter gloo_store(std::make_shared<PrefixStore>(std::shared_ptr<Store>(&store, [](Store*) {}), "gloo/"),
+                                  options_.timeout);
+      context->connectFullMesh(gloo_store, device);
+      context_ = std::move(context);
+      // connectFullMesh can return on one rank while a peer is still connecting; a rank that
+      // then left at once would break the peer's rendezvous. Leave only when all are connected.
+      store.set(me + "/connected", "1");
+      std::vector<std::string> connected;
+      for (int r = 0; r < size_; ++r) connected.push_back("rank/" + std::to_string(r) + "/connected");
+      store.wait(connected, options_.timeout);
+    } catch (const gloo::Exception& e) {
+      throw CommError("group rendezvous: connecting rank " + std::to_string(rank_) + " (" + options_.bind_address +
+                          ") to its peers failed: " + e.what(),
+                      "rendezvous");
+    }
+  }
+
+  void check_peer(int peer, const char* what) const {
+    if (peer < 0 || peer >= size_) {
+      throw ConfigError(std::string(what) + " " + std::to_string(peer) + " is not a rank of this group (0.." +
+                        std::to_string(size_ - 1) + ")");
+    }
+  }
+
+  std::shared_ptr<Work> enqueue(const std::string& name, const std::string& what, milliseconds timeout,
+                                std::function<void(uint32_t, milliseconds)> run) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    const uint32_t tag = next_tag_++;
+    auto work = std::make_shared<Work>(name + " #" + std::to_string(tag) + (what.empty() ? "" : " (" + what + ")"));
+    if (error_) {
+      work->complete(error_);
+      return work;
+    }
+    queue_.push_back({work, tag, timeout.count() > 0 ? timeout : options_.timeout, std::move(run)});
+    queue_cv_.notify_one();
+    return work;
+  }
+
+  // Why this thread exists: collectives must run one at a time, in the same order on every
+  // rank, while the caller goes on computing.
+  void collective_loop() {
+    while (true) {
+      Op op;
+      {
+        std::unique_lock<std::mutex> lock(mutex_);
+        queue_cv_.wait(lock, [this] { return stopping_ || !queue_.empty(); });
+        if (queue_.empty()) return;
+        op = std::move(queue_.front());
+        queue_.pop_front();
+        if (error_) {
+          op.work->complete(error_);
+          continue;
+        }
+        current_ = op.work;
+      }
+      try {
+        op.run(op.tag, op.timeout);
+        {
+          std::lock_guard<std::mutex> lock(mutex_);
+          current_ = nullptr;
+        }
+        op.work->complete();
+      } catch (const gloo::Exception& e) {
+        fail(op.work, translate(op.work->description(), e.what(), op.timeout, -1));
+      } catch (const std::exception& e) {
+        fail(op.work, std::make_exception_ptr(CommError(op.work->description() + " failed: " + e.what(),
+                                                        op.work->description())));
+      }
+      std::lock_guard<std::mutex> lock(mutex_);
+      current_ = nullptr;
+    }
+  }
+
+  std::shared_ptr<Work> post_p2p(bool send, void* data, size_t bytes, int peer, uint32_t tag, milliseconds timeout) {
+    check_peer(peer, send ? "send to" : "recv from");
+    if (peer == rank_) throw ConfigError("point-to-point with oneself (rank " + std::to_string(rank_) + ")");
+    auto op = std::make_shared<P2pOp>();
+    op->work = std::make_shared<Work>(std::string(send ? "send to rank " : "recv from rank ") + std::to_string(peer) +
+                                      " (tag " + std::to_string(tag) + ", " + std::to_string(bytes) + " bytes)");
+    op->send = send;
+    op->peer = peer;
+    op->timeout = timeout.count() > 0 ? timeout : options_.timeout;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (error_) {
+        op->work->complete(error_);
+        return op->work;
+      }
+    }
+    try {
+      op->buffer = context_->createUnboundBuffer(data, bytes);
+      const uint64_t slot = gloo::Slot::build(kP2pSlotPrefix, tag);
+      if (send) {
+        op->buffer->send(peer, slot);
+      } else {
+        op->buffer->recv(peer, slot);
+      }
+    } catch (const gloo::Exception& e) {
+      fail(op->work, translate(op->work->description(), e.what(), op->timeout, peer));
+      return op->work;
+    }
+    std::lock_guard<std::mutex> lock(waiters_mutex_);
+    reap_finished_waiters();
+    waiters_.push_back({op, std::thread([this, op] { wait_p2p(*op); })});
+    return op->work;
+  }
+
+  // A waiter thread's body: blocks on one posted buffer until done, failed or aborted.
+  void wait_p2p(P2pOp& op) {
+    try {
+      const bool ok = op.send ? op.buffer->waitSend(op.timeout) : op.buffer->waitRecv(op.timeout);
+      if (ok) {
+        op.work->complete();
+      } else {
+        std::lock_guard<std::mutex> lock(mutex_);
+        op.work->complete(error_ ? error_ : std::make_exception_ptr(CommError(op.work->description() + ": aborted")));
+      }
+    } catch (const gloo::Exception& e) {
+      fail(op.work, translate(op.work->description(), e.what(), op.timeout, op.peer));
+    }
+    op.finished = true;
+  }
+
+  // Joins the waiters whose operation is over. Caller holds waiters_mutex_.
+  void reap_finished_waiters() {
+    for (auto it = waiters_.begin(); it != waiters_.end();) {
+      if (it->op->finished) {
+        it->thread.join();
+        it = waiters_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+
+  // Makes `error` the group's error (unless one is already set) and wakes everything. Gloo
+  // cannot interrupt a collective in flight: its Work fails now, and the call itself ends at its
+  // deadline on closed connections, with nothing left to touch.
+  void abort_with(std::exception_ptr error) {
+    std::shared_ptr<Work> in_flight;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (!error_) error_ = std::move(error);
+      in_flight = current_;
+      error = error_;
+    }
+    if (in_flight) in_flight->complete(error);
+    abort_p2p();
+    context_->closeConnections();
+    queue_cv_.notify_all();
+  }
+
+  // Why this thread exists: Debian's Gloo does not always notice a dead peer (a send waiting for
+  // the peer's receive-ready notice sleeps until its deadline), so while anything is pending,
+  // same-host peers' processes are checked every kLivenessInterval, and a dead one fails the
+  // group at once, by name. Peers on other hosts are the runtime's heartbeats' business.
+  void watchdog_loop() {
+    std::unique_lock<std::mutex> lock(mutex_);
+    while (!stopping_) {
+      watchdog_cv_.wait_for(lock, kLivenessInterval);
+      if (stopping_ || error_) continue;
+      bool pending = current_ != nullptr;
+      if (!pending) {
+        std::lock_guard<std::mutex> waiters_lock(waiters_mutex_);
+        for (const auto& w : waiters_) pending = pending || !w.op->finished;
+      }
+      if (!pending) continue;
+      const std::string op = current_ ? current_->description() : "point-to-point";
+      lock.unlock();
+      for (int r = 0; r < size_; ++r) {
+        if (r == rank_ || hosts_[r] != options_.host || !process_gone(pids_[r])) continue;
+        abort_with(std::make_exception_ptr(
+            CommError("rank " + std::to_string(rank_) + ": " + op + " failed: rank " + std::to_string(r) + " (host " +
+                          hosts_[r] + ", pid " + std::to_string(pids_[r]) + ") has exited; re-form the group",
+                      op, r, hosts_[r])));
+        break;
+      }
+      lock.lock();
+    }
+  }
+
+  void abort_p2p() {
+    std::lock_guard<std::mutex> lock(waiters_mutex_);
+    for (auto& w : waiters_) {
+      if (w.op->finished) continue;
+      if (w.op->send) {
+        w.op->buffer->abortWaitSend();
+      } else {
+        w.op->buffer->abortWaitRecv();
+      }
+    }
+  }
+
+  // Records the first error (sticky) and completes `work` with it. The first error also closes
+  // every connection: Gloo may still deliver into buffers of operations that timed out, and the
+  // peers should learn at once that this group is finished.
+  void fail(const std::shared_ptr<Work>& work, std::exception_ptr error) {
+    bool first = false;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (!error_) {
+        error_ = error;
+        first = true;
+      }
+    }
+    if (first) context_->closeConnections();
+    work->complete(error);
+  }
+
+  // Turns a Gloo error into a CommError or TimeoutError naming the peer at fault when it can:
+  // the op's own peer for point-to-point, else a same-host rank whose process has exited.
+  std::exception_ptr translate(const std::string& op, const std::string& gloo_message, milliseconds timeout,
+                               int peer) {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (error_) return error_;  // aborted or failed already: keep the first cause
+    }
+    // A killed peer's connections are reset while its process is still being torn down: give
+    // it a moment to show as gone before concluding that no same-host peer died.
+    const auto give_up = std::chrono::steady_clock::now() + kExitVisibleWithin;
+    while (peer < 0) {
+      for (int r = 0; r < size_ && peer < 0; ++r) {
+        if (r != rank_ && hosts_[r] == options_.host && process_gone(pids_[r])) peer = r;
+      }
+      if (peer >= 0 || std::chrono::steady_clock::now() >= give_up) break;
+      std::this_thread::sleep_for(milliseconds(10));
+    }
+    const std::string who = peer >= 0 ? "rank " + std::to_string(peer) + " (host " + hosts_[peer] + ", pid " +
+                                            std::to_string(pids_[peer]) + ")"
+                                      : "a peer";
+    const bool timed_out = gloo_message.find("imed out") != std::string::npos;
+    if (timed_out) {
+      return std::make_exception_ptr(TimeoutError(
+          "rank " + std::to_string(rank_) + ": " + op + ": no progress for " + std::to_string(timeout.count()) +
+              " ms; " + who + " is stopped, hung or unreachable (" + gloo_message + "); re-form the group",
+          op, peer, peer >= 0 ? hosts_[peer] : ""));
+    }
+    return std::make_exception_ptr(CommError(
+        "rank " + std::to_string(rank_) + ": " + op + " failed: " + who +
+            (peer >= 0 && process_gone(pids_[peer]) ? " has exited" : " broke the connection") + " (" +
+            gloo_message + "); re-form the group",
+        op, peer, peer >= 0 ? hosts_[peer] : ""));
+  }
+
+  const int rank_;
+  const int size_;
+  GroupOptions options_;
+  std::vector<std::string> hosts_;  // immutable after rendezvous
+  std::vector<int> pids_;           // immutable after rendezvous
+  std::shared_ptr<gloo::Context> context_;
+
+  std::mutex mutex_;
+  std::condition_variable queue_cv_;
+  std::deque<Op> queue_;                           // guarded by mutex_
+  std::exception_ptr error_;                       // guarded by mutex_; the first failure, sticky
+  bool stopping_ = false;                          // guarded by mutex_
+  uint32_t next_tag_ = 0;                          // guarded by mutex_; collectives' sequence number
+  std::shared_ptr<Work> current_;                  // guarded by mutex_; the collective in flight
+  std::condition_variable watchdog_cv_;
+  std::thread watchdog_thread_;
+  std::thread collective_thread_;
+
+  std::mutex waiters_mutex_;
+  std::list<Waiter> waiters_;                      // guarded by waiters_mutex_; one per posted p2p op
+};
+
+// What Group::create returns: forwards to the shared GlooGroup and shuts it down when destroyed.
+class GroupHandle : public Group {
+ public:
+  explicit GroupHandle(std::shared_ptr<GlooGroup> group) : g_(std::move(group)) {}
+  ~GroupHandle() override { g_->shutdown(); }
+
+  int rank() const override { return g_->rank(); }
+  int size() const override { return g_->size(); }
+  const std::string& host(int rank) const override { return g_->host(rank); }
+  std::vector<int> local_ranks() const override { return g_->local_ranks(); }
+  milliseconds timeout() const override { return g_->timeout(); }
+  std::shared_ptr<Work> allreduce_async(void* data, size_t count, DataType type, ReduceOp op,
+                                        AllreduceAlgorithm algorithm, milliseconds timeout) override {
+    return g_->allreduce_async(data, count, type, op, algorithm, timeout);
+  }
+  std::shared_ptr<Work> broadcast_async(void* data, size_t bytes, int root, milliseconds timeout) override {
+    return g_->broadcast_async(data, bytes, root, timeout);
+  }
+  std::shared_ptr<Work> allgather_async(const void* in, void* out, size_t bytes, milliseconds timeout) override {
+    return g_->allgather_async(in, out, bytes, timeout);
+  }
+  std::shared_ptr<Work> reduce_scatter_async(const void* in, void* out, size_t count, DataType type, ReduceOp op,
+                                             milliseconds timeout) override {
+    return g_->reduce_scatter_async(in, out, count, type, op, timeout);
+  }
+  std::shared_ptr<Work> barrier_async(milliseconds timeout) override { return g_->barrier_async(timeout); }
+  std::shared_ptr<Work> send_async(const void* data, size_t bytes, int peer, uint32_t tag,
+                                   milliseconds timeout) override {
+    return g_->send_async(data, bytes, peer, tag, timeout);
+  }
+  std::shared_ptr<Work> recv_async(void* data, size_t bytes, int peer, uint32_t tag, milliseconds timeout) override {
+    return g_->recv_async(data, bytes, peer, tag, timeout);
+  }
+  void abort(const std::string& reason) override { g_->abort(reason); }
+
+ private:
+  std::shared_ptr<GlooGroup> g_;
+};
+
+}  // namespace
+
+std::unique_ptr<Group> Group::create(std::shared_ptr<Store> store, int rank, int size, const GroupOptions& options) {
+  // A write to a connection whose peer died raises SIGPIPE, which would kill this process
+  // instead of failing the operation. Ignore it, unless the application installed a handler.
+  struct sigaction current {};
+  if (::sigaction(SIGPIPE, nullptr, &current) == 0 && current.sa_handler == SIG_DFL) ::signal(SIGPIPE, SIG_IGN);
+  auto group = std::make_shared<GlooGroup>(std::move(store), rank, size, options);
+  group->start();
+  return std::make_unique<GroupHandle>(std::move(group));
+}
+
+}  // namespace dsgd::comm

@@ -1,0 +1,50 @@
+#include "dsgd/comm/types.h"
+
+#include "dsgd/error.h"
+
+namespace dsgd::comm {
+
+size_t element_size(DataType type) {
+  switch (type) {
+    case DataType::kFloat32: return 4;
+    case DataType::kFloat64: return 8;
+    case DataType::kInt64: return 8;
+  }
+  return 0;
+}
+
+std::string to_string(DataType type) {
+  switch (type) {
+    case DataType::kFloat32: return "float32";
+    case DataType::kFloat64: return "float64";
+    case DataType::kInt64: return "int64";
+  }
+  return "?";
+}
+
+std::string to_string(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kSum: return "sum";
+    case ReduceOp::kAverage: return "average";
+    case ReduceOp::kMax: return "max";
+  }
+  return "?";
+}
+
+std::string to_string(AllreduceAlgorithm algorithm) {
+  switch (algorithm) {
+    case AllreduceAlgorithm::kAuto: return "auto";
+    case AllreduceAlgorithm::kRing: return "ring";
+    case AllreduceAlgorithm::kHalvingDoubling: return "hd";
+  }
+  return "?";
+}
+
+AllreduceAlgorithm parse_allreduce_algorithm(const std::string& name) {
+  if (name == "auto") return AllreduceAlgorithm::kAuto;
+  if (name == "ring") return AllreduceAlgorithm::kRing;
+  if (name == "hd") return AllreduceAlgorithm::kHalvingDoubling;
+  throw ConfigError("unknown allreduce algorithm '" + name + "'; known: auto, ring, hd");
+}
+
+}  // namespace dsgd::comm
