@@ -5,8 +5,11 @@
 BUILD ?= build
 JOBS  ?= $(shell nproc)
 CTEST  = ctest --test-dir $(BUILD) --output-on-failure --timeout 900
+# ccache: hit across checkouts in different directories (CI clones somewhere new each time).
+export CCACHE_BASEDIR := $(CURDIR)
+export CCACHE_NOHASHDIR := 1
 
-.PHONY: deps configure build demo test test-fast test-long bench clean
+.PHONY: deps configure build demo test test-fast test-long bench bench-comm clean
 deps:
 	@scripts/install-deps.sh
 
@@ -19,7 +22,8 @@ build: configure
 	cmake --build $(BUILD) -j $(JOBS)
 
 # The main job: the reference CNN, 5 epochs, 2 threads (2 cores). Prints progress and a JSON summary.
-demo: build
+demo: configure
+	cmake --build $(BUILD) -j $(JOBS) --target dsgd
 	$(BUILD)/dsgd train --model cnn --epochs 5 --batch-size 64 --lr 0.02 --lr-decay 0.7 --momentum 0.9 --threads 2 \
 	    --json-out $(BUILD)/demo.json
 
@@ -33,6 +37,9 @@ test-long: build
 
 bench: build
 	bench/train_baseline.sh
+
+bench-comm: build
+	bench/allreduce.sh
 
 clean:
 	rm -rf $(BUILD)

@@ -14,6 +14,7 @@ int main(int argc, char** argv) {
   app.footer("\nRun `dsgd SUBCOMMAND --help` for a subcommand's flags.");
   int exit_code = 0;
   dsgd::cli::add_train_command(app, &exit_code);
+  dsgd::cli::add_bench_command(app, &exit_code);
   // CLI11 would only say "a subcommand is required" for a misspelt one: name it.
   std::string known;
   bool found = false;

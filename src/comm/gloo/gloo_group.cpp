@@ -22,12 +22,12 @@
 #include <atomic>
 #include <deque>
 #include <list>
-#include <fstream>
 #include <functional>
 #include <mutex>
 #include <thread>
 
 #include "comm/gloo/store_adapter.h"
+#include "comm/process.h"
 #include "dsgd/comm/group.h"
 #include "dsgd/error.h"
 
@@ -54,17 +54,6 @@ std::string this_host() {
 }
 
 bool power_of_two(int n) { return n > 0 && (n & (n - 1)) == 0; }
-
-// True if process `pid` on this host has exited (or is a zombie awaiting its parent).
-bool process_gone(int pid) {
-  if (pid <= 0) return false;
-  if (::kill(pid, 0) != 0 && errno == ESRCH) return true;
-  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
-  std::string line;
-  if (!std::getline(stat, line)) return true;
-  const auto close = line.rfind(')');
-  return close != std::string::npos && close + 2 < line.size() && (line[close + 2] == 'Z' || line[close + 2] == 'X');
-}
 
 template <typename T>
 void configure_allreduce(gloo::AllreduceOptions& o, void* data, size_t count, ReduceOp op) {

@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# Allreduce across local processes, side by side in one run: dsgd's shared-memory path (shm,
+# zero-copy), dsgd over Gloo TCP (ring, auto), OpenMPI's MPI_Allreduce (vader shared memory),
+# and a one-core memcpy / sum bandwidth probe. Each in its default placement: dsgd shm pins rank r
+# to core r % cores, Gloo ranks are not pinned, OpenMPI binds as it does by default. Prints a markdown table of algorithm bandwidth
+# (GB/s) and latency per size, for each process count.
+#   bench/allreduce.sh [PROCS...]        (default: 2 4)
+# Needs a built tree (make build), mpicc and mpirun (openmpi-bin, libopenmpi-dev).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+procs=("${@:-2 4}")
+read -r -a procs <<<"${procs[*]}"
+dsgd=${DSGD:-build/dsgd}
+out=build/bench-peers
+mkdir -p "$out"
+mpicc -O2 -o "$out/mpi_allreduce" bench/peers/mpi_allreduce.c
+cc -O3 -o "$out/memcpy_bw" bench/peers/memcpy_bw.c
+sizes=(4 4096 65536 1048576 16777216 104857600)
+iters=${ITERS:-20}
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+
+read -r copy sum < <("$out/memcpy_bw" 104857600)
+echo "memcpy probe (one core, 100 MB): copy $copy GB/s, a[i] += b[i] $sum GB/s"
+echo
+for n in "${procs[@]}"; do
+  for algo in shm ring auto; do
+    "$dsgd" bench allreduce --procs "$n" --algo "$algo" --iters "$iters" --bytes "${sizes[@]}" --json >"$tmp/dsgd-$algo-$n.json"
+  done
+  mpirun --allow-run-as-root --oversubscribe -np "$n" "$out/mpi_allreduce" "$iters" "${sizes[@]}" >"$tmp/mpi-$n.txt"
+done
+
+/usr/bin/python3 - "$tmp" "${procs[@]}" <<'PY'
+import json, sys
+tmp, procs = sys.argv[1], sys.argv[2:]
+def fmt(b):
+    if b >= 1 << 20 and b % (1 << 20) == 0: return f"{b >> 20} MiB"
+    if b >= 1e6: return f"{b / 1e6:g} MB"
+    if b >= 1024 and b % 1024 == 0: return f"{b >> 10} KiB"
+    return f"{b} B"
+for n in procs:
+    rows = {}
+    for algo in ("shm", "ring", "auto"):
+        for r in json.load(open(f"{tmp}/dsgd-{algo}-{n}.json"))["results"]:
+            rows.setdefault(r["bytes"], {})[algo] = (r["algbw_gbps"], r["latency_us"])
+    for line in open(f"{tmp}/mpi-{n}.txt"):
+        b, lat, algbw, _ = line.split()
+        rows.setdefault(int(float(b)), {})["mpi"] = (float(algbw), float(lat))
+    print(f"\n{n} processes: algorithm bandwidth GB/s (latency us)\n")
+    print("| bytes | dsgd shm | dsgd gloo ring | dsgd gloo auto | OpenMPI | shm / MPI |")
+    print("|---|---|---|---|---|---|")
+    for b in sorted(rows):
+        r = rows[b]
+        cell = lambda k: f"{r[k][0]:.3f} ({r[k][1]:.1f})" if k in r else "-"
+        ratio = f"{r['mpi'][1] / r['shm'][1]:.2f}x" if "shm" in r and "mpi" in r else "-"  # = bandwidth ratio
+        print(f"| {fmt(b)} | {cell('shm')} | {cell('ring')} | {cell('auto')} | {cell('mpi')} | {ratio} |")
+PY

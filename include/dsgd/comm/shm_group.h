@@ -1,0 +1,69 @@
+// dsgd/comm/shm_group.h — allreduce among the ranks of one host through a POSIX shared-memory
+// segment: the same-host fast path.
+//
+//   auto shm = dsgd::comm::ShmGroup::create(store, local_rank, local_size);   // collective
+//   shm->allreduce(grads, n, DataType::kFloat32, ReduceOp::kAverage);          // copies in and out
+//   float* bucket = static_cast<float*>(shm->buffer());                        // or: zero-copy
+//   ... fill bucket ...;  shm->allreduce(bucket, n, ...);                       // nothing copied in
+//
+// Algorithm: every rank's data sits in its own slot of the segment; after a barrier each rank
+// reduces its 1/n block across all slots (vectorised), and after a second barrier copies every
+// block out. Buffers larger than a slot go in slot-sized pieces. Data already in this rank's
+// slot (buffer()) is reduced in place: no copy in, and only the other ranks' blocks copied out.
+//
+// Synchronisation: a barrier on shared atomics that spins briefly (ShmOptions::spin_us) and then
+// sleeps on a futex, so a waiting rank does not burn a core another worker computes on. Every wait
+// has a deadline; while waiting, peers' processes are checked, and a dead one fails the operation
+// at once with dsgd::CommError naming it; a hung one gives dsgd::TimeoutError at the deadline,
+// naming the ranks that did not arrive. Errors are sticky (the segment's state is unknown after
+// one): re-form. The segment's name is unlinked as soon as every rank has mapped it, so nothing
+// is left in /dev/shm whatever happens afterwards.
+//
+// One thread per ShmGroup at a time. Torch-free.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <memory>
+#include <string>
+
+#include "dsgd/comm/store.h"
+#include "dsgd/comm/types.h"
+
+namespace dsgd::comm {
+
+struct ShmOptions {
+  size_t slot_bytes = 32 << 20;                     // per rank; larger buffers go in pieces
+  std::chrono::milliseconds timeout{30000};         // deadline of creation and of each operation
+  std::chrono::microseconds spin_us{50};            // busy-wait before sleeping in a barrier
+};
+
+class ShmGroup {
+ public:
+  // Collective over the `size` ranks of this host, which meet through `store` (namespace it per
+  // job, generation and host). Throws dsgd::TimeoutError naming ranks that did not arrive.
+  static std::unique_ptr<ShmGroup> create(std::shared_ptr<Store> store, int rank, int size,
+                                          const ShmOptions& options = {});
+  virtual ~ShmGroup() = default;
+
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+
+  // In place. `data` may be buffer() (zero-copy) or any memory of this process.
+  virtual void allreduce(void* data, size_t count, DataType type, ReduceOp op,
+                         std::chrono::milliseconds timeout = {}) = 0;
+  // root's bytes at data reach every rank's data.
+  virtual void broadcast(void* data, size_t bytes, int root, std::chrono::milliseconds timeout = {}) = 0;
+  virtual void barrier(std::chrono::milliseconds timeout = {}) = 0;
+
+  // This rank's slot in the segment (slot_bytes, 64-byte aligned): data placed here is
+  // allreduced without being copied in.
+  virtual void* buffer() = 0;
+  virtual size_t buffer_bytes() const = 0;
+
+  // Fails the current and every later operation of every rank with dsgd::CommError(reason).
+  // Thread-safe.
+  virtual void abort(const std::string& reason) = 0;
+};
+
+}  // namespace dsgd::comm

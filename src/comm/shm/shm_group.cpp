@@ -1,0 +1,291 @@
+#include "dsgd/comm/shm_group.h"
+
+#include <fcntl.h>
+#include <linux/futex.h>
+#include <sys/mman.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+#include <immintrin.h>
+#include <random>
+#include <thread>
+
+#include "comm/process.h"
+#include "comm/shm/reduce_kernels.h"
+#include "dsgd/error.h"
+
+namespace dsgd::comm {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using std::chrono::milliseconds;
+
+constexpr int kMaxRanks = 64;
+constexpr uint32_t kMagic = 0x64736764;  // "dsgd"
+constexpr size_t kAlign = 64;
+// A sleeping waiter wakes this often to check the deadline, the abort flag and peers' liveness.
+constexpr milliseconds kSleepSlice{50};
+
+// The segment's header. Counters sit on their own cache lines so waiting ranks do not slow the
+// ones still writing.
+struct Header {
+  uint32_t magic;
+  uint32_t ranks;
+  uint64_t slot_bytes;
+  alignas(kAlign) std::atomic<uint32_t> arrived;     // ranks in the current barrier episode
+  alignas(kAlign) std::atomic<uint32_t> episode;     // futex word: bumped when a barrier opens
+  alignas(kAlign) std::atomic<uint32_t> aborted;     // nonzero: every operation fails
+  std::atomic<uint32_t> attached;                    // ranks that have mapped the segment
+  std::atomic<int32_t> pids[kMaxRanks];
+  std::atomic<uint32_t> rank_episode[kMaxRanks];     // last barrier episode each rank entered
+  char abort_reason[256];
+};
+
+size_t round_up(size_t n, size_t a) { return (n + a - 1) / a * a; }
+
+long futex(std::atomic<uint32_t>* addr, int op, uint32_t value, const timespec* timeout) {
+  return ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(addr), op, value, timeout, nullptr, 0);
+}
+
+class ShmGroupImpl : public ShmGroup {
+ public:
+  ShmGroupImpl(std::shared_ptr<Store> store, int rank, int size, const ShmOptions& options)
+      : rank_(rank), size_(size), options_(options) {
+    if (size < 1 || size > kMaxRanks || rank < 0 || rank >= size) {
+      throw ConfigError("shm group: rank " + std::to_string(rank) + " of " + std::to_string(size) +
+                        " is invalid (1.." + std::to_string(kMaxRanks) + " ranks per host)");
+    }
+    if (options_.slot_bytes < 4096) throw ConfigError("shm group: slot_bytes must be >= 4096");
+    options_.slot_bytes = round_up(options_.slot_bytes, 4096);
+    slot_offset_ = round_up(sizeof(Header), 4096);
+    oversubscribed_ = size_ > static_cast<int>(::sysconf(_SC_NPROCESSORS_ONLN));
+    bytes_ = slot_offset_ + options_.slot_bytes * static_cast<size_t>(size_);
+    attach(*store);
+  }
+
+  ~ShmGroupImpl() override {
+    if (base_ != nullptr) ::munmap(base_, bytes_);
+  }
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  void* buffer() override { return slot(rank_); }
+  size_t buffer_bytes() const override { return options_.slot_bytes; }
+
+  void abort(const std::string& reason) override {
+    uint32_t expected = 0;
+    if (header_->aborted.compare_exchange_strong(expected, 1)) {
+      std::snprintf(header_->abort_reason, sizeof(header_->abort_reason), "rank %d: %s", rank_, reason.c_str());
+    }
+    header_->episode.fetch_add(0);  // order the flag before the wake
+    futex(&header_->episode, FUTEX_WAKE, INT32_MAX, nullptr);
+  }
+
+  void barrier(milliseconds timeout) override { wait_all("barrier", deadline(timeout)); }
+
+  void allreduce(void* data, size_t count, DataType type, ReduceOp op, milliseconds timeout) override {
+    const auto until = deadline(timeout);
+    const size_t es = element_size(type);
+    const size_t piece_elems = options_.slot_bytes / es;
+    char* bytes = static_cast<char*>(data);
+    const bool zero_copy = data == buffer() && count * es <= options_.slot_bytes;
+    const std::string name = "shm allreduce #" + std::to_string(++ops_) + " (" + std::to_string(count) + " x " +
+                             to_string(type) + ", " + to_string(op) + ")";
+    for (size_t done = 0; done < count || (count == 0 && done == 0); done += piece_elems) {
+      if (count == 0) break;
+      const size_t m = std::min(piece_elems, count - done);
+      char* mine = slot(rank_);
+      if (!zero_copy) std::memcpy(mine, bytes + done * es, m * es);
+      wait_all(name, until);  // every slot holds its rank's piece
+      // Reduce this rank's block across all slots, into this rank's slot.
+      const auto [lo, hi] = block(m, rank_, es);
+      for (int r = 0; r < size_; ++r) {
+        if (r != rank_) reduce_into(mine + lo * es, slot(r) + lo * es, hi - lo, type, op);
+      }
+      if (op == ReduceOp::kAverage) divide_by(mine + lo * es, hi - lo, type, size_);
+      wait_all(name, until);  // every block is reduced
+      for (int r = 0; r < size_; ++r) {
+        const auto [rlo, rhi] = block(m, r, es);
+        if (zero_copy) {
+          if (r != rank_) std::memcpy(mine + rlo * es, slot(r) + rlo * es, (rhi - rlo) * es);
+        } else {
+          std::memcpy(bytes + (done + rlo) * es, slot(r) + rlo * es, (rhi - rlo) * es);
+        }
+      }
+      wait_all(name, until);  // nobody reads the slots any more: they may be refilled
+    }
+  }
+
+  void broadcast(void* data, size_t bytes, int root, milliseconds timeout) override {
+    if (root < 0 || root >= size_) {
+      throw ConfigError("shm broadcast: root " + std::to_string(root) + " is not a rank (0.." +
+                        std::to_string(size_ - 1) + ")");
+    }
+    const auto until = deadline(timeout);
+    const std::string name = "shm broadcast #" + std::to_string(++ops_) + " (" + std::to_string(bytes) + " bytes)";
+    char* p = static_cast<char*>(data);
+    for (size_t done = 0; done < bytes; done += options_.slot_bytes) {
+      const size_t m = std::min(options_.slot_bytes, bytes - done);
+      if (rank_ == root && p + done != slot(root)) std::memcpy(slot(root), p + done, m);
+      wait_all(name, until);
+      if (rank_ != root) std::memcpy(p + done, slot(root), m);
+      wait_all(name, until);
+    }
+  }
+
+ private:
+  char* slot(int r) const {
+    return static_cast<char*>(base_) + slot_offset_ + options_.slot_bytes * static_cast<size_t>(r);
+  }
+
+  // Rank r's block of m elements: cache-line-aligned boundaries, the last rank takes the rest.
+  std::pair<size_t, size_t> block(size_t m, int r, size_t es) const {
+    const size_t align = std::max<size_t>(1, kAlign / es);
+    const size_t per = round_up((m + static_cast<size_t>(size_) - 1) / static_cast<size_t>(size_), align);
+    const size_t lo = std::min(m, per * static_cast<size_t>(r));
+    const size_t hi = std::min(m, lo + per);
+    return {lo, hi};
+  }
+
+  Clock::time_point deadline(milliseconds timeout) const {
+    return Clock::now() + (timeout.count() > 0 ? timeout : options_.timeout);
+  }
+
+  void attach(Store& store) {
+    // The creator picks a unique name and publishes it; the others open it.
+    if (rank_ == 0) {
+      std::random_device rd;
+      name_ = "/dsgd-" + std::to_string(::getpid()) + "-" + std::to_string(rd());
+      const int fd = ::shm_open(name_.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
+      if (fd < 0) throw CommError("shm group: shm_open " + name_ + ": " + std::strerror(errno), "shm create");
+      if (::ftruncate(fd, static_cast<off_t>(bytes_)) != 0) {
+        const int err = errno;
+        ::close(fd);
+        ::shm_unlink(name_.c_str());
+        throw CommError("shm group: cannot size " + name_ + " to " + std::to_string(bytes_) + " bytes: " +
+                            std::strerror(err) + " (is /dev/shm large enough?)",
+                        "shm create");
+      }
+      map(fd);
+      header_ = new (base_) Header{};
+      header_->magic = kMagic;
+      header_->ranks = static_cast<uint32_t>(size_);
+      header_->slot_bytes = options_.slot_bytes;
+      store.set("shm/name", name_);
+    } else {
+      name_ = store.get("shm/name", options_.timeout);
+      const int fd = ::shm_open(name_.c_str(), O_RDWR, 0600);
+      if (fd < 0) throw CommError("shm group: shm_open " + name_ + ": " + std::strerror(errno), "shm attach");
+      map(fd);
+      header_ = static_cast<Header*>(base_);
+      if (header_->magic != kMagic || header_->ranks != static_cast<uint32_t>(size_) ||
+          header_->slot_bytes != options_.slot_bytes) {
+        throw ConfigError("shm group: segment " + name_ + " was made for " + std::to_string(header_->ranks) +
+                          " ranks of " + std::to_string(header_->slot_bytes) + " bytes; this rank expects " +
+                          std::to_string(size_) + " of " + std::to_string(options_.slot_bytes));
+      }
+    }
+    header_->pids[rank_] = ::getpid();
+    // The last rank to map the segment removes its name: from then on nothing can leak into
+    // /dev/shm, whoever dies; the memory goes away with the last mapping.
+    if (header_->attached.fetch_add(1) + 1 == static_cast<uint32_t>(size_)) ::shm_unlink(name_.c_str());
+    try {
+      wait_all("shm rendezvous", deadline({}));
+    } catch (...) {
+      ::shm_unlink(name_.c_str());  // a rank never came: remove the name ourselves
+      throw;
+    }
+  }
+
+  void map(int fd) {
+    void* p = ::mmap(nullptr, bytes_, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    ::close(fd);
+    if (p == MAP_FAILED) throw CommError("shm group: mmap " + name_ + ": " + std::strerror(errno), "shm attach");
+    base_ = p;
+  }
+
+  // The barrier: spin briefly, then sleep on the episode futex in slices, checking the abort
+  // flag, the deadline and peers' liveness between slices.
+  void wait_all(const std::string& op, Clock::time_point until) {
+    check_aborted(op);
+    const uint32_t episode = header_->episode.load(std::memory_order_acquire);
+    header_->rank_episode[rank_].store(episode + 1, std::memory_order_relaxed);
+    if (header_->arrived.fetch_add(1, std::memory_order_acq_rel) + 1 == static_cast<uint32_t>(size_)) {
+      header_->arrived.store(0, std::memory_order_relaxed);
+      header_->episode.store(episode + 1, std::memory_order_release);
+      futex(&header_->episode, FUTEX_WAKE, INT32_MAX, nullptr);
+      return;
+    }
+    // Spin briefly: most barriers open within microseconds. With more ranks than cores, the
+    // rank being waited for may need this core, so yield it while spinning.
+    const auto spin_until = Clock::now() + options_.spin_us;
+    for (int i = 0; header_->episode.load(std::memory_order_acquire) == episode; ++i) {
+      if ((i & 63) == 0) {
+        if (Clock::now() >= spin_until) break;
+        if (oversubscribed_) std::this_thread::yield();
+      }
+      _mm_pause();
+    }
+    while (header_->episode.load(std::memory_order_acquire) == episode) {
+      check_aborted(op);
+      const auto now = Clock::now();
+      if (now >= until) fail_timeout(op, episode);
+      const auto slice = std::min<Clock::duration>(kSleepSlice, until - now);
+      const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(slice).count();
+      timespec ts{static_cast<time_t>(ns / 1000000000), static_cast<long>(ns % 1000000000)};
+      futex(&header_->episode, FUTEX_WAIT, episode, &ts);
+      if (header_->episode.load(std::memory_order_acquire) != episode) break;
+      for (int r = 0; r < size_; ++r) {
+        if (r != rank_ && header_->rank_episode[r].load() != episode + 1 && process_gone(header_->pids[r])) {
+          const std::string msg = "rank " + std::to_string(r) + " (pid " + std::to_string(header_->pids[r]) +
+                                  ") has exited";
+          abort(msg);
+          throw CommError("shm rank " + std::to_string(rank_) + ": " + op + " failed: " + msg + "; re-form the group",
+                          op, r);
+        }
+      }
+    }
+    check_aborted(op);
+  }
+
+  void check_aborted(const std::string& op) const {
+    if (header_->aborted.load(std::memory_order_acquire) != 0) {
+      throw CommError("shm rank " + std::to_string(rank_) + ": " + op + " failed: group aborted (" +
+                          std::string(header_->abort_reason, strnlen(header_->abort_reason, sizeof(header_->abort_reason))) +
+                          "); re-form the group",
+                      op);
+    }
+  }
+
+  [[noreturn]] void fail_timeout(const std::string& op, uint32_t episode) {
+    std::string missing;
+    for (int r = 0; r < size_; ++r) {
+      if (header_->rank_episode[r].load() != episode + 1) missing += (missing.empty() ? "" : ", ") + std::to_string(r);
+    }
+    const std::string msg = op + ": rank(s) " + missing + " did not arrive before the deadline (stopped or hung)";
+    abort(msg);
+    throw TimeoutError("shm rank " + std::to_string(rank_) + ": " + msg + "; re-form the group", op);
+  }
+
+  const int rank_;
+  const int size_;
+  ShmOptions options_;
+  size_t slot_offset_ = 0;
+  size_t bytes_ = 0;
+  std::string name_;
+  void* base_ = nullptr;
+  Header* header_ = nullptr;
+  uint64_t ops_ = 0;
+  bool oversubscribed_ = false;  // more local ranks than cores
+};
+
+}  // namespace
+
+std::unique_ptr<ShmGroup> ShmGroup::create(std::shared_ptr<Store> store, int rank, int size, const ShmOptions& options) {
+  return std::make_unique<ShmGroupImpl>(std::move(store), rank, size, options);
+}
+
+}  // namespace dsgd::comm

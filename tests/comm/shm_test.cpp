@@ -1,0 +1,201 @@
+// The shared-memory group: results against closed forms (threads as ranks; the segment is
+// mapped once per rank as it would be per process), then failures with forked processes, and
+// /dev/shm left clean in every case.
+#include "dsgd/comm/shm_group.h"
+
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <thread>
+
+#include "dsgd/error.h"
+#include "testing/ranks.h"
+#include "testing/temp_dir.h"
+
+namespace dsgd::comm {
+namespace {
+
+using std::chrono::milliseconds;
+using Clock = std::chrono::steady_clock;
+
+int dsgd_segments_in_dev_shm() {
+  int n = 0;
+  for (const auto& e : std::filesystem::directory_iterator("/dev/shm")) {
+    if (e.path().filename().string().rfind("dsgd-", 0) == 0) ++n;
+  }
+  return n;
+}
+
+ShmOptions small_slots() {
+  ShmOptions o;
+  o.slot_bytes = 64 << 10;  // small, so larger buffers exercise the pieces
+  o.timeout = milliseconds(5000);
+  return o;
+}
+
+template <typename T>
+void check_allreduce(ShmGroup& g, DataType type, bool zero_copy) {
+  const int n = g.size();
+  for (auto op : {ReduceOp::kSum, ReduceOp::kAverage, ReduceOp::kMax}) {
+    for (size_t count : {size_t{0}, size_t{1}, size_t{7}, size_t{13}, size_t{1000}, size_t{65537}, size_t{100003}}) {
+      if (zero_copy && count * sizeof(T) > g.buffer_bytes()) continue;
+      std::vector<T> heap(count);
+      T* v = zero_copy ? static_cast<T*>(g.buffer()) : heap.data();
+      for (size_t i = 0; i < count; ++i) v[i] = static_cast<T>((g.rank() + 1) * static_cast<int>(i % 7 + 1));
+      g.allreduce(v, count, type, op);
+      for (size_t i = 0; i < count; ++i) {
+        const T base = static_cast<T>(i % 7 + 1);
+        const T sum = base * static_cast<T>(n * (n + 1) / 2);
+        const T expected = op == ReduceOp::kSum ? sum : op == ReduceOp::kMax ? base * static_cast<T>(n) : sum / static_cast<T>(n);
+        ASSERT_EQ(v[i], expected) << "rank " << g.rank() << "/" << n << " " << to_string(type) << " " << to_string(op)
+                                  << " count " << count << (zero_copy ? " zero-copy" : "") << " element " << i;
+      }
+    }
+  }
+}
+
+class ShmSizes : public ::testing::TestWithParam<int> {};
+
+TEST_P(ShmSizes, AllreduceEveryDtypeOpAndSizeCopyingAndZeroCopy) {
+  auto store = make_memory_store();
+  testing::run_ranks(GetParam(), [&](int rank) {
+    auto g = ShmGroup::create(store, rank, GetParam(), small_slots());
+    for (bool zero_copy : {false, true}) {
+      check_allreduce<float>(*g, DataType::kFloat32, zero_copy);
+      check_allreduce<double>(*g, DataType::kFloat64, zero_copy);
+      check_allreduce<int64_t>(*g, DataType::kInt64, zero_copy);
+    }
+  });
+  EXPECT_EQ(dsgd_segments_in_dev_shm(), 0);
+}
+
+TEST_P(ShmSizes, BroadcastFromEveryRootAcrossPieces) {
+  auto store = make_memory_store();
+  testing::run_ranks(GetParam(), [&](int rank) {
+    auto g = ShmGroup::create(store, rank, GetParam(), small_slots());
+    for (int root = 0; root < g->size(); ++root) {
+      std::vector<uint8_t> v(200003, 0xee);
+      if (rank == root) {
+        for (size_t i = 0; i < v.size(); ++i) v[i] = static_cast<uint8_t>(i * 13 + root);
+      }
+      g->broadcast(v.data(), v.size(), root);
+      for (size_t i = 0; i < v.size(); ++i) ASSERT_EQ(v[i], static_cast<uint8_t>(i * 13 + root)) << i;
+    }
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(Sizes, ShmSizes, ::testing::Values(1, 2, 3, 4));
+
+TEST(Shm, AbortFromAnotherThreadUnblocksABarrier) {
+  auto store = make_memory_store();
+  std::atomic<bool> done{false};
+  testing::run_ranks(2, [&](int rank) {
+    auto g = ShmGroup::create(store, rank, 2, small_slots());
+    if (rank == 1) {  // never enters the barrier
+      while (!done) std::this_thread::sleep_for(milliseconds(5));
+      return;
+    }
+    std::thread aborter([&] {
+      std::this_thread::sleep_for(milliseconds(100));
+      g->abort("test abort");
+    });
+    const auto t0 = Clock::now();
+    try {
+      g->barrier(milliseconds(20000));
+      ADD_FAILURE() << "barrier passed without rank 1";
+    } catch (const CommError& e) {
+      EXPECT_NE(std::string(e.what()).find("test abort"), std::string::npos) << e.what();
+    }
+    EXPECT_LT(Clock::now() - t0, milliseconds(2000));
+    aborter.join();
+    EXPECT_THROW(g->barrier(), CommError);  // sticky
+    done = true;
+  });
+}
+
+TEST(Shm, MissingRankTimesOutAndLeavesNothingInDevShm) {
+  auto store = make_memory_store();
+  ShmOptions o = small_slots();
+  o.timeout = milliseconds(300);
+  EXPECT_THROW(ShmGroup::create(store, 0, 2, o), TimeoutError);
+  EXPECT_EQ(dsgd_segments_in_dev_shm(), 0);
+}
+
+// Forks `size` ranks that allreduce 8 MiB in a loop; signals `victim`; returns survivors' reports
+// "<ms after the signal>|<kind>|<message>".
+std::vector<std::string> run_failure(int size, int victim, int sig, milliseconds timeout) {
+  testing::TempDir dir;
+  const std::string store_dir = dir.file("store");
+  std::vector<pid_t> pids;
+  for (int r = 0; r < size; ++r) {
+    const pid_t pid = ::fork();
+    if (pid == 0) {
+      auto store = make_file_store(store_dir);
+      try {
+        ShmOptions o;
+        o.slot_bytes = 1 << 20;
+        o.timeout = timeout;
+        auto g = ShmGroup::create(store, r, size, o);
+        std::vector<float> v(2 << 20, 1.0f);
+        store->set("ready/" + std::to_string(r), "1");
+        try {
+          while (true) g->allreduce(v.data(), v.size(), DataType::kFloat32, ReduceOp::kSum);
+        } catch (const CommError& e) {
+          const int64_t now = std::chrono::duration_cast<milliseconds>(Clock::now().time_since_epoch()).count();
+          const int64_t at = std::stoll(store->get("signalled_at", milliseconds(10000)));
+          store->set("result/" + std::to_string(r), std::to_string(now - at) + "|" +
+                                                        (dynamic_cast<const TimeoutError*>(&e) ? "timeout" : "comm") +
+                                                        "|" + e.what());
+        }
+        store->get("exit", milliseconds(60000));
+      } catch (...) {
+        ::_exit(2);
+      }
+      ::_exit(0);
+    }
+    pids.push_back(pid);
+  }
+  auto store = make_file_store(store_dir);
+  for (int r = 0; r < size; ++r) store->wait({"ready/" + std::to_string(r)}, milliseconds(20000));
+  std::this_thread::sleep_for(milliseconds(200));
+  store->set("signalled_at",
+             std::to_string(std::chrono::duration_cast<milliseconds>(Clock::now().time_since_epoch()).count()));
+  ::kill(pids[victim], sig);
+  std::vector<std::string> results;
+  for (int r = 0; r < size; ++r) {
+    if (r != victim) results.push_back(store->get("result/" + std::to_string(r), timeout * 3 + milliseconds(10000)));
+  }
+  store->set("exit", "1");
+  for (pid_t pid : pids) ::kill(pid, SIGKILL);
+  for (pid_t pid : pids) ::waitpid(pid, nullptr, 0);
+  return results;
+}
+
+TEST(ShmFailure, KilledRankFailsSurvivorsFastByNameAndNothingLeaks) {
+  auto results = run_failure(3, 1, SIGKILL, milliseconds(10000));
+  ASSERT_EQ(results.size(), 2u);
+  for (const auto& r : results) {
+    EXPECT_LT(std::stoll(r.substr(0, r.find('|'))), 2000) << r;
+    EXPECT_NE(r.find("|comm|"), std::string::npos) << r;
+    EXPECT_NE(r.find("rank 1 (pid "), std::string::npos) << r;
+  }
+  EXPECT_EQ(dsgd_segments_in_dev_shm(), 0);
+}
+
+TEST(ShmFailure, StoppedRankTimesOutSurvivorsNamingIt) {
+  auto results = run_failure(2, 0, SIGSTOP, milliseconds(1000));
+  ASSERT_EQ(results.size(), 1u);
+  const auto& r = results[0];
+  const int64_t ms = std::stoll(r.substr(0, r.find('|')));
+  EXPECT_GE(ms, 800) << r;
+  EXPECT_LT(ms, 2000) << r;
+  EXPECT_NE(r.find("|timeout|"), std::string::npos) << r;
+  EXPECT_NE(r.find("rank(s) 0 did not arrive"), std::string::npos) << r;
+  EXPECT_EQ(dsgd_segments_in_dev_shm(), 0);
+}
+
+}  // namespace
+}  // namespace dsgd::comm
