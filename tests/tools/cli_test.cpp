@@ -99,3 +99,31 @@ TEST(Cli, ShortRunWritesJsonSummary) {
 }
 
 }  // namespace
+
+namespace {
+
+TEST(CliBench, AllreduceEmitsVerifiedJsonForEachAlgorithm) {
+  for (const char* algo : {"shm", "ring", "hd", "auto"}) {
+    CliRun r = run_dsgd(std::string("bench allreduce --procs 2 --bytes 4 64K --iters 3 --warmup 1 --json --algo ") + algo);
+    ASSERT_EQ(r.exit_code, 0) << algo << "\n" << r.output;
+    auto j = nlohmann::json::parse(r.output);
+    EXPECT_EQ(j["procs"], 2);
+    ASSERT_EQ(j["results"].size(), 2u);
+    EXPECT_EQ(j["results"][1]["bytes"], 64000);
+    EXPECT_GT(j["results"][1]["algbw_gbps"].get<double>(), 0);
+    // busbw = algbw * 2(n-1)/n, which is algbw for 2 ranks.
+    EXPECT_DOUBLE_EQ(j["results"][1]["busbw_gbps"].get<double>(), j["results"][1]["algbw_gbps"].get<double>());
+  }
+  CliRun h = run_dsgd("bench allreduce --procs 3 --hosts 2 --algo hier --bytes 1K --iters 2 --json");
+  ASSERT_EQ(h.exit_code, 0) << h.output;
+}
+
+TEST(CliBench, BadFlagsAreUsageErrors) {
+  expect_usage_error("bench allreduce --algo bogus", "unknown allreduce algorithm 'bogus'; known: auto, ring, hd");
+  expect_usage_error("bench allreduce --procs 0", "--procs must be in 1..64, got 0");
+  expect_usage_error("bench allreduce --bytes 12Q", "unknown unit 'Q'");
+  expect_usage_error("bench allreduce --algo hier --procs 2 --hosts 3", "--hosts must be in 1..--procs (2), got 3");
+  expect_usage_error("bench", "subcommand");
+}
+
+}  // namespace

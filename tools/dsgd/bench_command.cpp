@@ -15,6 +15,7 @@
 
 #include "commands.h"
 #include "dsgd/comm/group.h"
+#include "dsgd/comm/hierarchical.h"
 #include "dsgd/comm/shm_group.h"
 #include "dsgd/error.h"
 
@@ -32,6 +33,7 @@ struct BenchFlags {
   int warmup = 3;
   bool json = false;
   std::string pin = "auto";
+  int hosts = 1;  // --algo hier: ranks split into this many pseudo-hosts
 };
 
 size_t parse_size(const std::string& s) {
@@ -63,8 +65,15 @@ std::vector<double> run_rank(const BenchFlags& f, const std::vector<size_t>& siz
   auto store = comm::make_file_store(dir);
   std::unique_ptr<comm::Group> group;
   std::unique_ptr<comm::ShmGroup> shm;
+  std::unique_ptr<comm::HierarchicalGroup> hier;
   const size_t max_bytes = *std::max_element(sizes.begin(), sizes.end());
-  if (f.algo == "shm") {
+  if (f.algo == "hier") {
+    comm::GroupOptions go;
+    go.host = "pseudo-host-" + std::to_string(rank * f.hosts / f.procs);
+    comm::ShmOptions so;
+    so.slot_bytes = std::max<size_t>(4096, std::min<size_t>(max_bytes, size_t{64} << 20));
+    hier = comm::HierarchicalGroup::create(store, rank, f.procs, go, so);
+  } else if (f.algo == "shm") {
     comm::ShmOptions o;
     // A slot that holds the largest message, so every size runs zero-copy (the data lives in
     // the segment, as gradient buckets do); capped at 256 MiB per rank.
@@ -73,7 +82,8 @@ std::vector<double> run_rank(const BenchFlags& f, const std::vector<size_t>& siz
   } else {
     group = comm::Group::create(store, rank, f.procs);
   }
-  const auto algorithm = f.algo == "shm" ? comm::AllreduceAlgorithm::kAuto : comm::parse_allreduce_algorithm(f.algo);
+  const auto algorithm = f.algo == "shm" || f.algo == "hier" ? comm::AllreduceAlgorithm::kAuto
+                                                             : comm::parse_allreduce_algorithm(f.algo);
   std::vector<float> heap;
   std::vector<double> medians;
   for (size_t bytes : sizes) {
@@ -88,9 +98,15 @@ std::vector<double> run_rank(const BenchFlags& f, const std::vector<size_t>& siz
     std::vector<double> times;
     for (int it = 0; it < f.warmup + f.iters; ++it) {
       std::fill(data, data + count, static_cast<float>(rank + 1));
-      if (shm) shm->barrier(); else group->barrier();
-      const auto t0 = Clock::now();
       if (shm) {
+        shm->barrier();
+      } else {
+        (hier ? hier->global() : *group).barrier();
+      }
+      const auto t0 = Clock::now();
+      if (hier) {
+        hier->allreduce(data, count, comm::DataType::kFloat32, comm::ReduceOp::kSum);
+      } else if (shm) {
         shm->allreduce(data, count, comm::DataType::kFloat32, comm::ReduceOp::kSum);
       } else {
         group->allreduce(data, count, comm::DataType::kFloat32, comm::ReduceOp::kSum, algorithm);
@@ -108,7 +124,7 @@ std::vector<double> run_rank(const BenchFlags& f, const std::vector<size_t>& siz
     if (shm) {
       shm->barrier();
     } else {
-      group->allreduce(&median, 1, comm::DataType::kFloat64, comm::ReduceOp::kMax);
+      (hier ? hier->global() : *group).allreduce(&median, 1, comm::DataType::kFloat64, comm::ReduceOp::kMax);
     }
     medians.push_back(median);
   }
@@ -120,7 +136,10 @@ int run_bench_allreduce(BenchFlags& f) {
   try {
     if (f.procs < 1 || f.procs > 64) throw ConfigError("--procs must be in 1..64, got " + std::to_string(f.procs));
     if (f.iters < 1) throw ConfigError("--iters must be >= 1");
-    if (f.algo != "shm") comm::parse_allreduce_algorithm(f.algo);
+    if (f.algo != "shm" && f.algo != "hier") comm::parse_allreduce_algorithm(f.algo);
+    if (f.hosts < 1 || f.hosts > f.procs) {
+      throw ConfigError("--hosts must be in 1..--procs (" + std::to_string(f.procs) + "), got " + std::to_string(f.hosts));
+    }
     for (const auto& s : f.sizes) sizes.push_back(parse_size(s));
   } catch (const ConfigError& e) {
     std::cerr << "dsgd bench allreduce: error: " << e.what() << "\n";
@@ -201,10 +220,15 @@ void add_bench_command(CLI::App& app, int* exit_code) {
       "\nExamples:\n"
       "  dsgd bench allreduce --procs 2 --algo shm\n"
       "  dsgd bench allreduce --procs 4 --bytes 4 1M 100M --algo ring --json\n"
+      "  dsgd bench allreduce --procs 4 --hosts 2 --algo hier\n"
       "\nRanks are forked processes meeting through a file store; results are verified.");
   ar->add_option("--procs", flags->procs, "Processes (ranks)")->capture_default_str();
   ar->add_option("--bytes", flags->sizes, "Message sizes (4, 64K, 16M, 100M, 1MiB ...)")->capture_default_str();
-  ar->add_option("--algo", flags->algo, "ring, hd, auto (Gloo over TCP) or shm (shared memory)")->capture_default_str();
+  ar->add_option("--algo", flags->algo,
+                 "ring, hd, auto (Gloo over TCP), shm (shared memory), hier (shm per host + Gloo among hosts)")
+      ->capture_default_str();
+  ar->add_option("--hosts", flags->hosts, "--algo hier: split the ranks into this many pseudo-hosts")
+      ->capture_default_str();
   ar->add_option("--iters", flags->iters, "Timed iterations per size (median reported)")->capture_default_str();
   ar->add_option("--warmup", flags->warmup, "Untimed iterations per size")->capture_default_str();
   ar->add_flag("--json", flags->json, "Print JSON instead of a table");

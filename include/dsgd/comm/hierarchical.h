@@ -1,0 +1,45 @@
+// dsgd/comm/hierarchical.h — allreduce across hosts in three stages: shared memory among the
+// ranks of each host, Gloo among one leader per host, shared memory again to hand the result on.
+//
+//   auto h = dsgd::comm::HierarchicalGroup::create(store, rank, size, group_options);  // collective
+//   h->allreduce(grads, n, DataType::kFloat32, ReduceOp::kAverage);
+//
+// Ranks name their host in GroupOptions::host (default: the machine's host name); ranks with
+// the same host share a segment. Cross-host bytes fall from 2(n-1)/n * B per rank (flat ring
+// over every rank) to 2(h-1)/h * B per leader for h hosts, and only leaders touch the network.
+// Errors as in Group and ShmGroup: sticky, named, every wait bounded. Not thread-safe: one
+// caller at a time. Torch-free.
+#pragma once
+
+#include <memory>
+
+#include "dsgd/comm/group.h"
+#include "dsgd/comm/shm_group.h"
+
+namespace dsgd::comm {
+
+class HierarchicalGroup {
+ public:
+  // Forms the global group, then this host's ShmGroup and (for leaders) the leaders' Group, under
+  // sub-prefixes of `store`.
+  static std::unique_ptr<HierarchicalGroup> create(std::shared_ptr<Store> store, int rank, int size,
+                                                   const GroupOptions& options = {},
+                                                   const ShmOptions& shm_options = {});
+
+  void allreduce(void* data, size_t count, DataType type, ReduceOp op, std::chrono::milliseconds timeout = {});
+
+  Group& global() { return *global_; }
+  ShmGroup& local() { return *local_; }
+  // The leaders' group; null on ranks that are not their host's leader (local rank 0).
+  Group* leaders() { return leaders_.get(); }
+  int num_hosts() const { return num_hosts_; }
+
+ private:
+  HierarchicalGroup() = default;
+  std::unique_ptr<Group> global_;
+  std::unique_ptr<ShmGroup> local_;
+  std::unique_ptr<Group> leaders_;
+  int num_hosts_ = 0;
+};
+
+}  // namespace dsgd::comm

@@ -1,0 +1,46 @@
+#include "dsgd/comm/hierarchical.h"
+
+#include <algorithm>
+#include <map>
+
+#include "comm/shm/reduce_kernels.h"
+
+namespace dsgd::comm {
+
+std::unique_ptr<HierarchicalGroup> HierarchicalGroup::create(std::shared_ptr<Store> store, int rank, int size,
+                                                             const GroupOptions& options,
+                                                             const ShmOptions& shm_options) {
+  std::unique_ptr<HierarchicalGroup> h(new HierarchicalGroup());
+  h->global_ = Group::create(std::make_shared<PrefixStore>(store, "global/"), rank, size, options);
+  // Hosts in order of their lowest rank; each host's leader is its lowest rank.
+  std::vector<std::string> hosts;
+  for (int r = 0; r < size; ++r) {
+    if (std::find(hosts.begin(), hosts.end(), h->global_->host(r)) == hosts.end()) hosts.push_back(h->global_->host(r));
+  }
+  h->num_hosts_ = static_cast<int>(hosts.size());
+  const std::vector<int> local = h->global_->local_ranks();
+  const int local_rank = static_cast<int>(std::find(local.begin(), local.end(), rank) - local.begin());
+  const int host_index = static_cast<int>(std::find(hosts.begin(), hosts.end(), h->global_->host(rank)) - hosts.begin());
+  ShmOptions so = shm_options;
+  so.timeout = options.timeout;
+  h->local_ = ShmGroup::create(std::make_shared<PrefixStore>(store, "local/" + std::to_string(host_index) + "/"),
+                               local_rank, static_cast<int>(local.size()), so);
+  if (local_rank == 0 && h->num_hosts_ > 1) {
+    h->leaders_ = Group::create(std::make_shared<PrefixStore>(store, "leaders/"), host_index, h->num_hosts_, options);
+  }
+  return h;
+}
+
+void HierarchicalGroup::allreduce(void* data, size_t count, DataType type, ReduceOp op,
+                                  std::chrono::milliseconds timeout) {
+  // Average = sum everywhere, then one division by the global size.
+  const ReduceOp stage_op = op == ReduceOp::kAverage ? ReduceOp::kSum : op;
+  local_->allreduce(data, count, type, stage_op, timeout);
+  if (num_hosts_ > 1) {
+    if (leaders_) leaders_->allreduce(data, count, type, stage_op, AllreduceAlgorithm::kAuto, timeout);
+    local_->broadcast(data, count * element_size(type), /*root=*/0, timeout);
+  }
+  if (op == ReduceOp::kAverage) divide_by(data, count, type, global_->size());
+}
+
+}  // namespace dsgd::comm

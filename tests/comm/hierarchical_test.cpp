@@ -1,0 +1,48 @@
+// Hierarchical allreduce with ranks as threads split into pseudo-hosts (GroupOptions::host): the
+// shared-memory stage within a host, Gloo among leaders, against closed forms.
+#include "dsgd/comm/hierarchical.h"
+
+#include <gtest/gtest.h>
+
+#include "testing/ranks.h"
+
+namespace dsgd::comm {
+namespace {
+
+using std::chrono::milliseconds;
+
+void check(int size, int hosts) {
+  auto store = make_memory_store();
+  testing::run_ranks(size, [&](int rank) {
+    GroupOptions o;
+    o.timeout = milliseconds(5000);
+    o.host = "host" + std::to_string(rank * hosts / size);
+    ShmOptions so;
+    so.slot_bytes = 64 << 10;
+    auto h = HierarchicalGroup::create(store, rank, size, o, so);
+    EXPECT_EQ(h->num_hosts(), hosts);
+    EXPECT_EQ(h->leaders() != nullptr, hosts > 1 && h->local().rank() == 0);
+    for (auto op : {ReduceOp::kSum, ReduceOp::kAverage, ReduceOp::kMax}) {
+      for (size_t count : {size_t{0}, size_t{1}, size_t{7}, size_t{1000}, size_t{100003}}) {
+        std::vector<double> v(count);
+        for (size_t i = 0; i < count; ++i) v[i] = (rank + 1) * static_cast<double>(i % 5 + 1);
+        h->allreduce(v.data(), count, DataType::kFloat64, op);
+        for (size_t i = 0; i < count; ++i) {
+          const double base = static_cast<double>(i % 5 + 1);
+          const double sum = base * size * (size + 1) / 2;
+          const double expected = op == ReduceOp::kSum ? sum : op == ReduceOp::kMax ? base * size : sum / size;
+          ASSERT_DOUBLE_EQ(v[i], expected) << "size " << size << " hosts " << hosts << " " << to_string(op)
+                                           << " count " << count << " element " << i;
+        }
+      }
+    }
+  });
+}
+
+TEST(Hierarchical, OneHost) { check(3, 1); }
+TEST(Hierarchical, TwoHostsOfTwo) { check(4, 2); }
+TEST(Hierarchical, UnevenHosts) { check(3, 2); }  // hosts of 2 and 1 ranks
+TEST(Hierarchical, OneRankPerHost) { check(3, 3); }
+
+}  // namespace
+}  // namespace dsgd::comm
