@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <map>
 
-#include "comm/shm/reduce_kernels.h"
+#include "comm/reduce_kernels.h"
 
 namespace dsgd::comm {
 

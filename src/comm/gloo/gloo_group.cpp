@@ -11,8 +11,6 @@
 #include <gloo/broadcast.h>
 #include <gloo/common/error.h>
 #include <gloo/math.h>
-#include <gloo/rendezvous/context.h>
-#include <gloo/transport/tcp/device.h>
 #include <gloo/types.h>
 #include <signal.h>
 #include <unistd.h>
@@ -26,8 +24,9 @@
 #include <mutex>
 #include <thread>
 
-#include "comm/gloo/store_adapter.h"
+#include "comm/gloo/rendezvous.h"
 #include "comm/process.h"
+#include "comm/reduce_kernels.h"
 #include "dsgd/comm/group.h"
 #include "dsgd/error.h"
 
@@ -56,15 +55,18 @@ std::string this_host() {
 bool power_of_two(int n) { return n > 0 && (n & (n - 1)) == 0; }
 
 template <typename T>
-void configure_allreduce(gloo::AllreduceOptions& o, void* data, size_t count, ReduceOp op) {
+void set_allreduce_buffer(gloo::AllreduceOptions& o, void* data, size_t count, ReduceOp op) {
   o.setOutput<T>(static_cast<T*>(data), count);
   o.setReduceFunction(op == ReduceOp::kMax ? static_cast<ReduceFn>(&gloo::max<T>) : static_cast<ReduceFn>(&gloo::sum<T>));
 }
 
-template <typename T>
-void divide(void* data, size_t count, int by) {
-  T* p = static_cast<T*>(data);
-  for (size_t i = 0; i < count; ++i) p[i] /= static_cast<T>(by);
+// In place on `data`; kAverage reduces as a sum (the caller divides).
+void configure_allreduce(gloo::AllreduceOptions& o, void* data, size_t count, DataType type, ReduceOp op) {
+  switch (type) {
+    case DataType::kFloat32: set_allreduce_buffer<float>(o, data, count, op); break;
+    case DataType::kFloat64: set_allreduce_buffer<double>(o, data, count, op); break;
+    case DataType::kInt64: set_allreduce_buffer<int64_t>(o, data, count, op); break;
+  }
 }
 
 // Owned through shared_ptr: the collective thread holds a reference, so a group destroyed while
@@ -145,19 +147,9 @@ class GlooGroup : public Group, public std::enable_shared_from_this<GlooGroup> {
       o.setTimeout(t);
       o.setAlgorithm(algorithm == AllreduceAlgorithm::kRing ? gloo::AllreduceOptions::Algorithm::RING
                                                              : gloo::AllreduceOptions::Algorithm::BCUBE);
-      switch (type) {
-        case DataType::kFloat32: configure_allreduce<float>(o, data, count, op); break;
-        case DataType::kFloat64: configure_allreduce<double>(o, data, count, op); break;
-        case DataType::kInt64: configure_allreduce<int64_t>(o, data, count, op); break;
-      }
+      configure_allreduce(o, data, count, type, op);
       gloo::allreduce(o);
-      if (op == ReduceOp::kAverage) {
-        switch (type) {
-          case DataType::kFloat32: divide<float>(data, count, size_); break;
-          case DataType::kFloat64: divide<double>(data, count, size_); break;
-          case DataType::kInt64: divide<int64_t>(data, count, size_); break;
-        }
-      }
+      if (op == ReduceOp::kAverage) divide_by(data, count, type, size_);
     });
   }
 
@@ -208,22 +200,11 @@ class GlooGroup : public Group, public std::enable_shared_from_this<GlooGroup> {
                        o.setTag(tag);
                        o.setTimeout(t);
                        o.setAlgorithm(gloo::AllreduceOptions::Algorithm::RING);
-                       const size_t n = count * static_cast<size_t>(size_);
-                       switch (type) {
-                         case DataType::kFloat32: configure_allreduce<float>(o, scratch->data(), n, op); break;
-                         case DataType::kFloat64: configure_allreduce<double>(o, scratch->data(), n, op); break;
-                         case DataType::kInt64: configure_allreduce<int64_t>(o, scratch->data(), n, op); break;
-                       }
+                       configure_allreduce(o, scratch->data(), count * static_cast<size_t>(size_), type, op);
                        gloo::allreduce(o);
                      }
                      uint8_t* block = scratch->data() + count * es * static_cast<size_t>(rank_);
-                     if (op == ReduceOp::kAverage) {
-                       switch (type) {
-                         case DataType::kFloat32: divide<float>(block, count, size_); break;
-                         case DataType::kFloat64: divide<double>(block, count, size_); break;
-                         case DataType::kInt64: divide<int64_t>(block, count, size_); break;
-                       }
-                     }
+                     if (op == ReduceOp::kAverage) divide_by(block, count, type, size_);
                      std::memcpy(out, block, count * es);
                    });
   }
@@ -272,58 +253,10 @@ class GlooGroup : public Group, public std::enable_shared_from_this<GlooGroup> {
   };
 
   void rendezvous(Store& store) {
-    const std::string me = "rank/" + std::to_string(rank_);
-    store.set(me + "/size", std::to_string(size_));
-    store.set(me + "/pid", std::to_string(::getpid()));
-    store.set(me + "/host", options_.host);
-    std::vector<std::string> keys;
-    for (int r = 0; r < size_; ++r) keys.push_back("rank/" + std::to_string(r) + "/host");
-    try {
-      store.wait(keys, options_.timeout);
-    } catch (const TimeoutError&) {
-      std::string missing;
-      for (int r = 0; r < size_; ++r) {
-        if (!store.check({keys[r]})) missing += (missing.empty() ? "" : ", ") + std::to_string(r);
-      }
-      throw TimeoutError("group rendezvous: rank(s) " + missing + " of " + std::to_string(size_) +
-                             " did not arrive within " + std::to_string(options_.timeout.count()) +
-                             " ms (not started, crashed, or using another store or job prefix)",
-                         "rendezvous");
-    }
-    for (int r = 0; r < size_; ++r) {
-      const std::string key = "rank/" + std::to_string(r);
-      const std::string their_size = store.get(key + "/size", options_.timeout);
-      if (their_size != std::to_string(size_)) {
-        throw ConfigError("group rendezvous: rank " + std::to_string(r) + " expects a group of " + their_size +
-                          ", this rank (" + std::to_string(rank_) + ") expects " + std::to_string(size_));
-      }
-      hosts_.push_back(store.get(key + "/host", options_.timeout));
-      pids_.push_back(std::stoi(store.get(key + "/pid", options_.timeout)));
-    }
-    if (size_ == 1) {
-      context_ = std::make_shared<gloo::rendezvous::Context>(rank_, size_);
-      return;
-    }
-    try {
-      gloo::transport::tcp::attr attr(options_.bind_address.c_str());
-      auto device = gloo::transport::tcp::CreateDevice(attr);
-      auto context = std::make_shared<gloo::rendezvous::Context>(rank_, size_);
-      context->setTimeout(options_.timeout);
-      GlooStoreAdapter gloo_store(std::make_shared<PrefixStore>(std::shared_ptr<Store>(&store, [](Store*) {}), "gloo/"),
-                                  options_.timeout);
-      context->connectFullMesh(gloo_store, device);
-      context_ = std::move(context);
-      // connectFullMesh can return on one rank while a peer is still connecting; a rank that
-      // then left at once would break the peer's rendezvous. Leave only when all are connected.
-      store.set(me + "/connected", "1");
-      std::vector<std::string> connected;
-      for (int r = 0; r < size_; ++r) connected.push_back("rank/" + std::to_string(r) + "/connected");
-      store.wait(connected, options_.timeout);
-    } catch (const gloo::Exception& e) {
-      throw CommError("group rendezvous: connecting rank " + std::to_string(rank_) + " (" + options_.bind_address +
-                          ") to its peers failed: " + e.what(),
-                      "rendezvous");
-    }
+    Rendezvous r = meet(store, rank_, size_, options_);
+    hosts_ = std::move(r.hosts);
+    pids_ = std::move(r.pids);
+    context_ = std::move(r.context);
   }
 
   void check_peer(int peer, const char* what) const {

@@ -14,7 +14,7 @@
 #include <thread>
 
 #include "comm/process.h"
-#include "comm/shm/reduce_kernels.h"
+#include "comm/reduce_kernels.h"
 #include "dsgd/error.h"
 
 namespace dsgd::comm {

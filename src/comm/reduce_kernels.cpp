@@ -1,4 +1,4 @@
-#include "comm/shm/reduce_kernels.h"
+#include "comm/reduce_kernels.h"
 
 #include <algorithm>
 #include <cstdint>

@@ -1,0 +1,28 @@
+// Rendezvous of a Gloo group: each rank publishes its size, pid and host under rank/<r>/ in the
+// store, all check that they agree on the size, connect Gloo's full mesh (the store adapter gives
+// Gloo's waits our deadline), and wait until every rank has connected, so no rank leaves while a
+// peer is still connecting. Throws dsgd::TimeoutError naming the ranks that did not arrive,
+// dsgd::ConfigError when sizes disagree, dsgd::CommError when connecting fails.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "dsgd/comm/group.h"
+
+namespace gloo {
+class Context;
+}
+
+namespace dsgd::comm {
+
+struct Rendezvous {
+  std::vector<std::string> hosts;  // by rank
+  std::vector<int> pids;           // by rank
+  std::shared_ptr<gloo::Context> context;
+};
+
+Rendezvous meet(Store& store, int rank, int size, const GroupOptions& options);
+
+}  // namespace dsgd::comm
