@@ -3,9 +3,21 @@
 #include <algorithm>
 #include <map>
 
+#include "comm/op_queue.h"
 #include "comm/reduce_kernels.h"
 
 namespace dsgd::comm {
+
+HierarchicalGroup::HierarchicalGroup() : queue_(std::make_unique<OpQueue>("hierarchical group")) {}
+
+HierarchicalGroup::~HierarchicalGroup() { queue_.reset(); }  // stop before the groups it uses
+
+std::shared_ptr<Work> HierarchicalGroup::allreduce_async(void* data, size_t count, DataType type, ReduceOp op,
+                                                         std::chrono::milliseconds timeout) {
+  return queue_->submit("hierarchical allreduce (" + std::to_string(count) + " x " + to_string(type) + ", " +
+                            to_string(op) + ")",
+                        [=, this] { run_allreduce(data, count, type, op, timeout); });
+}
 
 std::unique_ptr<HierarchicalGroup> HierarchicalGroup::create(std::shared_ptr<Store> store, int rank, int size,
                                                              const GroupOptions& options,
@@ -31,8 +43,8 @@ std::unique_ptr<HierarchicalGroup> HierarchicalGroup::create(std::shared_ptr<Sto
   return h;
 }
 
-void HierarchicalGroup::allreduce(void* data, size_t count, DataType type, ReduceOp op,
-                                  std::chrono::milliseconds timeout) {
+void HierarchicalGroup::run_allreduce(void* data, size_t count, DataType type, ReduceOp op,
+                                      std::chrono::milliseconds timeout) {
   // Average = sum everywhere, then one division by the global size.
   const ReduceOp stage_op = op == ReduceOp::kAverage ? ReduceOp::kSum : op;
   local_->allreduce(data, count, type, stage_op, timeout);

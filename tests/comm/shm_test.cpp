@@ -199,3 +199,29 @@ TEST(ShmFailure, StoppedRankTimesOutSurvivorsNamingIt) {
 
 }  // namespace
 }  // namespace dsgd::comm
+
+namespace dsgd::comm {
+namespace {
+
+TEST(Shm, ManyQueuedAsyncOperationsCompleteInOrder) {
+  auto store = make_memory_store();
+  testing::run_ranks(3, [&](int rank) {
+    auto g = ShmGroup::create(store, rank, 3, small_slots());
+    constexpr int kOps = 40;
+    std::vector<std::vector<float>> bufs(kOps);
+    std::vector<std::shared_ptr<Work>> works;
+    for (int k = 0; k < kOps; ++k) {
+      bufs[k].assign(static_cast<size_t>(50 + k * 997), static_cast<float>(k + rank));
+      works.push_back(g->allreduce_async(bufs[k].data(), bufs[k].size(), DataType::kFloat32, ReduceOp::kSum));
+    }
+    works.push_back(g->barrier_async());
+    for (int k = kOps; k >= 0; --k) works[k]->wait(std::chrono::milliseconds(10000));
+    for (int k = 0; k < kOps; ++k) {
+      EXPECT_EQ(bufs[k].front(), static_cast<float>(3 * k + 3)) << k;
+      EXPECT_EQ(bufs[k].back(), static_cast<float>(3 * k + 3)) << k;
+    }
+  });
+}
+
+}  // namespace
+}  // namespace dsgd::comm

@@ -7,16 +7,20 @@
 // Ranks name their host in GroupOptions::host (default: the machine's host name); ranks with
 // the same host share a segment. Cross-host bytes fall from 2(n-1)/n * B per rank (flat ring
 // over every rank) to 2(h-1)/h * B per leader for h hosts, and only leaders touch the network.
-// Errors as in Group and ShmGroup: sticky, named, every wait bounded. Not thread-safe: one
-// caller at a time. Torch-free.
+// Errors as in Group and ShmGroup: sticky, named, every wait bounded. allreduce_async queues the
+// three stages on the group's own thread and returns a Work at once. Thread-safe. Torch-free.
 #pragma once
 
 #include <memory>
+
+#include "dsgd/comm/work.h"
 
 #include "dsgd/comm/group.h"
 #include "dsgd/comm/shm_group.h"
 
 namespace dsgd::comm {
+
+class OpQueue;
 
 class HierarchicalGroup {
  public:
@@ -26,7 +30,13 @@ class HierarchicalGroup {
                                                    const GroupOptions& options = {},
                                                    const ShmOptions& shm_options = {});
 
-  void allreduce(void* data, size_t count, DataType type, ReduceOp op, std::chrono::milliseconds timeout = {});
+  ~HierarchicalGroup();
+
+  std::shared_ptr<Work> allreduce_async(void* data, size_t count, DataType type, ReduceOp op,
+                                        std::chrono::milliseconds timeout = {});
+  void allreduce(void* data, size_t count, DataType type, ReduceOp op, std::chrono::milliseconds timeout = {}) {
+    allreduce_async(data, count, type, op, timeout)->wait();
+  }
 
   Group& global() { return *global_; }
   ShmGroup& local() { return *local_; }
@@ -35,11 +45,14 @@ class HierarchicalGroup {
   int num_hosts() const { return num_hosts_; }
 
  private:
-  HierarchicalGroup() = default;
+  HierarchicalGroup();
+  void run_allreduce(void* data, size_t count, DataType type, ReduceOp op, std::chrono::milliseconds timeout);
+
   std::unique_ptr<Group> global_;
   std::unique_ptr<ShmGroup> local_;
   std::unique_ptr<Group> leaders_;
   int num_hosts_ = 0;
+  std::unique_ptr<OpQueue> queue_;  // destroyed first (see the destructor)
 };
 
 }  // namespace dsgd::comm

@@ -19,7 +19,9 @@
 // one): re-form. The segment's name is unlinked as soon as every rank has mapped it, so nothing
 // is left in /dev/shm whatever happens afterwards.
 //
-// One thread per ShmGroup at a time. Torch-free.
+// Operations run one at a time, in submission order, on the group's own thread: the *_async
+// forms return a Work at once (overlap them with computation), the plain forms wait for it.
+// Thread-safe. Torch-free.
 #pragma once
 
 #include <chrono>
@@ -29,6 +31,7 @@
 
 #include "dsgd/comm/store.h"
 #include "dsgd/comm/types.h"
+#include "dsgd/comm/work.h"
 
 namespace dsgd::comm {
 
@@ -49,12 +52,22 @@ class ShmGroup {
   virtual int rank() const = 0;
   virtual int size() const = 0;
 
-  // In place. `data` may be buffer() (zero-copy) or any memory of this process.
-  virtual void allreduce(void* data, size_t count, DataType type, ReduceOp op,
-                         std::chrono::milliseconds timeout = {}) = 0;
+  // In place. `data` may be buffer() (zero-copy) or any memory of this process; it must stay
+  // valid until the Work completes.
+  virtual std::shared_ptr<Work> allreduce_async(void* data, size_t count, DataType type, ReduceOp op,
+                                                std::chrono::milliseconds timeout = {}) = 0;
   // root's bytes at data reach every rank's data.
-  virtual void broadcast(void* data, size_t bytes, int root, std::chrono::milliseconds timeout = {}) = 0;
-  virtual void barrier(std::chrono::milliseconds timeout = {}) = 0;
+  virtual std::shared_ptr<Work> broadcast_async(void* data, size_t bytes, int root,
+                                                std::chrono::milliseconds timeout = {}) = 0;
+  virtual std::shared_ptr<Work> barrier_async(std::chrono::milliseconds timeout = {}) = 0;
+
+  void allreduce(void* data, size_t count, DataType type, ReduceOp op, std::chrono::milliseconds timeout = {}) {
+    allreduce_async(data, count, type, op, timeout)->wait();
+  }
+  void broadcast(void* data, size_t bytes, int root, std::chrono::milliseconds timeout = {}) {
+    broadcast_async(data, bytes, root, timeout)->wait();
+  }
+  void barrier(std::chrono::milliseconds timeout = {}) { barrier_async(timeout)->wait(); }
 
   // This rank's slot in the segment (slot_bytes, 64-byte aligned): data placed here is
   // allreduced without being copied in.

@@ -13,6 +13,7 @@
 #include <random>
 #include <thread>
 
+#include "comm/op_queue.h"
 #include "comm/process.h"
 #include "comm/reduce_kernels.h"
 #include "dsgd/error.h"
@@ -67,6 +68,7 @@ class ShmGroupImpl : public ShmGroup {
   }
 
   ~ShmGroupImpl() override {
+    queue_.reset();  // finish (or fail) queued operations before the segment goes away
     if (base_ != nullptr) ::munmap(base_, bytes_);
   }
 
@@ -84,16 +86,34 @@ class ShmGroupImpl : public ShmGroup {
     futex(&header_->episode, FUTEX_WAKE, INT32_MAX, nullptr);
   }
 
-  void barrier(milliseconds timeout) override { wait_all("barrier", deadline(timeout)); }
+  std::shared_ptr<Work> barrier_async(milliseconds timeout) override {
+    return queue_->submit("shm barrier #" + std::to_string(++ops_),
+                         [this, timeout] { wait_all("barrier", deadline(timeout)); });
+  }
 
-  void allreduce(void* data, size_t count, DataType type, ReduceOp op, milliseconds timeout) override {
-    const auto until = deadline(timeout);
+  std::shared_ptr<Work> allreduce_async(void* data, size_t count, DataType type, ReduceOp op,
+                                        milliseconds timeout) override {
+    const std::string name = "shm allreduce #" + std::to_string(++ops_) + " (" + std::to_string(count) + " x " +
+                             to_string(type) + ", " + to_string(op) + ")";
+    return queue_->submit(name, [=, this] { run_allreduce(name, data, count, type, op, deadline(timeout)); });
+  }
+
+  std::shared_ptr<Work> broadcast_async(void* data, size_t bytes, int root, milliseconds timeout) override {
+    if (root < 0 || root >= size_) {
+      throw ConfigError("shm broadcast: root " + std::to_string(root) + " is not a rank (0.." +
+                        std::to_string(size_ - 1) + ")");
+    }
+    const std::string name = "shm broadcast #" + std::to_string(++ops_) + " (" + std::to_string(bytes) + " bytes)";
+    return queue_->submit(name, [=, this] { run_broadcast(name, data, bytes, root, deadline(timeout)); });
+  }
+
+ private:
+  void run_allreduce(const std::string& name, void* data, size_t count, DataType type, ReduceOp op,
+                     Clock::time_point until) {
     const size_t es = element_size(type);
     const size_t piece_elems = options_.slot_bytes / es;
     char* bytes = static_cast<char*>(data);
     const bool zero_copy = data == buffer() && count * es <= options_.slot_bytes;
-    const std::string name = "shm allreduce #" + std::to_string(++ops_) + " (" + std::to_string(count) + " x " +
-                             to_string(type) + ", " + to_string(op) + ")";
     for (size_t done = 0; done < count || (count == 0 && done == 0); done += piece_elems) {
       if (count == 0) break;
       const size_t m = std::min(piece_elems, count - done);
@@ -119,13 +139,7 @@ class ShmGroupImpl : public ShmGroup {
     }
   }
 
-  void broadcast(void* data, size_t bytes, int root, milliseconds timeout) override {
-    if (root < 0 || root >= size_) {
-      throw ConfigError("shm broadcast: root " + std::to_string(root) + " is not a rank (0.." +
-                        std::to_string(size_ - 1) + ")");
-    }
-    const auto until = deadline(timeout);
-    const std::string name = "shm broadcast #" + std::to_string(++ops_) + " (" + std::to_string(bytes) + " bytes)";
+  void run_broadcast(const std::string& name, void* data, size_t bytes, int root, Clock::time_point until) {
     char* p = static_cast<char*>(data);
     for (size_t done = 0; done < bytes; done += options_.slot_bytes) {
       const size_t m = std::min(options_.slot_bytes, bytes - done);
@@ -136,7 +150,6 @@ class ShmGroupImpl : public ShmGroup {
     }
   }
 
- private:
   char* slot(int r) const {
     return static_cast<char*>(base_) + slot_offset_ + options_.slot_bytes * static_cast<size_t>(r);
   }
@@ -278,8 +291,9 @@ class ShmGroupImpl : public ShmGroup {
   std::string name_;
   void* base_ = nullptr;
   Header* header_ = nullptr;
-  uint64_t ops_ = 0;
+  std::atomic<uint64_t> ops_{0};
   bool oversubscribed_ = false;  // more local ranks than cores
+  std::unique_ptr<OpQueue> queue_ = std::make_unique<OpQueue>("shm group");
 };
 
 }  // namespace
