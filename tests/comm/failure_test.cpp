@@ -17,19 +17,35 @@ namespace {
 using std::chrono::milliseconds;
 using Clock = std::chrono::steady_clock;
 
-// Child body: forms the group, reports "ready", then allreduces 1 MiB until an error; writes
-// "<elapsed ms since the victim was signalled>|<peer>|<message>" under result/<rank>.
-[[noreturn]] void run_child(const std::string& dir, int rank, int size, milliseconds timeout) {
+// One iteration of the operation under test, on 1 MiB.
+void step(Group& g, const std::string& op, std::vector<float>& buf, std::vector<float>& out) {
+  const int n = g.size(), r = g.rank();
+  const size_t bytes = buf.size() * sizeof(float);
+  if (op == "allreduce") g.allreduce(buf.data(), buf.size(), DataType::kFloat32, ReduceOp::kAverage);
+  if (op == "broadcast") g.broadcast(buf.data(), bytes, 0);
+  if (op == "allgather") g.allgather(buf.data(), out.data(), bytes / n);
+  if (op == "reduce_scatter") g.reduce_scatter(buf.data(), out.data(), buf.size() / n, DataType::kFloat32, ReduceOp::kSum);
+  if (op == "barrier") g.barrier();
+  if (op == "sendrecv") {  // a ring: send right, receive from the left
+    auto s = g.send_async(buf.data(), bytes, (r + 1) % n, 7);
+    g.recv(out.data(), bytes, (r + n - 1) % n, 7);
+    s->wait();
+  }
+}
+
+// Child body: forms the group, reports "ready", then runs `op` until an error; writes
+// "<elapsed ms since the victim was signalled>|<peer>|<kind>|<message>" under result/<rank>.
+[[noreturn]] void run_child(const std::string& dir, int rank, int size, milliseconds timeout, const std::string& op) {
   int rc = 0;
   try {
     auto store = make_file_store(dir);
     GroupOptions o;
     o.timeout = timeout;
     auto group = Group::create(store, rank, size, o);
-    std::vector<float> buf(1 << 18, 1.0f);
+    std::vector<float> buf(1 << 18, 1.0f), out(1 << 18);
     store->set("ready/" + std::to_string(rank), "1");
     try {
-      for (int i = 0; i < 1000000; ++i) group->allreduce(buf.data(), buf.size(), DataType::kFloat32, ReduceOp::kAverage);
+      for (int i = 0; i < 100000000; ++i) step(*group, op, buf, out);
       store->set("result/" + std::to_string(rank), "no error");
     } catch (const CommError& e) {
       const auto now = Clock::now().time_since_epoch();
@@ -57,13 +73,14 @@ struct Outcome {
 
 // Forks `size` ranks, sends `sig` to `victim` once all are communicating, and returns each
 // survivor's outcome. Kills and reaps everything before returning.
-std::vector<Outcome> run_failure(int size, int victim, int sig, milliseconds timeout) {
+std::vector<Outcome> run_failure(int size, int victim, int sig, milliseconds timeout,
+                                 const std::string& op = "allreduce") {
   testing::TempDir dir;
   const std::string store_dir = dir.file("store");
   std::vector<pid_t> pids;
   for (int r = 0; r < size; ++r) {
     const pid_t pid = ::fork();
-    if (pid == 0) run_child(store_dir, r, size, timeout);
+    if (pid == 0) run_child(store_dir, r, size, timeout, op);
     pids.push_back(pid);
   }
   auto store = make_file_store(store_dir);
@@ -107,6 +124,21 @@ TEST(GroupFailure, KilledRankMakesSurvivorsFailFastNamingIt) {
     }
   }
 }
+
+class EveryOperation : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(EveryOperation, KilledRankFailsSurvivorsFastNamingIt) {
+  auto outcomes = run_failure(3, 2, SIGKILL, milliseconds(10000), GetParam());
+  ASSERT_EQ(outcomes.size(), 2u);
+  for (const auto& o : outcomes) {
+    EXPECT_LT(o.elapsed_ms, 2000) << o.message;
+    EXPECT_EQ(o.kind, "comm") << o.message;
+    EXPECT_EQ(o.peer, 2) << o.message;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Ops, EveryOperation,
+                         ::testing::Values("broadcast", "allgather", "reduce_scatter", "barrier", "sendrecv"));
 
 TEST(GroupFailure, StoppedRankMakesSurvivorsFailAtTheDeadline) {
   const milliseconds timeout(1500);
