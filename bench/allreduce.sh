@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # Allreduce across local processes, side by side in one run: dsgd's shared-memory path (shm,
-# zero-copy), dsgd over Gloo TCP (ring, auto), OpenMPI's MPI_Allreduce (vader shared memory),
+# zero-copy), dsgd over Gloo TCP (ring, auto), plain Gloo (its AllreduceRingChunked class,
+# bench/peers/gloo_allreduce.cpp), OpenMPI's MPI_Allreduce (vader shared memory),
 # and a one-core memcpy / sum bandwidth probe. Each in its default placement: dsgd shm pins rank r
 # to core r % cores, Gloo ranks are not pinned, OpenMPI binds as it does by default. Prints a markdown table of algorithm bandwidth
 # (GB/s) and latency per size, for each process count.
 #   bench/allreduce.sh [PROCS...]        (default: 2 4)
-# Needs a built tree (make build), mpicc and mpirun (openmpi-bin, libopenmpi-dev).
+# Needs a built tree (make build: dsgd and dsgd_gloo_peer), mpicc and mpirun (openmpi-bin,
+# libopenmpi-dev).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 procs=("${@:-2 4}")
@@ -28,6 +30,14 @@ for n in "${procs[@]}"; do
     "$dsgd" bench allreduce --procs "$n" --algo "$algo" --iters "$iters" --bytes "${sizes[@]}" --json >"$tmp/dsgd-$algo-$n.json"
   done
   mpirun --allow-run-as-root --oversubscribe -np "$n" "$out/mpi_allreduce" "$iters" "${sizes[@]}" >"$tmp/mpi-$n.txt"
+  rm -rf "$tmp/gloo-store" && mkdir -p "$tmp/gloo-store"
+  pids=()
+  for r in $(seq 1 $((n - 1))); do
+    build/dsgd_gloo_peer "$r" "$n" "$tmp/gloo-store" chunked "$iters" "${sizes[@]}" >/dev/null &
+    pids+=($!)
+  done
+  build/dsgd_gloo_peer 0 "$n" "$tmp/gloo-store" chunked "$iters" "${sizes[@]}" >"$tmp/gloo-$n.txt"
+  wait "${pids[@]}"
 done
 
 /usr/bin/python3 - "$tmp" "${procs[@]}" <<'PY'
@@ -43,15 +53,16 @@ for n in procs:
     for algo in ("shm", "ring", "auto"):
         for r in json.load(open(f"{tmp}/dsgd-{algo}-{n}.json"))["results"]:
             rows.setdefault(r["bytes"], {})[algo] = (r["algbw_gbps"], r["latency_us"])
-    for line in open(f"{tmp}/mpi-{n}.txt"):
-        b, lat, algbw, _ = line.split()
-        rows.setdefault(int(float(b)), {})["mpi"] = (float(algbw), float(lat))
+    for peer in ("mpi", "gloo"):
+        for line in open(f"{tmp}/{peer}-{n}.txt"):
+            b, lat, algbw, _ = line.split()
+            rows.setdefault(int(float(b)), {})[peer] = (float(algbw), float(lat))
     print(f"\n{n} processes: algorithm bandwidth GB/s (latency us)\n")
-    print("| bytes | dsgd shm | dsgd gloo ring | dsgd gloo auto | OpenMPI | shm / MPI |")
-    print("|---|---|---|---|---|---|")
+    print("| bytes | dsgd shm | dsgd gloo ring | dsgd gloo auto | plain Gloo (ring chunked) | OpenMPI | shm / MPI |")
+    print("|---|---|---|---|---|---|---|")
     for b in sorted(rows):
         r = rows[b]
         cell = lambda k: f"{r[k][0]:.3f} ({r[k][1]:.1f})" if k in r else "-"
         ratio = f"{r['mpi'][1] / r['shm'][1]:.2f}x" if "shm" in r and "mpi" in r else "-"  # = bandwidth ratio
-        print(f"| {fmt(b)} | {cell('shm')} | {cell('ring')} | {cell('auto')} | {cell('mpi')} | {ratio} |")
+        print(f"| {fmt(b)} | {cell('shm')} | {cell('ring')} | {cell('auto')} | {cell('gloo')} | {cell('mpi')} | {ratio} |")
 PY

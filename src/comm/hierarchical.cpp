@@ -19,6 +19,11 @@ std::shared_ptr<Work> HierarchicalGroup::allreduce_async(void* data, size_t coun
                         [=, this] { run_allreduce(data, count, type, op, timeout); });
 }
 
+void HierarchicalGroup::allreduce(void* data, size_t count, DataType type, ReduceOp op,
+                                  std::chrono::milliseconds timeout) {
+  queue_->run("hierarchical allreduce", [=, this] { run_allreduce(data, count, type, op, timeout); });
+}
+
 std::unique_ptr<HierarchicalGroup> HierarchicalGroup::create(std::shared_ptr<Store> store, int rank, int size,
                                                              const GroupOptions& options,
                                                              const ShmOptions& shm_options) {

@@ -28,12 +28,38 @@ std::shared_ptr<Work> OpQueue::submit(std::string description, std::function<voi
   return work;
 }
 
+void OpQueue::run(std::string description, const std::function<void()>& op) {
+  {
+    std::unique_lock<std::mutex> lock(mutex_);
+    if (error_) std::rethrow_exception(error_);
+    if (queue_.empty() && !running_) {
+      running_ = true;
+      lock.unlock();
+      std::exception_ptr error;
+      try {
+        op();
+      } catch (...) {
+        error = std::current_exception();
+      }
+      lock.lock();
+      running_ = false;
+      if (error && !error_) error_ = error;
+      // Wake the queue thread only if it has something to do: a needless wake-up costs a
+      // context switch on the core this rank computes on.
+      if (!queue_.empty() || stopping_) cv_.notify_all();
+      if (error) std::rethrow_exception(error);
+      return;
+    }
+  }
+  submit(std::move(description), op)->wait();
+}
+
 void OpQueue::loop() {
   while (true) {
     Item item;
     {
       std::unique_lock<std::mutex> lock(mutex_);
-      cv_.wait(lock, [this] { return stopping_ || !queue_.empty(); });
+      cv_.wait(lock, [this] { return (stopping_ && !running_) || (!queue_.empty() && !running_); });
       if (queue_.empty()) return;
       item = std::move(queue_.front());
       queue_.pop_front();
@@ -41,18 +67,21 @@ void OpQueue::loop() {
         item.work->complete(error_);
         continue;
       }
+      running_ = true;
     }
+    std::exception_ptr error;
     try {
       item.op();
-      item.work->complete();
     } catch (...) {
-      auto error = std::current_exception();
-      {
-        std::lock_guard<std::mutex> lock(mutex_);
-        if (!error_) error_ = error;
-      }
-      item.work->complete(error);
+      error = std::current_exception();
     }
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      running_ = false;
+      if (error && !error_) error_ = error;
+    }
+    cv_.notify_all();
+    item.work->complete(error);
   }
 }
 

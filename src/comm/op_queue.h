@@ -32,6 +32,11 @@ class OpQueue {
 
   std::shared_ptr<Work> submit(std::string description, std::function<void()> op);
 
+  // Runs `op` and returns when it is done, rethrowing its error: on the caller's thread when
+  // nothing is queued or running (saving two thread hand-offs, ~10 us, on small messages),
+  // else queued behind the rest. Order is the same as submit's.
+  void run(std::string description, const std::function<void()>& op);
+
  private:
   struct Item {
     std::shared_ptr<Work> work;
@@ -45,6 +50,7 @@ class OpQueue {
   std::deque<Item> queue_;      // guarded by mutex_
   std::exception_ptr error_;    // guarded by mutex_; the first failure
   bool stopping_ = false;       // guarded by mutex_
+  bool running_ = false;        // guarded by mutex_; an operation is executing (either thread)
   std::thread thread_;          // why: callers overlap computation with queued communication
 };
 

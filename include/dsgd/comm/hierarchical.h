@@ -34,9 +34,7 @@ class HierarchicalGroup {
 
   std::shared_ptr<Work> allreduce_async(void* data, size_t count, DataType type, ReduceOp op,
                                         std::chrono::milliseconds timeout = {});
-  void allreduce(void* data, size_t count, DataType type, ReduceOp op, std::chrono::milliseconds timeout = {}) {
-    allreduce_async(data, count, type, op, timeout)->wait();
-  }
+  void allreduce(void* data, size_t count, DataType type, ReduceOp op, std::chrono::milliseconds timeout = {});
 
   Group& global() { return *global_; }
   ShmGroup& local() { return *local_; }

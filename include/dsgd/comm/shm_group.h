@@ -61,13 +61,12 @@ class ShmGroup {
                                                 std::chrono::milliseconds timeout = {}) = 0;
   virtual std::shared_ptr<Work> barrier_async(std::chrono::milliseconds timeout = {}) = 0;
 
-  void allreduce(void* data, size_t count, DataType type, ReduceOp op, std::chrono::milliseconds timeout = {}) {
-    allreduce_async(data, count, type, op, timeout)->wait();
-  }
-  void broadcast(void* data, size_t bytes, int root, std::chrono::milliseconds timeout = {}) {
-    broadcast_async(data, bytes, root, timeout)->wait();
-  }
-  void barrier(std::chrono::milliseconds timeout = {}) { barrier_async(timeout)->wait(); }
+  // Synchronous forms: in order with the queued ones; run on the caller's thread when nothing
+  // is queued (a 4-byte allreduce then costs no thread hand-off).
+  virtual void allreduce(void* data, size_t count, DataType type, ReduceOp op,
+                         std::chrono::milliseconds timeout = {}) = 0;
+  virtual void broadcast(void* data, size_t bytes, int root, std::chrono::milliseconds timeout = {}) = 0;
+  virtual void barrier(std::chrono::milliseconds timeout = {}) = 0;
 
   // This rank's slot in the segment (slot_bytes, 64-byte aligned): data placed here is
   // allreduced without being copied in.

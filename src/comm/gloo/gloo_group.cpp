@@ -104,11 +104,13 @@ class GlooGroup : public Group, public std::enable_shared_from_this<GlooGroup> {
     watchdog_cv_.notify_all();
     watchdog_thread_.join();
     abort_p2p();
+    // Join outside the lock: a waiter that is failing calls abort_p2p, which takes it.
+    std::list<Waiter> waiters;
     {
       std::lock_guard<std::mutex> lock(waiters_mutex_);
-      for (auto& w : waiters_) w.thread.join();
-      waiters_.clear();
+      waiters.swap(waiters_);
     }
+    for (auto& w : waiters) w.thread.join();
     if (in_flight) {
       context_->closeConnections();
       collective_thread_.detach();
@@ -435,9 +437,10 @@ class GlooGroup : public Group, public std::enable_shared_from_this<GlooGroup> {
     }
   }
 
-  // Records the first error (sticky) and completes `work` with it. The first error also closes
-  // every connection: Gloo may still deliver into buffers of operations that timed out, and the
-  // peers should learn at once that this group is finished.
+  // Records the first error (sticky) and completes `work` with it. The first error also wakes
+  // every pending point-to-point wait (closed connections do not) and closes every connection:
+  // Gloo may still deliver into buffers of operations that timed out, and the peers should
+  // learn at once that this group is finished.
   void fail(const std::shared_ptr<Work>& work, std::exception_ptr error) {
     bool first = false;
     {
@@ -447,8 +450,11 @@ class GlooGroup : public Group, public std::enable_shared_from_this<GlooGroup> {
         first = true;
       }
     }
-    if (first) context_->closeConnections();
     work->complete(error);
+    if (first) {
+      abort_p2p();
+      context_->closeConnections();
+    }
   }
 
   // Turns a Gloo error into a CommError or TimeoutError naming the peer at fault when it can:

@@ -87,27 +87,45 @@ class ShmGroupImpl : public ShmGroup {
   }
 
   std::shared_ptr<Work> barrier_async(milliseconds timeout) override {
-    return queue_->submit("shm barrier #" + std::to_string(++ops_),
-                         [this, timeout] { wait_all("barrier", deadline(timeout)); });
+    return queue_->submit("shm barrier", barrier_op(timeout));
   }
+  void barrier(milliseconds timeout) override { queue_->run("shm barrier", barrier_op(timeout)); }
 
   std::shared_ptr<Work> allreduce_async(void* data, size_t count, DataType type, ReduceOp op,
                                         milliseconds timeout) override {
-    const std::string name = "shm allreduce #" + std::to_string(++ops_) + " (" + std::to_string(count) + " x " +
-                             to_string(type) + ", " + to_string(op) + ")";
-    return queue_->submit(name, [=, this] { run_allreduce(name, data, count, type, op, deadline(timeout)); });
+    return queue_->submit("shm allreduce", allreduce_op(data, count, type, op, timeout));
+  }
+  void allreduce(void* data, size_t count, DataType type, ReduceOp op, milliseconds timeout) override {
+    queue_->run("shm allreduce", allreduce_op(data, count, type, op, timeout));
   }
 
   std::shared_ptr<Work> broadcast_async(void* data, size_t bytes, int root, milliseconds timeout) override {
+    return queue_->submit("shm broadcast", broadcast_op(data, bytes, root, timeout));
+  }
+  void broadcast(void* data, size_t bytes, int root, milliseconds timeout) override {
+    queue_->run("shm broadcast", broadcast_op(data, bytes, root, timeout));
+  }
+
+ private:
+  // The operations as closures, numbered in submission order; each deadline counts from the
+  // operation's start.
+  std::function<void()> barrier_op(milliseconds timeout) {
+    return [this, timeout, name = "shm barrier #" + std::to_string(++ops_)] { wait_all(name, deadline(timeout)); };
+  }
+  std::function<void()> allreduce_op(void* data, size_t count, DataType type, ReduceOp op, milliseconds timeout) {
+    const std::string name = "shm allreduce #" + std::to_string(++ops_) + " (" + std::to_string(count) + " x " +
+                             to_string(type) + ", " + to_string(op) + ")";
+    return [=, this] { run_allreduce(name, data, count, type, op, deadline(timeout)); };
+  }
+  std::function<void()> broadcast_op(void* data, size_t bytes, int root, milliseconds timeout) {
     if (root < 0 || root >= size_) {
       throw ConfigError("shm broadcast: root " + std::to_string(root) + " is not a rank (0.." +
                         std::to_string(size_ - 1) + ")");
     }
     const std::string name = "shm broadcast #" + std::to_string(++ops_) + " (" + std::to_string(bytes) + " bytes)";
-    return queue_->submit(name, [=, this] { run_broadcast(name, data, bytes, root, deadline(timeout)); });
+    return [=, this] { run_broadcast(name, data, bytes, root, deadline(timeout)); };
   }
 
- private:
   void run_allreduce(const std::string& name, void* data, size_t count, DataType type, ReduceOp op,
                      Clock::time_point until) {
     const size_t es = element_size(type);
