@@ -269,3 +269,27 @@ TEST(Group, MismatchedSizesAreNamed) {
 
 }  // namespace
 }  // namespace dsgd::comm
+
+namespace dsgd::comm {
+namespace {
+
+TEST(Group, ReformsUnderANewGenerationAfterAFailure) {
+  auto store = make_memory_store();
+  testing::run_ranks(3, [&](int rank) {
+    auto gen1 = Group::create(std::make_shared<PrefixStore>(store, "job7/gen1/"), rank, 3, fast_options());
+    int64_t x = rank;
+    gen1->allreduce(&x, 1, DataType::kInt64, ReduceOp::kSum);
+    EXPECT_EQ(x, 3);
+    gen1->abort("rank lost");  // as the runtime would on a failure
+    EXPECT_THROW(gen1->barrier(), CommError);
+    gen1.reset();
+    // The same store, a new generation: nothing of gen1 is read, and the new group works.
+    auto gen2 = Group::create(std::make_shared<PrefixStore>(store, "job7/gen2/"), rank, 3, fast_options());
+    x = rank + 10;
+    gen2->allreduce(&x, 1, DataType::kInt64, ReduceOp::kSum);
+    EXPECT_EQ(x, 33);
+  });
+}
+
+}  // namespace
+}  // namespace dsgd::comm

@@ -467,17 +467,19 @@ class GlooGroup : public Group, public std::enable_shared_from_this<GlooGroup> {
     }
     // A killed peer's connections are reset while its process is still being torn down: give
     // it a moment to show as gone before concluding that no same-host peer died.
+    const bool local_peers = local_ranks().size() > 1;
     const auto give_up = std::chrono::steady_clock::now() + kExitVisibleWithin;
-    while (peer < 0) {
+    while (peer < 0 && local_peers) {
       for (int r = 0; r < size_ && peer < 0; ++r) {
         if (r != rank_ && hosts_[r] == options_.host && process_gone(pids_[r])) peer = r;
       }
       if (peer >= 0 || std::chrono::steady_clock::now() >= give_up) break;
       std::this_thread::sleep_for(milliseconds(10));
     }
-    const std::string who = peer >= 0 ? "rank " + std::to_string(peer) + " (host " + hosts_[peer] + ", pid " +
-                                            std::to_string(pids_[peer]) + ")"
-                                      : "a peer";
+    std::string who = "a peer";
+    if (peer >= 0) {
+      who = "rank " + std::to_string(peer) + " (host " + hosts_[peer] + ", pid " + std::to_string(pids_[peer]) + ")";
+    }
     const bool timed_out = gloo_message.find("imed out") != std::string::npos;
     if (timed_out) {
       return std::make_exception_ptr(TimeoutError(
