@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 
 namespace dsgd::comm {
 namespace {
@@ -34,13 +35,71 @@ void divide_typed(void* dst, size_t n, int divisor) {
   for (size_t i = 0; i < n; ++i) p[i] /= static_cast<T>(divisor);
 }
 
+// 16-bit values: converted to float32, combined, rounded back.
+template <float (*ToFloat)(uint16_t), uint16_t (*FromFloat)(float)>
+void reduce_16(void* dst, const void* src, size_t n, ReduceOp op) {
+  auto* d = static_cast<uint16_t*>(dst);
+  const auto* s = static_cast<const uint16_t*>(src);
+  for (size_t i = 0; i < n; ++i) {
+    const float a = ToFloat(d[i]), b = ToFloat(s[i]);
+    d[i] = FromFloat(op == ReduceOp::kMax ? std::max(a, b) : a + b);
+  }
+}
+
+template <float (*ToFloat)(uint16_t), uint16_t (*FromFloat)(float)>
+void reduce_many_16(void* dst, const void* const* srcs, int num_srcs, size_t count, ReduceOp op, int divisor) {
+  constexpr size_t kChunk = 1024;
+  float acc[kChunk];
+  auto* d = static_cast<uint16_t*>(dst);
+  for (size_t start = 0; start < count; start += kChunk) {
+    const size_t m = std::min(kChunk, count - start);
+    for (size_t i = 0; i < m; ++i) acc[i] = ToFloat(d[start + i]);
+    for (int k = 0; k < num_srcs; ++k) {
+      const auto* s = static_cast<const uint16_t*>(srcs[k]) + start;
+      for (size_t i = 0; i < m; ++i) acc[i] = op == ReduceOp::kMax ? std::max(acc[i], ToFloat(s[i])) : acc[i] + ToFloat(s[i]);
+    }
+    const float scale = divisor > 1 ? 1.0f / static_cast<float>(divisor) : 1.0f;
+    for (size_t i = 0; i < m; ++i) d[start + i] = FromFloat(divisor > 1 ? acc[i] * scale : acc[i]);
+  }
+}
+
 }  // namespace
+
+float half_to_float(uint16_t h) {
+  _Float16 v;
+  std::memcpy(&v, &h, sizeof(v));
+  return static_cast<float>(v);
+}
+
+uint16_t float_to_half(float f) {
+  const _Float16 v = static_cast<_Float16>(f);
+  uint16_t h;
+  std::memcpy(&h, &v, sizeof(h));
+  return h;
+}
+
+float bfloat16_to_float(uint16_t b) {
+  const uint32_t bits = static_cast<uint32_t>(b) << 16;
+  float f;
+  std::memcpy(&f, &bits, sizeof(f));
+  return f;
+}
+
+uint16_t float_to_bfloat16(float f) {
+  uint32_t bits;
+  std::memcpy(&bits, &f, sizeof(bits));
+  if ((bits & 0x7fffffff) > 0x7f800000) return static_cast<uint16_t>((bits >> 16) | 0x40);  // NaN stays NaN
+  bits += 0x7fff + ((bits >> 16) & 1);  // round to nearest even
+  return static_cast<uint16_t>(bits >> 16);
+}
 
 void reduce_into(void* dst, const void* src, size_t count, DataType type, ReduceOp op) {
   switch (type) {
     case DataType::kFloat32: reduce_typed<float>(dst, src, count, op); break;
     case DataType::kFloat64: reduce_typed<double>(dst, src, count, op); break;
     case DataType::kInt64: reduce_typed<int64_t>(dst, src, count, op); break;
+    case DataType::kFloat16: reduce_16<half_to_float, float_to_half>(dst, src, count, op); break;
+    case DataType::kBFloat16: reduce_16<bfloat16_to_float, float_to_bfloat16>(dst, src, count, op); break;
   }
 }
 
@@ -49,6 +108,20 @@ void divide_by(void* dst, size_t count, DataType type, int divisor) {
     case DataType::kFloat32: divide_typed<float>(dst, count, divisor); break;
     case DataType::kFloat64: divide_typed<double>(dst, count, divisor); break;
     case DataType::kInt64: divide_typed<int64_t>(dst, count, divisor); break;
+    case DataType::kFloat16:
+    case DataType::kBFloat16: reduce_many(dst, nullptr, 0, count, type, ReduceOp::kSum, divisor); break;
+  }
+}
+
+void reduce_many(void* dst, const void* const* srcs, int num_srcs, size_t count, DataType type, ReduceOp op,
+                 int divisor) {
+  if (type == DataType::kFloat16) {
+    reduce_many_16<half_to_float, float_to_half>(dst, srcs, num_srcs, count, op, divisor);
+  } else if (type == DataType::kBFloat16) {
+    reduce_many_16<bfloat16_to_float, float_to_bfloat16>(dst, srcs, num_srcs, count, op, divisor);
+  } else {
+    for (int k = 0; k < num_srcs; ++k) reduce_into(dst, srcs[k], count, type, op);
+    if (divisor > 1) divide_by(dst, count, type, divisor);
   }
 }
 

@@ -9,6 +9,8 @@ size_t element_size(DataType type) {
     case DataType::kFloat32: return 4;
     case DataType::kFloat64: return 8;
     case DataType::kInt64: return 8;
+    case DataType::kFloat16: return 2;
+    case DataType::kBFloat16: return 2;
   }
   return 0;
 }
@@ -18,6 +20,8 @@ std::string to_string(DataType type) {
     case DataType::kFloat32: return "float32";
     case DataType::kFloat64: return "float64";
     case DataType::kInt64: return "int64";
+    case DataType::kFloat16: return "float16";
+    case DataType::kBFloat16: return "bfloat16";
   }
   return "?";
 }

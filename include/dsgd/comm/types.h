@@ -7,7 +7,9 @@
 
 namespace dsgd::comm {
 
-enum class DataType : uint8_t { kFloat32, kFloat64, kInt64 };
+// kFloat16 (IEEE half) and kBFloat16 are reduced in float32: the shared-memory path
+// accumulates all ranks' values in float32 and rounds once; a Gloo ring rounds after each step.
+enum class DataType : uint8_t { kFloat32, kFloat64, kInt64, kFloat16, kBFloat16 };
 
 enum class ReduceOp : uint8_t {
   kSum,

@@ -66,6 +66,16 @@ void configure_allreduce(gloo::AllreduceOptions& o, void* data, size_t count, Da
     case DataType::kFloat32: set_allreduce_buffer<float>(o, data, count, op); break;
     case DataType::kFloat64: set_allreduce_buffer<double>(o, data, count, op); break;
     case DataType::kInt64: set_allreduce_buffer<int64_t>(o, data, count, op); break;
+    case DataType::kFloat16:
+    case DataType::kBFloat16:
+      // Gloo sees 2-byte elements; our kernel combines them in float32.
+      o.setOutput<uint16_t>(static_cast<uint16_t*>(data), count);
+      o.setReduceFunction([type, op](void* c, const void* a, const void* b, size_t n) {
+        if (c == b) std::swap(a, b);  // c op= the other operand (both ops commute)
+        if (c != a) std::memcpy(c, a, n * 2);
+        reduce_into(c, b, n, type, op);
+      });
+      break;
   }
 }
 

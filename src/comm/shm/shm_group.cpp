@@ -12,6 +12,7 @@
 #include <immintrin.h>
 #include <random>
 #include <thread>
+#include <vector>
 
 #include "comm/op_queue.h"
 #include "comm/process.h"
@@ -140,10 +141,12 @@ class ShmGroupImpl : public ShmGroup {
       wait_all(name, until);  // every slot holds its rank's piece
       // Reduce this rank's block across all slots, into this rank's slot.
       const auto [lo, hi] = block(m, rank_, es);
+      std::vector<const void*> others;
       for (int r = 0; r < size_; ++r) {
-        if (r != rank_) reduce_into(mine + lo * es, slot(r) + lo * es, hi - lo, type, op);
+        if (r != rank_) others.push_back(slot(r) + lo * es);
       }
-      if (op == ReduceOp::kAverage) divide_by(mine + lo * es, hi - lo, type, size_);
+      reduce_many(mine + lo * es, others.data(), static_cast<int>(others.size()), hi - lo, type, op,
+                  op == ReduceOp::kAverage ? size_ : 1);
       wait_all(name, until);  // every block is reduced
       for (int r = 0; r < size_; ++r) {
         const auto [rlo, rhi] = block(m, r, es);

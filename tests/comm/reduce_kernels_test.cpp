@@ -1,0 +1,55 @@
+// Element-wise kernels, above all the 16-bit conversions and their float32 accumulation.
+#include "comm/reduce_kernels.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <vector>
+
+namespace dsgd::comm {
+namespace {
+
+TEST(ReduceKernels, BFloat16RoundsToNearestEven) {
+  EXPECT_EQ(bfloat16_to_float(float_to_bfloat16(1.0f)), 1.0f);
+  EXPECT_EQ(bfloat16_to_float(float_to_bfloat16(1.0f + 0x1p-8f)), 1.0f);               // tie -> even
+  EXPECT_EQ(bfloat16_to_float(float_to_bfloat16(1.0f + 3 * 0x1p-8f)), 1.0f + 0x1p-6f);  // tie -> even
+  EXPECT_EQ(bfloat16_to_float(float_to_bfloat16(-2.5f)), -2.5f);
+  EXPECT_TRUE(std::isnan(bfloat16_to_float(float_to_bfloat16(NAN))));
+  EXPECT_TRUE(std::isinf(bfloat16_to_float(float_to_bfloat16(INFINITY))));
+}
+
+TEST(ReduceKernels, HalfRoundTripsAndSaturatesToInfinity) {
+  EXPECT_EQ(half_to_float(float_to_half(0.5f)), 0.5f);
+  EXPECT_EQ(half_to_float(float_to_half(65504.0f)), 65504.0f);
+  EXPECT_TRUE(std::isinf(half_to_float(float_to_half(1e6f))));
+  EXPECT_NEAR(half_to_float(float_to_half(1.0f / 3)), 1.0f / 3, 1e-3);
+}
+
+TEST(ReduceKernels, ReduceManyAccumulatesSixteenBitInFloat32) {
+  // 256 + 1 + 1 in bfloat16 (spacing 2 at 256): pairwise rounding loses both ones (256), one
+  // float32 accumulation keeps them (258).
+  for (auto type : {DataType::kBFloat16}) {
+    std::vector<uint16_t> dst = {float_to_bfloat16(256.0f)};
+    const std::vector<uint16_t> one = {float_to_bfloat16(1.0f)};
+    const void* srcs[] = {one.data(), one.data()};
+    reduce_many(dst.data(), srcs, 2, 1, type, ReduceOp::kSum, 1);
+    EXPECT_EQ(bfloat16_to_float(dst[0]), 258.0f);
+    std::vector<uint16_t> pairwise = {float_to_bfloat16(256.0f)};
+    reduce_into(pairwise.data(), one.data(), 1, type, ReduceOp::kSum);
+    reduce_into(pairwise.data(), one.data(), 1, type, ReduceOp::kSum);
+    EXPECT_EQ(bfloat16_to_float(pairwise[0]), 256.0f);
+  }
+}
+
+TEST(ReduceKernels, WideTypesSumMaxAndDivide) {
+  std::vector<float> a = {1, 5, -3}, b = {2, 2, 2};
+  reduce_into(a.data(), b.data(), 3, DataType::kFloat32, ReduceOp::kMax);
+  EXPECT_EQ(a, (std::vector<float>{2, 5, 2}));
+  std::vector<int64_t> i = {7, 9}, j = {1, 1};
+  const void* srcs[] = {j.data()};
+  reduce_many(i.data(), srcs, 1, 2, DataType::kInt64, ReduceOp::kSum, 3);
+  EXPECT_EQ(i, (std::vector<int64_t>{2, 3}));  // (7+1)/3, (9+1)/3: integer division
+}
+
+}  // namespace
+}  // namespace dsgd::comm
