@@ -65,7 +65,12 @@ class ShmGroupImpl : public ShmGroup {
     slot_offset_ = round_up(sizeof(Header), 4096);
     oversubscribed_ = size_ > static_cast<int>(::sysconf(_SC_NPROCESSORS_ONLN));
     bytes_ = slot_offset_ + options_.slot_bytes * static_cast<size_t>(size_);
-    attach(*store);
+    try {
+      attach(*store);
+    } catch (...) {
+      if (base_ != nullptr) ::munmap(base_, bytes_);  // the destructor will not run
+      throw;
+    }
   }
 
   ~ShmGroupImpl() override {
