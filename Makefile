@@ -39,7 +39,7 @@ bench: build
 	bench/train_baseline.sh
 
 bench-comm: build
-	bench/allreduce.sh
+	WRITE_DOCS=1 bench/allreduce.sh
 
 clean:
 	rm -rf $(BUILD)

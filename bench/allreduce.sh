@@ -6,6 +6,8 @@
 # to core r % cores, Gloo ranks are not pinned, OpenMPI binds as it does by default. Prints a markdown table of algorithm bandwidth
 # (GB/s) and latency per size, for each process count.
 #   bench/allreduce.sh [PROCS...]        (default: 2 4)
+#   WRITE_DOCS=1 bench/allreduce.sh      also replace the tables in docs/BENCHMARKS.md (between
+#                                        the allreduce-tables markers; DOC=path for another file)
 # Needs a built tree (make build: dsgd and dsgd_gloo_peer), mpicc and mpirun (openmpi-bin,
 # libopenmpi-dev).
 set -euo pipefail
@@ -22,9 +24,11 @@ iters=${ITERS:-20}
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 
+report=$tmp/report.md
+exec 3>&1 >"$report"   # the report goes to a file, then to stdout (and the docs)
 read -r copy sum < <("$out/memcpy_bw" 104857600)
+echo "$(date +%F), \`bench/allreduce.sh ${procs[*]}\`, $iters timed runs per size."
 echo "memcpy probe (one core, 100 MB): copy $copy GB/s, a[i] += b[i] $sum GB/s"
-echo
 for n in "${procs[@]}"; do
   for algo in shm ring auto; do
     "$dsgd" bench allreduce --procs "$n" --algo "$algo" --iters "$iters" --bytes "${sizes[@]}" --json >"$tmp/dsgd-$algo-$n.json"
@@ -66,3 +70,19 @@ for n in procs:
         ratio = f"{r['mpi'][1] / r['shm'][1]:.2f}x" if "shm" in r and "mpi" in r else "-"  # = bandwidth ratio
         print(f"| {fmt(b)} | {cell('shm')} | {cell('ring')} | {cell('auto')} | {cell('gloo')} | {cell('mpi')} | {ratio} |")
 PY
+exec 1>&3
+cat "$report"
+if [[ "${WRITE_DOCS:-0}" == 1 ]]; then
+  doc=${DOC:-docs/BENCHMARKS.md}
+  /usr/bin/python3 - "$doc" "$report" <<'PY'
+import sys
+doc, report = sys.argv[1], sys.argv[2]
+text, new = open(doc).read(), open(report).read().strip()
+begin, end = "<!-- allreduce-tables:begin -->", "<!-- allreduce-tables:end -->"
+if begin not in text or end not in text:
+    sys.exit(f"{doc}: markers {begin} / {end} not found; add them where the tables go")
+head, rest = text.split(begin, 1)
+open(doc, "w").write(head + begin + "\n" + new + "\n" + end + rest.split(end, 1)[1])
+print(f"wrote the tables into {doc}", file=sys.stderr)
+PY
+fi
