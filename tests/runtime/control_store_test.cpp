@@ -1,0 +1,107 @@
+// The rendezvous store over gRPC: the Store contract through the wire, the job token, deadlines,
+// an unreachable server, and a Gloo group formed through it.
+#include <gtest/gtest.h>
+
+#include <thread>
+
+#include "dsgd/comm/group.h"
+#include "dsgd/error.h"
+#include "runtime/control/store_service.h"
+#include "testing/ranks.h"
+
+namespace dsgd::control {
+namespace {
+
+using std::chrono::milliseconds;
+
+class GrpcStoreTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    server_ = StoreServer::start(comm::make_memory_store(), "127.0.0.1:0", "secret-token");
+    address_ = "127.0.0.1:" + std::to_string(server_->port());
+    store_ = connect_store(address_, "secret-token");
+  }
+  std::unique_ptr<StoreServer> server_;
+  std::string address_;
+  std::shared_ptr<comm::Store> store_;
+};
+
+TEST_F(GrpcStoreTest, ContractThroughTheWire) {
+  store_->set("a", std::string("x\0y", 3));
+  EXPECT_EQ(store_->get("a", milliseconds(1000)), std::string("x\0y", 3));
+  EXPECT_TRUE(store_->check({"a"}));
+  EXPECT_FALSE(store_->check({"a", "b"}));
+  EXPECT_EQ(store_->add("n", 5), 5);
+  EXPECT_EQ(store_->add("n", -2), 3);
+  EXPECT_EQ(store_->compare_set("leader", "", "r3"), "r3");
+  EXPECT_EQ(store_->compare_set("leader", "", "r5"), "r3");
+  EXPECT_TRUE(store_->erase("a"));
+  EXPECT_FALSE(store_->erase("a"));
+}
+
+TEST_F(GrpcStoreTest, GetWaitsForALaterSetFromAnotherClient) {
+  auto other = connect_store(address_, "secret-token");
+  std::thread writer([&] {
+    std::this_thread::sleep_for(milliseconds(100));
+    other->set("late", "here");
+  });
+  EXPECT_EQ(store_->get("late", milliseconds(5000)), "here");
+  writer.join();
+}
+
+TEST_F(GrpcStoreTest, WaitTimesOutNamingTheMissingKeys) {
+  const auto t0 = std::chrono::steady_clock::now();
+  try {
+    store_->wait({"never"}, milliseconds(300));
+    FAIL() << "wait returned without the key";
+  } catch (const TimeoutError& e) {
+    EXPECT_NE(std::string(e.what()).find("never"), std::string::npos) << e.what();
+  }
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, milliseconds(3000));
+}
+
+TEST_F(GrpcStoreTest, WrongOrMissingTokenIsRejectedAndChangesNothing) {
+  auto intruder = connect_store(address_, "guess");
+  try {
+    intruder->set("a", "evil");
+    FAIL() << "a wrong token was accepted";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("wrong or missing job token"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(intruder->get("a", milliseconds(10)), ConfigError);
+  EXPECT_THROW(connect_store(address_, "")->add("n", 1), ConfigError);
+  EXPECT_FALSE(store_->check({"a"}));
+  EXPECT_EQ(store_->add("n", 0), 0);
+  EXPECT_EQ(server_->rejected_calls(), 3);
+}
+
+TEST(GrpcStore, UnreachableServerIsAClearErrorWithinTheDeadline) {
+  StoreClientOptions o;
+  o.rpc_timeout = milliseconds(500);
+  auto store = connect_store("127.0.0.1:1", "t", o);  // nothing listens on port 1
+  const auto t0 = std::chrono::steady_clock::now();
+  try {
+    store->set("k", "v");
+    FAIL() << "set reached a server that does not exist";
+  } catch (const CommError& e) {
+    EXPECT_NE(std::string(e.what()).find("127.0.0.1:1"), std::string::npos) << e.what();
+  }
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, milliseconds(3000));
+}
+
+TEST(GrpcStore, GlooGroupFormsThroughTheDriversStore) {
+  auto server = StoreServer::start(comm::make_memory_store(), "127.0.0.1:0", "job-token");
+  const std::string address = "127.0.0.1:" + std::to_string(server->port());
+  testing::run_ranks(3, [&](int rank) {
+    auto store = std::make_shared<comm::PrefixStore>(connect_store(address, "job-token"), "job1/gen1/");
+    comm::GroupOptions o;
+    o.timeout = milliseconds(10000);
+    auto group = comm::Group::create(store, rank, 3, o);
+    int64_t x = rank + 1;
+    group->allreduce(&x, 1, comm::DataType::kInt64, comm::ReduceOp::kSum);
+    EXPECT_EQ(x, 6);
+  });
+}
+
+}  // namespace
+}  // namespace dsgd::control
