@@ -1,0 +1,76 @@
+// How gradients are fused for communication: parameters packed into buckets of at most
+// grad_shard_bytes, in reverse registration order (backward produces the last layers' gradients
+// first), and a tracker that says when a bucket's last gradient has arrived, so the bucket can
+// be handed to the communication thread while backward goes on.
+//
+//   BucketPlan plan({784 * 128, 128, 128 * 10, 10}, sizeof(float), 10 << 20);
+//   ReadyTracker ready(plan);
+//   // in each parameter's gradient hook:
+//   if (auto b = ready.mark_ready(param_index)) comm->allreduce_async(flat + plan.buckets()[*b].offset, ...);
+//
+// Knows sizes and offsets only: torch-free, like the rest of src/strategy. BucketPlan is
+// immutable; ReadyTracker is thread-safe (autograd may run hooks on several threads).
+#pragma once
+
+#include <cstddef>
+#include <mutex>
+#include <optional>
+#include <vector>
+
+namespace dsgd::strategy {
+
+struct Bucket {
+  size_t offset = 0;            // first element in the flat buffer
+  size_t count = 0;             // elements
+  std::vector<size_t> params;   // parameter indices, in the order they sit in the bucket
+};
+
+struct ParamSlot {
+  size_t bucket = 0;
+  size_t offset = 0;            // first element in the flat buffer
+  size_t count = 0;
+};
+
+class BucketPlan {
+ public:
+  // counts[i]: elements of parameter i (registration order). A parameter larger than
+  // grad_shard_bytes gets a bucket of its own. Throws dsgd::ConfigError for element_bytes or
+  // grad_shard_bytes of 0.
+  BucketPlan(const std::vector<size_t>& counts, size_t element_bytes, size_t grad_shard_bytes);
+
+  // Bucket 0 holds the last-registered parameters and sits at the start of the flat buffer.
+  const std::vector<Bucket>& buckets() const { return buckets_; }
+  const ParamSlot& slot(size_t param) const { return slots_.at(param); }
+  size_t num_params() const { return slots_.size(); }
+  size_t total_elements() const { return total_; }
+
+ private:
+  std::vector<Bucket> buckets_;
+  std::vector<ParamSlot> slots_;
+  size_t total_ = 0;
+};
+
+class ReadyTracker {
+ public:
+  explicit ReadyTracker(const BucketPlan& plan);
+
+  // Records that parameter `param`'s gradient is ready; returns its bucket's index when this
+  // completed the bucket. Throws dsgd::Error if the parameter was already marked this step
+  // (a gradient produced twice: the model reuses a parameter) or is out of range.
+  std::optional<size_t> mark_ready(size_t param);
+
+  // Starts a new step: nothing is ready.
+  void reset();
+
+  // Buckets not complete yet, ascending (for errors such as "bucket 3 never became ready:
+  // parameters 5, 6 got no gradient; mark unused parameters or exclude them").
+  std::vector<size_t> pending_buckets() const;
+
+ private:
+  const BucketPlan& plan_;
+  mutable std::mutex mutex_;
+  std::vector<bool> param_ready_;      // guarded by mutex_
+  std::vector<size_t> bucket_missing_; // guarded by mutex_; parameters still missing per bucket
+};
+
+}  // namespace dsgd::strategy

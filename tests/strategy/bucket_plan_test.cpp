@@ -1,0 +1,108 @@
+// Gradient buckets: packing in reverse registration order under the size cap, and readiness.
+#include "strategy/bucket_plan.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <numeric>
+#include <random>
+#include <thread>
+
+#include "dsgd/error.h"
+
+namespace dsgd::strategy {
+namespace {
+
+TEST(BucketPlan, PacksInReverseRegistrationOrderUnderTheCap) {
+  // The CNN's parameters (float32) with a 1 MB cap: fc1.weight (4.7 MB) must sit alone.
+  const std::vector<size_t> counts = {288, 32, 18432, 64, 1179648, 128, 1280, 10};
+  BucketPlan plan(counts, 4, 1000000);
+  ASSERT_EQ(plan.buckets().size(), 3u);
+  EXPECT_EQ(plan.buckets()[0].params, (std::vector<size_t>{7, 6, 5}));  // fc2.bias, fc2.weight, fc1.bias
+  EXPECT_EQ(plan.buckets()[1].params, (std::vector<size_t>{4}));        // fc1.weight: over the cap, alone
+  EXPECT_EQ(plan.buckets()[2].params, (std::vector<size_t>{3, 2, 1, 0}));
+  EXPECT_EQ(plan.total_elements(), std::accumulate(counts.begin(), counts.end(), size_t{0}));
+  // Contiguous: each bucket starts where the previous ends, each slot inside its bucket.
+  size_t offset = 0;
+  for (size_t b = 0; b < plan.buckets().size(); ++b) {
+    const Bucket& bucket = plan.buckets()[b];
+    EXPECT_EQ(bucket.offset, offset);
+    size_t inside = bucket.offset;
+    for (size_t p : bucket.params) {
+      EXPECT_EQ(plan.slot(p).bucket, b);
+      EXPECT_EQ(plan.slot(p).offset, inside);
+      EXPECT_EQ(plan.slot(p).count, counts[p]);
+      inside += counts[p];
+    }
+    EXPECT_EQ(inside, bucket.offset + bucket.count);
+    if (bucket.params.size() > 1) {
+      EXPECT_LE(bucket.count * 4, 1000000u);
+    }
+    offset += bucket.count;
+  }
+}
+
+TEST(BucketPlan, OneBucketWhenEverythingFitsAndNoneWhenNoParameters) {
+  EXPECT_EQ(BucketPlan({3, 4, 5}, 4, 10 << 20).buckets().size(), 1u);
+  EXPECT_TRUE(BucketPlan({}, 4, 1024).buckets().empty());
+  EXPECT_THROW(BucketPlan({1}, 4, 0), ConfigError);
+  EXPECT_THROW(BucketPlan({1}, 0, 64), ConfigError);
+}
+
+TEST(ReadyTracker, CompletesEachBucketOnceInAnyOrder) {
+  const std::vector<size_t> counts = {10, 10, 10, 10, 10, 10, 10};
+  BucketPlan plan(counts, 4, 80);  // 2 parameters per bucket: {6,5} {4,3} {2,1} {0}
+  ASSERT_EQ(plan.buckets().size(), 4u);
+  ReadyTracker ready(plan);
+  std::vector<size_t> order(counts.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::mt19937 rng(3);
+  for (int step = 0; step < 20; ++step) {
+    std::shuffle(order.begin(), order.end(), rng);
+    std::vector<int> completed(plan.buckets().size(), 0);
+    for (size_t p : order) {
+      if (auto b = ready.mark_ready(p)) {
+        ++completed[*b];
+        for (size_t q : plan.buckets()[*b].params) EXPECT_TRUE(std::find(order.begin(), order.end(), q) <= std::find(order.begin(), order.end(), p));
+      }
+    }
+    EXPECT_EQ(completed, (std::vector<int>{1, 1, 1, 1}));
+    EXPECT_TRUE(ready.pending_buckets().empty());
+    ready.reset();
+    EXPECT_EQ(ready.pending_buckets(), (std::vector<size_t>{0, 1, 2, 3}));
+  }
+}
+
+TEST(ReadyTracker, AGradientTwiceOrOutOfRangeIsAnError) {
+  BucketPlan plan({5, 5}, 4, 1024);
+  ReadyTracker ready(plan);
+  EXPECT_FALSE(ready.mark_ready(1).has_value());
+  try {
+    ready.mark_ready(1);
+    FAIL() << "a second gradient for one parameter was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("produced twice"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(ready.mark_ready(2), Error);
+  EXPECT_EQ(ready.pending_buckets(), (std::vector<size_t>{0}));
+}
+
+TEST(ReadyTracker, ConcurrentHooksCompleteEveryBucketExactlyOnce) {
+  std::vector<size_t> counts(400, 3);
+  BucketPlan plan(counts, 4, 48);  // 4 parameters per bucket
+  ReadyTracker ready(plan);
+  std::vector<std::atomic<int>> completed(plan.buckets().size());
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      for (size_t p = static_cast<size_t>(t); p < counts.size(); p += 4) {
+        if (auto b = ready.mark_ready(p)) completed[*b]++;
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  for (auto& c : completed) EXPECT_EQ(c.load(), 1);
+}
+
+}  // namespace
+}  // namespace dsgd::strategy
