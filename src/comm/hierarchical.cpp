@@ -38,10 +38,8 @@ std::unique_ptr<HierarchicalGroup> HierarchicalGroup::create(std::shared_ptr<Sto
   const std::vector<int> local = h->global_->local_ranks();
   const int local_rank = static_cast<int>(std::find(local.begin(), local.end(), rank) - local.begin());
   const int host_index = static_cast<int>(std::find(hosts.begin(), hosts.end(), h->global_->host(rank)) - hosts.begin());
-  ShmOptions so = shm_options;
-  so.timeout = options.timeout;
   h->local_ = ShmGroup::create(std::make_shared<PrefixStore>(store, "local/" + std::to_string(host_index) + "/"),
-                               local_rank, static_cast<int>(local.size()), so);
+                               local_rank, static_cast<int>(local.size()), shm_options);
   if (local_rank == 0 && h->num_hosts_ > 1) {
     h->leaders_ = Group::create(std::make_shared<PrefixStore>(store, "leaders/"), host_index, h->num_hosts_, options);
   }

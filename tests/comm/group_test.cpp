@@ -308,3 +308,34 @@ TEST(Group, ReformsUnderANewGenerationAfterAFailure) {
 
 }  // namespace
 }  // namespace dsgd::comm
+
+namespace dsgd::comm {
+namespace {
+
+// A synchronous call queued behind long but healthy operations must wait for them, not time out
+// on a timer of its own (its deadline counts from when it starts).
+TEST(Group, SyncCallQueuedBehindSlowOperationsDoesNotTimeOutSpuriously) {
+  testing::run_ranks(2, [store = make_memory_store()](int rank) {
+    auto g = Group::create(store, rank, 2, fast_options());
+    int64_t a = 1, b = 2;
+    const milliseconds op_timeout(5000);
+    if (rank == 1) {  // joins each operation 2.8 s late
+      std::this_thread::sleep_for(milliseconds(2800));
+      g->allreduce(&a, 1, DataType::kInt64, ReduceOp::kSum, AllreduceAlgorithm::kRing, op_timeout);
+      std::this_thread::sleep_for(milliseconds(2800));
+      g->allreduce(&b, 1, DataType::kInt64, ReduceOp::kSum, AllreduceAlgorithm::kRing, op_timeout);
+      g->barrier();
+      return;
+    }
+    auto wa = g->allreduce_async(&a, 1, DataType::kInt64, ReduceOp::kSum, AllreduceAlgorithm::kRing, op_timeout);
+    auto wb = g->allreduce_async(&b, 1, DataType::kInt64, ReduceOp::kSum, AllreduceAlgorithm::kRing, op_timeout);
+    g->barrier(milliseconds(100));  // starts ~5.6 s after it was called, then completes at once
+    EXPECT_TRUE(wa->test());
+    EXPECT_TRUE(wb->test());
+    EXPECT_EQ(a, 2);
+    EXPECT_EQ(b, 4);
+  });
+}
+
+}  // namespace
+}  // namespace dsgd::comm

@@ -20,7 +20,9 @@ class Work {
   explicit Work(std::string description) : description_(std::move(description)) {}
 
   // Blocks until the operation completes or `timeout` passes; rethrows its error. On timeout
-  // throws dsgd::TimeoutError (the operation itself goes on until its own deadline).
+  // throws dsgd::TimeoutError (the operation itself goes on until its own deadline). Without a
+  // timeout the wait is still bounded: the operation, and each queued before it, ends by its own
+  // deadline (or at abort()), which completes this Work.
   void wait(std::chrono::milliseconds timeout = std::chrono::hours(24));
 
   // True once the operation has completed (successfully or not). Never blocks.
