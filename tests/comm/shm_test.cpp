@@ -22,10 +22,15 @@ namespace {
 using std::chrono::milliseconds;
 using Clock = std::chrono::steady_clock;
 
-int dsgd_segments_in_dev_shm() {
+// Segments in /dev/shm created by these processes (names are "dsgd-<creator pid>-<random>").
+// Only our own: ctest runs other tests, with their own live segments, alongside this one.
+int dsgd_segments_in_dev_shm(const std::vector<pid_t>& creators = {::getpid()}) {
   int n = 0;
   for (const auto& e : std::filesystem::directory_iterator("/dev/shm")) {
-    if (e.path().filename().string().rfind("dsgd-", 0) == 0) ++n;
+    const std::string name = e.path().filename().string();
+    for (pid_t pid : creators) {
+      if (name.rfind("dsgd-" + std::to_string(pid) + "-", 0) == 0) ++n;
+    }
   }
   return n;
 }
@@ -140,11 +145,10 @@ TEST(Shm, MissingRankTimesOutAndLeavesNothingInDevShm) {
 }
 
 // Forks `size` ranks that allreduce 8 MiB in a loop; signals `victim`; returns survivors' reports
-// "<ms after the signal>|<kind>|<message>".
-std::vector<std::string> run_failure(int size, int victim, int sig, milliseconds timeout) {
+// "<ms after the signal>|<kind>|<message>". The ranks' pids go to `pids`.
+std::vector<std::string> run_failure(int size, int victim, int sig, milliseconds timeout, std::vector<pid_t>& pids) {
   testing::TempDir dir;
   const std::string store_dir = dir.file("store");
-  std::vector<pid_t> pids;
   for (int r = 0; r < size; ++r) {
     const pid_t pid = ::fork();
     if (pid == 0) {
@@ -190,18 +194,20 @@ std::vector<std::string> run_failure(int size, int victim, int sig, milliseconds
 }
 
 TEST(ShmFailure, KilledRankFailsSurvivorsFastByNameAndNothingLeaks) {
-  auto results = run_failure(3, 1, SIGKILL, milliseconds(10000));
+  std::vector<pid_t> pids;
+  auto results = run_failure(3, 1, SIGKILL, milliseconds(10000), pids);
   ASSERT_EQ(results.size(), 2u);
   for (const auto& r : results) {
     EXPECT_LT(std::stoll(r.substr(0, r.find('|'))), 2000) << r;
     EXPECT_NE(r.find("|comm|"), std::string::npos) << r;
     EXPECT_NE(r.find("rank 1 (pid "), std::string::npos) << r;
   }
-  EXPECT_EQ(dsgd_segments_in_dev_shm(), 0);
+  EXPECT_EQ(dsgd_segments_in_dev_shm(pids), 0);
 }
 
 TEST(ShmFailure, StoppedRankTimesOutSurvivorsNamingIt) {
-  auto results = run_failure(2, 0, SIGSTOP, milliseconds(1000));
+  std::vector<pid_t> pids;
+  auto results = run_failure(2, 0, SIGSTOP, milliseconds(1000), pids);
   ASSERT_EQ(results.size(), 1u);
   const auto& r = results[0];
   const int64_t ms = std::stoll(r.substr(0, r.find('|')));
@@ -209,7 +215,7 @@ TEST(ShmFailure, StoppedRankTimesOutSurvivorsNamingIt) {
   EXPECT_LT(ms, 2000) << r;
   EXPECT_NE(r.find("|timeout|"), std::string::npos) << r;
   EXPECT_NE(r.find("rank(s) 0 did not arrive"), std::string::npos) << r;
-  EXPECT_EQ(dsgd_segments_in_dev_shm(), 0);
+  EXPECT_EQ(dsgd_segments_in_dev_shm(pids), 0);
 }
 
 }  // namespace
