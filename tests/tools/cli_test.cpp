@@ -62,7 +62,13 @@ TEST(Cli, FlagErrorsExitWithUsageStatusAndSayWhatIsWrong) {
   expect_usage_error("train --model vgg16", "unknown model 'vgg16'; known models: cnn, mlp, resnet18, resnet50");
   expect_usage_error("train --strategy gossip", "unknown --strategy 'gossip'; known strategies: simple, allreduce");
   expect_usage_error("train --workers 0", "--workers must be >= 1, got 0");
-  expect_usage_error("train --workers 2", "run with --workers 1");
+  expect_usage_error("train --workers 2 --in-process", "--in-process trains in this one process");
+  expect_usage_error("train --workers 2 --devices-per-worker 0", "--devices-per-worker must be >= 1, got 0");
+  expect_usage_error("train --workers 2 --grad-shard-bytes -1", "--grad-shard-bytes must be > 0, got -1");
+  expect_usage_error("train --workers 2 --config '{\"lr\": 0.1'", "--config is not valid JSON");
+  expect_usage_error("train --workers 2 --config '{\"lr\": \"fast\"}'", "wrong type");
+  expect_usage_error("train --workers 2 --config '{\"lrr\": 0.1}'", "unknown image classifier config key 'lrr'");
+  expect_usage_error("train --workers 2 --batch-size 1", "at least the number of replicas (2)");
   expect_usage_error("train --dataset imagenet", "unknown dataset 'imagenet'");
   expect_usage_error("train --json-out /nonexistent-dir/x.json", "/nonexistent-dir does not exist");
   expect_usage_error("train --no-such-flag", "--no-such-flag");
@@ -96,6 +102,28 @@ TEST(Cli, ShortRunWritesJsonSummary) {
   EXPECT_GE(j["test_accuracy"].get<double>(), 0);
   EXPECT_LE(j["test_accuracy"].get<double>(), 1);
   EXPECT_LT(j["history"][1]["train_loss"].get<double>(), j["history"][0]["train_loss"].get<double>());
+}
+
+TEST(Cli, TwoWorkersSaveThenOneWorkerLoadsAndContinues) {
+  dsgd::testing::TempDir dir;
+  const std::string common = "train --model mlp --dataset synthetic --synthetic-samples 512 --image-size 8 "
+                             "--batch-size 32 --threads 1 --epochs 1 ";
+  CliRun a = run_dsgd(common + "--workers 2 --strategy simple --save " + dir.file("ckpt") + " --json-out " +
+                      dir.file("a.json"));
+  ASSERT_EQ(a.exit_code, 0) << a.output;
+  EXPECT_NE(a.output.find("2 worker(s), simple"), std::string::npos) << a.output;
+  std::ifstream fa(dir.file("a.json"));
+  auto ja = nlohmann::json::parse(fa);
+  EXPECT_EQ(ja["workers"], 2);
+  EXPECT_EQ(ja["strategy"], "simple");
+  EXPECT_EQ(ja["steps"], 16);
+  EXPECT_GT(ja["test_accuracy"].get<double>(), 0.15);  // 10 classes
+  CliRun b = run_dsgd(common + "--workers 1 --load " + dir.file("ckpt") + " --json-out " + dir.file("b.json"));
+  ASSERT_EQ(b.exit_code, 0) << b.output;
+  std::ifstream fb(dir.file("b.json"));
+  auto jb = nlohmann::json::parse(fb);
+  // The loaded job starts where the saved one ended: its first epoch's loss is lower.
+  EXPECT_LT(jb["history"][0]["train_loss"].get<double>(), ja["history"][0]["train_loss"].get<double>());
 }
 
 }  // namespace

@@ -13,6 +13,9 @@ inline constexpr int kExitUsage = 2;
 // `dsgd train`: trains a model and prints a JSON summary. *exit_code receives its status.
 void add_train_command(CLI::App& app, int* exit_code);
 
+// `dsgd worker`: join a remote driver.
+void add_worker_command(CLI::App& app, int* exit_code);
+
 // `dsgd bench allreduce`: communication benchmarks.
 void add_bench_command(CLI::App& app, int* exit_code);
 

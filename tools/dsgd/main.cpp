@@ -4,8 +4,13 @@
 #include <string>
 
 #include "commands.h"
+#include "dsgd/trainer.h"
+#include "runtime/builtin_operators.h"
 
 int main(int argc, char** argv) {
+  // Spawned by a driver (`dsgd train --workers N`): serve as its worker and exit.
+  dsgd::runtime::register_builtin_operators();
+  dsgd::init(argc, argv);
   CLI::App app{
       "dsgd: distributed synchronous SGD for LibTorch models.\n"
       "Trains the reference models (cnn, mlp, resnet18, resnet50) on Fashion-MNIST or synthetic data."};
@@ -14,6 +19,7 @@ int main(int argc, char** argv) {
   app.footer("\nRun `dsgd SUBCOMMAND --help` for a subcommand's flags.");
   int exit_code = 0;
   dsgd::cli::add_train_command(app, &exit_code);
+  dsgd::cli::add_worker_command(app, &exit_code);
   dsgd::cli::add_bench_command(app, &exit_code);
   // CLI11 would only say "a subcommand is required" for a misspelt one: name it.
   std::string known;

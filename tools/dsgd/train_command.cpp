@@ -9,7 +9,11 @@
 
 #include "commands.h"
 #include "dsgd/error.h"
+#include <torch/nn/module.h>
+
+#include "dsgd/trainer.h"
 #include "progress.h"
+#include "runtime/builtin_operators.h"
 #include "runtime/local_job.h"
 
 namespace dsgd::cli {
@@ -18,7 +22,17 @@ namespace {
 struct TrainFlags {
   runtime::LocalJobOptions job;
   int workers = 1;
+  int devices_per_worker = 1;
   std::string strategy = "allreduce";
+  std::string allreduce_algo = "auto";
+  int64_t grad_shard_bytes = 10 << 20;
+  std::string save;
+  std::string load;
+  std::string listen;
+  std::string token;
+  std::string config;   // JSON merged into the operator's config
+  nlohmann::json config_json = nlohmann::json::object();
+  bool in_process = false;
   std::string json_out;
   bool quiet = false;
 };
@@ -39,8 +53,9 @@ nlohmann::json to_json(const TrainFlags& f, const runtime::LocalJobResult& r) {
           {"epochs", r.epochs},
           {"steps", r.steps},
           {"samples", r.samples},
-          {"workers", f.workers},
-          {"strategy", f.strategy},
+          {"workers", f.in_process ? 0 : f.workers},
+          {"devices_per_worker", f.devices_per_worker},
+          {"strategy", f.in_process ? "in-process" : f.strategy},
           {"samples_per_s", r.samples_per_s},
           {"train_s", r.train_s},
           {"wall_s", r.wall_s},
@@ -76,10 +91,25 @@ void validate_flags(TrainFlags& f) {
   if (f.strategy != "simple" && f.strategy != "allreduce") {
     throw ConfigError("unknown --strategy '" + f.strategy + "'; known strategies: simple, allreduce");
   }
-  if (f.workers > 1) {
-    throw ConfigError("--workers " + std::to_string(f.workers) +
-                      ": this build trains in one process only (the multi-process runtime is not "
-                      "built yet); run with --workers 1 and --threads to use more cores");
+  if (f.in_process && (f.workers != 1 || f.devices_per_worker != 1 || !f.save.empty() || !f.load.empty() ||
+                      !f.listen.empty())) {
+    throw ConfigError("--in-process trains in this one process: it takes none of --workers, "
+                      "--devices-per-worker, --save, --load, --listen");
+  }
+  if (f.devices_per_worker < 1) {
+    throw ConfigError("--devices-per-worker must be >= 1, got " + std::to_string(f.devices_per_worker));
+  }
+  if (f.grad_shard_bytes <= 0) {
+    throw ConfigError("--grad-shard-bytes must be > 0, got " + std::to_string(f.grad_shard_bytes));
+  }
+  if (!f.config.empty()) {
+    try {
+      f.config_json = nlohmann::json::parse(f.config);
+    } catch (const nlohmann::json::parse_error& e) {
+      throw ConfigError("--config is not valid JSON: " + std::string(e.what()));
+    }
+    if (!f.config_json.is_object()) throw ConfigError("--config must be a JSON object, e.g. '{\"lr\": 0.1}'");
+    if (f.in_process) throw ConfigError("--config applies to worker jobs, not --in-process");
   }
   if (f.job.threads == 0) {
     const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
@@ -87,6 +117,83 @@ void validate_flags(TrainFlags& f) {
   }
   runtime::validate(f.job);
   if (!f.json_out.empty()) check_writable(f.json_out);
+}
+
+// The same job through the Trainer: worker processes, the chosen strategy.
+runtime::LocalJobResult run_with_trainer(const TrainFlags& f, ProgressPrinter* progress) {
+  const auto wall_start = std::chrono::steady_clock::now();
+  const auto& j = f.job;
+  TrainerConfig c;
+  c.num_workers = f.workers;
+  c.devices_per_worker = f.devices_per_worker;
+  c.strategy = f.strategy;
+  c.allreduce_algo = f.allreduce_algo;
+  c.grad_shard_bytes = f.grad_shard_bytes;
+  c.batch_size = j.batch_size;
+  c.seed = j.seed;
+  c.threads_per_worker = j.threads;
+  c.listen = f.listen;
+  c.token = f.token;
+  c.config = {{"model", j.model}, {"dataset", j.dataset}, {"data_dir", j.data_dir}, {"lr", j.lr},
+              {"momentum", j.momentum}, {"lr_decay", j.lr_decay}, {"dropout", j.dropout},
+              {"synthetic_samples", j.synthetic_samples}, {"synthetic_image_size", j.synthetic_image_size}};
+  c.config.update(f.config_json);
+  runtime::LocalJobResult result;
+  int64_t epoch = 1, batches_per_epoch = 0, steps_before = 0;
+  double train_before = 0;
+  auto train_start = std::chrono::steady_clock::now();
+  c.on_progress = [&](const TrainProgress& p) {
+    if (progress == nullptr || batches_per_epoch == 0) return;
+    const int64_t total = j.max_steps > 0 ? std::min(j.max_steps, batches_per_epoch * j.epochs)
+                                          : batches_per_epoch * j.epochs;
+    const double elapsed = train_before + p.elapsed_s;
+    progress->on_batch({.epoch = epoch, .epochs = j.epochs, .batch = p.batches, .batches_per_epoch = batches_per_epoch,
+                        .step = steps_before + p.batches, .total_steps = total, .loss = p.loss,
+                        .samples_per_s = elapsed > 0 ? static_cast<double>((steps_before + p.batches) * j.batch_size) / elapsed : 0,
+                        .elapsed_s = elapsed});
+  };
+  Trainer trainer(runtime::kImageClassifier, c);
+  if (!f.load.empty()) trainer.load(f.load);
+  (void)train_start;
+  while (epoch <= j.epochs) {
+    const int64_t left = j.max_steps > 0 ? j.max_steps - result.steps : 0;
+    if (j.max_steps > 0 && left <= 0) break;
+    const auto t0 = std::chrono::steady_clock::now();
+    auto r = trainer.train({.num_steps = left});
+    const double epoch_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    batches_per_epoch = r.batches_per_epoch;
+    const int64_t batches = static_cast<int64_t>(r.metrics.at("batches"));
+    const int64_t samples = static_cast<int64_t>(r.metrics.at("num_samples"));
+    result.steps += batches;
+    result.samples += samples;
+    result.train_s += epoch_s;
+    train_before = result.train_s;
+    steps_before = result.steps;
+    runtime::EpochSummary e;
+    e.epoch = epoch;
+    e.train_loss = r.metrics.count("loss") ? r.metrics.at("loss") : 0;
+    e.epoch_s = epoch_s;
+    e.samples_per_s = epoch_s > 0 ? static_cast<double>(samples) / epoch_s : 0;
+    if (j.evaluate) {
+      auto v = trainer.validate();
+      e.test_loss = v.metrics.at("loss");
+      e.test_accuracy = v.metrics.at("accuracy");
+    }
+    result.history.push_back(e);
+    result.epochs = epoch;
+    result.train_loss = e.train_loss;
+    result.test_loss = e.test_loss;
+    result.test_accuracy = e.test_accuracy;
+    if (progress != nullptr) progress->on_epoch(e);
+    if (r.batch != 0) break;  // stopped inside the epoch: max-steps reached
+    ++epoch;
+  }
+  if (!f.save.empty()) trainer.save(f.save);
+  auto model = trainer.get_model();
+  for (const auto& p : model->parameters()) result.parameters += p.numel();
+  result.samples_per_s = result.train_s > 0 ? static_cast<double>(result.samples) / result.train_s : 0;
+  result.wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - wall_start).count();
+  return result;
 }
 
 int run_train(TrainFlags& f) {
@@ -101,8 +208,9 @@ int run_train(TrainFlags& f) {
     if (!f.quiet) progress = std::make_unique<ProgressPrinter>(stderr, ::isatty(STDERR_FILENO) != 0);
     if (!f.quiet) std::cerr << "dsgd train: model " << f.job.model << ", dataset " << f.job.dataset << ", " << f.job.epochs
               << " epoch(s), batch " << f.job.batch_size << ", " << f.job.threads << " thread(s), "
-              << f.workers << " worker(s)\n";
-    auto result = runtime::run_local_job(f.job, progress.get());
+              << (f.in_process ? std::string("in-process") : std::to_string(f.workers) + " worker(s), " + f.strategy)
+              << "\n";
+    auto result = f.in_process ? runtime::run_local_job(f.job, progress.get()) : run_with_trainer(f, progress.get());
     const auto json = to_json(f, result);
     std::cout << json.dump(2) << std::endl;
     if (!f.json_out.empty()) {
@@ -134,6 +242,7 @@ void add_train_command(CLI::App& app, int* exit_code) {
       "  dsgd train                                   # the CNN on Fashion-MNIST, 1 epoch\n"
       "  dsgd train --epochs 5 --threads 2 --json-out run.json\n"
       "  dsgd train --model mlp --dataset synthetic --max-steps 200\n"
+      "  dsgd train --workers 2 --strategy simple --save ckpt\n"
       "\nProgress goes to stderr (a live bar on a terminal, a line every 10 s otherwise); the\n"
       "JSON summary goes to stdout. Exit status: 0 done, 1 the job failed, 2 bad flags.");
   cmd->add_option("--model", j.model, "Model: cnn, mlp, resnet18, resnet50")->capture_default_str();
@@ -151,9 +260,25 @@ void add_train_command(CLI::App& app, int* exit_code) {
   j.threads = 0;
   cmd->add_option("--threads", j.threads, "LibTorch threads per worker; 0 = cores / workers")
       ->capture_default_str();
-  cmd->add_option("--workers", flags->workers, "Worker processes (this build: 1)")->capture_default_str();
+  cmd->add_option("--workers", flags->workers, "Worker processes")->capture_default_str();
+  cmd->add_option("--devices-per-worker", flags->devices_per_worker, "Model replicas per worker process")
+      ->capture_default_str();
   cmd->add_option("--strategy", flags->strategy, "Gradient synchronisation: simple or allreduce")
       ->capture_default_str();
+  cmd->add_option("--allreduce-algo", flags->allreduce_algo, "auto (shared memory + Gloo), ring or hd")
+      ->capture_default_str();
+  cmd->add_option("--grad-shard-bytes", flags->grad_shard_bytes, "Gradient bucket size in bytes")
+      ->capture_default_str();
+  cmd->add_option("--save", flags->save, "Write a checkpoint directory at the end");
+  cmd->add_option("--load", flags->load, "Start from this checkpoint directory");
+  cmd->add_option("--listen", flags->listen,
+                  "HOST:PORT: wait for --workers workers started elsewhere (`dsgd worker`) instead of spawning");
+  cmd->add_option("--token", flags->token, "Job token for --listen (default: random, printed)");
+  cmd->add_option("--config", flags->config,
+                  "JSON object merged into the operator's config (keys: model, dataset, data_dir, lr, momentum, "
+                  "lr_decay, dropout, synthetic_samples, synthetic_image_size)");
+  cmd->add_flag("--in-process", flags->in_process,
+                "Train in this process without workers (the single-process baseline)");
   cmd->add_option("--max-steps", j.max_steps, "Stop after this many steps in all; 0 = run every epoch")
       ->capture_default_str();
   cmd->add_option("--synthetic-samples", j.synthetic_samples, "Training samples of --dataset synthetic")

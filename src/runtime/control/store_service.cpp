@@ -7,13 +7,13 @@
 
 #include "dsgd/error.h"
 #include "dsgd/store.grpc.pb.h"
+#include "runtime/control/grpc_util.h"
 
 namespace dsgd::control {
 namespace {
 
 using std::chrono::milliseconds;
 
-constexpr const char* kTokenKey = "dsgd-token";
 // Waits get this much longer than their own timeout, so the server's answer (naming the missing
 // keys) arrives before the client's deadline.
 constexpr milliseconds kWaitMargin{2000};
@@ -54,12 +54,8 @@ class StoreServiceImpl final : public proto::Store::Service {
   // Checks the token, runs `fn`, and turns dsgd errors into gRPC statuses.
   template <typename Fn>
   grpc::Status guarded(grpc::ServerContext* ctx, const char* method, Fn&& fn) {
-    const auto& md = ctx->client_metadata();
-    auto it = md.find(kTokenKey);
-    if (it == md.end() || std::string(it->second.data(), it->second.size()) != token_) {
+    if (!token_ok(ctx, token_, method)) {
       ++rejected_;
-      spdlog::warn("store: rejected {} from {}: {} job token", method, ctx->peer(),
-                   it == md.end() ? "no" : "wrong");
       return {grpc::StatusCode::PERMISSION_DENIED, "wrong or missing job token"};
     }
     try {
@@ -82,6 +78,7 @@ class StoreServerImpl : public StoreServer {
   StoreServerImpl(std::shared_ptr<comm::Store> store, const std::string& address, const std::string& token)
       : service_(std::move(store), token) {
     grpc::ServerBuilder builder;
+    configure(builder);
     builder.AddListeningPort(address, grpc::InsecureServerCredentials(), &port_);
     builder.RegisterService(&service_);
     server_ = builder.BuildAndStart();
@@ -106,7 +103,7 @@ class GrpcStore : public comm::Store {
       : address_(address),
         token_(std::move(token)),
         options_(options),
-        stub_(proto::Store::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()))) {}
+        stub_(proto::Store::NewStub(make_channel(address))) {}
 
   void set(const std::string& key, const std::string& value) override {
     proto::SetRequest req;
@@ -168,22 +165,9 @@ class GrpcStore : public comm::Store {
   template <typename Fn>
   void call(const std::string& what, milliseconds deadline, Fn&& fn) {
     grpc::ClientContext ctx;
-    ctx.AddMetadata(kTokenKey, token_);
-    ctx.set_deadline(std::chrono::system_clock::now() + deadline);
+    prepare(ctx, token_, deadline);
     const grpc::Status s = fn(&ctx);
-    if (s.ok()) return;
-    const std::string where = "store at " + address_ + ": " + what + ": ";
-    switch (s.error_code()) {
-      case grpc::StatusCode::DEADLINE_EXCEEDED:
-        throw TimeoutError(where + (s.error_message().empty() ? "no answer in time" : s.error_message()), "store");
-      case grpc::StatusCode::PERMISSION_DENIED:
-        throw ConfigError(where + "rejected: wrong or missing job token (pass the driver's --token)");
-      case grpc::StatusCode::UNAVAILABLE:
-        throw CommError(where + "unreachable (" + s.error_message() + "); is the driver running at " + address_ + "?",
-                        "store");
-      default:
-        throw CommError(where + s.error_message(), "store");
-    }
+    if (!s.ok()) raise(s, "store at " + address_ + ": " + what, address_);
   }
 
   const std::string address_;
@@ -193,6 +177,10 @@ class GrpcStore : public comm::Store {
 };
 
 }  // namespace
+
+std::unique_ptr<grpc::Service> make_store_service(std::shared_ptr<comm::Store> store, const std::string& token) {
+  return std::make_unique<StoreServiceImpl>(std::move(store), token);
+}
 
 std::unique_ptr<StoreServer> StoreServer::start(std::shared_ptr<comm::Store> store, const std::string& address,
                                                 const std::string& token) {

@@ -16,7 +16,14 @@
 
 #include "dsgd/comm/store.h"
 
+namespace grpc {
+class Service;
+}
+
 namespace dsgd::control {
+
+// The store as a gRPC service, to serve next to others on one server (the driver's).
+std::unique_ptr<grpc::Service> make_store_service(std::shared_ptr<comm::Store> store, const std::string& token);
 
 class StoreServer {
  public:

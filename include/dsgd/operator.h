@@ -1,0 +1,186 @@
+// dsgd/operator.h — what the user writes: a TrainingOperator says how to build and train one
+// replica; dsgd runs one per replica and keeps them in step.
+//
+//   class MnistOperator : public dsgd::TrainingOperator {
+//    public:
+//     void setup(const nlohmann::json& config) override {
+//       auto net = register_model(std::make_shared<Net>());
+//       register_optimizer(std::make_unique<torch::optim::SGD>(net->parameters(), config.value("lr", 0.01)));
+//       register_loss(dsgd::cross_entropy_loss());
+//       register_data(train_images, train_labels, test_images, test_labels);
+//     }
+//   };
+//   DSGD_REGISTER_OPERATOR(MnistOperator);   // workers construct it by this name
+//
+// The defaults run the usual supervised loop: train_epoch walks this replica's share of each
+// global batch (see sampler()), train_batch does zero_grad, forward, loss, backward, step.
+// Gradients are averaged over every replica inside backward(): autograd hooks hand each bucket
+// to the strategy as soon as its last gradient is ready, and backward returns with the average
+// in every parameter's .grad. Custom train_batch code therefore looks like single-process code
+// (zero the gradients each step; gradient accumulation across backward calls is not averaged).
+// Several models and optimizers may be registered (GANs); a custom train_batch decides the loop.
+#pragma once
+
+#include <torch/nn/module.h>
+#include <torch/optim/optimizer.h>
+#include <torch/serialize/archive.h>
+
+#include "dsgd/metrics.h"
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <typeinfo>
+#include <vector>
+
+namespace dsgd {
+
+using LossFn = std::function<torch::Tensor(const torch::Tensor& output, const torch::Tensor& target)>;
+LossFn cross_entropy_loss();
+
+// A learning-rate schedule: lr = base_lr * factor(t), t counted in batches or epochs
+// (Trainer's scheduler_step_freq). Its state (t) is saved in checkpoints.
+using LrLambda = std::function<double(int64_t t)>;
+
+struct Batch {
+  torch::Tensor data;
+  torch::Tensor target;
+  int64_t size() const { return data.defined() ? data.size(0) : 0; }
+};
+
+// Where a replica stands, for operators that want to know.
+struct ReplicaInfo {
+  int rank = 0;          // 0..world_size-1, over every replica of every worker
+  int world_size = 1;
+  int worker = 0;        // the worker process
+  int local_replica = 0; // replica within the worker (devices_per_worker)
+  uint64_t seed = 1;     // the job's seed (LibTorch is seeded with it before setup)
+};
+
+namespace torch_glue {
+class ReplicaRuntime;
+}
+
+class TrainingOperator {
+ public:
+  virtual ~TrainingOperator();
+
+  // Builds models, optimizers, loss, schedules and data from the job's config (any JSON).
+  virtual void setup(const nlohmann::json& config) = 0;
+
+  // One pass over this replica's share of the training data (or `max_batches` batches when > 0).
+  // Returns metrics averaged over batches weighted by their samples.
+  virtual Metrics train_epoch(int64_t max_batches);
+  // One step on this replica's part of the global batch: zero_grad, forward, loss, backward
+  // (gradients averaged over replicas), optimizer step. Returns loss, accuracy, num_samples.
+  virtual Metrics train_batch(const Batch& batch);
+  // Evaluates on this replica's share of the validation data.
+  virtual Metrics validate();
+  virtual Metrics validate_batch(const Batch& batch);
+  // Extra state of the operator, saved in and restored from checkpoints.
+  virtual void state_dict(torch::serialize::OutputArchive& archive) const {}
+  virtual void load_state_dict(torch::serialize::InputArchive& archive) {}
+
+  // ---- registration, in setup(); each returns what it registered ----
+  // A model: a torch::nn::Module (shared_ptr or ModuleHolder). If it has forward(Tensor), the
+  // default train_batch and validate_batch use it (through forward()).
+  template <typename M>
+  std::shared_ptr<M> register_model(std::shared_ptr<M> model) {
+    add_model(model, forward_of(model.get()));
+    return model;
+  }
+  template <typename H>
+    requires requires(H h) { h.ptr(); }
+  H register_model(H holder) {
+    add_model(holder.ptr(), forward_of(holder.ptr().get()));
+    return holder;
+  }
+  torch::optim::Optimizer& register_optimizer(std::unique_ptr<torch::optim::Optimizer> optimizer);
+  void register_loss(LossFn loss);
+  // A schedule for optimizer `optimizer` (its param groups' learning rates at registration are
+  // the base rates).
+  void register_scheduler(LrLambda factor, size_t optimizer = 0);
+  // In-memory tensors: samples along dimension 0. The validation pair may be undefined.
+  void register_data(torch::Tensor train_data, torch::Tensor train_targets, torch::Tensor validation_data = {},
+                     torch::Tensor validation_targets = {});
+
+  // ---- access ----
+  torch::nn::Module& model(size_t i = 0) const;
+  const std::vector<std::shared_ptr<torch::nn::Module>>& models() const { return models_; }
+  torch::optim::Optimizer& optimizer(size_t i = 0) const;
+  size_t num_optimizers() const { return optimizers_.size(); }
+  const LossFn& loss() const;
+  // Model i's forward(x); ConfigError if its type has no forward(Tensor).
+  torch::Tensor forward(const torch::Tensor& x, size_t i = 0) const;
+  const ReplicaInfo& replica() const { return info_; }
+  // The next batches of this replica for the current epoch (set up by the runtime).
+  int64_t num_train_samples() const { return train_data_.defined() ? train_data_.size(0) : 0; }
+  const torch::Tensor& train_data() const { return train_data_; }
+  const torch::Tensor& train_targets() const { return train_targets_; }
+  const torch::Tensor& validation_data() const { return val_data_; }
+  const torch::Tensor& validation_targets() const { return val_targets_; }
+
+  // For custom train_epoch code. next_train_batch fills `batch` with this replica's part of the
+  // next global batch of the epoch (never empty) and returns false at the end of the epoch or
+  // once `max_batches` (> 0) were taken by this call of train_epoch. Call after_batch() after
+  // each step: it advances the sampler position and steps per-batch schedules.
+  bool next_train_batch(Batch& batch, int64_t max_batches = 0);
+  void after_batch();
+  // Global batches in an epoch (the last partial one is dropped when it has fewer samples than
+  // there are replicas).
+  int64_t batches_per_epoch() const;
+
+ private:
+  friend class torch_glue::ReplicaRuntime;
+  using ForwardFn = std::function<torch::Tensor(const torch::Tensor&)>;
+  template <typename M>
+  static ForwardFn forward_of(M* m) {
+    if constexpr (requires(M& mm, torch::Tensor x) { { mm.forward(x) } -> std::convertible_to<torch::Tensor>; }) {
+      return [m](const torch::Tensor& x) { return m->forward(x); };
+    } else {
+      return {};
+    }
+  }
+  void add_model(std::shared_ptr<torch::nn::Module> model, ForwardFn forward);
+  std::vector<std::shared_ptr<torch::nn::Module>> models_;
+  std::vector<ForwardFn> forwards_;
+  std::vector<std::unique_ptr<torch::optim::Optimizer>> optimizers_;
+  LossFn loss_;
+  struct Schedule {
+    LrLambda factor;
+    size_t optimizer = 0;
+    std::vector<double> base_lrs;
+  };
+  std::vector<Schedule> schedules_;
+  torch::Tensor train_data_, train_targets_, val_data_, val_targets_;
+  ReplicaInfo info_;
+  torch_glue::ReplicaRuntime* runtime_ = nullptr;  // set by the runtime before setup
+};
+
+// ---- registry: workers construct operators by name, never from anything else received ----
+using OperatorFactory = std::function<std::unique_ptr<TrainingOperator>()>;
+void register_operator(const std::string& name, OperatorFactory factory);
+std::unique_ptr<TrainingOperator> make_operator(const std::string& name);  // ConfigError if unknown
+bool has_operator(const std::string& name);
+std::vector<std::string> operator_names();
+
+// The name DSGD_REGISTER_OPERATOR(T) registered T under ("T"). ConfigError if T was not registered.
+std::string operator_name(const std::type_info& type);
+template <typename T>
+std::string operator_of() {
+  return operator_name(typeid(T));
+}
+void register_operator_type(const std::type_info& type, const std::string& name);
+
+}  // namespace dsgd
+
+// At namespace scope in a .cpp of the binary: makes `Class` constructible by name ("Class").
+#define DSGD_REGISTER_OPERATOR(Class)                                                                    \
+  static const bool dsgd_operator_registered_##Class = [] {                                             \
+    ::dsgd::register_operator(#Class, [] { return std::unique_ptr<::dsgd::TrainingOperator>(new Class()); }); \
+    ::dsgd::register_operator_type(typeid(Class), #Class);                                               \
+    return true;                                                                                         \
+  }()

@@ -1,0 +1,139 @@
+// dsgd/trainer.h — the driver's handle on a distributed training job.
+//
+//   int main(int argc, char** argv) {
+//     dsgd::init(argc, argv);                      // first: makes this binary a worker when spawned
+//     dsgd::Trainer trainer(dsgd::operator_of<MyOperator>(), {.num_workers = 2, .strategy = "allreduce"});
+//     for (int e = 0; e < 10; ++e) {
+//       auto t = trainer.train();                  // one epoch; t.metrics["loss"]
+//       auto v = trainer.validate();               // v.metrics["accuracy"]
+//     }
+//     trainer.save("ckpt");
+//   }
+//
+// Local mode (default): the driver spawns num_workers processes of this same binary, which meet
+// the driver over gRPC on loopback. Remote mode (`listen` set): the driver waits for num_workers
+// workers started elsewhere (`dsgd worker --driver HOST:PORT --token T`, or this binary with
+// `--dsgd-worker --driver HOST:PORT --token T`); both modes run the same code after registration.
+// Each worker holds devices_per_worker replicas; replicas average gradients every step through
+// the strategy, so they stay identical. The constructor validates everything it can before any
+// process is spawned (dsgd::ConfigError). Any later failure (a worker's error, a lost worker)
+// throws and leaves the Trainer unusable (shutdown() is still safe); the failure names the worker.
+// Not thread-safe: drive it from one thread. Torch-free header except get_model's return type.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "dsgd/metrics.h"
+
+namespace torch::nn {
+class Module;
+}
+
+namespace dsgd {
+
+// Makes this process a worker when the driver spawned it (or a launcher started it with
+// --dsgd-worker): serves the job, then exits the process. Otherwise returns at once. Call it
+// first thing in main().
+void init(int argc, char** argv);
+
+struct TrainProgress {
+  int64_t batches = 0;          // done in this train() call (worker 0's first replica)
+  int64_t batches_total = 0;    // of this call
+  double loss = 0;              // the last batch's loss
+  double elapsed_s = 0;
+};
+
+struct TrainerConfig {
+  int num_workers = 1;
+  int devices_per_worker = 1;                // replicas per worker process (threads on CPU)
+  std::string strategy = "allreduce";        // simple | allreduce
+  std::string allreduce_algo = "auto";       // auto (shared memory within a host, Gloo across) | ring | hd
+  int64_t grad_shard_bytes = 10 << 20;       // gradient bucket size
+  int64_t batch_size = 64;                   // global: split across all replicas
+  std::string scheduler_step_freq = "epoch"; // batch | epoch | manual
+  uint64_t seed = 1;
+  nlohmann::json config = nlohmann::json::object();  // handed to every replica's setup()
+  std::string initialization_hook;           // a registered worker function run before setup ("" = none)
+  int threads_per_worker = 0;                // intra-op threads per worker; 0 = cores / workers (local)
+
+  // Processes.
+  std::string listen;                        // "" = local mode; "HOST:PORT" = remote mode, bind here
+  std::string token;                         // job token; "" = random (remote mode prints it)
+  std::string worker_binary;                 // local mode; "" = this binary
+  std::chrono::milliseconds registration_timeout{60000};
+  std::chrono::milliseconds heartbeat_timeout{10000};  // a worker silent this long is lost
+  std::chrono::milliseconds comm_timeout{60000};       // every collective's deadline
+  std::function<void(const TrainProgress&)> on_progress;  // called ~10x/s during train()
+};
+
+struct TrainOptions {
+  int64_t num_steps = 0;        // > 0: at most this many global batches (within the current epoch)
+  bool profile = false;         // add forward_s, backward_s, comm_wait_s, optimizer_s, epoch_s
+  bool reduce_results = true;   // false: also fill per_worker
+};
+
+struct Results {
+  Metrics metrics;                  // averaged over batches, then workers, weighted by samples
+  std::vector<Metrics> per_worker;  // one per worker (TrainOptions::reduce_results = false)
+  int64_t epoch = 0;                // epochs completed so far
+  int64_t batch = 0;                // next global batch within the current epoch
+  int64_t batches_per_epoch = 0;
+};
+
+class Trainer {
+ public:
+  // `operator_name`: a registered TrainingOperator (operator_of<T>()). Spawns or awaits the
+  // workers, runs setup on every replica, checks that all replicas hold the same parameters and
+  // starts them from replica 0's values.
+  Trainer(const std::string& operator_name, TrainerConfig config);
+  ~Trainer();
+  Trainer(const Trainer&) = delete;
+  Trainer& operator=(const Trainer&) = delete;
+
+  Results train(const TrainOptions& options = {});
+  Results validate();
+  // One synchronous step (one global batch): DistributedSGD.step.
+  Results step();
+  // Runs the registered worker function `name` on every worker's first replica.
+  std::vector<nlohmann::json> foreach_worker(const std::string& name, const nlohmann::json& arg = {});
+  // Checkpoint directory `path`: checkpoint.dsgd (models, optimizers, schedules, operator state,
+  // epoch and sampler position; checksummed, written atomically) and model.pt (model 0's
+  // parameters and buffers as a name -> tensor dict, for Python's torch.load).
+  void save(const std::string& path);
+  // Restores a checkpoint saved under any worker count and strategy.
+  void load(const std::string& path);
+  // The trained model(s) in this process: an operator set up here with the workers' state.
+  std::shared_ptr<torch::nn::Module> get_model(size_t index = 0);
+  // Stops the workers (idempotent; the destructor calls it).
+  void shutdown();
+
+  const TrainerConfig& config() const;
+  // The control plane's address ("HOST:PORT") and the job token, for remote workers.
+  std::string address() const;
+  const std::string& token() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// ---- worker functions (foreach_worker, initialization_hook), registered by name ----
+class TrainingOperator;
+// `op` is the worker's first replica (null for the initialization hook, which runs before setup).
+using WorkerFunction = std::function<nlohmann::json(TrainingOperator* op, const nlohmann::json& arg)>;
+void register_worker_function(const std::string& name, WorkerFunction fn);
+
+}  // namespace dsgd
+
+// At namespace scope in a .cpp of the binary: DSGD_REGISTER_WORKER_FUNCTION(name, callable).
+#define DSGD_REGISTER_WORKER_FUNCTION(name, ...)                             \
+  static const bool dsgd_worker_function_registered_##name = [] {           \
+    ::dsgd::register_worker_function(#name, __VA_ARGS__);                   \
+    return true;                                                            \
+  }()

@@ -1,0 +1,86 @@
+#include "runtime/builtin_operators.h"
+
+#include <torch/optim/sgd.h>
+
+#include <cmath>
+
+#include "dsgd/data.h"
+#include "dsgd/error.h"
+#include "dsgd/models.h"
+#include "dsgd/operator.h"
+#include "runtime/local_job.h"
+
+namespace dsgd::runtime {
+namespace {
+
+class ImageClassifier : public TrainingOperator {
+ public:
+  void setup(const nlohmann::json& config) override {
+    if (!config.is_object()) throw ConfigError("the image classifier's config must be a JSON object");
+    static const std::vector<std::string> known = {"model", "dataset", "data_dir", "lr", "momentum", "lr_decay",
+                                                   "dropout", "synthetic_samples", "synthetic_image_size"};
+    for (const auto& [k, v] : config.items()) {
+      if (std::find(known.begin(), known.end(), k) == known.end()) {
+        throw ConfigError("unknown image classifier config key '" + k + "'");
+      }
+    }
+    LocalJobOptions o;
+    try {
+      o.model = config.value("model", o.model);
+      o.dataset = config.value("dataset", o.dataset);
+      o.data_dir = config.value("data_dir", o.data_dir);
+      o.lr = config.value("lr", o.lr);
+      o.momentum = config.value("momentum", o.momentum);
+      o.lr_decay = config.value("lr_decay", o.lr_decay);
+      o.dropout = config.value("dropout", o.dropout);
+      o.synthetic_samples = config.value("synthetic_samples", o.synthetic_samples);
+      o.synthetic_image_size = config.value("synthetic_image_size", o.synthetic_image_size);
+    } catch (const nlohmann::json::exception& e) {
+      throw ConfigError(std::string("image classifier config: a value has the wrong type: ") + e.what());
+    }
+    runtime::validate(o);  // the single-process job's checks and messages
+
+    // Data exactly as the single-process job draws it.
+    std::optional<data::ImageDataset> train, test;
+    if (o.dataset == "synthetic") {
+      const int64_t n_test = std::max<int64_t>(1, o.synthetic_samples / 4);
+      auto all = data::make_synthetic(
+          {.num_samples = o.synthetic_samples + n_test, .image_size = o.synthetic_image_size, .seed = replica_seed()});
+      train.emplace(all.images().slice(0, 0, o.synthetic_samples).contiguous(),
+                    all.labels().slice(0, 0, o.synthetic_samples).contiguous(), all.num_classes());
+      test.emplace(all.images().slice(0, o.synthetic_samples).contiguous(),
+                   all.labels().slice(0, o.synthetic_samples).contiguous(), all.num_classes());
+    } else {
+      train.emplace(data::load_fashion_mnist(o.data_dir, data::Split::kTrain));
+      test.emplace(data::load_fashion_mnist(o.data_dir, data::Split::kTest));
+    }
+    models::ModelOptions mo;
+    mo.in_channels = train->images().size(1);
+    mo.image_size = train->images().size(2);
+    mo.num_classes = train->num_classes();
+    mo.dropout = o.dropout;
+    auto model = register_model(models::make_model(o.model, mo));
+    register_optimizer(std::make_unique<torch::optim::SGD>(model->parameters(),
+                                                           torch::optim::SGDOptions(o.lr).momentum(o.momentum)));
+    register_loss(cross_entropy_loss());
+    const double decay = o.lr_decay;
+    if (decay != 1.0) register_scheduler([decay](int64_t epoch) { return std::pow(decay, static_cast<double>(epoch)); });
+    register_data(train->images(), train->labels(), test->images(), test->labels());
+  }
+
+ private:
+  // The synthetic teacher depends on the job's seed only, like the single-process job's.
+  uint64_t replica_seed() const { return replica().seed; }
+};
+
+}  // namespace
+
+void register_builtin_operators() {
+  static const bool once = [] {
+    register_operator(kImageClassifier, [] { return std::unique_ptr<TrainingOperator>(new ImageClassifier()); });
+    return true;
+  }();
+  (void)once;
+}
+
+}  // namespace dsgd::runtime

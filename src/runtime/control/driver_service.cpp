@@ -1,0 +1,414 @@
+#include "runtime/control/driver_service.h"
+
+#include <spdlog/spdlog.h>
+
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <map>
+#include <mutex>
+#include <thread>
+
+#include "dsgd/control.grpc.pb.h"
+#include "dsgd/error.h"
+#include "runtime/control/grpc_util.h"
+#include "runtime/control/store_service.h"
+
+namespace dsgd::control {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using std::chrono::milliseconds;
+
+struct Result {
+  bool ok = false;
+  std::string error, error_kind, json, blob;
+};
+
+struct WorkerState {
+  WorkerInfo info;
+  Clock::time_point last_heartbeat;
+  std::deque<proto::Command> queue;
+  std::map<uint64_t, Result> results;
+};
+
+// The simple strategy's averages in progress, by sequence number.
+struct Average {
+  std::vector<std::string> parts;  // by rank
+  int arrived = 0;
+  int fetched = 0;
+  std::string result;
+  bool done = false;
+};
+
+[[noreturn]] void throw_worker_error(const WorkerInfo& w, const std::string& kind, const Result& r) {
+  const std::string msg = "worker " + std::to_string(w.index) + " (host " + w.host + ", pid " + std::to_string(w.pid) +
+                          ") failed '" + kind + "': " + r.error;
+  if (r.error_kind == "config") throw ConfigError(msg);
+  if (r.error_kind == "timeout") throw TimeoutError(msg, kind, static_cast<int>(w.index), w.host);
+  if (r.error_kind == "comm") throw CommError(msg, kind, static_cast<int>(w.index), w.host);
+  throw Error(msg);
+}
+
+class DriverServerImpl final : public DriverServer, public proto::Driver::Service {
+ public:
+  explicit DriverServerImpl(const DriverServerOptions& o)
+      : options_(o), store_(comm::make_memory_store()), store_service_(make_store_service(store_, o.token)) {
+    grpc::ServerBuilder builder;
+    configure(builder);
+    builder.AddListeningPort(o.listen, grpc::InsecureServerCredentials(), &port_);
+    builder.RegisterService(static_cast<proto::Driver::Service*>(this));
+    builder.RegisterService(store_service_.get());
+    server_ = builder.BuildAndStart();
+    if (!server_ || port_ == 0) {
+      throw CommError("driver: cannot listen on " + o.listen + " (address in use, or not one of this host's?)",
+                      "driver serve");
+    }
+  }
+  ~DriverServerImpl() override {
+    stop_workers();
+    // Let workers hear "stop" in their next heartbeat before the server goes.
+    {
+      std::unique_lock<std::mutex> lock(mutex_);
+      cv_.wait_for(lock, milliseconds(300), [&] { return false; });
+    }
+    server_->Shutdown(std::chrono::system_clock::now() + milliseconds(500));
+  }
+
+  int port() const override { return port_; }
+  std::shared_ptr<comm::Store> store() override { return store_; }
+  int64_t rejected_calls() const override { return rejected_; }
+
+  void stop_workers() override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stop_ = true;
+    cv_.notify_all();
+  }
+
+  void wait_registered(milliseconds timeout, const std::function<void()>& on_tick) override {
+    const auto deadline = Clock::now() + timeout;
+    std::unique_lock<std::mutex> lock(mutex_);
+    while (static_cast<int>(workers_.size()) < options_.num_workers) {
+      if (Clock::now() >= deadline) {
+        throw TimeoutError("driver: " + std::to_string(workers_.size()) + " of " +
+                               std::to_string(options_.num_workers) + " workers registered within " +
+                               std::to_string(timeout.count()) + " ms. Spawned workers must call " +
+                               "dsgd::init(argc, argv) first thing in main(); remote workers need this driver's " +
+                               "address and token",
+                           "register");
+      }
+      cv_.wait_for(lock, milliseconds(100));
+      lock.unlock();
+      if (on_tick) on_tick();
+      lock.lock();
+    }
+  }
+
+  std::vector<WorkerInfo> workers() const override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    std::vector<WorkerInfo> out;
+    for (const auto& w : workers_) {
+      WorkerInfo i = w.info;
+      i.since_heartbeat_s = std::chrono::duration<double>(Clock::now() - w.last_heartbeat).count();
+      out.push_back(i);
+    }
+    return out;
+  }
+
+  std::vector<CommandOutcome> call(const std::string& kind, const std::string& json, const std::string& blob,
+                                   milliseconds timeout, const std::function<void()>& on_tick,
+                                   std::vector<int> targets) override {
+    std::unique_lock<std::mutex> lock(mutex_);
+    if (targets.empty()) {
+      for (size_t i = 0; i < workers_.size(); ++i) targets.push_back(static_cast<int>(i));
+    }
+    const uint64_t id = next_id_++;
+    for (int t : targets) {
+      proto::Command c;
+      c.set_id(id);
+      c.set_kind(kind);
+      c.set_json(json);
+      c.set_blob(blob);
+      workers_.at(static_cast<size_t>(t)).queue.push_back(std::move(c));
+    }
+    cv_.notify_all();
+    const auto start = Clock::now();
+    while (true) {
+      size_t done = 0;
+      for (int t : targets) {
+        auto& w = workers_[static_cast<size_t>(t)];
+        auto it = w.results.find(id);
+        if (it == w.results.end()) continue;
+        if (!it->second.ok) {
+          Result r = it->second;
+          w.results.erase(it);
+          throw_worker_error(w.info, kind, r);
+        }
+        ++done;
+      }
+      if (done == targets.size()) break;
+      const auto now = Clock::now();
+      for (int t : targets) {
+        const auto& w = workers_[static_cast<size_t>(t)];
+        if (now - w.last_heartbeat > options_.heartbeat_timeout) {
+          throw CommError("worker " + std::to_string(w.info.index) + " (host " + w.info.host + ", pid " +
+                              std::to_string(w.info.pid) + ") lost: no heartbeat for " +
+                              std::to_string(std::chrono::duration_cast<milliseconds>(now - w.last_heartbeat).count()) +
+                              " ms during '" + kind + "'",
+                          kind, static_cast<int>(w.info.index), w.info.host);
+        }
+      }
+      if (timeout.count() > 0 && now - start > timeout) {
+        throw TimeoutError("driver: '" + kind + "' not finished by every worker within " +
+                               std::to_string(timeout.count()) + " ms",
+                           kind);
+      }
+      cv_.wait_for(lock, milliseconds(100));
+      if (on_tick) {
+        lock.unlock();
+        on_tick();
+        lock.lock();
+      }
+    }
+    std::vector<CommandOutcome> out;
+    for (int t : targets) {
+      auto& w = workers_[static_cast<size_t>(t)];
+      auto it = w.results.find(id);
+      out.push_back({std::move(it->second.json), std::move(it->second.blob)});
+      w.results.erase(it);
+    }
+    return out;
+  }
+
+  // ---- the service ----
+  grpc::Status Register(grpc::ServerContext* ctx, const proto::RegisterRequest* req,
+                        proto::RegisterReply* reply) override {
+    if (!token_ok(ctx, options_.token, "Register")) return denied();
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (static_cast<int>(workers_.size()) >= options_.num_workers) {
+      spdlog::warn("driver: refused worker {} (pid {}): the job already has its {} workers", req->host(), req->pid(),
+                   options_.num_workers);
+      return {grpc::StatusCode::RESOURCE_EXHAUSTED,
+              "the job already has its " + std::to_string(options_.num_workers) + " workers"};
+    }
+    WorkerState w;
+    w.info.index = static_cast<int64_t>(workers_.size());
+    w.info.host = req->host();
+    w.info.address = req->address();
+    w.info.pid = req->pid();
+    w.info.spawn_index = req->spawn_index();
+    w.last_heartbeat = Clock::now();
+    spdlog::debug("driver: worker {} registered from {} ({}), pid {}", w.info.index, w.info.host, w.info.address,
+                  w.info.pid);
+    reply->set_worker(w.info.index);
+    reply->set_job(options_.job);
+    workers_.push_back(std::move(w));
+    cv_.notify_all();
+    return grpc::Status::OK;
+  }
+
+  grpc::Status Poll(grpc::ServerContext* ctx, const proto::PollRequest* req, proto::Command* reply) override {
+    if (!token_ok(ctx, options_.token, "Poll")) return denied();
+    std::unique_lock<std::mutex> lock(mutex_);
+    auto* w = worker(req->worker());
+    if (w == nullptr) return {grpc::StatusCode::NOT_FOUND, "unknown worker " + std::to_string(req->worker())};
+    w->last_heartbeat = Clock::now();
+    cv_.wait_for(lock, milliseconds(std::clamp<int64_t>(req->wait_ms(), 0, 5000)),
+                 [&] { return !w->queue.empty() || stop_; });
+    if (!w->queue.empty()) {
+      *reply = std::move(w->queue.front());
+      w->queue.pop_front();
+    }
+    return grpc::Status::OK;
+  }
+
+  grpc::Status Complete(grpc::ServerContext* ctx, const proto::CommandResult* req, proto::Empty*) override {
+    if (!token_ok(ctx, options_.token, "Complete")) return denied();
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto* w = worker(req->worker());
+    if (w == nullptr) return {grpc::StatusCode::NOT_FOUND, "unknown worker " + std::to_string(req->worker())};
+    w->last_heartbeat = Clock::now();
+    w->results[req->id()] = Result{req->ok(), req->error(), req->error_kind(), req->json(), req->blob()};
+    cv_.notify_all();
+    return grpc::Status::OK;
+  }
+
+  grpc::Status Heartbeat(grpc::ServerContext* ctx, const proto::HeartbeatRequest* req,
+                         proto::HeartbeatReply* reply) override {
+    if (!token_ok(ctx, options_.token, "Heartbeat")) return denied();
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto* w = worker(req->worker());
+    if (w == nullptr) return {grpc::StatusCode::NOT_FOUND, "unknown worker " + std::to_string(req->worker())};
+    w->last_heartbeat = Clock::now();
+    if (!req->progress().empty()) w->info.progress = req->progress();
+    reply->set_stop(stop_);
+    return grpc::Status::OK;
+  }
+
+  grpc::Status Reduce(grpc::ServerContext* ctx, const proto::ReduceRequest* req, proto::ReduceReply* reply) override {
+    if (!token_ok(ctx, options_.token, "Reduce")) return denied();
+    const int world = options_.world_size;
+    if (req->rank() < 0 || req->rank() >= world || req->data().size() % sizeof(float) != 0) {
+      return {grpc::StatusCode::INVALID_ARGUMENT, "bad rank or data size"};
+    }
+    std::unique_lock<std::mutex> lock(mutex_);
+    auto& a = averages_[req->seq()];
+    if (a.parts.empty()) a.parts.resize(static_cast<size_t>(world));
+    if (!a.parts[static_cast<size_t>(req->rank())].empty() || (a.arrived > 0 && a.parts[0].size() != req->data().size() &&
+                                                                !a.parts[0].empty())) {
+      return {grpc::StatusCode::INVALID_ARGUMENT, "duplicate or mismatched contribution to average #" +
+                                                      std::to_string(req->seq())};
+    }
+    a.parts[static_cast<size_t>(req->rank())] = req->data();
+    if (++a.arrived == world) {
+      // Sum in rank order, so the result does not depend on arrival order.
+      const size_t n = req->data().size() / sizeof(float);
+      std::vector<float> sum(n, 0.0f);
+      for (const auto& p : a.parts) {
+        const float* v = reinterpret_cast<const float*>(p.data());
+        for (size_t i = 0; i < n; ++i) sum[i] += v[i];
+      }
+      const float inv = 1.0f / static_cast<float>(world);
+      for (auto& x : sum) x *= inv;
+      a.result.assign(reinterpret_cast<const char*>(sum.data()), n * sizeof(float));
+      a.parts.clear();
+      a.done = true;
+      cv_.notify_all();
+    }
+    const uint64_t seq = req->seq();
+    if (!cv_.wait_for(lock, options_.reduce_timeout, [&] { return averages_[seq].done || stop_; }) || stop_) {
+      return {grpc::StatusCode::DEADLINE_EXCEEDED,
+              "average #" + std::to_string(seq) + ": only " + std::to_string(averages_[seq].arrived) + " of " +
+                  std::to_string(world) + " replicas contributed"};
+    }
+    auto& done = averages_[seq];
+    reply->set_data(done.result);
+    if (++done.fetched == world) averages_.erase(seq);
+    return grpc::Status::OK;
+  }
+
+ private:
+  grpc::Status denied() {
+    ++rejected_;
+    return {grpc::StatusCode::PERMISSION_DENIED, "wrong or missing job token"};
+  }
+  WorkerState* worker(int64_t index) {
+    if (index < 0 || index >= static_cast<int64_t>(workers_.size())) return nullptr;
+    return &workers_[static_cast<size_t>(index)];
+  }
+
+  const DriverServerOptions options_;
+  std::shared_ptr<comm::Store> store_;
+  std::unique_ptr<grpc::Service> store_service_;
+  mutable std::mutex mutex_;
+  std::condition_variable cv_;
+  std::vector<WorkerState> workers_;      // guarded by mutex_
+  std::map<uint64_t, Average> averages_;  // guarded by mutex_
+  uint64_t next_id_ = 1;                  // guarded by mutex_
+  bool stop_ = false;                     // guarded by mutex_
+  std::atomic<int64_t> rejected_{0};
+  int port_ = 0;
+  std::unique_ptr<grpc::Server> server_;  // last: shut down first
+};
+
+}  // namespace
+
+std::unique_ptr<DriverServer> DriverServer::start(const DriverServerOptions& options) {
+  return std::make_unique<DriverServerImpl>(options);
+}
+
+// ---- client ----
+
+struct DriverClient::Impl {
+  std::unique_ptr<proto::Driver::Stub> stub;
+};
+
+DriverClient::DriverClient(std::string address, std::string token)
+    : address_(std::move(address)), token_(std::move(token)), impl_(std::make_unique<Impl>()) {
+  impl_->stub = proto::Driver::NewStub(make_channel(address_));
+}
+
+DriverClient::~DriverClient() = default;
+
+DriverClient::Registration DriverClient::register_worker(const std::string& host, const std::string& address,
+                                                         int64_t pid, int64_t spawn_index, milliseconds timeout) {
+  proto::RegisterRequest req;
+  req.set_host(host);
+  req.set_address(address);
+  req.set_pid(pid);
+  req.set_version(DSGD_VERSION_STRING);
+  req.set_spawn_index(spawn_index);
+  const auto deadline = Clock::now() + timeout;
+  while (true) {
+    grpc::ClientContext ctx;
+    prepare(ctx, token_, milliseconds(5000));
+    proto::RegisterReply reply;
+    const grpc::Status s = impl_->stub->Register(&ctx, req, &reply);
+    if (s.ok()) return {reply.worker(), reply.job()};
+    if (s.error_code() != grpc::StatusCode::UNAVAILABLE || Clock::now() >= deadline) {
+      raise(s, "driver at " + address_ + ": register", address_);
+    }
+    std::this_thread::sleep_for(milliseconds(200));
+  }
+}
+
+DriverClient::Command DriverClient::poll(int64_t worker, milliseconds wait) {
+  proto::PollRequest req;
+  req.set_worker(worker);
+  req.set_wait_ms(wait.count());
+  grpc::ClientContext ctx;
+  prepare(ctx, token_, wait + milliseconds(10000));
+  proto::Command reply;
+  const grpc::Status s = impl_->stub->Poll(&ctx, req, &reply);
+  if (!s.ok()) raise(s, "driver at " + address_ + ": poll", address_);
+  return {reply.id(), reply.kind(), reply.json(), reply.blob()};
+}
+
+void DriverClient::complete(int64_t worker, uint64_t id, bool ok, const std::string& error,
+                            const std::string& error_kind, const std::string& json, const std::string& blob) {
+  proto::CommandResult req;
+  req.set_worker(worker);
+  req.set_id(id);
+  req.set_ok(ok);
+  req.set_error(error);
+  req.set_error_kind(error_kind);
+  req.set_json(json);
+  req.set_blob(blob);
+  grpc::ClientContext ctx;
+  prepare(ctx, token_, milliseconds(60000));
+  proto::Empty reply;
+  const grpc::Status s = impl_->stub->Complete(&ctx, req, &reply);
+  if (!s.ok()) raise(s, "driver at " + address_ + ": complete", address_);
+}
+
+bool DriverClient::heartbeat(int64_t worker, const std::string& progress, milliseconds timeout) {
+  proto::HeartbeatRequest req;
+  req.set_worker(worker);
+  req.set_progress(progress);
+  grpc::ClientContext ctx;
+  prepare(ctx, token_, timeout);
+  proto::HeartbeatReply reply;
+  const grpc::Status s = impl_->stub->Heartbeat(&ctx, req, &reply);
+  if (!s.ok()) raise(s, "driver at " + address_ + ": heartbeat", address_);
+  return reply.stop();
+}
+
+void DriverClient::average(int64_t rank, uint64_t seq, float* data, size_t count, milliseconds timeout) {
+  proto::ReduceRequest req;
+  req.set_rank(rank);
+  req.set_seq(seq);
+  req.set_data(reinterpret_cast<const char*>(data), count * sizeof(float));
+  grpc::ClientContext ctx;
+  prepare(ctx, token_, timeout + milliseconds(5000));
+  proto::ReduceReply reply;
+  const grpc::Status s = impl_->stub->Reduce(&ctx, req, &reply);
+  if (!s.ok()) raise(s, "driver at " + address_ + ": average #" + std::to_string(seq), address_);
+  if (reply.data().size() != count * sizeof(float)) {
+    throw CommError("driver at " + address_ + ": average #" + std::to_string(seq) + " came back with " +
+                        std::to_string(reply.data().size()) + " bytes, expected " + std::to_string(count * sizeof(float)),
+                    "average");
+  }
+  std::memcpy(data, reply.data().data(), count * sizeof(float));
+}
+
+}  // namespace dsgd::control

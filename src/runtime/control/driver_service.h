@@ -1,0 +1,106 @@
+// The driver's side of the control plane: one gRPC server with the Driver service
+// (proto/dsgd/control.proto: registration, command polling, heartbeats, the simple strategy's
+// central average) and the rendezvous Store, both behind the job token.
+//
+//   auto server = DriverServer::start({.listen = "127.0.0.1:0", .token = t, .num_workers = 2, .job = spec});
+//   server->wait_registered(60s, check_children);
+//   auto results = server->call_all("train", R"({"max_batches":0})", "", timeout, on_tick);
+//
+// Workers pull commands; call_all queues one per worker and waits for every result. It fails
+// fast, naming the worker (index, host, pid), when a worker reports an error, misses heartbeats
+// for heartbeat_timeout, or `on_tick` (called every ~100 ms: the driver's own liveness checks
+// and progress display) throws. Torch-free; thread-safe.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "dsgd/comm/store.h"
+
+namespace dsgd::control {
+
+struct DriverServerOptions {
+  std::string listen = "127.0.0.1:0";       // host:port; port 0 picks a free one
+  std::string token;
+  int num_workers = 1;
+  int world_size = 1;                       // replicas: the simple strategy's average waits for all
+  std::string job;                          // the job spec (JSON) handed to each worker at registration
+  std::chrono::milliseconds heartbeat_timeout{10000};
+  std::chrono::milliseconds reduce_timeout{60000};
+};
+
+struct WorkerInfo {
+  int64_t index = -1;
+  std::string host;
+  std::string address;
+  int64_t pid = 0;
+  int64_t spawn_index = -1;
+  std::string progress;                     // the last heartbeat's progress JSON
+  double since_heartbeat_s = 0;
+};
+
+struct CommandOutcome {
+  std::string json;
+  std::string blob;
+};
+
+class DriverServer {
+ public:
+  static std::unique_ptr<DriverServer> start(const DriverServerOptions& options);
+  virtual ~DriverServer() = default;  // tells workers to stop (via heartbeats) and stops serving
+
+  virtual int port() const = 0;
+  virtual std::shared_ptr<comm::Store> store() = 0;
+  // Waits until num_workers workers registered; TimeoutError says how many are missing and why
+  // that might be. `on_tick` runs every ~100 ms meanwhile (it may throw to give up early).
+  virtual void wait_registered(std::chrono::milliseconds timeout, const std::function<void()>& on_tick) = 0;
+  virtual std::vector<WorkerInfo> workers() const = 0;
+  // Sends command `kind` to `targets` (empty: every worker) and returns their outcomes in that
+  // order. Throws dsgd::Error naming the worker on its failure, CommError when a worker is lost,
+  // TimeoutError after `timeout` (zero: none; heartbeats still bound the wait).
+  virtual std::vector<CommandOutcome> call(const std::string& kind, const std::string& json, const std::string& blob,
+                                           std::chrono::milliseconds timeout, const std::function<void()>& on_tick,
+                                           std::vector<int> targets = {}) = 0;
+  // From now on heartbeats tell every worker to exit.
+  virtual void stop_workers() = 0;
+  virtual int64_t rejected_calls() const = 0;
+};
+
+// ---- the worker's side ----
+class DriverClient {
+ public:
+  DriverClient(std::string address, std::string token);
+  ~DriverClient();
+  struct Registration {
+    int64_t worker = -1;
+    std::string job;
+  };
+  // Retries until the driver answers or `timeout` passes.
+  Registration register_worker(const std::string& host, const std::string& address, int64_t pid,
+                               int64_t spawn_index, std::chrono::milliseconds timeout);
+  struct Command {
+    uint64_t id = 0;
+    std::string kind, json, blob;
+  };
+  // Long poll; id 0 when nothing came within `wait`.
+  Command poll(int64_t worker, std::chrono::milliseconds wait);
+  void complete(int64_t worker, uint64_t id, bool ok, const std::string& error, const std::string& error_kind,
+                const std::string& json, const std::string& blob);
+  // Returns true when the driver says stop.
+  bool heartbeat(int64_t worker, const std::string& progress, std::chrono::milliseconds timeout);
+  // The simple strategy: blocks until the average of call `seq` from every replica comes back.
+  void average(int64_t rank, uint64_t seq, float* data, size_t count, std::chrono::milliseconds timeout);
+  const std::string& address() const { return address_; }
+
+ private:
+  struct Impl;
+  std::string address_;
+  std::string token_;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace dsgd::control

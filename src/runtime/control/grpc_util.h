@@ -1,0 +1,32 @@
+// What every control-plane service and client shares: the job token in the call metadata,
+// deadlines, unlimited message sizes (states and gradient buckets can be hundreds of MB), and
+// gRPC statuses turned into dsgd errors that name the server. Torch-free.
+#pragma once
+
+#include <grpcpp/grpcpp.h>
+
+#include <chrono>
+#include <memory>
+#include <string>
+
+namespace dsgd::control {
+
+inline constexpr const char* kTokenKey = "dsgd-token";
+
+// True if the call carries `token`; otherwise logs the rejection (method, peer) and returns false.
+bool token_ok(const grpc::ServerContext* ctx, const std::string& token, const char* method);
+
+// A channel to `address` without message-size limits.
+std::shared_ptr<grpc::Channel> make_channel(const std::string& address);
+
+// Sets the token and a deadline `timeout` from now.
+void prepare(grpc::ClientContext& ctx, const std::string& token, std::chrono::milliseconds timeout);
+
+// Throws the dsgd error for a failed status: TimeoutError (deadline), ConfigError (token),
+// CommError (unreachable, other). `where` names the server and the call.
+[[noreturn]] void raise(const grpc::Status& status, const std::string& where, const std::string& address);
+
+// Server options shared by the driver's services.
+void configure(grpc::ServerBuilder& builder);
+
+}  // namespace dsgd::control

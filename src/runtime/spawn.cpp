@@ -1,0 +1,113 @@
+#include "runtime/spawn.h"
+
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstring>
+#include <thread>
+
+#include "dsgd/error.h"
+
+extern char** environ;
+
+namespace dsgd::runtime {
+
+std::string self_executable() {
+  char buf[4096];
+  const ssize_t n = ::readlink("/proc/self/exe", buf, sizeof(buf) - 1);
+  if (n <= 0) throw Error(std::string("cannot read /proc/self/exe: ") + std::strerror(errno));
+  return std::string(buf, static_cast<size_t>(n));
+}
+
+LocalProcesses::~LocalProcesses() { kill_all(); }
+
+pid_t LocalProcesses::spawn(const std::string& binary, const std::vector<std::string>& args,
+                            const std::vector<std::string>& env) {
+  // Everything exec needs is built before fork: the child of a threaded process may only make
+  // async-signal-safe calls.
+  std::vector<std::string> argv_s{binary};
+  argv_s.insert(argv_s.end(), args.begin(), args.end());
+  std::vector<char*> argv;
+  for (auto& a : argv_s) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  std::vector<std::string> env_s = env;
+  for (char** e = environ; *e != nullptr; ++e) {
+    const std::string kv = *e;
+    bool overridden = false;
+    for (const auto& mine : env) {
+      if (kv.compare(0, mine.find('=') + 1, mine, 0, mine.find('=') + 1) == 0) overridden = true;
+    }
+    if (!overridden) env_s.push_back(kv);
+  }
+  std::vector<char*> envp;
+  for (auto& e : env_s) envp.push_back(e.data());
+  envp.push_back(nullptr);
+  const pid_t parent = ::getpid();
+  const pid_t pid = ::fork();
+  if (pid < 0) throw Error(std::string("cannot start a worker process: fork: ") + std::strerror(errno));
+  if (pid == 0) {
+    ::setpgid(0, 0);  // its own group: kill_all reaches whatever it starts, too
+    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (::getppid() != parent) ::_exit(126);
+    ::execve(argv[0], argv.data(), envp.data());
+    ::_exit(127);
+  }
+  pids_.push_back(pid);
+  reaped_.push_back(false);
+  return pid;
+}
+
+std::optional<std::string> LocalProcesses::check_exited() {
+  for (size_t i = 0; i < pids_.size(); ++i) {
+    if (reaped_[i]) continue;
+    int status = 0;
+    if (::waitpid(pids_[i], &status, WNOHANG) == pids_[i]) {
+      reaped_[i] = true;
+      std::string how;
+      if (WIFEXITED(status)) {
+        how = "exited with status " + std::to_string(WEXITSTATUS(status));
+        if (WEXITSTATUS(status) == 127) how += " (the worker binary could not be executed)";
+      } else if (WIFSIGNALED(status)) {
+        how = std::string("was killed by signal ") + std::to_string(WTERMSIG(status)) + " (" +
+              ::strsignal(WTERMSIG(status)) + ")";
+      }
+      return "worker process " + std::to_string(pids_[i]) + " " + how;
+    }
+  }
+  return std::nullopt;
+}
+
+bool LocalProcesses::wait_all(int timeout_ms) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+  while (true) {
+    bool all = true;
+    for (size_t i = 0; i < pids_.size(); ++i) {
+      if (reaped_[i]) continue;
+      if (::waitpid(pids_[i], nullptr, WNOHANG) == pids_[i]) {
+        reaped_[i] = true;
+      } else {
+        all = false;
+      }
+    }
+    if (all) return true;
+    if (std::chrono::steady_clock::now() >= deadline) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+}
+
+void LocalProcesses::kill_all(int grace_ms) {
+  for (size_t i = 0; i < pids_.size(); ++i) {
+    if (!reaped_[i]) ::kill(pids_[i], SIGTERM);
+  }
+  if (!wait_all(grace_ms)) {
+    for (size_t i = 0; i < pids_.size(); ++i) {
+      if (!reaped_[i]) ::kill(-pids_[i], SIGKILL);
+    }
+    wait_all(10000);
+  }
+}
+
+}  // namespace dsgd::runtime

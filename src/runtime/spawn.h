@@ -1,0 +1,40 @@
+// Worker processes the driver starts on this host: fork + exec of a binary, with the job token
+// in the environment (not on the command line, where `ps` shows it), killed with the driver
+// (PR_SET_PDEATHSIG), and reaped. Torch-free.
+#pragma once
+
+#include <sys/types.h>
+
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace dsgd::runtime {
+
+class LocalProcesses {
+ public:
+  LocalProcesses() = default;
+  ~LocalProcesses();  // kill_all()
+  LocalProcesses(const LocalProcesses&) = delete;
+  LocalProcesses& operator=(const LocalProcesses&) = delete;
+
+  // Starts `binary` with `args` (argv[1..]) and `env` ("NAME=value") added to this environment.
+  // Throws dsgd::Error if fork or exec fails (exec failure shows as an exit with status 127).
+  pid_t spawn(const std::string& binary, const std::vector<std::string>& args, const std::vector<std::string>& env);
+  // "pid 123 exited with status 1" for the first child found to have ended; nullopt if all run.
+  std::optional<std::string> check_exited();
+  // SIGTERM, up to `grace_ms` to exit, then SIGKILL; reaps all.
+  void kill_all(int grace_ms = 2000);
+  // Waits up to `timeout_ms` for all to exit by themselves; true if they did.
+  bool wait_all(int timeout_ms);
+  const std::vector<pid_t>& pids() const { return pids_; }
+
+ private:
+  std::vector<pid_t> pids_;
+  std::vector<bool> reaped_;
+};
+
+// This process's executable (/proc/self/exe).
+std::string self_executable();
+
+}  // namespace dsgd::runtime

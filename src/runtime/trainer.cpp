@@ -1,0 +1,351 @@
+// The driver: Trainer's engine. Validates, serves the control plane, spawns or awaits workers,
+// and turns each Trainer call into commands to every worker.
+#include "dsgd/trainer.h"
+
+#include <signal.h>
+#include <spdlog/spdlog.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <iostream>
+#include <random>
+#include <sstream>
+#include <thread>
+
+#include "dsgd/error.h"
+#include "dsgd/operator.h"
+#include "runtime/builtin_operators.h"
+#include "runtime/checkpoint.h"
+#include "runtime/control/driver_service.h"
+#include "runtime/spawn.h"
+#include "runtime/worker.h"
+#include "torch/replica.h"
+
+namespace dsgd {
+
+using json = nlohmann::json;
+using std::chrono::milliseconds;
+using Clock = std::chrono::steady_clock;
+
+void init(int argc, char** argv) {
+  std::optional<runtime::WorkerArgs> args;
+  try {
+    args = runtime::parse_worker_args(argc, argv);
+  } catch (const std::exception& e) {
+    std::cerr << "dsgd worker: " << e.what() << "\n";
+    std::exit(2);
+  }
+  if (!args) return;
+  std::exit(runtime::run_worker(*args));
+}
+
+namespace {
+
+const bool builtins_registered = (runtime::register_builtin_operators(), true);
+
+void require(bool ok, const std::string& what) {
+  if (!ok) throw ConfigError(what);
+}
+
+void validate(const std::string& op, const TrainerConfig& c) {
+  require(!op.empty(), "no operator name given");
+  if (!has_operator(op)) make_operator(op);  // throws the error listing the registered ones
+  require(c.num_workers >= 1 && c.num_workers <= 4096,
+          "num_workers must be in 1..4096, got " + std::to_string(c.num_workers));
+  require(c.devices_per_worker >= 1 && c.devices_per_worker <= 256,
+          "devices_per_worker must be in 1..256, got " + std::to_string(c.devices_per_worker));
+  require(c.strategy == "simple" || c.strategy == "allreduce",
+          "unknown strategy '" + c.strategy + "'; use simple or allreduce");
+  require(c.allreduce_algo == "auto" || c.allreduce_algo == "ring" || c.allreduce_algo == "hd",
+          "unknown allreduce_algo '" + c.allreduce_algo + "'; use auto, ring or hd");
+  require(c.grad_shard_bytes > 0, "grad_shard_bytes must be > 0, got " + std::to_string(c.grad_shard_bytes));
+  const int64_t world = int64_t{c.num_workers} * c.devices_per_worker;
+  require(c.batch_size >= world, "batch_size (global) must be at least the number of replicas (" +
+                                     std::to_string(world) + "), got " + std::to_string(c.batch_size));
+  require(c.scheduler_step_freq == "batch" || c.scheduler_step_freq == "epoch" || c.scheduler_step_freq == "manual",
+          "unknown scheduler_step_freq '" + c.scheduler_step_freq + "'; use batch, epoch or manual");
+  require(c.threads_per_worker >= 0, "threads_per_worker must be >= 0 (0 = cores / workers), got " +
+                                         std::to_string(c.threads_per_worker));
+  require(c.registration_timeout.count() > 0 && c.heartbeat_timeout.count() > 0 && c.comm_timeout.count() > 0,
+          "timeouts must be positive");
+  require(c.initialization_hook.empty() || runtime::has_worker_function(c.initialization_hook),
+          "initialization_hook '" + c.initialization_hook +
+              "' is not a registered worker function (DSGD_REGISTER_WORKER_FUNCTION)");
+  if (!c.listen.empty()) {
+    const auto colon = c.listen.rfind(':');
+    require(colon != std::string::npos && colon + 1 < c.listen.size(),
+            "listen must be HOST:PORT (e.g. 0.0.0.0:29500), got '" + c.listen + "'");
+  }
+  if (const char* parent = std::getenv("DSGD_WORKER_OF")) {
+    throw ConfigError(std::string("this process was started as a dsgd worker (by pid ") + parent +
+                      ") but main() went on to create a Trainer: call dsgd::init(argc, argv) first thing in main()");
+  }
+}
+
+std::string random_token() {
+  std::random_device rd;
+  std::ostringstream out;
+  for (int i = 0; i < 4; ++i) out << std::hex << rd() << rd();
+  return out.str();
+}
+
+Metrics reduce(const std::vector<Metrics>& parts) {
+  Metrics out;
+  double total = 0;
+  for (const auto& m : parts) total += m.count("num_samples") ? m.at("num_samples") : 1.0;
+  for (const auto& m : parts) {
+    const double w = m.count("num_samples") ? m.at("num_samples") : 1.0;
+    for (const auto& [k, v] : m) {
+      if (k != "num_samples") out[k] += total > 0 ? v * w / total : 0;
+    }
+  }
+  out["num_samples"] = total;
+  return out;
+}
+
+}  // namespace
+
+struct Trainer::Impl {
+  std::string op_name;
+  TrainerConfig config;
+  std::string token;
+  std::unique_ptr<control::DriverServer> server;
+  runtime::LocalProcesses children;
+  bool broken = false;
+  bool stopped = false;
+  std::unique_ptr<torch_glue::ReplicaRuntime> local;  // get_model's copy
+
+  // Liveness of spawned workers, checked while waiting on them.
+  void check_children() {
+    if (auto gone = children.check_exited()) {
+      throw CommError(*gone + "; see its output above" +
+                          (config.listen.empty() ? " (does main() call dsgd::init(argc, argv) first?)" : ""),
+                      "worker");
+    }
+  }
+
+  std::vector<control::CommandOutcome> call(const std::string& kind, const json& in = json::object(),
+                                            const std::string& blob = "", std::vector<int> targets = {},
+                                            const std::function<void()>& extra_tick = {}) {
+    if (stopped) throw Error("the trainer was shut down");
+    if (broken) throw Error("the trainer is unusable after an earlier failure; create a new Trainer (or load a checkpoint into one)");
+    try {
+      return server->call(kind, in.dump(), blob, milliseconds(0), [&] {
+        check_children();
+        if (extra_tick) extra_tick();
+      }, std::move(targets));
+    } catch (...) {
+      broken = true;
+      server->stop_workers();
+      throw;
+    }
+  }
+
+  Results results_of(const std::vector<control::CommandOutcome>& outs, bool per_worker) {
+    Results r;
+    std::vector<Metrics> parts;
+    for (const auto& o : outs) {
+      const json j = json::parse(o.json);
+      parts.push_back(j.at("metrics").get<Metrics>());
+      r.epoch = j.value("epoch", int64_t{0});
+      r.batch = j.value("batch", int64_t{0});
+      r.batches_per_epoch = j.value("batches_per_epoch", int64_t{0});
+    }
+    r.metrics = reduce(parts);
+    if (per_worker) r.per_worker = parts;
+    return r;
+  }
+};
+
+Trainer::Trainer(const std::string& operator_name, TrainerConfig config) : impl_(std::make_unique<Impl>()) {
+  dsgd::validate(operator_name, config);
+  auto& d = *impl_;
+  d.op_name = operator_name;
+  d.config = std::move(config);
+  const auto& c = d.config;
+  d.token = c.token.empty() ? random_token() : c.token;
+  int threads = c.threads_per_worker;
+  if (threads == 0 && c.listen.empty()) threads = std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / c.num_workers);
+
+  json job;
+  job["operator"] = operator_name;
+  job["config"] = c.config;
+  job["num_workers"] = c.num_workers;
+  job["devices_per_worker"] = c.devices_per_worker;
+  job["strategy"] = c.strategy;
+  job["allreduce_algo"] = c.allreduce_algo;
+  job["grad_shard_bytes"] = c.grad_shard_bytes;
+  job["batch_size"] = c.batch_size;
+  job["seed"] = c.seed;
+  job["scheduler_step_freq"] = c.scheduler_step_freq;
+  job["initialization_hook"] = c.initialization_hook;
+  job["threads_per_worker"] = threads;
+  job["heartbeat_timeout_ms"] = c.heartbeat_timeout.count();
+  job["comm_timeout_ms"] = c.comm_timeout.count();
+  job["generation"] = 0;
+
+  control::DriverServerOptions so;
+  so.listen = c.listen.empty() ? "127.0.0.1:0" : c.listen;
+  so.token = d.token;
+  so.num_workers = c.num_workers;
+  so.world_size = c.num_workers * c.devices_per_worker;
+  so.job = job.dump();
+  so.heartbeat_timeout = c.heartbeat_timeout;
+  so.reduce_timeout = c.comm_timeout;
+  d.server = control::DriverServer::start(so);
+
+  try {
+    if (c.listen.empty()) {
+      const std::string binary = c.worker_binary.empty() ? runtime::self_executable() : c.worker_binary;
+      const std::string driver = "127.0.0.1:" + std::to_string(d.server->port());
+      for (int i = 0; i < c.num_workers; ++i) {
+        d.children.spawn(binary, {"--dsgd-worker", "--driver", driver, "--spawn-index", std::to_string(i)},
+                         {"DSGD_TOKEN=" + d.token, "DSGD_WORKER_OF=" + std::to_string(::getpid()),
+                          // one OpenMP team per worker, sized by the driver (see threads_per_worker)
+                          "OMP_NUM_THREADS=" + std::to_string(std::max(1, threads))});
+      }
+    } else {
+      spdlog::info("driver: waiting for {} worker(s): start each with --dsgd-worker --driver {} --token {}",
+                   c.num_workers, address(), d.token);
+    }
+    d.server->wait_registered(c.registration_timeout, [&] { d.check_children(); });
+
+    // Every replica builds its operator; all must agree on the parameters.
+    auto setups = d.call("setup");
+    const std::string reference = json::parse(setups[0].json).at("signature").get<std::string>();
+    for (size_t w = 1; w < setups.size(); ++w) {
+      const std::string sig = json::parse(setups[w].json).at("signature").get<std::string>();
+      if (sig == reference) continue;
+      std::istringstream a(reference), b(sig);
+      std::string la, lb;
+      while (true) {
+        const bool ga = static_cast<bool>(std::getline(a, la)), gb = static_cast<bool>(std::getline(b, lb));
+        if (!ga && !gb) break;
+        if (la != lb || ga != gb) {
+          throw ConfigError("worker " + std::to_string(w) + " built a different model than worker 0: first difference: '" +
+                            (gb ? lb : std::string("(nothing)")) + "' vs worker 0's '" + (ga ? la : std::string("(nothing)")) +
+                            "'");
+        }
+      }
+    }
+    d.call("connect");
+    // Start every replica from replica 0's parameters (and optimizer state).
+    auto state = d.call("get_state", json::object(), "", {0});
+    if (c.num_workers > 1 || c.devices_per_worker > 1) d.call("set_state", json::object(), state[0].blob);
+  } catch (...) {
+    shutdown();
+    throw;
+  }
+}
+
+Trainer::~Trainer() {
+  try {
+    shutdown();
+  } catch (const std::exception& e) {
+    spdlog::warn("trainer: shutdown: {}", e.what());
+  }
+}
+
+Results Trainer::train(const TrainOptions& options) {
+  if (options.num_steps < 0) throw ConfigError("num_steps must be >= 0, got " + std::to_string(options.num_steps));
+  auto& d = *impl_;
+  const auto t0 = Clock::now();
+  std::function<void()> tick;
+  if (d.config.on_progress) {
+    tick = [&] {
+      auto ws = d.server->workers();
+      if (ws.empty() || ws[0].progress.empty()) return;
+      const json p = json::parse(ws[0].progress, nullptr, false);
+      if (!p.is_object()) return;
+      d.config.on_progress({p.value("batches", int64_t{0}), options.num_steps, p.value("loss", 0.0),
+                            std::chrono::duration<double>(Clock::now() - t0).count()});
+    };
+  }
+  auto outs = d.call("train", {{"max_batches", options.num_steps}, {"profile", options.profile}}, "", {}, tick);
+  return d.results_of(outs, !options.reduce_results);
+}
+
+Results Trainer::validate() { return impl_->results_of(impl_->call("validate"), false); }
+
+Results Trainer::step() { return train({.num_steps = 1}); }
+
+std::vector<json> Trainer::foreach_worker(const std::string& name, const json& arg) {
+  if (!runtime::has_worker_function(name)) runtime::find_worker_function(name);  // throws, naming it
+  std::vector<json> out;
+  for (const auto& o : impl_->call("run", {{"name", name}, {"arg", arg}})) out.push_back(json::parse(o.json).at("result"));
+  return out;
+}
+
+void Trainer::save(const std::string& path) {
+  auto& d = *impl_;
+  auto state = d.call("get_state", json::object(), "", {0});
+  auto pickle = d.call("get_pickle", json::object(), "", {0});
+  auto pos = d.call("position", json::object(), "", {0});
+  runtime::Checkpoint c;
+  c.header = json::parse(pos[0].json);
+  c.header["operator"] = d.op_name;
+  c.header["strategy"] = d.config.strategy;
+  c.header["num_workers"] = d.config.num_workers;
+  c.header["devices_per_worker"] = d.config.devices_per_worker;
+  c.state = std::move(state[0].blob);
+  runtime::write_checkpoint(path, c, pickle[0].blob);
+}
+
+void Trainer::load(const std::string& path) {
+  auto c = runtime::read_checkpoint(path);
+  const std::string op = c.header.value("operator", "");
+  if (op != impl_->op_name) {
+    throw ConfigError(path + ": the checkpoint is of operator '" + op + "', this trainer runs '" + impl_->op_name + "'");
+  }
+  impl_->call("set_state", json::object(), c.state);
+}
+
+std::shared_ptr<torch::nn::Module> Trainer::get_model(size_t index) {
+  auto& d = *impl_;
+  auto state = d.call("get_state", json::object(), "", {0});
+  if (!d.local) {
+    torch_glue::ReplicaOptions o;
+    o.global_batch = d.config.batch_size;
+    o.seed = d.config.seed;
+    o.info.seed = d.config.seed;
+    o.threads = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+    d.local = std::make_unique<torch_glue::ReplicaRuntime>(make_operator(d.op_name), o);
+    d.local->setup(d.config.config);
+  }
+  d.local->load_state(state[0].blob);
+  const auto& models = d.local->op().models();
+  if (index >= models.size()) {
+    throw ConfigError("get_model(" + std::to_string(index) + "): the operator registered " +
+                      std::to_string(models.size()) + " model(s)");
+  }
+  return models[index];
+}
+
+void Trainer::shutdown() {
+  auto& d = *impl_;
+  if (d.stopped) return;
+  d.stopped = true;
+  if (d.server && !d.broken) {
+    try {
+      d.server->call("shutdown", "{}", "", milliseconds(5000), [&] { d.check_children(); });
+    } catch (const std::exception& e) {
+      spdlog::debug("trainer: shutdown: {}", e.what());
+    }
+  }
+  if (d.server) d.server->stop_workers();
+  if (!d.children.wait_all(3000)) d.children.kill_all();
+  d.server.reset();
+}
+
+const TrainerConfig& Trainer::config() const { return impl_->config; }
+
+std::string Trainer::address() const {
+  const std::string& l = impl_->config.listen;
+  const std::string host = l.empty() ? "127.0.0.1" : l.substr(0, l.rfind(':'));
+  return host + ":" + std::to_string(impl_->server ? impl_->server->port() : 0);
+}
+
+const std::string& Trainer::token() const { return impl_->token; }
+
+}  // namespace dsgd

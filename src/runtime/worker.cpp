@@ -1,0 +1,408 @@
+#include "runtime/worker.h"
+
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <signal.h>
+#include <spdlog/spdlog.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <ATen/Parallel.h>
+#include <torch/serialize.h>
+
+#include <atomic>
+#include <cstdlib>
+#include <map>
+#include <mutex>
+#include <thread>
+
+#include "dsgd/comm/hierarchical.h"
+#include "dsgd/error.h"
+#include "dsgd/operator.h"
+#include "runtime/control/driver_service.h"
+#include "runtime/control/store_service.h"
+#include "strategy/strategy.h"
+#include "torch/replica.h"
+
+namespace dsgd {
+
+namespace {
+struct FunctionRegistry {
+  std::mutex mutex;
+  std::map<std::string, WorkerFunction> functions;
+};
+FunctionRegistry& functions() {
+  static FunctionRegistry r;
+  return r;
+}
+}  // namespace
+
+void register_worker_function(const std::string& name, WorkerFunction fn) {
+  auto& r = functions();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  r.functions[name] = std::move(fn);
+}
+
+namespace runtime {
+
+using json = nlohmann::json;
+using Clock = std::chrono::steady_clock;
+using std::chrono::milliseconds;
+
+bool has_worker_function(const std::string& name) {
+  auto& r = functions();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  return r.functions.count(name) > 0;
+}
+
+WorkerFunction find_worker_function(const std::string& name) {
+  auto& r = functions();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  auto it = r.functions.find(name);
+  if (it == r.functions.end()) {
+    throw ConfigError("no worker function '" + name + "' is registered in this binary (DSGD_REGISTER_WORKER_FUNCTION)");
+  }
+  return it->second;
+}
+
+std::optional<WorkerArgs> parse_worker_args(int argc, char** argv) {
+  bool worker = false;
+  WorkerArgs a;
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    auto value = [&](const char* flag) -> std::string {
+      if (i + 1 >= argc) throw ConfigError(std::string(flag) + " needs a value");
+      return argv[++i];
+    };
+    if (arg == "--dsgd-worker") worker = true;
+    else if (arg == "--driver") a.driver = value("--driver");
+    else if (arg == "--token") a.token = value("--token");
+    else if (arg == "--address") a.address = value("--address");
+    else if (arg == "--host-id") a.host_id = value("--host-id");
+    else if (arg == "--spawn-index") a.spawn_index = std::stoll(value("--spawn-index"));
+  }
+  if (!worker) return std::nullopt;
+  if (a.driver.empty()) throw ConfigError("worker mode needs --driver HOST:PORT (the driver prints it)");
+  if (a.token.empty()) {
+    if (const char* t = std::getenv("DSGD_TOKEN")) a.token = t;
+  }
+  if (a.token.empty()) throw ConfigError("worker mode needs the job token: --token T or $DSGD_TOKEN");
+  return a;
+}
+
+namespace {
+
+// The local address the kernel would use to reach `driver` (a UDP connect sends nothing).
+std::string route_address(const std::string& driver) {
+  const auto colon = driver.rfind(':');
+  const std::string host = driver.substr(0, colon);
+  addrinfo hints{};
+  hints.ai_family = AF_INET;
+  hints.ai_socktype = SOCK_DGRAM;
+  addrinfo* res = nullptr;
+  if (getaddrinfo(host.c_str(), "9", &hints, &res) != 0 || res == nullptr) return "127.0.0.1";
+  std::string out = "127.0.0.1";
+  const int fd = ::socket(AF_INET, SOCK_DGRAM, 0);
+  if (fd >= 0 && ::connect(fd, res->ai_addr, res->ai_addrlen) == 0) {
+    sockaddr_in local{};
+    socklen_t len = sizeof(local);
+    if (::getsockname(fd, reinterpret_cast<sockaddr*>(&local), &len) == 0) {
+      char buf[INET_ADDRSTRLEN];
+      if (inet_ntop(AF_INET, &local.sin_addr, buf, sizeof(buf))) out = buf;
+    }
+  }
+  if (fd >= 0) ::close(fd);
+  freeaddrinfo(res);
+  return out;
+}
+
+std::string host_name() {
+  char buf[256] = {0};
+  ::gethostname(buf, sizeof(buf) - 1);
+  return buf;
+}
+
+Metrics combine(const std::vector<Metrics>& parts) {
+  Metrics out;
+  double total = 0;
+  for (const auto& m : parts) total += m.count("num_samples") ? m.at("num_samples") : 1.0;
+  for (const auto& m : parts) {
+    const double w = m.count("num_samples") ? m.at("num_samples") : 1.0;
+    for (const auto& [k, v] : m) {
+      if (k == "num_samples") continue;
+      out[k] += total > 0 ? v * w / total : 0;
+    }
+  }
+  out["num_samples"] = total;
+  return out;
+}
+
+class Worker {
+ public:
+  Worker(control::DriverClient& client, std::string token, int64_t index, json job, std::string address,
+         std::string host_id)
+      : client_(client), token_(std::move(token)), index_(index), job_(std::move(job)), address_(std::move(address)),
+        host_id_(std::move(host_id)) {
+    dpw_ = job_.at("devices_per_worker").get<int>();
+    world_ = job_.at("num_workers").get<int>() * dpw_;
+    heartbeat_timeout_ = milliseconds(job_.at("heartbeat_timeout_ms").get<int64_t>());
+    comm_timeout_ = milliseconds(job_.at("comm_timeout_ms").get<int64_t>());
+    int threads = job_.value("threads_per_worker", 0);
+    if (threads <= 0) threads = std::max(1u, std::thread::hardware_concurrency());
+    threads_per_replica_ = std::max(1, threads / dpw_);
+    at::set_num_threads(threads_per_replica_);
+  }
+
+  int serve() {
+    std::thread heartbeat([this] { heartbeat_loop(); });
+    int rc = 0;
+    try {
+      while (!stop_) {
+        auto cmd = client_.poll(index_, milliseconds(1000));
+        if (cmd.id == 0) continue;
+        busy_ = true;
+        std::string out_json, out_blob, error, kind;
+        bool ok = true;
+        try {
+          run(cmd, out_json, out_blob);
+        } catch (const ConfigError& e) {
+          ok = false, error = e.what(), kind = "config";
+        } catch (const TimeoutError& e) {
+          ok = false, error = e.what(), kind = "timeout";
+        } catch (const CommError& e) {
+          ok = false, error = e.what(), kind = "comm";
+        } catch (const std::exception& e) {
+          ok = false, error = e.what(), kind = "error";
+        }
+        if (!ok) spdlog::error("worker {}: {} failed: {}", index_, cmd.kind, error);
+        client_.complete(index_, cmd.id, ok, error, kind, out_json, out_blob);
+        busy_ = false;
+        if (cmd.kind == "shutdown") stop_ = true;
+      }
+    } catch (const std::exception& e) {
+      spdlog::error("worker {}: lost the driver at {}: {}; exiting", index_, client_.address(), e.what());
+      rc = 3;
+    }
+    stop_ = true;
+    heartbeat.join();
+    for (auto& s : strategies_) s->abort("worker shutting down");
+    replicas_.clear();
+    groups_.clear();
+    return rc;
+  }
+
+ private:
+  void heartbeat_loop() {
+    const auto interval = std::clamp(heartbeat_timeout_ / 5, milliseconds(100), milliseconds(1000));
+    auto last_ok = Clock::now();
+    while (!stop_) {
+      std::this_thread::sleep_for(interval);
+      try {
+        json p;
+        if (auto* r = progress_source_.load()) {
+          p["batches"] = r->progress().batches.load();
+          p["loss"] = r->progress().loss.load();
+        }
+        const bool stop = client_.heartbeat(index_, p.is_null() ? std::string() : p.dump(), std::max(heartbeat_timeout_ / 2, milliseconds(500)));
+        last_ok = Clock::now();
+        if (stop) {
+          if (busy_) {
+            spdlog::warn("worker {}: the driver ended the job during a command; exiting", index_);
+            std::_Exit(0);
+          }
+          stop_ = true;
+        }
+      } catch (const std::exception& e) {
+        if (Clock::now() - last_ok > heartbeat_timeout_) {
+          spdlog::error("worker {}: no answer from the driver at {} for {} ms ({}); exiting", index_,
+                        client_.address(), heartbeat_timeout_.count(), e.what());
+          std::_Exit(4);
+        }
+      }
+    }
+  }
+
+  // Runs fn(replica index) for every replica: inline for one, one thread each for more.
+  void each_replica(const std::function<void(int)>& fn) {
+    if (dpw_ == 1) {
+      fn(0);
+      return;
+    }
+    std::vector<std::exception_ptr> errors(static_cast<size_t>(dpw_));
+    std::vector<std::thread> threads;
+    for (int i = 0; i < dpw_; ++i) {
+      threads.emplace_back([&, i] {
+        try {
+          at::set_num_threads(threads_per_replica_);
+          fn(i);
+        } catch (...) {
+          errors[static_cast<size_t>(i)] = std::current_exception();
+          // One replica failing leaves the others waiting in a collective: fail them too.
+          for (auto& s : strategies_) s->abort("replica " + std::to_string(i) + " of this worker failed");
+        }
+      });
+    }
+    for (auto& t : threads) t.join();
+    for (auto& e : errors) {
+      if (e) std::rethrow_exception(e);
+    }
+  }
+
+  void run(const control::DriverClient::Command& cmd, std::string& out_json, std::string& out_blob) {
+    const json in = cmd.json.empty() ? json::object() : json::parse(cmd.json);
+    if (cmd.kind == "setup") {
+      setup();
+      json out;
+      out["signature"] = replicas_[0]->signature();
+      out_json = out.dump();
+    } else if (cmd.kind == "connect") {
+      connect();
+    } else if (cmd.kind == "set_state") {
+      each_replica([&](int i) { replicas_[static_cast<size_t>(i)]->load_state(cmd.blob); });
+    } else if (cmd.kind == "get_state") {
+      out_blob = replicas_.at(0)->save_state();
+    } else if (cmd.kind == "get_pickle") {
+      c10::Dict<std::string, at::Tensor> dict;
+      for (auto& [name, t] : replicas_.at(0)->named_tensors()) dict.insert(name, t.detach().clone());
+      const auto bytes = torch::pickle_save(dict);
+      out_blob.assign(bytes.begin(), bytes.end());
+    } else if (cmd.kind == "train" || cmd.kind == "validate") {
+      const bool train = cmd.kind == "train";
+      std::vector<Metrics> parts(static_cast<size_t>(dpw_));
+      for (auto& r : replicas_) r->progress().batches = 0;
+      each_replica([&](int i) {
+        auto& r = *replicas_[static_cast<size_t>(i)];
+        parts[static_cast<size_t>(i)] =
+            train ? r.train(in.value("max_batches", int64_t{0}), in.value("profile", false)) : r.validate();
+      });
+      json out;
+      out["metrics"] = combine(parts);
+      out["epoch"] = replicas_[0]->position().epoch;
+      out["batch"] = replicas_[0]->position().batch;
+      out["batches_per_epoch"] = replicas_[0]->batches_per_epoch();
+      out_json = out.dump();
+    } else if (cmd.kind == "run") {
+      auto fn = find_worker_function(in.at("name").get<std::string>());
+      out_json = json{{"result", fn(replicas_.empty() ? nullptr : &replicas_[0]->op(), in.value("arg", json()))}}.dump();
+    } else if (cmd.kind == "position") {
+      out_json = json{{"epoch", replicas_.at(0)->position().epoch}, {"batch", replicas_.at(0)->position().batch}}.dump();
+    } else if (cmd.kind == "step_schedules") {
+      for (auto& r : replicas_) r->step_schedules();
+    } else if (cmd.kind == "shutdown") {
+      // answered by serve()
+    } else {
+      throw ConfigError("unknown command '" + cmd.kind + "' (driver and worker built from different dsgd versions?)");
+    }
+  }
+
+  void setup() {
+    const std::string hook = job_.value("initialization_hook", "");
+    if (!hook.empty()) find_worker_function(hook)(nullptr, job_.value("config", json::object()));
+    progress_source_ = nullptr;
+    replicas_.clear();
+    for (int i = 0; i < dpw_; ++i) {
+      torch_glue::ReplicaOptions o;
+      o.seed = job_.at("seed").get<uint64_t>();
+      o.info = {static_cast<int>(index_) * dpw_ + i, world_, static_cast<int>(index_), i, o.seed};
+      o.global_batch = job_.at("batch_size").get<int64_t>();
+      o.grad_shard_bytes = job_.at("grad_shard_bytes").get<size_t>();
+      o.scheduler_step_freq = job_.at("scheduler_step_freq").get<std::string>();
+      o.threads = threads_per_replica_;
+      replicas_.push_back(
+          std::make_unique<torch_glue::ReplicaRuntime>(make_operator(job_.at("operator").get<std::string>()), o));
+    }
+    // One after the other: setup draws from LibTorch's global generator (seeded per replica).
+    const json config = job_.value("config", json::object());
+    for (auto& r : replicas_) r->setup(config);
+    for (auto& r : replicas_) {
+      if (r->signature() != replicas_[0]->signature()) {
+        throw ConfigError("the replicas of worker " + std::to_string(index_) + " built different models from one config");
+      }
+    }
+    progress_source_ = replicas_[0].get();
+  }
+
+  void connect() {
+    const std::string strategy = job_.at("strategy").get<std::string>();
+    strategies_.assign(static_cast<size_t>(dpw_), nullptr);
+    groups_.assign(static_cast<size_t>(dpw_), nullptr);
+    if (strategy == "allreduce") {
+      auto base = control::connect_store(client_.address(), token_);
+      const std::string prefix = "gen" + std::to_string(job_.value("generation", 0)) + "/";
+      each_replica([&](int i) {
+        auto store = std::make_shared<comm::PrefixStore>(base, prefix);
+        comm::GroupOptions go;
+        go.bind_address = address_;
+        go.host = host_id_;
+        go.timeout = comm_timeout_;
+        comm::ShmOptions so;
+        so.timeout = comm_timeout_;
+        const int rank = static_cast<int>(index_) * dpw_ + i;
+        auto group = std::shared_ptr<comm::HierarchicalGroup>(comm::HierarchicalGroup::create(store, rank, world_, go, so));
+        groups_[static_cast<size_t>(i)] = group;
+        strategies_[static_cast<size_t>(i)] =
+            strategy::make_allreduce_strategy(group, job_.value("allreduce_algo", std::string("auto")));
+      });
+    } else if (strategy == "simple") {
+      for (int i = 0; i < dpw_; ++i) {
+        const int64_t rank = index_ * dpw_ + i;
+        const auto timeout = comm_timeout_;
+        auto& client = client_;
+        strategies_[static_cast<size_t>(i)] = strategy::make_simple_strategy(
+            [&client, rank, timeout](uint64_t seq, float* data, size_t count) {
+              client.average(rank, seq, data, count, timeout);
+            });
+      }
+    } else {
+      throw ConfigError("unknown strategy '" + strategy + "'");
+    }
+    for (int i = 0; i < dpw_; ++i) replicas_[static_cast<size_t>(i)]->attach(strategies_[static_cast<size_t>(i)]);
+  }
+
+  control::DriverClient& client_;
+  const std::string token_;
+  const int64_t index_;
+  const json job_;
+  const std::string address_;
+  const std::string host_id_;
+  int dpw_ = 1;
+  int world_ = 1;
+  int threads_per_replica_ = 1;
+  milliseconds heartbeat_timeout_{10000};
+  milliseconds comm_timeout_{60000};
+  std::atomic<bool> stop_{false};
+  std::atomic<bool> busy_{false};
+  std::atomic<torch_glue::ReplicaRuntime*> progress_source_{nullptr};
+  std::vector<std::shared_ptr<comm::HierarchicalGroup>> groups_;
+  std::vector<std::shared_ptr<strategy::GradientStrategy>> strategies_;
+  std::vector<std::unique_ptr<torch_glue::ReplicaRuntime>> replicas_;  // after strategies_: hooks go first
+};
+
+}  // namespace
+
+int run_worker(const WorkerArgs& args) {
+  if (signal(SIGPIPE, SIG_IGN) == SIG_ERR) spdlog::warn("worker: cannot ignore SIGPIPE");
+  control::DriverClient client(args.driver, args.token);
+  const std::string address = args.address.empty() ? route_address(args.driver) : args.address;
+  const std::string host = host_name();
+  const std::string host_id = args.host_id.empty() ? host : args.host_id;
+  control::DriverClient::Registration reg;
+  try {
+    reg = client.register_worker(host, address, ::getpid(), args.spawn_index, args.registration_timeout);
+  } catch (const std::exception& e) {
+    spdlog::error("worker: cannot register with the driver at {}: {}", args.driver, e.what());
+    return 2;
+  }
+  json job;
+  try {
+    job = json::parse(reg.job);
+  } catch (const std::exception& e) {
+    spdlog::error("worker: the driver sent a malformed job spec: {}", e.what());
+    return 2;
+  }
+  Worker worker(client, args.token, reg.worker, std::move(job), address, host_id);
+  return worker.serve();
+}
+
+}  // namespace runtime
+}  // namespace dsgd

@@ -1,0 +1,74 @@
+#include "strategy/strategy.h"
+
+#include <atomic>
+
+#include "comm/op_queue.h"
+#include "dsgd/error.h"
+
+namespace dsgd::strategy {
+namespace {
+
+class AllreduceStrategy final : public GradientStrategy {
+ public:
+  AllreduceStrategy(std::shared_ptr<comm::HierarchicalGroup> group, std::string algorithm)
+      : group_(std::move(group)), algorithm_(std::move(algorithm)) {
+    if (algorithm_ != "auto" && algorithm_ != "ring" && algorithm_ != "hd") {
+      throw ConfigError("unknown allreduce algorithm '" + algorithm_ + "'; use auto, ring or hd");
+    }
+  }
+  std::string name() const override { return "allreduce"; }
+  std::shared_ptr<comm::Work> average_async(float* data, size_t count) override {
+    if (algorithm_ == "auto") {
+      return group_->allreduce_async(data, count, comm::DataType::kFloat32, comm::ReduceOp::kAverage);
+    }
+    return group_->global().allreduce_async(
+        data, count, comm::DataType::kFloat32, comm::ReduceOp::kAverage,
+        algorithm_ == "ring" ? comm::AllreduceAlgorithm::kRing : comm::AllreduceAlgorithm::kHalvingDoubling);
+  }
+  void abort(const std::string& reason) override {
+    group_->global().abort(reason);
+    group_->local().abort(reason);
+    if (auto* leaders = group_->leaders()) leaders->abort(reason);
+  }
+
+ private:
+  std::shared_ptr<comm::HierarchicalGroup> group_;
+  const std::string algorithm_;
+};
+
+class SimpleStrategy final : public GradientStrategy {
+ public:
+  explicit SimpleStrategy(CentralAverage average) : average_(std::move(average)), queue_("simple strategy") {}
+  std::string name() const override { return "simple"; }
+  std::shared_ptr<comm::Work> average_async(float* data, size_t count) override {
+    const uint64_t seq = next_seq_++;
+    return queue_.submit("central average #" + std::to_string(seq), [this, seq, data, count] {
+      if (aborted_) throw CommError("simple strategy aborted: " + reason_, "central average");
+      average_(seq, data, count);
+    });
+  }
+  void abort(const std::string& reason) override {
+    reason_ = reason;
+    aborted_ = true;
+  }
+
+ private:
+  CentralAverage average_;
+  std::atomic<uint64_t> next_seq_{0};
+  std::atomic<bool> aborted_{false};
+  std::string reason_;
+  comm::OpQueue queue_;  // last: its thread stops before the members it uses go
+};
+
+}  // namespace
+
+std::unique_ptr<GradientStrategy> make_allreduce_strategy(std::shared_ptr<comm::HierarchicalGroup> group,
+                                                          const std::string& algorithm) {
+  return std::make_unique<AllreduceStrategy>(std::move(group), algorithm);
+}
+
+std::unique_ptr<GradientStrategy> make_simple_strategy(CentralAverage central_average) {
+  return std::make_unique<SimpleStrategy>(std::move(central_average));
+}
+
+}  // namespace dsgd::strategy

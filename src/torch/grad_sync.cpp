@@ -1,0 +1,127 @@
+#include "torch/grad_sync.h"
+
+#include <torch/csrc/autograd/engine.h>
+
+#include "dsgd/error.h"
+
+namespace dsgd::torch_glue {
+namespace {
+
+std::vector<size_t> element_counts(const std::vector<torch::Tensor>& params) {
+  std::vector<size_t> counts;
+  for (size_t i = 0; i < params.size(); ++i) {
+    const auto& p = params[i];
+    if (p.scalar_type() != torch::kFloat32 || !p.device().is_cpu()) {
+      throw ConfigError("parameter " + std::to_string(i) + " is " + std::string(c10::toString(p.scalar_type())) +
+                        " on " + p.device().str() + "; dsgd averages float32 CPU parameters (convert the model " +
+                        "with ->to(torch::kFloat32))");
+    }
+    counts.push_back(static_cast<size_t>(p.numel()));
+  }
+  return counts;
+}
+
+}  // namespace
+
+GradSync::GradSync(std::vector<torch::Tensor> params, size_t grad_shard_bytes,
+                   std::shared_ptr<strategy::GradientStrategy> strategy)
+    : params_(std::move(params)),
+      plan_(element_counts(params_), sizeof(float), grad_shard_bytes),
+      strategy_(std::move(strategy)),
+      flat_(torch::zeros({static_cast<int64_t>(plan_.total_elements())}, torch::kFloat32)),
+      got_grad_(params_.size(), false) {
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const auto& s = plan_.slot(i);
+    slots_.push_back(flat_.narrow(0, static_cast<int64_t>(s.offset), static_cast<int64_t>(s.count)).view(params_[i].sizes()));
+    const unsigned id = params_[i].register_hook([this, i](torch::Tensor grad) {
+      on_grad(i, grad);
+      return grad;
+    });
+    hooks_.emplace_back(params_[i], id);
+  }
+  for (const auto& b : plan_.buckets()) missing_.push_back(b.params.size());
+}
+
+GradSync::~GradSync() {
+  for (auto& [param, id] : hooks_) param.remove_hook(id);
+}
+
+double GradSync::take_wait_seconds() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  const double s = wait_s_;
+  wait_s_ = 0;
+  return s;
+}
+
+void GradSync::on_grad(size_t param, const torch::Tensor& grad) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (!in_backward_) {
+    in_backward_ = true;
+    torch::autograd::Engine::get_default_engine().queue_callback([this] { finalize(); });
+  }
+  if (got_grad_[param]) {
+    throw Error("parameter " + std::to_string(param) + " received two gradients in one backward; dsgd averages " +
+                "one gradient per parameter per backward (gradient accumulation is not supported)");
+  }
+  got_grad_[param] = true;
+  if (weight_ == 1.0) {
+    slots_[param].copy_(grad);
+  } else {
+    torch::mul_out(slots_[param], grad, weight_);
+  }
+  --missing_[plan_.slot(param).bucket];
+  launch_ready_locked();
+}
+
+void GradSync::launch_ready_locked() {
+  const auto& buckets = plan_.buckets();
+  while (next_launch_ < buckets.size() && missing_[next_launch_] == 0) {
+    const auto& b = buckets[next_launch_];
+    works_.push_back(strategy_->average_async(flat_.data_ptr<float>() + b.offset, b.count));
+    ++next_launch_;
+  }
+}
+
+void GradSync::finalize() {
+  std::unique_lock<std::mutex> lock(mutex_);
+  // Parameters without a gradient in this backward contribute zeros.
+  for (size_t i = 0; i < params_.size(); ++i) {
+    if (!got_grad_[i]) {
+      slots_[i].zero_();
+      --missing_[plan_.slot(i).bucket];
+    }
+  }
+  launch_ready_locked();
+  auto works = std::move(works_);
+  works_.clear();
+  lock.unlock();
+  const auto t0 = std::chrono::steady_clock::now();
+  std::exception_ptr error;
+  for (auto& w : works) {
+    try {
+      w->wait();
+    } catch (...) {
+      if (!error) error = std::current_exception();
+    }
+  }
+  lock.lock();
+  wait_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  // Ready for the next backward whatever happened.
+  in_backward_ = false;
+  next_launch_ = 0;
+  std::fill(got_grad_.begin(), got_grad_.end(), false);
+  for (size_t b = 0; b < plan_.buckets().size(); ++b) missing_[b] = plan_.buckets()[b].params.size();
+  lock.unlock();
+  if (error) std::rethrow_exception(error);
+  torch::NoGradGuard no_grad;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    auto& g = params_[i].mutable_grad();
+    if (g.defined()) {
+      g.copy_(slots_[i]);
+    } else {
+      g = slots_[i].clone();
+    }
+  }
+}
+
+}  // namespace dsgd::torch_glue

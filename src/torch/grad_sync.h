@@ -1,0 +1,67 @@
+// Gradient averaging inside backward: the LibTorch side of a strategy.
+//
+//   GradSync sync(model.parameters(), 10 << 20, strategy);
+//   loss.backward();          // hooks launch buckets as they fill; returns with averaged .grad
+//
+// Each parameter's gradient hook copies the gradient (times weight(), for uneven batch splits)
+// into its slot of a flat float32 buffer packed by strategy::BucketPlan (reverse registration
+// order). When a bucket's last gradient arrives, the bucket goes to the strategy at once, so
+// communication of later layers overlaps backward of earlier ones. Buckets are launched in
+// index order on every replica (the strategy's ordering contract). A final autograd callback
+// launches what is left (parameters that got no gradient in this backward contribute zeros),
+// waits for every bucket, and writes the averages into the parameters' .grad before backward()
+// returns. One GradSync per model; a backward that gives none of its parameters a gradient
+// launches nothing. Parameters must be float32 and on the CPU.
+#pragma once
+
+#include <torch/types.h>
+
+#include <chrono>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "strategy/bucket_plan.h"
+#include "strategy/strategy.h"
+
+namespace dsgd::torch_glue {
+
+class GradSync {
+ public:
+  GradSync(std::vector<torch::Tensor> params, size_t grad_shard_bytes,
+           std::shared_ptr<strategy::GradientStrategy> strategy);
+  ~GradSync();
+  GradSync(const GradSync&) = delete;
+  GradSync& operator=(const GradSync&) = delete;
+
+  // This replica's share of the global batch times the number of replicas (1 when even).
+  void set_weight(double weight) { weight_ = weight; }
+  // Seconds backward spent waiting for communication since the last call.
+  double take_wait_seconds();
+  size_t num_buckets() const { return plan_.buckets().size(); }
+  // Fails communication in flight (from any thread).
+  void abort(const std::string& reason) { strategy_->abort(reason); }
+
+ private:
+  void on_grad(size_t param, const torch::Tensor& grad);
+  void launch_ready_locked();
+  void finalize();
+
+  std::vector<torch::Tensor> params_;
+  strategy::BucketPlan plan_;
+  std::shared_ptr<strategy::GradientStrategy> strategy_;
+  torch::Tensor flat_;                          // plan_.total_elements() floats
+  std::vector<torch::Tensor> slots_;            // views of flat_, one per parameter
+  double weight_ = 1.0;
+
+  std::mutex mutex_;
+  bool in_backward_ = false;                    // a finalize callback is queued
+  std::vector<bool> got_grad_;                  // per parameter, this backward
+  std::vector<size_t> missing_;                 // per bucket
+  size_t next_launch_ = 0;                      // buckets launch in index order
+  std::vector<std::shared_ptr<comm::Work>> works_;
+  double wait_s_ = 0;
+  std::vector<std::pair<torch::Tensor, unsigned>> hooks_;  // (param, hook id) to remove
+};
+
+}  // namespace dsgd::torch_glue

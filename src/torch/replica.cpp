@@ -1,0 +1,228 @@
+#include "torch/replica.h"
+
+#include <ATen/Parallel.h>
+#include <torch/serialize.h>
+#include <torch/utils.h>
+
+#include <sstream>
+
+#include "dsgd/error.h"
+
+namespace dsgd::torch_glue {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// The seed's epoch permutation; runtime/local_job.cpp draws the same one.
+torch::Tensor epoch_order(int64_t n, uint64_t seed, int64_t epoch) {
+  auto gen = at::detail::createCPUGenerator(seed * 0x9E3779B97F4A7C15ULL + static_cast<uint64_t>(epoch + 1));
+  return torch::randperm(n, gen);
+}
+
+}  // namespace
+
+ReplicaRuntime::ReplicaRuntime(std::unique_ptr<TrainingOperator> op, const ReplicaOptions& options)
+    : op_(std::move(op)), options_(options) {
+  op_->runtime_ = this;
+  op_->info_ = options.info;
+}
+
+ReplicaRuntime::~ReplicaRuntime() {
+  syncs_.clear();  // hooks off before the models go
+}
+
+void ReplicaRuntime::setup(const nlohmann::json& config) {
+  at::set_num_threads(options_.threads);
+  torch::manual_seed(options_.seed);
+  op_->setup(config);
+  if (op_->models_.empty()) {
+    throw ConfigError("the operator's setup() registered no model; call register_model() in setup()");
+  }
+  for (auto& s : op_->schedules_) {
+    if (s.optimizer >= op_->optimizers_.size()) {
+      throw ConfigError("a scheduler was registered for optimizer " + std::to_string(s.optimizer) + " but only " +
+                        std::to_string(op_->optimizers_.size()) + " optimizer(s) exist");
+    }
+    for (auto& g : op_->optimizers_[s.optimizer]->param_groups()) s.base_lrs.push_back(g.options().get_lr());
+  }
+  if (op_->train_data_.defined() && op_->train_data_.size(0) < options_.info.world_size) {
+    throw ConfigError("the training data has " + std::to_string(op_->train_data_.size(0)) +
+                      " samples, fewer than the " + std::to_string(options_.info.world_size) + " replicas");
+  }
+  step_schedules_to(0);
+}
+
+std::string ReplicaRuntime::signature() const {
+  std::ostringstream out;
+  for (size_t m = 0; m < op_->models_.size(); ++m) {
+    for (const auto& item : op_->models_[m]->named_parameters()) {
+      out << "model" << m << "." << item.key() << " " << item.value().sizes() << " " << item.value().dtype() << "\n";
+    }
+    for (const auto& item : op_->models_[m]->named_buffers()) {
+      out << "model" << m << "." << item.key() << " " << item.value().sizes() << " " << item.value().dtype()
+          << " (buffer)\n";
+    }
+  }
+  return out.str();
+}
+
+void ReplicaRuntime::attach(std::shared_ptr<strategy::GradientStrategy> strategy) {
+  syncs_.clear();
+  if (!strategy) return;
+  for (auto& model : op_->models_) {
+    std::vector<torch::Tensor> params;
+    for (auto& p : model->parameters()) {
+      if (p.requires_grad()) params.push_back(p);
+    }
+    if (!params.empty()) syncs_.push_back(std::make_unique<GradSync>(params, options_.grad_shard_bytes, strategy));
+  }
+}
+
+int64_t ReplicaRuntime::batches_per_epoch() const {
+  const int64_t n = op_->num_train_samples();
+  const int64_t b = options_.global_batch;
+  const int64_t full = n / b;
+  return full + ((n % b) >= options_.info.world_size ? 1 : 0);
+}
+
+void ReplicaRuntime::start_epoch_order() {
+  if (order_epoch_ == position_.epoch) return;
+  order_ = epoch_order(op_->num_train_samples(), options_.seed, position_.epoch);
+  order_epoch_ = position_.epoch;
+}
+
+std::pair<int64_t, int64_t> ReplicaRuntime::my_part(int64_t batch) const {
+  const int64_t n = op_->num_train_samples();
+  const int64_t start = batch * options_.global_batch;
+  const int64_t size = std::min(n, start + options_.global_batch) - start;
+  const int64_t w = options_.info.world_size;
+  const int64_t r = options_.info.rank;
+  const int64_t base = size / w, extra = size % w;
+  const int64_t begin = start + r * base + std::min(r, extra);
+  return {begin, begin + base + (r < extra ? 1 : 0)};
+}
+
+bool ReplicaRuntime::next_batch(Batch& batch, int64_t max_batches) {
+  if (!op_->train_data_.defined()) {
+    throw ConfigError("train_epoch needs training data: call register_data() in setup() or override train_epoch");
+  }
+  if (position_.batch >= batches_per_epoch()) return false;
+  if (max_batches > 0 && taken_this_call_ >= max_batches) return false;
+  start_epoch_order();
+  const auto [begin, end] = my_part(position_.batch);
+  const int64_t global = std::min(op_->num_train_samples(), (position_.batch + 1) * options_.global_batch) -
+                         position_.batch * options_.global_batch;
+  auto idx = order_.slice(0, begin, end);
+  batch.data = op_->train_data_.index_select(0, idx);
+  batch.target = op_->train_targets_.defined() ? op_->train_targets_.index_select(0, idx) : torch::Tensor();
+  const double weight = static_cast<double>(end - begin) * options_.info.world_size / static_cast<double>(global);
+  for (auto& s : syncs_) s->set_weight(weight);
+  ++taken_this_call_;
+  return true;
+}
+
+void ReplicaRuntime::after_batch() {
+  ++position_.batch;
+  ++progress_.batches;
+  if (options_.scheduler_step_freq == "batch") step_schedules();
+}
+
+void ReplicaRuntime::step_schedules() { step_schedules_to(schedule_t_ + 1); }
+
+void ReplicaRuntime::step_schedules_to(int64_t t) {
+  schedule_t_ = t;
+  for (auto& s : op_->schedules_) {
+    auto& groups = op_->optimizers_[s.optimizer]->param_groups();
+    const double f = s.factor(t);
+    for (size_t g = 0; g < groups.size() && g < s.base_lrs.size(); ++g) groups[g].options().set_lr(s.base_lrs[g] * f);
+  }
+}
+
+void ReplicaRuntime::add_phase(const char* name, double seconds) { phase_s_[name] += seconds; }
+
+Metrics ReplicaRuntime::train(int64_t max_batches, bool profile) {
+  profiling_ = profile;
+  phase_s_.clear();
+  taken_this_call_ = 0;
+  for (auto& s : syncs_) s->take_wait_seconds();
+  const auto t0 = Clock::now();
+  Metrics m = op_->train_epoch(max_batches);
+  const double epoch_s = std::chrono::duration<double>(Clock::now() - t0).count();
+  const int64_t batches = taken_this_call_;
+  if (position_.batch >= batches_per_epoch()) {
+    ++position_.epoch;
+    position_.batch = 0;
+    if (options_.scheduler_step_freq == "epoch") step_schedules();
+  }
+  if (profile) {
+    double wait = 0;
+    for (auto& s : syncs_) wait += s->take_wait_seconds();
+    const double n = std::max<int64_t>(1, batches);
+    for (const auto& [k, v] : phase_s_) m[k] = v / n;
+    m["comm_wait_s"] = wait / n;
+    if (m.count("backward_s")) m["backward_s"] = std::max(0.0, m["backward_s"] - m["comm_wait_s"]);
+    m["epoch_s"] = epoch_s;
+  }
+  m["batches"] = static_cast<double>(batches);
+  profiling_ = false;
+  return m;
+}
+
+Metrics ReplicaRuntime::validate() { return op_->validate(); }
+
+std::string ReplicaRuntime::save_state() const {
+  torch::serialize::OutputArchive archive;
+  for (size_t i = 0; i < op_->models_.size(); ++i) {
+    torch::serialize::OutputArchive sub;
+    op_->models_[i]->save(sub);
+    archive.write("model" + std::to_string(i), sub);
+  }
+  for (size_t i = 0; i < op_->optimizers_.size(); ++i) {
+    torch::serialize::OutputArchive sub;
+    op_->optimizers_[i]->save(sub);
+    archive.write("optimizer" + std::to_string(i), sub);
+  }
+  archive.write("position", torch::tensor({position_.epoch, position_.batch, schedule_t_}, torch::kInt64));
+  torch::serialize::OutputArchive extra;
+  op_->state_dict(extra);
+  archive.write("extra", extra);
+  std::ostringstream out;
+  archive.save_to(out);
+  return out.str();
+}
+
+void ReplicaRuntime::load_state(const std::string& bytes) {
+  torch::serialize::InputArchive archive;
+  std::istringstream in(bytes);
+  archive.load_from(in);
+  for (size_t i = 0; i < op_->models_.size(); ++i) {
+    torch::serialize::InputArchive sub;
+    if (!archive.try_read("model" + std::to_string(i), sub)) {
+      throw ConfigError("the state has no model " + std::to_string(i) + "; it was saved by an operator with fewer models");
+    }
+    op_->models_[i]->load(sub);
+  }
+  for (size_t i = 0; i < op_->optimizers_.size(); ++i) {
+    torch::serialize::InputArchive sub;
+    if (archive.try_read("optimizer" + std::to_string(i), sub)) op_->optimizers_[i]->load(sub);
+  }
+  torch::Tensor pos;
+  archive.read("position", pos);
+  position_.epoch = pos[0].item<int64_t>();
+  position_.batch = pos[1].item<int64_t>();
+  step_schedules_to(pos[2].item<int64_t>());
+  torch::serialize::InputArchive extra;
+  if (archive.try_read("extra", extra)) op_->load_state_dict(extra);
+}
+
+std::vector<std::pair<std::string, torch::Tensor>> ReplicaRuntime::named_tensors() const {
+  std::vector<std::pair<std::string, torch::Tensor>> out;
+  for (size_t m = 0; m < op_->models_.size(); ++m) {
+    const std::string prefix = m == 0 ? "" : "model" + std::to_string(m) + ".";
+    for (const auto& item : op_->models_[m]->named_parameters()) out.emplace_back(prefix + item.key(), item.value());
+    for (const auto& item : op_->models_[m]->named_buffers()) out.emplace_back(prefix + item.key(), item.value());
+  }
+  return out;
+}
+
+}  // namespace dsgd::torch_glue

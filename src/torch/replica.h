@@ -1,0 +1,104 @@
+// One replica: a TrainingOperator plus what dsgd adds around it — the distributed sampler, the
+// gradient hooks (GradSync per model), learning-rate schedules, profiling and the state that
+// goes into checkpoints. Worker processes hold devices_per_worker of these, one thread each.
+//
+// Sampler: each epoch's order is a permutation of the training set drawn from (seed, epoch)
+// alone (the same one a single process with the same seed uses); global batch b is elements
+// [b*B, (b+1)*B) of it, cut into world_size contiguous parts as even as possible, part r for
+// rank r. Averaging each replica's mean gradient weighted by its part's size gives exactly the
+// single-process gradient of the global batch. A last partial batch smaller than world_size is
+// dropped. The position (epoch, next batch) is saved in checkpoints and is independent of the
+// number of replicas, so a job saved with 2 workers resumes with 3 at the same sample.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <map>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "dsgd/operator.h"
+#include "strategy/strategy.h"
+#include "torch/grad_sync.h"
+
+namespace dsgd::torch_glue {
+
+struct ReplicaOptions {
+  ReplicaInfo info;
+  int64_t global_batch = 64;
+  uint64_t seed = 1;
+  size_t grad_shard_bytes = 10u << 20;
+  std::string scheduler_step_freq = "epoch";  // batch | epoch | manual
+  int threads = 1;                             // intra-op threads of this replica
+};
+
+struct Position {
+  int64_t epoch = 0;       // 0-based epoch in progress
+  int64_t batch = 0;       // next global batch within it
+};
+
+class ReplicaRuntime {
+ public:
+  ReplicaRuntime(std::unique_ptr<TrainingOperator> op, const ReplicaOptions& options);
+  ~ReplicaRuntime();
+
+  // Seeds LibTorch, runs the operator's setup; throws ConfigError if it registered no model.
+  void setup(const nlohmann::json& config);
+  // "name shape dtype" per parameter and buffer of every model, one per line.
+  std::string signature() const;
+  // Installs gradient hooks averaging through `strategy` (null: none, e.g. the driver's copy).
+  void attach(std::shared_ptr<strategy::GradientStrategy> strategy);
+
+  // Runs the operator's train_epoch from the current position for at most max_batches batches
+  // (0 = to the end of the epoch); the epoch advances when finished. Adds profile times when
+  // asked: forward_s, backward_s, comm_wait_s, optimizer_s (means per batch), epoch_s.
+  Metrics train(int64_t max_batches, bool profile);
+  Metrics validate();
+
+  // Models, optimizers, schedules, position and the operator's extra state, as bytes.
+  std::string save_state() const;
+  void load_state(const std::string& bytes);
+  // The models' named parameters and buffers ("model<i>.<name>" for i > 0).
+  std::vector<std::pair<std::string, torch::Tensor>> named_tensors() const;
+
+  const Position& position() const { return position_; }
+  void step_schedules();  // one scheduler step (manual mode, or per the frequency)
+  TrainingOperator& op() { return *op_; }
+  const ReplicaOptions& options() const { return options_; }
+
+  // ---- used by TrainingOperator ----
+  bool next_batch(Batch& batch, int64_t max_batches);
+  void after_batch();
+  int64_t batches_per_epoch() const;
+  // Profiling: the default train_batch reports phases here.
+  void add_phase(const char* name, double seconds);
+  bool profiling() const { return profiling_; }
+
+  // Live progress, read by the worker's heartbeat thread.
+  struct Progress {
+    std::atomic<int64_t> batches{0};
+    std::atomic<double> loss{0};
+  };
+  Progress& progress() { return progress_; }
+
+ private:
+  void start_epoch_order();
+  void step_schedules_to(int64_t t);
+  std::pair<int64_t, int64_t> my_part(int64_t batch) const;  // [start, end) in the order
+
+  std::unique_ptr<TrainingOperator> op_;
+  const ReplicaOptions options_;
+  std::vector<std::unique_ptr<GradSync>> syncs_;
+  Position position_;
+  torch::Tensor order_;              // the current epoch's permutation
+  int64_t order_epoch_ = -1;
+  int64_t taken_this_call_ = 0;
+  int64_t schedule_t_ = 0;
+  bool profiling_ = false;
+  std::map<std::string, double> phase_s_;
+  Progress progress_;
+};
+
+}  // namespace dsgd::torch_glue

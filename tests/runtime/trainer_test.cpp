@@ -1,0 +1,313 @@
+// The Trainer end to end with real worker processes (this test binary, spawned): distributed
+// training equals single-process training, checkpoints move between worker counts and
+// strategies, bad input fails before anything is spawned, a lost worker is named within seconds.
+#include "dsgd/trainer.h"
+
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <thread>
+
+#include "dsgd/error.h"
+#include "dsgd/operator.h"
+#include "runtime/builtin_operators.h"
+#include "testing/temp_dir.h"
+#include "torch/replica.h"
+
+namespace dsgd {
+namespace {
+
+using json = nlohmann::json;
+using std::chrono::milliseconds;
+using Clock = std::chrono::steady_clock;
+
+DSGD_REGISTER_WORKER_FUNCTION(replica_info, [](TrainingOperator* op, const json& arg) -> json {
+  return {{"rank", op->replica().rank}, {"world", op->replica().world_size}, {"pid", ::getpid()},
+          {"arg", arg}};
+});
+
+// Small enough to train 20 steps in a second, with several buckets and several layers.
+json synthetic_config() {
+  return {{"model", "cnn"}, {"dataset", "synthetic"}, {"synthetic_samples", 4096}, {"synthetic_image_size", 28},
+          {"lr", 0.01}, {"momentum", 0.9}, {"dropout", false}};
+}
+
+TrainerConfig base_config(int workers, const std::string& strategy, int64_t batch) {
+  TrainerConfig c;
+  c.num_workers = workers;
+  c.strategy = strategy;
+  c.batch_size = batch;
+  c.seed = 7;
+  c.config = synthetic_config();
+  c.grad_shard_bytes = 1 << 20;  // the CNN's 4.8 MB of gradients in 5 buckets
+  c.threads_per_worker = 1;
+  return c;
+}
+
+using Params = std::vector<std::pair<std::string, torch::Tensor>>;
+
+Params params_of(torch::nn::Module& m) {
+  Params out;
+  for (const auto& p : m.named_parameters()) out.emplace_back(p.key(), p.value().detach().clone());
+  return out;
+}
+
+// One process, no dsgd communication: the global batch at once.
+Params single_process(int64_t batch, int64_t steps) {
+  runtime::register_builtin_operators();
+  torch_glue::ReplicaOptions o;
+  o.global_batch = batch;
+  o.seed = 7;
+  o.info.seed = 7;
+  o.threads = 1;
+  torch_glue::ReplicaRuntime r(make_operator(runtime::kImageClassifier), o);
+  r.setup(synthetic_config());
+  r.train(steps, false);
+  return params_of(r.op().model(0));
+}
+
+double max_difference(const Params& a, const Params& b) {
+  EXPECT_EQ(a.size(), b.size());
+  double worst = 0;
+  for (size_t i = 0; i < a.size() && i < b.size(); ++i) {
+    EXPECT_EQ(a[i].first, b[i].first);
+    worst = std::max(worst, (a[i].second - b[i].second).abs().max().item<double>());
+  }
+  return worst;
+}
+
+void expect_equivalent(TrainerConfig config, int64_t steps = 20) {
+  const Params reference = single_process(config.batch_size, steps);
+  Trainer trainer(runtime::kImageClassifier, config);
+  const Params before = params_of(*trainer.get_model());
+  auto r = trainer.train({.num_steps = steps});
+  EXPECT_EQ(r.batch, steps);
+  EXPECT_EQ(r.metrics.at("num_samples"), static_cast<double>(steps * config.batch_size));
+  const Params after = params_of(*trainer.get_model());
+  EXPECT_GT(max_difference(before, after), 1e-3) << "training did not move the parameters";
+  EXPECT_LT(max_difference(reference, after), 1e-5);
+}
+
+TEST(TrainerEquivalence, TwoWorkersAllreduceEqualOneProcessWithTheGlobalBatch) {
+  expect_equivalent(base_config(2, "allreduce", 64));
+}
+
+TEST(TrainerEquivalence, TwoWorkersSimpleEqualOneProcessWithTheGlobalBatch) {
+  expect_equivalent(base_config(2, "simple", 64));
+}
+
+TEST(TrainerEquivalence, ThreeWorkersAllreduceWithBatch96) { expect_equivalent(base_config(3, "allreduce", 96)); }
+
+TEST(TrainerEquivalence, TwoReplicasInOneWorker) {
+  auto c = base_config(1, "allreduce", 64);
+  c.devices_per_worker = 2;
+  c.threads_per_worker = 2;
+  expect_equivalent(c);
+}
+
+TEST(TrainerEquivalence, UnevenSplitIsWeightedExactly) {
+  // 63 samples over 2 replicas: 32 + 31; each replica's mean gradient is weighted by its share.
+  expect_equivalent(base_config(2, "allreduce", 63));
+}
+
+TEST(Trainer, ResultsAverageOverWorkersAndForeachWorkerReachesEveryReplica) {
+  auto c = base_config(2, "allreduce", 64);
+  Trainer trainer(runtime::kImageClassifier, c);
+  auto r = trainer.train({.num_steps = 4, .profile = true, .reduce_results = false});
+  ASSERT_EQ(r.per_worker.size(), 2u);
+  for (const char* k : {"loss", "accuracy", "forward_s", "backward_s", "comm_wait_s", "optimizer_s", "epoch_s"}) {
+    EXPECT_TRUE(r.metrics.count(k)) << k;
+  }
+  const double mean = (r.per_worker[0].at("loss") + r.per_worker[1].at("loss")) / 2;
+  EXPECT_NEAR(r.metrics.at("loss"), mean, 1e-9);  // equal shares: the plain mean
+  auto v = trainer.validate();
+  EXPECT_EQ(v.metrics.at("num_samples"), 1024.0);  // the whole synthetic test split, split over workers
+  EXPECT_GT(v.metrics.at("accuracy"), 0.0);
+  auto infos = trainer.foreach_worker("replica_info", 42);
+  ASSERT_EQ(infos.size(), 2u);
+  EXPECT_EQ(infos[0]["rank"], 0);
+  EXPECT_EQ(infos[1]["rank"], 1);
+  EXPECT_EQ(infos[1]["world"], 2);
+  EXPECT_EQ(infos[1]["arg"], 42);
+  EXPECT_NE(infos[0]["pid"], infos[1]["pid"]);
+  EXPECT_THROW(trainer.foreach_worker("no_such_function"), ConfigError);
+}
+
+TEST(TrainerCheckpoint, SavedWithTwoAllreduceWorkersContinuesIdenticallyWithThreeSimple) {
+  testing::TempDir dir;
+  const std::string path = dir.file("ckpt");
+  auto a_config = base_config(2, "allreduce", 60);
+  Trainer a(runtime::kImageClassifier, a_config);
+  a.train({.num_steps = 10});
+  a.save(path);
+  ASSERT_TRUE(std::filesystem::exists(path + "/checkpoint.dsgd"));
+  ASSERT_TRUE(std::filesystem::exists(path + "/model.pt"));
+
+  Trainer b(runtime::kImageClassifier, base_config(3, "simple", 60));
+  b.train({.num_steps = 3});  // a state of its own, which load must replace entirely
+  EXPECT_GT(max_difference(params_of(*a.get_model()), params_of(*b.get_model())), 1e-4);
+  b.load(path);
+  EXPECT_LT(max_difference(params_of(*a.get_model()), params_of(*b.get_model())), 1e-7);
+  auto ra = a.train({.num_steps = 5});
+  auto rb = b.train({.num_steps = 5});
+  EXPECT_EQ(ra.batch, 15);
+  EXPECT_EQ(rb.batch, 15);  // the sampler position came with the checkpoint
+  EXPECT_NEAR(ra.metrics.at("loss"), rb.metrics.at("loss"), 1e-5);
+  EXPECT_LT(max_difference(params_of(*a.get_model()), params_of(*b.get_model())), 1e-5);
+}
+
+TEST(TrainerCheckpoint, DamagedOrMissingCheckpointIsADataErrorNamingTheFile) {
+  testing::TempDir dir;
+  const std::string path = dir.file("ckpt");
+  Trainer t(runtime::kImageClassifier, base_config(1, "allreduce", 32));
+  EXPECT_THROW(t.load(dir.file("nothing-here")), DataError);
+  t.save(path);
+  const std::string file = path + "/checkpoint.dsgd";
+  {
+    std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(-100, std::ios::end);
+    f.put('\x5a');
+  }
+  try {
+    t.load(path);
+    FAIL() << "a damaged checkpoint loaded";
+  } catch (const DataError& e) {
+    EXPECT_NE(std::string(e.what()).find("checksum mismatch"), std::string::npos) << e.what();
+    EXPECT_EQ(e.path(), file);
+  }
+  std::filesystem::resize_file(file, std::filesystem::file_size(file) - 1000);
+  try {
+    t.load(path);
+    FAIL() << "a truncated checkpoint loaded";
+  } catch (const DataError& e) {
+    EXPECT_NE(std::string(e.what()).find("truncated"), std::string::npos) << e.what();
+  }
+}
+
+TEST(TrainerCheckpoint, PythonTorchLoadReadsTheModel) {
+  if (::access("/usr/bin/python3", X_OK) != 0 ||
+      std::system("/usr/bin/python3 -c 'import torch' >/dev/null 2>&1") != 0) {
+    GTEST_SKIP() << "no /usr/bin/python3 with torch (Debian's python3-torch)";
+  }
+  testing::TempDir dir;
+  Trainer t(runtime::kImageClassifier, base_config(1, "allreduce", 32));
+  t.save(dir.file("ckpt"));
+  auto model = t.get_model();
+  const double expected = model->named_parameters()["fc2.bias"].sum().item<double>();
+  const std::string cmd = "/usr/bin/python3 -c \"import torch; d = torch.load('" + dir.file("ckpt/model.pt") +
+                          "'); print(len(d), float(d['fc2.bias'].sum()))\" > " + dir.file("out.txt");
+  ASSERT_EQ(std::system(cmd.c_str()), 0);
+  std::ifstream in(dir.file("out.txt"));
+  size_t n = 0;
+  double sum = 0;
+  in >> n >> sum;
+  EXPECT_EQ(n, model->named_parameters().size() + model->named_buffers().size());
+  EXPECT_NEAR(sum, expected, 1e-5);
+}
+
+// ---- bad input: errors before anything is spawned ----
+
+void expect_config_error(const std::string& op, TrainerConfig c, const std::string& needle) {
+  const auto t0 = Clock::now();
+  try {
+    Trainer t(op, c);
+    FAIL() << "accepted; expected an error mentioning '" << needle << "'";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+  }
+  EXPECT_LT(Clock::now() - t0, milliseconds(500)) << "the check should come before any process starts";
+}
+
+TEST(TrainerBadInput, ClearErrorsBeforeAnyProcessIsSpawned) {
+  auto c = base_config(2, "allreduce", 64);
+  auto bad = c;
+  bad.strategy = "parameter-magic";
+  expect_config_error(runtime::kImageClassifier, bad, "unknown strategy 'parameter-magic'");
+  bad = c;
+  bad.num_workers = 0;
+  expect_config_error(runtime::kImageClassifier, bad, "num_workers must be in 1..4096, got 0");
+  bad = c;
+  bad.grad_shard_bytes = -5;
+  expect_config_error(runtime::kImageClassifier, bad, "grad_shard_bytes must be > 0, got -5");
+  bad = c;
+  bad.batch_size = 1;
+  expect_config_error(runtime::kImageClassifier, bad, "at least the number of replicas (2)");
+  bad = c;
+  bad.initialization_hook = "missing_hook";
+  expect_config_error(runtime::kImageClassifier, bad, "missing_hook");
+  expect_config_error("NoSuchOperator", c, "unknown operator 'NoSuchOperator'");
+}
+
+TEST(TrainerBadInput, OperatorConfigErrorFromAWorkerNamesTheWorker) {
+  auto c = base_config(2, "allreduce", 64);
+  c.config["modle"] = "cnn";
+  try {
+    Trainer t(runtime::kImageClassifier, c);
+    FAIL() << "accepted a misspelt config key";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("unknown image classifier config key 'modle'"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("worker "), std::string::npos) << e.what();
+  }
+}
+
+TEST(TrainerBadInput, BinaryWithoutInitIsARegistrationErrorNotAHang) {
+  testing::TempDir dir;
+  const std::string script = dir.file("no-init.sh");
+  {
+    std::ofstream f(script);
+    f << "#!/bin/sh\nsleep 30\n";
+  }
+  std::filesystem::permissions(script, std::filesystem::perms::owner_all);
+  auto c = base_config(1, "allreduce", 64);
+  c.worker_binary = script;
+  c.registration_timeout = milliseconds(1500);
+  const auto t0 = Clock::now();
+  try {
+    Trainer t(runtime::kImageClassifier, c);
+    FAIL() << "a worker that never registers was accepted";
+  } catch (const TimeoutError& e) {
+    EXPECT_NE(std::string(e.what()).find("0 of 1 workers registered"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("dsgd::init(argc, argv)"), std::string::npos) << e.what();
+  }
+  EXPECT_LT(Clock::now() - t0, milliseconds(8000));
+
+  // A binary that exits instead is reported at once, with its status.
+  c.worker_binary = "/bin/false";
+  c.registration_timeout = milliseconds(30000);
+  const auto t1 = Clock::now();
+  try {
+    Trainer t(runtime::kImageClassifier, c);
+    FAIL() << "a worker that exits was accepted";
+  } catch (const CommError& e) {
+    EXPECT_NE(std::string(e.what()).find("exited with status 1"), std::string::npos) << e.what();
+  }
+  EXPECT_LT(Clock::now() - t1, milliseconds(5000));
+}
+
+TEST(TrainerFailure, KilledWorkerFailsTrainWithinSecondsNamingIt) {
+  auto c = base_config(2, "allreduce", 64);
+  c.heartbeat_timeout = milliseconds(3000);
+  c.comm_timeout = milliseconds(5000);
+  Trainer t(runtime::kImageClassifier, c);
+  const int victim = t.foreach_worker("replica_info")[1]["pid"].get<int>();
+  std::thread killer([victim] {
+    std::this_thread::sleep_for(milliseconds(800));
+    ::kill(victim, SIGKILL);
+  });
+  const auto t0 = Clock::now();
+  try {
+    t.train();  // a whole epoch: far longer than the test
+    FAIL() << "train survived a killed worker";
+  } catch (const CommError& e) {
+    EXPECT_NE(std::string(e.what()).find(std::to_string(victim)), std::string::npos) << e.what();
+  }
+  killer.join();
+  EXPECT_LT(Clock::now() - t0, milliseconds(6000));
+  EXPECT_THROW(t.train(), Error);  // unusable after a failure, and says so
+}
+
+}  // namespace
+}  // namespace dsgd
