@@ -17,7 +17,7 @@ declare -A batch=([cnn]=64 [mlp]=32)
 for r in $(seq "$repeats"); do
   for model in cnn mlp; do
     for threads in 1 2; do
-      "$dsgd" train --model "$model" --batch-size "${batch[$model]}" --threads "$threads" \
+      "$dsgd" train --in-process --model "$model" --batch-size "${batch[$model]}" --threads "$threads" \
         --max-steps "$steps" --no-eval --quiet --json-out "$tmp/$model-$threads-$r.json" >/dev/null
     done
   done

@@ -55,6 +55,7 @@ struct TrainerConfig {
   std::string strategy = "allreduce";        // simple | allreduce
   std::string allreduce_algo = "auto";       // auto (shared memory within a host, Gloo across) | ring | hd
   int64_t grad_shard_bytes = 10 << 20;       // gradient bucket size
+  bool overlap = true;                       // false: communicate after backward, not during
   int64_t batch_size = 64;                   // global: split across all replicas
   std::string scheduler_step_freq = "epoch"; // batch | epoch | manual
   uint64_t seed = 1;
@@ -114,6 +115,8 @@ class Trainer {
   void shutdown();
 
   const TrainerConfig& config() const;
+  // Trainable parameter elements of all models of one replica.
+  int64_t parameter_count() const;
   // The control plane's address ("HOST:PORT") and the job token, for remote workers.
   std::string address() const;
   const std::string& token() const;

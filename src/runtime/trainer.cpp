@@ -3,7 +3,7 @@
 #include "dsgd/trainer.h"
 
 #include <signal.h>
-#include <spdlog/spdlog.h>
+#include "runtime/control/log.h"
 #include <unistd.h>
 
 #include <cmath>
@@ -112,6 +112,7 @@ struct Trainer::Impl {
   std::string token;
   std::unique_ptr<control::DriverServer> server;
   runtime::LocalProcesses children;
+  int64_t parameters = 0;
   bool broken = false;
   bool stopped = false;
   std::unique_ptr<torch_glue::ReplicaRuntime> local;  // get_model's copy
@@ -184,6 +185,7 @@ Trainer::Trainer(const std::string& operator_name, TrainerConfig config) : impl_
   job["heartbeat_timeout_ms"] = c.heartbeat_timeout.count();
   job["comm_timeout_ms"] = c.comm_timeout.count();
   job["generation"] = 0;
+  job["overlap"] = c.overlap;
 
   control::DriverServerOptions so;
   so.listen = c.listen.empty() ? "127.0.0.1:0" : c.listen;
@@ -206,7 +208,7 @@ Trainer::Trainer(const std::string& operator_name, TrainerConfig config) : impl_
                           "OMP_NUM_THREADS=" + std::to_string(std::max(1, threads))});
       }
     } else {
-      spdlog::info("driver: waiting for {} worker(s): start each with --dsgd-worker --driver {} --token {}",
+      control::log().info("driver: waiting for {} worker(s): start each with --dsgd-worker --driver {} --token {}",
                    c.num_workers, address(), d.token);
     }
     d.server->wait_registered(c.registration_timeout, [&] { d.check_children(); });
@@ -214,6 +216,7 @@ Trainer::Trainer(const std::string& operator_name, TrainerConfig config) : impl_
     // Every replica builds its operator; all must agree on the parameters.
     auto setups = d.call("setup");
     const std::string reference = json::parse(setups[0].json).at("signature").get<std::string>();
+    d.parameters = json::parse(setups[0].json).value("parameters", int64_t{0});
     for (size_t w = 1; w < setups.size(); ++w) {
       const std::string sig = json::parse(setups[w].json).at("signature").get<std::string>();
       if (sig == reference) continue;
@@ -243,7 +246,7 @@ Trainer::~Trainer() {
   try {
     shutdown();
   } catch (const std::exception& e) {
-    spdlog::warn("trainer: shutdown: {}", e.what());
+    control::log().warn("trainer: shutdown: {}", e.what());
   }
 }
 
@@ -330,7 +333,7 @@ void Trainer::shutdown() {
     try {
       d.server->call("shutdown", "{}", "", milliseconds(5000), [&] { d.check_children(); });
     } catch (const std::exception& e) {
-      spdlog::debug("trainer: shutdown: {}", e.what());
+      control::log().debug("trainer: shutdown: {}", e.what());
     }
   }
   if (d.server) d.server->stop_workers();
@@ -339,6 +342,8 @@ void Trainer::shutdown() {
 }
 
 const TrainerConfig& Trainer::config() const { return impl_->config; }
+
+int64_t Trainer::parameter_count() const { return impl_->parameters; }
 
 std::string Trainer::address() const {
   const std::string& l = impl_->config.listen;

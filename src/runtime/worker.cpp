@@ -3,7 +3,7 @@
 #include <arpa/inet.h>
 #include <netdb.h>
 #include <signal.h>
-#include <spdlog/spdlog.h>
+#include "runtime/control/log.h"
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -174,13 +174,13 @@ class Worker {
         } catch (const std::exception& e) {
           ok = false, error = e.what(), kind = "error";
         }
-        if (!ok) spdlog::error("worker {}: {} failed: {}", index_, cmd.kind, error);
+        if (!ok) control::log().error("worker {}: {} failed: {}", index_, cmd.kind, error);
         client_.complete(index_, cmd.id, ok, error, kind, out_json, out_blob);
         busy_ = false;
         if (cmd.kind == "shutdown") stop_ = true;
       }
     } catch (const std::exception& e) {
-      spdlog::error("worker {}: lost the driver at {}: {}; exiting", index_, client_.address(), e.what());
+      control::log().error("worker {}: lost the driver at {}: {}; exiting", index_, client_.address(), e.what());
       rc = 3;
     }
     stop_ = true;
@@ -207,14 +207,14 @@ class Worker {
         last_ok = Clock::now();
         if (stop) {
           if (busy_) {
-            spdlog::warn("worker {}: the driver ended the job during a command; exiting", index_);
+            control::log().warn("worker {}: the driver ended the job during a command; exiting", index_);
             std::_Exit(0);
           }
           stop_ = true;
         }
       } catch (const std::exception& e) {
         if (Clock::now() - last_ok > heartbeat_timeout_) {
-          spdlog::error("worker {}: no answer from the driver at {} for {} ms ({}); exiting", index_,
+          control::log().error("worker {}: no answer from the driver at {} for {} ms ({}); exiting", index_,
                         client_.address(), heartbeat_timeout_.count(), e.what());
           std::_Exit(4);
         }
@@ -254,6 +254,11 @@ class Worker {
       setup();
       json out;
       out["signature"] = replicas_[0]->signature();
+      int64_t parameters = 0;
+      for (const auto& m : replicas_[0]->op().models()) {
+        for (const auto& p : m->parameters()) parameters += p.requires_grad() ? p.numel() : 0;
+      }
+      out["parameters"] = parameters;
       out_json = out.dump();
     } else if (cmd.kind == "connect") {
       connect();
@@ -308,6 +313,7 @@ class Worker {
       o.grad_shard_bytes = job_.at("grad_shard_bytes").get<size_t>();
       o.scheduler_step_freq = job_.at("scheduler_step_freq").get<std::string>();
       o.threads = threads_per_replica_;
+      o.overlap = job_.value("overlap", true);
       replicas_.push_back(
           std::make_unique<torch_glue::ReplicaRuntime>(make_operator(job_.at("operator").get<std::string>()), o));
     }
@@ -324,6 +330,9 @@ class Worker {
 
   void connect() {
     const std::string strategy = job_.at("strategy").get<std::string>();
+    strategies_.clear();
+    groups_.clear();
+    if (world_ == 1) return;  // one replica: nothing to average, no hooks
     strategies_.assign(static_cast<size_t>(dpw_), nullptr);
     groups_.assign(static_cast<size_t>(dpw_), nullptr);
     if (strategy == "allreduce") {
@@ -381,7 +390,7 @@ class Worker {
 }  // namespace
 
 int run_worker(const WorkerArgs& args) {
-  if (signal(SIGPIPE, SIG_IGN) == SIG_ERR) spdlog::warn("worker: cannot ignore SIGPIPE");
+  if (signal(SIGPIPE, SIG_IGN) == SIG_ERR) control::log().warn("worker: cannot ignore SIGPIPE");
   control::DriverClient client(args.driver, args.token);
   const std::string address = args.address.empty() ? route_address(args.driver) : args.address;
   const std::string host = host_name();
@@ -390,14 +399,14 @@ int run_worker(const WorkerArgs& args) {
   try {
     reg = client.register_worker(host, address, ::getpid(), args.spawn_index, args.registration_timeout);
   } catch (const std::exception& e) {
-    spdlog::error("worker: cannot register with the driver at {}: {}", args.driver, e.what());
+    control::log().error("worker: cannot register with the driver at {}: {}", args.driver, e.what());
     return 2;
   }
   json job;
   try {
     job = json::parse(reg.job);
   } catch (const std::exception& e) {
-    spdlog::error("worker: the driver sent a malformed job spec: {}", e.what());
+    control::log().error("worker: the driver sent a malformed job spec: {}", e.what());
     return 2;
   }
   Worker worker(client, args.token, reg.worker, std::move(job), address, host_id);

@@ -24,11 +24,12 @@ std::vector<size_t> element_counts(const std::vector<torch::Tensor>& params) {
 }  // namespace
 
 GradSync::GradSync(std::vector<torch::Tensor> params, size_t grad_shard_bytes,
-                   std::shared_ptr<strategy::GradientStrategy> strategy)
+                   std::shared_ptr<strategy::GradientStrategy> strategy, bool overlap)
     : params_(std::move(params)),
       plan_(element_counts(params_), sizeof(float), grad_shard_bytes),
       strategy_(std::move(strategy)),
       flat_(torch::zeros({static_cast<int64_t>(plan_.total_elements())}, torch::kFloat32)),
+      overlap_(overlap),
       got_grad_(params_.size(), false) {
   for (size_t i = 0; i < params_.size(); ++i) {
     const auto& s = plan_.slot(i);
@@ -70,7 +71,7 @@ void GradSync::on_grad(size_t param, const torch::Tensor& grad) {
     torch::mul_out(slots_[param], grad, weight_);
   }
   --missing_[plan_.slot(param).bucket];
-  launch_ready_locked();
+  if (overlap_) launch_ready_locked();
 }
 
 void GradSync::launch_ready_locked() {

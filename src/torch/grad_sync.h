@@ -28,8 +28,9 @@ namespace dsgd::torch_glue {
 
 class GradSync {
  public:
+  // overlap false: buckets launch only after backward (for measuring what overlap buys).
   GradSync(std::vector<torch::Tensor> params, size_t grad_shard_bytes,
-           std::shared_ptr<strategy::GradientStrategy> strategy);
+           std::shared_ptr<strategy::GradientStrategy> strategy, bool overlap = true);
   ~GradSync();
   GradSync(const GradSync&) = delete;
   GradSync& operator=(const GradSync&) = delete;
@@ -53,6 +54,7 @@ class GradSync {
   torch::Tensor flat_;                          // plan_.total_elements() floats
   std::vector<torch::Tensor> slots_;            // views of flat_, one per parameter
   double weight_ = 1.0;
+  const bool overlap_;
 
   std::mutex mutex_;
   bool in_backward_ = false;                    // a finalize callback is queued

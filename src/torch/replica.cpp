@@ -74,7 +74,7 @@ void ReplicaRuntime::attach(std::shared_ptr<strategy::GradientStrategy> strategy
     for (auto& p : model->parameters()) {
       if (p.requires_grad()) params.push_back(p);
     }
-    if (!params.empty()) syncs_.push_back(std::make_unique<GradSync>(params, options_.grad_shard_bytes, strategy));
+    if (!params.empty()) syncs_.push_back(std::make_unique<GradSync>(params, options_.grad_shard_bytes, strategy, options_.overlap));
   }
 }
 

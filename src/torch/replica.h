@@ -32,6 +32,7 @@ struct ReplicaOptions {
   size_t grad_shard_bytes = 10u << 20;
   std::string scheduler_step_freq = "epoch";  // batch | epoch | manual
   int threads = 1;                             // intra-op threads of this replica
+  bool overlap = true;                         // launch buckets during backward
 };
 
 struct Position {

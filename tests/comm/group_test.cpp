@@ -219,6 +219,15 @@ TEST(Group, RecvFromSilentPeerTimesOutNamingIt) {
   });
 }
 
+TEST(Group, AGroupOfOneWorksAndAbortsCleanly) {
+  auto g = Group::create(make_memory_store(), 0, 1);
+  float x = 3;
+  g->allreduce(&x, 1, DataType::kFloat32, ReduceOp::kAverage);
+  EXPECT_EQ(x, 3);
+  g->abort("done");  // no transport to close: must not throw
+  EXPECT_THROW(g->barrier(), CommError);
+}
+
 TEST(Group, AbortFromAnotherThreadUnblocksAWaitingRecvAndCollective) {
   std::atomic<bool> done{false};
   with_group(2, [&](Group& g) {

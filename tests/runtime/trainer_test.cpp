@@ -4,9 +4,11 @@
 #include "dsgd/trainer.h"
 
 #include <gtest/gtest.h>
+#include <torch/nn/modules/linear.h>
 #include <signal.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstdlib>
 #include <fstream>
 #include <thread>
@@ -28,6 +30,29 @@ DSGD_REGISTER_WORKER_FUNCTION(replica_info, [](TrainingOperator* op, const json&
   return {{"rank", op->replica().rank}, {"world", op->replica().world_size}, {"pid", ::getpid()},
           {"arg", arg}};
 });
+
+std::atomic<int> hook_runs{0};
+DSGD_REGISTER_WORKER_FUNCTION(count_hook, [](TrainingOperator* op, const json&) -> json {
+  EXPECT_EQ(op, nullptr);  // runs before setup
+  ++hook_runs;
+  return {};
+});
+DSGD_REGISTER_WORKER_FUNCTION(hook_runs_here, [](TrainingOperator*, const json&) -> json { return hook_runs.load(); });
+
+// Builds a model whose width depends on the worker: the driver must refuse to start.
+struct Widening : torch::nn::Module {
+  explicit Widening(int64_t width) { fc = register_module("fc", torch::nn::Linear(4, width)); }
+  torch::Tensor forward(const torch::Tensor& x) { return fc->forward(x); }
+  torch::nn::Linear fc{nullptr};
+};
+class MismatchOperator : public TrainingOperator {
+ public:
+  void setup(const json&) override {
+    register_model(std::make_shared<Widening>(3 + replica().worker));
+    register_data(torch::zeros({8, 4}), torch::zeros({8}, torch::kInt64));
+  }
+};
+DSGD_REGISTER_OPERATOR(MismatchOperator);
 
 // Small enough to train 20 steps in a second, with several buckets and several layers.
 json synthetic_config() {
@@ -108,6 +133,12 @@ TEST(TrainerEquivalence, TwoReplicasInOneWorker) {
   expect_equivalent(c);
 }
 
+TEST(TrainerEquivalence, FlatRingAllreduce) {
+  auto c = base_config(2, "allreduce", 64);
+  c.allreduce_algo = "ring";
+  expect_equivalent(c);
+}
+
 TEST(TrainerEquivalence, UnevenSplitIsWeightedExactly) {
   // 63 samples over 2 replicas: 32 + 31; each replica's mean gradient is weighted by its share.
   expect_equivalent(base_config(2, "allreduce", 63));
@@ -115,7 +146,10 @@ TEST(TrainerEquivalence, UnevenSplitIsWeightedExactly) {
 
 TEST(Trainer, ResultsAverageOverWorkersAndForeachWorkerReachesEveryReplica) {
   auto c = base_config(2, "allreduce", 64);
+  c.initialization_hook = "count_hook";
   Trainer trainer(runtime::kImageClassifier, c);
+  EXPECT_EQ(trainer.parameter_count(), 1199882);
+  for (const auto& runs : trainer.foreach_worker("hook_runs_here")) EXPECT_EQ(runs, 1);
   auto r = trainer.train({.num_steps = 4, .profile = true, .reduce_results = false});
   ASSERT_EQ(r.per_worker.size(), 2u);
   for (const char* k : {"loss", "accuracy", "forward_s", "backward_s", "comm_wait_s", "optimizer_s", "epoch_s"}) {
@@ -253,12 +287,25 @@ TEST(TrainerBadInput, OperatorConfigErrorFromAWorkerNamesTheWorker) {
   }
 }
 
+TEST(TrainerBadInput, DifferentModelsOnDifferentWorkersAreRefusedNamingTheParameter) {
+  TrainerConfig c;
+  c.num_workers = 2;
+  c.batch_size = 4;
+  try {
+    Trainer t(operator_of<MismatchOperator>(), c);
+    FAIL() << "workers with different models were accepted";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("worker 1 built a different model"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("model0.fc.weight [4, 4]"), std::string::npos) << e.what();
+  }
+}
+
 TEST(TrainerBadInput, BinaryWithoutInitIsARegistrationErrorNotAHang) {
   testing::TempDir dir;
   const std::string script = dir.file("no-init.sh");
   {
     std::ofstream f(script);
-    f << "#!/bin/sh\nsleep 30\n";
+    f << "#!/bin/sh\nexec sleep 30\n";
   }
   std::filesystem::permissions(script, std::filesystem::perms::owner_all);
   auto c = base_config(1, "allreduce", 64);

@@ -9,8 +9,6 @@
 
 #include "commands.h"
 #include "dsgd/error.h"
-#include <torch/nn/module.h>
-
 #include "dsgd/trainer.h"
 #include "progress.h"
 #include "runtime/builtin_operators.h"
@@ -26,6 +24,7 @@ struct TrainFlags {
   std::string strategy = "allreduce";
   std::string allreduce_algo = "auto";
   int64_t grad_shard_bytes = 10 << 20;
+  bool overlap = true;
   std::string save;
   std::string load;
   std::string listen;
@@ -129,6 +128,7 @@ runtime::LocalJobResult run_with_trainer(const TrainFlags& f, ProgressPrinter* p
   c.strategy = f.strategy;
   c.allreduce_algo = f.allreduce_algo;
   c.grad_shard_bytes = f.grad_shard_bytes;
+  c.overlap = f.overlap;
   c.batch_size = j.batch_size;
   c.seed = j.seed;
   c.threads_per_worker = j.threads;
@@ -189,8 +189,7 @@ runtime::LocalJobResult run_with_trainer(const TrainFlags& f, ProgressPrinter* p
     ++epoch;
   }
   if (!f.save.empty()) trainer.save(f.save);
-  auto model = trainer.get_model();
-  for (const auto& p : model->parameters()) result.parameters += p.numel();
+  result.parameters = trainer.parameter_count();
   result.samples_per_s = result.train_s > 0 ? static_cast<double>(result.samples) / result.train_s : 0;
   result.wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - wall_start).count();
   return result;
@@ -269,6 +268,7 @@ void add_train_command(CLI::App& app, int* exit_code) {
       ->capture_default_str();
   cmd->add_option("--grad-shard-bytes", flags->grad_shard_bytes, "Gradient bucket size in bytes")
       ->capture_default_str();
+  cmd->add_flag("!--no-overlap", flags->overlap, "Communicate gradients after backward instead of during it");
   cmd->add_option("--save", flags->save, "Write a checkpoint directory at the end");
   cmd->add_option("--load", flags->load, "Start from this checkpoint directory");
   cmd->add_option("--listen", flags->listen,

@@ -122,7 +122,7 @@ class GlooGroup : public Group, public std::enable_shared_from_this<GlooGroup> {
     }
     for (auto& w : waiters) w.thread.join();
     if (in_flight) {
-      context_->closeConnections();
+      if (size_ > 1) context_->closeConnections();  // a group of one has no transport
       collective_thread_.detach();
     } else {
       collective_thread_.join();
@@ -402,7 +402,7 @@ class GlooGroup : public Group, public std::enable_shared_from_this<GlooGroup> {
     }
     if (in_flight) in_flight->complete(error);
     abort_p2p();
-    context_->closeConnections();
+    if (size_ > 1) context_->closeConnections();  // a group of one has no transport
     queue_cv_.notify_all();
   }
 
@@ -463,7 +463,7 @@ class GlooGroup : public Group, public std::enable_shared_from_this<GlooGroup> {
     work->complete(error);
     if (first) {
       abort_p2p();
-      context_->closeConnections();
+      if (size_ > 1) context_->closeConnections();  // a group of one has no transport
     }
   }
 

@@ -1,6 +1,6 @@
 #include "runtime/control/driver_service.h"
 
-#include <spdlog/spdlog.h>
+#include "runtime/control/log.h"
 
 #include <condition_variable>
 #include <cstring>
@@ -186,7 +186,7 @@ class DriverServerImpl final : public DriverServer, public proto::Driver::Servic
     if (!token_ok(ctx, options_.token, "Register")) return denied();
     std::lock_guard<std::mutex> lock(mutex_);
     if (static_cast<int>(workers_.size()) >= options_.num_workers) {
-      spdlog::warn("driver: refused worker {} (pid {}): the job already has its {} workers", req->host(), req->pid(),
+      log().warn("driver: refused worker {} (pid {}): the job already has its {} workers", req->host(), req->pid(),
                    options_.num_workers);
       return {grpc::StatusCode::RESOURCE_EXHAUSTED,
               "the job already has its " + std::to_string(options_.num_workers) + " workers"};
@@ -198,7 +198,7 @@ class DriverServerImpl final : public DriverServer, public proto::Driver::Servic
     w.info.pid = req->pid();
     w.info.spawn_index = req->spawn_index();
     w.last_heartbeat = Clock::now();
-    spdlog::debug("driver: worker {} registered from {} ({}), pid {}", w.info.index, w.info.host, w.info.address,
+    log().debug("driver: worker {} registered from {} ({}), pid {}", w.info.index, w.info.host, w.info.address,
                   w.info.pid);
     reply->set_worker(w.info.index);
     reply->set_job(options_.job);

@@ -1,6 +1,6 @@
 #include "runtime/control/grpc_util.h"
 
-#include <spdlog/spdlog.h>
+#include "runtime/control/log.h"
 
 #include "dsgd/error.h"
 
@@ -10,7 +10,7 @@ bool token_ok(const grpc::ServerContext* ctx, const std::string& token, const ch
   const auto& md = ctx->client_metadata();
   auto it = md.find(kTokenKey);
   if (it != md.end() && std::string(it->second.data(), it->second.size()) == token) return true;
-  spdlog::warn("control: rejected {} from {}: {} job token", method, ctx->peer(), it == md.end() ? "no" : "wrong");
+  log().warn("control: rejected {} from {}: {} job token", method, ctx->peer(), it == md.end() ? "no" : "wrong");
   return false;
 }
 
