@@ -33,10 +33,10 @@ for r in $(seq "$repeats"); do
 done
 
 /usr/bin/python3 - "$tmp" "$steps" "$repeats" "${configs[@]}" <<'PY'
-import json, statistics, sys, glob
+import json, statistics, sys
 tmp, steps, repeats, configs = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4:]
 def runs(name):
-    return [json.load(open(f))["samples_per_s"] for f in sorted(glob.glob(f"{tmp}/{name}-[0-9]*.json"))]
+    return [json.load(open(f"{tmp}/{name}-{r}.json"))["samples_per_s"] for r in range(1, int(repeats) + 1)]
 base = statistics.median(runs("in-process-1t"))
 print(f"| configuration | flags | samples/s (median of {repeats}) | runs | vs 1 process, 1 thread |")
 print("|---|---|---|---|---|")

@@ -9,8 +9,8 @@ trap 'rm -rf "$tmp"' EXIT
 cmake --install "$build" --prefix "$tmp/prefix" >/dev/null
 launcher=()
 command -v ccache >/dev/null && launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
-cmake -S "$src/examples/downstream" -B "$tmp/build" -G Ninja -DCMAKE_PREFIX_PATH="$tmp/prefix" "${launcher[@]}" >/dev/null
-cmake --build "$tmp/build" >/dev/null
+cmake -S "$src/examples/downstream" -B "$tmp/build" -G Ninja -DCMAKE_PREFIX_PATH="$tmp/prefix" "${launcher[@]}" > "$tmp/configure.log" 2>&1 || { tail -40 "$tmp/configure.log"; exit 1; }
+cmake --build "$tmp/build" > "$tmp/build.log" 2>&1 || { tail -40 "$tmp/build.log"; exit 1; }
 "$tmp/build/model_zoo" | tee "$tmp/zoo.txt"
 grep -Eq 'resnet50 +[0-9]+ parameters, logits \[8, 10\]' "$tmp/zoo.txt"
 cd "$tmp"

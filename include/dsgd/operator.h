@@ -103,8 +103,9 @@ class TrainingOperator {
   // A schedule for optimizer `optimizer` (its param groups' learning rates at registration are
   // the base rates).
   void register_scheduler(LrLambda factor, size_t optimizer = 0);
-  // In-memory tensors: samples along dimension 0. The validation pair may be undefined.
-  void register_data(torch::Tensor train_data, torch::Tensor train_targets, torch::Tensor validation_data = {},
+  // In-memory tensors: samples along dimension 0. Targets and the validation pair may be
+  // undefined (then the operator overrides what needs them).
+  void register_data(torch::Tensor train_data, torch::Tensor train_targets = {}, torch::Tensor validation_data = {},
                      torch::Tensor validation_targets = {});
 
   // ---- access ----
@@ -129,6 +130,9 @@ class TrainingOperator {
   // each step: it advances the sampler position and steps per-batch schedules.
   bool next_train_batch(Batch& batch, int64_t max_batches = 0);
   void after_batch();
+  // Steps every registered schedule once (for scheduler_step_freq "manual"; the runtime does it
+  // per batch or per epoch otherwise).
+  void step_schedulers();
   // Global batches in an epoch (the last partial one is dropped when it has fewer samples than
   // there are replicas).
   int64_t batches_per_epoch() const;

@@ -134,6 +134,7 @@ bool TrainingOperator::next_train_batch(Batch& batch, int64_t max_batches) {
   return runtime_->next_batch(batch, max_batches);
 }
 void TrainingOperator::after_batch() { runtime_->after_batch(); }
+void TrainingOperator::step_schedulers() { runtime_->step_schedules(); }
 int64_t TrainingOperator::batches_per_epoch() const { return runtime_->batches_per_epoch(); }
 
 Metrics TrainingOperator::train_epoch(int64_t max_batches) {

@@ -39,6 +39,10 @@ DSGD_REGISTER_WORKER_FUNCTION(count_hook, [](TrainingOperator* op, const json&) 
 });
 DSGD_REGISTER_WORKER_FUNCTION(hook_runs_here, [](TrainingOperator*, const json&) -> json { return hook_runs.load(); });
 
+DSGD_REGISTER_WORKER_FUNCTION(learning_rate, [](TrainingOperator* op, const json&) -> json {
+  return op->optimizer(0).param_groups()[0].options().get_lr();
+});
+
 // Builds a model whose width depends on the worker: the driver must refuse to start.
 struct Widening : torch::nn::Module {
   explicit Widening(int64_t width) { fc = register_module("fc", torch::nn::Linear(4, width)); }
@@ -191,6 +195,30 @@ TEST(TrainerCheckpoint, SavedWithTwoAllreduceWorkersContinuesIdenticallyWithThre
   EXPECT_EQ(rb.batch, 15);  // the sampler position came with the checkpoint
   EXPECT_NEAR(ra.metrics.at("loss"), rb.metrics.at("loss"), 1e-5);
   EXPECT_LT(max_difference(params_of(*a.get_model()), params_of(*b.get_model())), 1e-5);
+}
+
+TEST(TrainerCheckpoint, SchedulesStepPerEpochOrBatchAndComeBackFromCheckpoints) {
+  testing::TempDir dir;
+  auto c = base_config(2, "allreduce", 64);
+  c.config["synthetic_samples"] = 256;  // 4 batches per epoch
+  c.config["lr_decay"] = 0.5;
+  {
+    Trainer t(runtime::kImageClassifier, c);
+    for (const auto& lr : t.foreach_worker("learning_rate")) EXPECT_DOUBLE_EQ(lr.get<double>(), 0.01);
+    auto r = t.train();
+    EXPECT_EQ(r.epoch, 1);
+    EXPECT_EQ(r.batches_per_epoch, 4);
+    for (const auto& lr : t.foreach_worker("learning_rate")) EXPECT_DOUBLE_EQ(lr.get<double>(), 0.005);
+    t.save(dir.file("ckpt"));
+  }
+  c.num_workers = 1;
+  Trainer loaded(runtime::kImageClassifier, c);
+  loaded.load(dir.file("ckpt"));
+  EXPECT_DOUBLE_EQ(loaded.foreach_worker("learning_rate")[0].get<double>(), 0.005);
+  c.scheduler_step_freq = "batch";
+  Trainer per_batch(runtime::kImageClassifier, c);
+  per_batch.train({.num_steps = 3});
+  EXPECT_DOUBLE_EQ(per_batch.foreach_worker("learning_rate")[0].get<double>(), 0.01 * 0.125);
 }
 
 TEST(TrainerCheckpoint, DamagedOrMissingCheckpointIsADataErrorNamingTheFile) {
