@@ -70,6 +70,14 @@ struct TrainerConfig {
   std::chrono::milliseconds registration_timeout{60000};
   std::chrono::milliseconds heartbeat_timeout{10000};  // a worker silent this long is lost
   std::chrono::milliseconds comm_timeout{60000};       // every collective's deadline
+
+  // Fault tolerance: a lost worker (crashed, killed, hung, cut off) is evicted, survivors abort
+  // their communication, replacements are spawned (local mode), the group is re-formed and every
+  // replica restores the last in-memory snapshot, taken every checkpoint_every_steps steps.
+  int max_failures = 3;                      // beyond this, train() fails listing the failures
+  int64_t checkpoint_every_steps = 50;       // in-memory snapshot interval (steps)
+  bool replace_lost_workers = true;          // local mode: spawn replacements (else go on with fewer)
+  std::chrono::milliseconds replacement_timeout{30000};  // for a replacement to register
   std::function<void(const TrainProgress&)> on_progress;  // called ~10x/s during train()
 };
 
@@ -79,12 +87,22 @@ struct TrainOptions {
   bool reduce_results = true;   // false: also fill per_worker
 };
 
+// What a recovery did (in Results::recoveries of the call during which it happened).
+struct RecoveryEvent {
+  std::string failure;          // what was detected, naming the worker
+  std::string lost;             // the evicted worker(s): "worker 1 (host h, pid 123, last step 310)"
+  int64_t rolled_back_steps = 0;  // steps done since the snapshot, redone
+  double recovery_s = 0;        // from detection to training resumed (group re-formed, state restored)
+  int workers_after = 0;
+};
+
 struct Results {
   Metrics metrics;                  // averaged over batches, then workers, weighted by samples
   std::vector<Metrics> per_worker;  // one per worker (TrainOptions::reduce_results = false)
   int64_t epoch = 0;                // epochs completed so far
   int64_t batch = 0;                // next global batch within the current epoch
   int64_t batches_per_epoch = 0;
+  std::vector<RecoveryEvent> recoveries;  // failures survived during this call
 };
 
 class Trainer {

@@ -80,6 +80,25 @@ std::optional<std::string> LocalProcesses::check_exited() {
   return std::nullopt;
 }
 
+bool LocalProcesses::gone(pid_t pid) {
+  for (size_t i = 0; i < pids_.size(); ++i) {
+    if (pids_[i] != pid) continue;
+    if (!reaped_[i] && ::waitpid(pid, nullptr, WNOHANG) == pid) reaped_[i] = true;
+    return reaped_[i];
+  }
+  return false;
+}
+
+void LocalProcesses::kill(pid_t pid) {
+  for (size_t i = 0; i < pids_.size(); ++i) {
+    if (pids_[i] != pid || reaped_[i]) continue;
+    ::kill(-pid, SIGKILL);
+    ::kill(pid, SIGKILL);
+    ::waitpid(pid, nullptr, 0);
+    reaped_[i] = true;
+  }
+}
+
 bool LocalProcesses::wait_all(int timeout_ms) {
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
   while (true) {

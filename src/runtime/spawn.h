@@ -23,6 +23,10 @@ class LocalProcesses {
   pid_t spawn(const std::string& binary, const std::vector<std::string>& args, const std::vector<std::string>& env);
   // "pid 123 exited with status 1" for the first child found to have ended; nullopt if all run.
   std::optional<std::string> check_exited();
+  // True if `pid` (one of ours) has exited; reaps it (check_exited will not report it again).
+  bool gone(pid_t pid);
+  // SIGKILL to `pid`'s process group, then reaps it.
+  void kill(pid_t pid);
   // SIGTERM, up to `grace_ms` to exit, then SIGKILL; reaps all.
   void kill_all(int grace_ms = 2000);
   // Waits up to `timeout_ms` for all to exit by themselves; true if they did.

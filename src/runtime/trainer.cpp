@@ -67,7 +67,10 @@ void validate(const std::string& op, const TrainerConfig& c) {
           "unknown scheduler_step_freq '" + c.scheduler_step_freq + "'; use batch, epoch or manual");
   require(c.threads_per_worker >= 0, "threads_per_worker must be >= 0 (0 = cores / workers), got " +
                                          std::to_string(c.threads_per_worker));
-  require(c.registration_timeout.count() > 0 && c.heartbeat_timeout.count() > 0 && c.comm_timeout.count() > 0,
+  require(c.max_failures >= 0, "max_failures must be >= 0, got " + std::to_string(c.max_failures));
+  require(c.checkpoint_every_steps >= 0, "checkpoint_every_steps must be >= 0 (0 = once per train call), got " +
+                                             std::to_string(c.checkpoint_every_steps));
+  require(c.replacement_timeout.count() > 0 && c.registration_timeout.count() > 0 && c.heartbeat_timeout.count() > 0 && c.comm_timeout.count() > 0,
           "timeouts must be positive");
   require(c.initialization_hook.empty() || runtime::has_worker_function(c.initialization_hook),
           "initialization_hook '" + c.initialization_hook +
@@ -106,13 +109,24 @@ Metrics reduce(const std::vector<Metrics>& parts) {
 
 }  // namespace
 
+// A failure the trainer can recover from by re-forming the job (a lost worker, a broken group).
+bool recoverable(const std::exception& e) {
+  return dynamic_cast<const CommError*>(&e) != nullptr;
+}
+
 struct Trainer::Impl {
   std::string op_name;
   TrainerConfig config;
   std::string token;
   std::unique_ptr<control::DriverServer> server;
   runtime::LocalProcesses children;
+  std::string binary;                  // local mode: what workers run
   int64_t parameters = 0;
+  int64_t generation = 1;              // of the communication group; +1 per re-formation
+  std::string snapshot;                // replica state at the last consistent point
+  int failures = 0;
+  std::vector<std::string> failure_log;
+  std::vector<RecoveryEvent> events;   // of the current call
   bool broken = false;
   bool stopped = false;
   std::unique_ptr<torch_glue::ReplicaRuntime> local;  // get_model's copy
@@ -120,27 +134,186 @@ struct Trainer::Impl {
   // Liveness of spawned workers, checked while waiting on them.
   void check_children() {
     if (auto gone = children.check_exited()) {
-      throw CommError(*gone + "; see its output above" +
-                          (config.listen.empty() ? " (does main() call dsgd::init(argc, argv) first?)" : ""),
+      for (const auto& w : server->workers()) {
+        if (gone->find("process " + std::to_string(w.pid) + " ") != std::string::npos) {
+          throw CommError("worker " + std::to_string(w.index) + " (host " + w.host + "): " + *gone, "worker",
+                          static_cast<int>(w.index), w.host);
+        }
+      }
+      throw CommError(*gone + " before registering; see its output above (does main() call dsgd::init(argc, argv) "
+                              "first?)",
                       "worker");
     }
   }
 
-  std::vector<control::CommandOutcome> call(const std::string& kind, const json& in = json::object(),
-                                            const std::string& blob = "", std::vector<int> targets = {},
-                                            const std::function<void()>& extra_tick = {}) {
+  void spawn_worker() {
+    const std::string driver = "127.0.0.1:" + std::to_string(server->port());
+    const int threads = std::max(1, config.threads_per_worker > 0
+                                        ? config.threads_per_worker
+                                        : static_cast<int>(std::thread::hardware_concurrency()) / config.num_workers);
+    children.spawn(binary, {"--dsgd-worker", "--driver", driver},
+                   {"DSGD_TOKEN=" + token, "DSGD_WORKER_OF=" + std::to_string(::getpid()),
+                    // one OpenMP team per worker, sized by the driver (see threads_per_worker)
+                    "OMP_NUM_THREADS=" + std::to_string(threads)});
+  }
+
+  // Where every live worker sits: {"generation", "num_workers", "ranks": {id: position}}.
+  json placement() const {
+    json ranks = json::object();
+    int i = 0;
+    for (int id : server->alive()) ranks[std::to_string(id)] = i++;
+    return {{"generation", generation}, {"num_workers", i}, {"ranks", ranks}};
+  }
+
+  // One command to every live worker (or `targets`); any failure throws.
+  std::vector<control::CommandOutcome> raw_call(const std::string& kind, const json& in = json::object(),
+                                                const std::string& blob = "", std::vector<int> targets = {},
+                                                const std::function<void()>& extra_tick = {},
+                                                milliseconds timeout = milliseconds(0)) {
+    return server->call(kind, in.dump(), blob, timeout, [&] {
+      check_children();
+      if (extra_tick) extra_tick();
+    }, std::move(targets));
+  }
+
+  void ensure_usable() const {
     if (stopped) throw Error("the trainer was shut down");
-    if (broken) throw Error("the trainer is unusable after an earlier failure; create a new Trainer (or load a checkpoint into one)");
-    try {
-      return server->call(kind, in.dump(), blob, milliseconds(0), [&] {
-        check_children();
-        if (extra_tick) extra_tick();
-      }, std::move(targets));
-    } catch (...) {
-      broken = true;
-      server->stop_workers();
-      throw;
+    if (broken) {
+      throw Error("the trainer is unusable after an earlier failure; create a new Trainer (or load a checkpoint into one)");
     }
+  }
+
+  void fail(const std::string& why) {
+    broken = true;
+    server->stop_workers();
+    throw Error(why);
+  }
+
+  // A command that survives lost workers: on a recoverable failure the job is re-formed from
+  // the last snapshot and the command is sent again. `first_only`: to the first live worker.
+  std::vector<control::CommandOutcome> call(const std::string& kind, const json& in = json::object(),
+                                            const std::string& blob = "", bool first_only = false,
+                                            const std::function<void()>& extra_tick = {}) {
+    ensure_usable();
+    while (true) {
+      try {
+        std::vector<int> targets;
+        if (first_only) targets = {server->alive().at(0)};
+        return raw_call(kind, in, blob, targets, extra_tick);
+      } catch (const std::exception& e) {
+        if (!recoverable(e)) {
+          broken = true;
+          server->stop_workers();
+          throw;
+        }
+        recover(e.what());
+      }
+    }
+  }
+
+  // The recovery protocol: abort the old generation, find and evict the lost workers, spawn
+  // replacements, re-form the group with a new generation, restore the snapshot everywhere.
+  void recover(std::string failure) {
+    while (true) {
+      const auto t0 = Clock::now();
+      failure_log.push_back(failure);
+      if (++failures > config.max_failures) {
+        std::string all;
+        for (size_t i = 0; i < failure_log.size(); ++i) all += "\n  " + std::to_string(i + 1) + ". " + failure_log[i];
+        fail("giving up after " + std::to_string(failures) + " failures (max_failures " +
+             std::to_string(config.max_failures) + "):" + all);
+      }
+      control::log().warn("trainer: {}; recovering (failure {} of at most {})", failure, failures, config.max_failures);
+      try {
+        RecoveryEvent ev = reform(failure);
+        ev.recovery_s = std::chrono::duration<double>(Clock::now() - t0).count();
+        control::log().warn("trainer: recovered in {:.2f} s with {} worker(s); lost {}", ev.recovery_s,
+                            ev.workers_after, ev.lost);
+        events.push_back(std::move(ev));
+        return;
+      } catch (const std::exception& e) {
+        if (!recoverable(e)) {
+          broken = true;
+          server->stop_workers();
+          throw;
+        }
+        // Lost another worker while re-forming: go round again (it counts as a failure).
+        failure = e.what();
+      }
+    }
+  }
+
+  RecoveryEvent reform(const std::string& failure) {
+    RecoveryEvent ev;
+    ev.failure = failure;
+    server->abort_generation(generation);
+    // Wait until every live worker is idle (answers a ping) or known lost (exited or silent for
+    // the heartbeat timeout). Survivors fail their aborted command within moments.
+    std::vector<int> lost;
+    const auto deadline = Clock::now() + config.heartbeat_timeout + milliseconds(2000);
+    while (true) {
+      for (const auto& w : server->workers()) {
+        if (!w.alive || std::find(lost.begin(), lost.end(), w.index) != lost.end()) continue;
+        const bool exited = config.listen.empty() && children.gone(static_cast<pid_t>(w.pid));
+        const bool silent = w.since_heartbeat_s * 1000 > static_cast<double>(config.heartbeat_timeout.count());
+        if (exited || silent) {
+          lost.push_back(static_cast<int>(w.index));
+          json p = json::parse(w.progress.empty() ? "{}" : w.progress, nullptr, false);
+          ev.lost += (ev.lost.empty() ? "" : ", ") + std::string("worker ") + std::to_string(w.index) + " (host " +
+                     w.host + ", pid " + std::to_string(w.pid) + (exited ? ", exited" : ", silent") + ")";
+          if (p.is_object()) ev.rolled_back_steps = std::max(ev.rolled_back_steps, p.value("batches", int64_t{0}));
+        }
+      }
+      std::vector<int> survivors;
+      for (int id : server->alive()) {
+        if (std::find(lost.begin(), lost.end(), id) == lost.end()) survivors.push_back(id);
+      }
+      try {
+        if (!survivors.empty()) raw_call("ping", json::object(), "", survivors, {}, milliseconds(1000));
+        break;
+      } catch (const std::exception&) {
+        if (Clock::now() > deadline) throw;
+      }
+    }
+    for (int id : lost) {
+      const auto info = server->workers().at(static_cast<size_t>(id));
+      server->evict(id, failure);
+      if (config.listen.empty()) children.kill(static_cast<pid_t>(info.pid));
+    }
+    // Replacements (local mode); without them the job goes on with fewer workers.
+    const auto before = server->alive();
+    if (config.listen.empty() && config.replace_lost_workers && !lost.empty()) {
+      const size_t spawned_from = children.pids().size();
+      for (size_t i = 0; i < lost.size(); ++i) spawn_worker();
+      try {
+        server->wait_registered(config.replacement_timeout, [] {}, config.num_workers);
+      } catch (const TimeoutError& e) {
+        control::log().warn("trainer: replacements did not register ({}); going on with {} worker(s)", e.what(),
+                             server->alive().size());
+        const auto spawned = children.pids();
+        for (size_t i = spawned_from; i < spawned.size(); ++i) {
+          bool registered = false;
+          for (const auto& w : server->workers()) registered |= w.alive && w.pid == spawned[i];
+          if (!registered) children.kill(spawned[i]);
+        }
+      }
+    }
+    const auto now_alive = server->alive();
+    if (now_alive.empty()) fail("every worker was lost: " + failure);
+    std::vector<int> fresh;
+    for (int id : now_alive) {
+      if (std::find(before.begin(), before.end(), id) == before.end()) fresh.push_back(id);
+    }
+    ++generation;
+    const int world = static_cast<int>(now_alive.size()) * config.devices_per_worker;
+    if (config.batch_size < world) fail("too few samples per step for the re-formed job");
+    server->set_world(generation, world);
+    const json place = placement();
+    if (!fresh.empty()) raw_call("setup", place, "", fresh);
+    raw_call("connect", place);
+    raw_call("set_state", json::object(), snapshot);
+    ev.workers_after = static_cast<int>(now_alive.size());
+    return ev;
   }
 
   Results results_of(const std::vector<control::CommandOutcome>& outs, bool per_worker) {
@@ -157,6 +330,8 @@ struct Trainer::Impl {
     if (per_worker) r.per_worker = parts;
     return r;
   }
+
+  void take_snapshot() { snapshot = std::move(raw_call("get_state", json::object(), "", {server->alive().at(0)})[0].blob); }
 };
 
 Trainer::Trainer(const std::string& operator_name, TrainerConfig config) : impl_(std::make_unique<Impl>()) {
@@ -199,14 +374,8 @@ Trainer::Trainer(const std::string& operator_name, TrainerConfig config) : impl_
 
   try {
     if (c.listen.empty()) {
-      const std::string binary = c.worker_binary.empty() ? runtime::self_executable() : c.worker_binary;
-      const std::string driver = "127.0.0.1:" + std::to_string(d.server->port());
-      for (int i = 0; i < c.num_workers; ++i) {
-        d.children.spawn(binary, {"--dsgd-worker", "--driver", driver, "--spawn-index", std::to_string(i)},
-                         {"DSGD_TOKEN=" + d.token, "DSGD_WORKER_OF=" + std::to_string(::getpid()),
-                          // one OpenMP team per worker, sized by the driver (see threads_per_worker)
-                          "OMP_NUM_THREADS=" + std::to_string(std::max(1, threads))});
-      }
+      d.binary = c.worker_binary.empty() ? runtime::self_executable() : c.worker_binary;
+      for (int i = 0; i < c.num_workers; ++i) d.spawn_worker();
     } else {
       control::log().info("driver: waiting for {} worker(s): start each with --dsgd-worker --driver {} --token {}",
                    c.num_workers, address(), d.token);
@@ -214,7 +383,9 @@ Trainer::Trainer(const std::string& operator_name, TrainerConfig config) : impl_
     d.server->wait_registered(c.registration_timeout, [&] { d.check_children(); });
 
     // Every replica builds its operator; all must agree on the parameters.
-    auto setups = d.call("setup");
+    d.server->set_world(d.generation, c.num_workers * c.devices_per_worker);
+    const json place = d.placement();
+    auto setups = d.raw_call("setup", place);
     const std::string reference = json::parse(setups[0].json).at("signature").get<std::string>();
     d.parameters = json::parse(setups[0].json).value("parameters", int64_t{0});
     for (size_t w = 1; w < setups.size(); ++w) {
@@ -232,10 +403,10 @@ Trainer::Trainer(const std::string& operator_name, TrainerConfig config) : impl_
         }
       }
     }
-    d.call("connect");
+    d.raw_call("connect", place);
     // Start every replica from replica 0's parameters (and optimizer state).
-    auto state = d.call("get_state", json::object(), "", {0});
-    if (c.num_workers > 1 || c.devices_per_worker > 1) d.call("set_state", json::object(), state[0].blob);
+    d.take_snapshot();
+    if (c.num_workers > 1 || c.devices_per_worker > 1) d.raw_call("set_state", json::object(), d.snapshot);
   } catch (...) {
     shutdown();
     throw;
@@ -253,20 +424,78 @@ Trainer::~Trainer() {
 Results Trainer::train(const TrainOptions& options) {
   if (options.num_steps < 0) throw ConfigError("num_steps must be >= 0, got " + std::to_string(options.num_steps));
   auto& d = *impl_;
+  d.ensure_usable();
+  d.events.clear();
   const auto t0 = Clock::now();
+  int64_t done = 0;  // steps completed in earlier chunks of this call
   std::function<void()> tick;
   if (d.config.on_progress) {
     tick = [&] {
-      auto ws = d.server->workers();
-      if (ws.empty() || ws[0].progress.empty()) return;
-      const json p = json::parse(ws[0].progress, nullptr, false);
+      auto alive = d.server->alive();
+      if (alive.empty()) return;
+      const auto w = d.server->workers().at(static_cast<size_t>(alive[0]));
+      const json p = json::parse(w.progress.empty() ? "null" : w.progress, nullptr, false);
       if (!p.is_object()) return;
-      d.config.on_progress({p.value("batches", int64_t{0}), options.num_steps, p.value("loss", 0.0),
+      d.config.on_progress({done + p.value("batches", int64_t{0}), options.num_steps, p.value("loss", 0.0),
                             std::chrono::duration<double>(Clock::now() - t0).count()});
     };
   }
-  auto outs = d.call("train", {{"max_batches", options.num_steps}, {"profile", options.profile}}, "", {}, tick);
-  return d.results_of(outs, !options.reduce_results);
+  // Chunks of checkpoint_every_steps, a snapshot after each: a recovery redoes at most one chunk.
+  Results total;
+  std::vector<Metrics> chunks;
+  std::vector<std::vector<Metrics>> per_worker_chunks;
+  while (true) {
+    int64_t chunk = d.config.checkpoint_every_steps > 0 ? d.config.checkpoint_every_steps : 0;
+    if (options.num_steps > 0) chunk = chunk > 0 ? std::min(chunk, options.num_steps - done) : options.num_steps - done;
+    const size_t recoveries_before = d.events.size();
+    auto outs = d.call("train", {{"max_batches", chunk}, {"profile", options.profile}}, "", false, tick);
+    if (d.events.size() != recoveries_before) {
+      // The job was re-formed during this chunk: it restarted from the snapshot, i.e. from the
+      // start of the chunk, so its results are whole.
+    }
+    Results r = d.results_of(outs, true);
+    chunks.push_back(r.metrics);
+    per_worker_chunks.push_back(r.per_worker);
+    total.epoch = r.epoch;
+    total.batch = r.batch;
+    total.batches_per_epoch = r.batches_per_epoch;
+    const int64_t batches = static_cast<int64_t>(r.metrics.count("batches") ? r.metrics.at("batches") : 0);
+    done += batches;
+    const bool epoch_over = r.batch == 0;
+    const bool enough = options.num_steps > 0 && done >= options.num_steps;
+    if (epoch_over || enough || batches == 0 || chunk == 0) break;
+    d.take_snapshot();
+  }
+  if (chunks.size() == 1) {
+    total.metrics = chunks[0];
+  } else {
+    // Weighted by samples, except the totals.
+    total.metrics = reduce(chunks);
+    double batches = 0, epoch_s = 0;
+    for (const auto& m : chunks) {
+      batches += m.count("batches") ? m.at("batches") : 0;
+      epoch_s += m.count("epoch_s") ? m.at("epoch_s") : 0;
+    }
+    total.metrics["batches"] = batches;
+    if (options.profile) total.metrics["epoch_s"] = epoch_s;
+  }
+  if (!options.reduce_results) {
+    const auto& last = per_worker_chunks.back();
+    bool same = true;
+    for (const auto& c : per_worker_chunks) same &= c.size() == last.size();
+    if (same && per_worker_chunks.size() > 1) {
+      for (size_t w = 0; w < last.size(); ++w) {
+        std::vector<Metrics> parts;
+        for (const auto& c : per_worker_chunks) parts.push_back(c[w]);
+        total.per_worker.push_back(reduce(parts));
+      }
+    } else {
+      total.per_worker = last;
+    }
+  }
+  d.take_snapshot();
+  total.recoveries = d.events;
+  return total;
 }
 
 Results Trainer::validate() { return impl_->results_of(impl_->call("validate"), false); }
@@ -282,9 +511,9 @@ std::vector<json> Trainer::foreach_worker(const std::string& name, const json& a
 
 void Trainer::save(const std::string& path) {
   auto& d = *impl_;
-  auto state = d.call("get_state", json::object(), "", {0});
-  auto pickle = d.call("get_pickle", json::object(), "", {0});
-  auto pos = d.call("position", json::object(), "", {0});
+  auto state = d.call("get_state", json::object(), "", true);
+  auto pickle = d.call("get_pickle", json::object(), "", true);
+  auto pos = d.call("position", json::object(), "", true);
   runtime::Checkpoint c;
   c.header = json::parse(pos[0].json);
   c.header["operator"] = d.op_name;
@@ -302,11 +531,12 @@ void Trainer::load(const std::string& path) {
     throw ConfigError(path + ": the checkpoint is of operator '" + op + "', this trainer runs '" + impl_->op_name + "'");
   }
   impl_->call("set_state", json::object(), c.state);
+  impl_->snapshot = c.state;
 }
 
 std::shared_ptr<torch::nn::Module> Trainer::get_model(size_t index) {
   auto& d = *impl_;
-  auto state = d.call("get_state", json::object(), "", {0});
+  auto state = d.call("get_state", json::object(), "", true);
   if (!d.local) {
     torch_glue::ReplicaOptions o;
     o.global_batch = d.config.batch_size;

@@ -185,7 +185,12 @@ class Worker {
     }
     stop_ = true;
     heartbeat.join();
-    for (auto& s : strategies_) s->abort("worker shutting down");
+    {
+      std::lock_guard<std::mutex> lock(strategies_mutex_);
+      for (auto& s : strategies_) {
+        if (s) s->abort("worker shutting down");
+      }
+    }
     replicas_.clear();
     groups_.clear();
     return rc;
@@ -203,9 +208,11 @@ class Worker {
           p["batches"] = r->progress().batches.load();
           p["loss"] = r->progress().loss.load();
         }
-        const bool stop = client_.heartbeat(index_, p.is_null() ? std::string() : p.dump(), std::max(heartbeat_timeout_ / 2, milliseconds(500)));
+        const auto beat = client_.heartbeat(index_, p.is_null() ? std::string() : p.dump(),
+                                            std::max(heartbeat_timeout_ / 2, milliseconds(500)));
         last_ok = Clock::now();
-        if (stop) {
+        if (beat.abort_generation > 0 && beat.abort_generation >= generation_) abort_communication(beat.abort_generation);
+        if (beat.stop) {
           if (busy_) {
             control::log().warn("worker {}: the driver ended the job during a command; exiting", index_);
             std::_Exit(0);
@@ -219,6 +226,16 @@ class Worker {
           std::_Exit(4);
         }
       }
+    }
+  }
+
+  // Recovery: the driver lost a worker; fail whatever waits on the old group at once.
+  void abort_communication(int64_t generation) {
+    std::lock_guard<std::mutex> lock(strategies_mutex_);
+    if (aborted_generation_ >= generation) return;
+    aborted_generation_ = generation;
+    for (auto& s : strategies_) {
+      if (s) s->abort("the driver is re-forming the job (generation " + std::to_string(generation) + " aborted)");
     }
   }
 
@@ -238,7 +255,10 @@ class Worker {
         } catch (...) {
           errors[static_cast<size_t>(i)] = std::current_exception();
           // One replica failing leaves the others waiting in a collective: fail them too.
-          for (auto& s : strategies_) s->abort("replica " + std::to_string(i) + " of this worker failed");
+          std::lock_guard<std::mutex> lock(strategies_mutex_);
+          for (auto& s : strategies_) {
+            if (s) s->abort("replica " + std::to_string(i) + " of this worker failed");
+          }
         }
       });
     }
@@ -251,6 +271,7 @@ class Worker {
   void run(const control::DriverClient::Command& cmd, std::string& out_json, std::string& out_blob) {
     const json in = cmd.json.empty() ? json::object() : json::parse(cmd.json);
     if (cmd.kind == "setup") {
+      place(in);
       setup();
       json out;
       out["signature"] = replicas_[0]->signature();
@@ -261,7 +282,7 @@ class Worker {
       out["parameters"] = parameters;
       out_json = out.dump();
     } else if (cmd.kind == "connect") {
-      connect();
+      connect(in);
     } else if (cmd.kind == "set_state") {
       each_replica([&](int i) { replicas_[static_cast<size_t>(i)]->load_state(cmd.blob); });
     } else if (cmd.kind == "get_state") {
@@ -293,6 +314,8 @@ class Worker {
       out_json = json{{"epoch", replicas_.at(0)->position().epoch}, {"batch", replicas_.at(0)->position().batch}}.dump();
     } else if (cmd.kind == "step_schedules") {
       for (auto& r : replicas_) r->step_schedules();
+    } else if (cmd.kind == "ping") {
+      // idle: answered
     } else if (cmd.kind == "shutdown") {
       // answered by serve()
     } else {
@@ -308,7 +331,7 @@ class Worker {
     for (int i = 0; i < dpw_; ++i) {
       torch_glue::ReplicaOptions o;
       o.seed = job_.at("seed").get<uint64_t>();
-      o.info = {static_cast<int>(index_) * dpw_ + i, world_, static_cast<int>(index_), i, o.seed};
+      o.info = {rank_base_ + i, world_, position_, i, o.seed};
       o.global_batch = job_.at("batch_size").get<int64_t>();
       o.grad_shard_bytes = job_.at("grad_shard_bytes").get<size_t>();
       o.scheduler_step_freq = job_.at("scheduler_step_freq").get<std::string>();
@@ -328,16 +351,33 @@ class Worker {
     progress_source_ = replicas_[0].get();
   }
 
-  void connect() {
+  // This worker's place in the job: worker in["ranks"][my id] of in["num_workers"].
+  void place(const json& in) {
+    const int num_workers = in.value("num_workers", job_.at("num_workers").get<int>());
+    position_ = in.contains("ranks") ? in.at("ranks").at(std::to_string(index_)).get<int>() : static_cast<int>(index_);
+    world_ = num_workers * dpw_;
+    rank_base_ = position_ * dpw_;
+  }
+
+  // Joins generation in["generation"] at the place in["ranks"] gives.
+  void connect(const json& in) {
     const std::string strategy = job_.at("strategy").get<std::string>();
-    strategies_.clear();
+    const int64_t generation = in.value("generation", int64_t{1});
+    place(in);
+    for (auto& r : replicas_) r->attach(nullptr);  // hooks off before the old strategies go
+    {
+      std::lock_guard<std::mutex> lock(strategies_mutex_);
+      strategies_.clear();
+    }
     groups_.clear();
+    generation_ = generation;
+    for (int i = 0; i < dpw_; ++i) replicas_[static_cast<size_t>(i)]->set_info(rank_base_ + i, world_, position_);
     if (world_ == 1) return;  // one replica: nothing to average, no hooks
-    strategies_.assign(static_cast<size_t>(dpw_), nullptr);
+    std::vector<std::shared_ptr<strategy::GradientStrategy>> strategies(static_cast<size_t>(dpw_));
     groups_.assign(static_cast<size_t>(dpw_), nullptr);
     if (strategy == "allreduce") {
       auto base = control::connect_store(client_.address(), token_);
-      const std::string prefix = "gen" + std::to_string(job_.value("generation", 0)) + "/";
+      const std::string prefix = "gen" + std::to_string(generation) + "/";
       each_replica([&](int i) {
         auto store = std::make_shared<comm::PrefixStore>(base, prefix);
         comm::GroupOptions go;
@@ -346,26 +386,34 @@ class Worker {
         go.timeout = comm_timeout_;
         comm::ShmOptions so;
         so.timeout = comm_timeout_;
-        const int rank = static_cast<int>(index_) * dpw_ + i;
+        const int rank = rank_base_ + i;
         auto group = std::shared_ptr<comm::HierarchicalGroup>(comm::HierarchicalGroup::create(store, rank, world_, go, so));
         groups_[static_cast<size_t>(i)] = group;
-        strategies_[static_cast<size_t>(i)] =
+        strategies[static_cast<size_t>(i)] =
             strategy::make_allreduce_strategy(group, job_.value("allreduce_algo", std::string("auto")));
       });
     } else if (strategy == "simple") {
       for (int i = 0; i < dpw_; ++i) {
-        const int64_t rank = index_ * dpw_ + i;
+        const int64_t rank = rank_base_ + i;
         const auto timeout = comm_timeout_;
         auto& client = client_;
-        strategies_[static_cast<size_t>(i)] = strategy::make_simple_strategy(
-            [&client, rank, timeout](uint64_t seq, float* data, size_t count) {
-              client.average(rank, seq, data, count, timeout);
+        strategies[static_cast<size_t>(i)] = strategy::make_simple_strategy(
+            [&client, generation, rank, timeout](uint64_t seq, float* data, size_t count) {
+              client.average(generation, rank, seq, data, count, timeout);
             });
       }
     } else {
       throw ConfigError("unknown strategy '" + strategy + "'");
     }
-    for (int i = 0; i < dpw_; ++i) replicas_[static_cast<size_t>(i)]->attach(strategies_[static_cast<size_t>(i)]);
+    {
+      std::lock_guard<std::mutex> lock(strategies_mutex_);
+      strategies_ = strategies;
+      // An abort for this generation may have come while the group formed.
+      if (aborted_generation_ >= generation) {
+        for (auto& st : strategies_) st->abort("generation " + std::to_string(generation) + " aborted");
+      }
+    }
+    for (int i = 0; i < dpw_; ++i) replicas_[static_cast<size_t>(i)]->attach(strategies[static_cast<size_t>(i)]);
   }
 
   control::DriverClient& client_;
@@ -382,6 +430,11 @@ class Worker {
   std::atomic<bool> stop_{false};
   std::atomic<bool> busy_{false};
   std::atomic<torch_glue::ReplicaRuntime*> progress_source_{nullptr};
+  std::atomic<int64_t> generation_{0};
+  int rank_base_ = 0;
+  int position_ = 0;                     // this worker's index among the live workers
+  std::mutex strategies_mutex_;          // strategies_ is read by the heartbeat thread
+  int64_t aborted_generation_ = 0;       // guarded by strategies_mutex_
   std::vector<std::shared_ptr<comm::HierarchicalGroup>> groups_;
   std::vector<std::shared_ptr<strategy::GradientStrategy>> strategies_;
   std::vector<std::unique_ptr<torch_glue::ReplicaRuntime>> replicas_;  // after strategies_: hooks go first

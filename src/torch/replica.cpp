@@ -66,6 +66,13 @@ std::string ReplicaRuntime::signature() const {
   return out.str();
 }
 
+void ReplicaRuntime::set_info(int rank, int world_size, int worker) {
+  options_.info.rank = rank;
+  options_.info.world_size = world_size;
+  options_.info.worker = worker;
+  op_->info_ = options_.info;
+}
+
 void ReplicaRuntime::attach(std::shared_ptr<strategy::GradientStrategy> strategy) {
   syncs_.clear();
   if (!strategy) return;

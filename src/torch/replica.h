@@ -49,6 +49,8 @@ class ReplicaRuntime {
   void setup(const nlohmann::json& config);
   // "name shape dtype" per parameter and buffer of every model, one per line.
   std::string signature() const;
+  // A new place in a re-formed job (after a worker was lost): rank, world size, worker.
+  void set_info(int rank, int world_size, int worker);
   // Installs gradient hooks averaging through `strategy` (null: none, e.g. the driver's copy).
   void attach(std::shared_ptr<strategy::GradientStrategy> strategy);
 
@@ -90,7 +92,7 @@ class ReplicaRuntime {
   std::pair<int64_t, int64_t> my_part(int64_t batch) const;  // [start, end) in the order
 
   std::unique_ptr<TrainingOperator> op_;
-  const ReplicaOptions options_;
+  ReplicaOptions options_;
   std::vector<std::unique_ptr<GradSync>> syncs_;
   Position position_;
   torch::Tensor order_;              // the current epoch's permutation

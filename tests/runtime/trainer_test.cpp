@@ -362,10 +362,11 @@ TEST(TrainerBadInput, BinaryWithoutInitIsARegistrationErrorNotAHang) {
   EXPECT_LT(Clock::now() - t1, milliseconds(5000));
 }
 
-TEST(TrainerFailure, KilledWorkerFailsTrainWithinSecondsNamingIt) {
+TEST(TrainerFailure, WithoutRetriesAKilledWorkerFailsTrainWithinSecondsNamingIt) {
   auto c = base_config(2, "allreduce", 64);
   c.heartbeat_timeout = milliseconds(3000);
   c.comm_timeout = milliseconds(5000);
+  c.max_failures = 0;
   Trainer t(runtime::kImageClassifier, c);
   const int victim = t.foreach_worker("replica_info")[1]["pid"].get<int>();
   std::thread killer([victim] {
@@ -376,12 +377,70 @@ TEST(TrainerFailure, KilledWorkerFailsTrainWithinSecondsNamingIt) {
   try {
     t.train();  // a whole epoch: far longer than the test
     FAIL() << "train survived a killed worker";
-  } catch (const CommError& e) {
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("giving up after 1 failures"), std::string::npos) << e.what();
     EXPECT_NE(std::string(e.what()).find(std::to_string(victim)), std::string::npos) << e.what();
   }
   killer.join();
   EXPECT_LT(Clock::now() - t0, milliseconds(6000));
   EXPECT_THROW(t.train(), Error);  // unusable after a failure, and says so
+}
+
+// Runs 40 steps with a snapshot every 10 and does `fault` to worker 1 once 15 steps are done;
+// training must finish with parameters equal to a fault-free single process.
+Results train_through_fault(TrainerConfig c, int sig, std::vector<int>* victims = nullptr, double tolerance = 1e-5) {
+  c.checkpoint_every_steps = 10;
+  c.heartbeat_timeout = milliseconds(2000);
+  c.comm_timeout = milliseconds(10000);
+  std::atomic<bool> done{false};
+  int victim = 0;
+  c.on_progress = [&](const TrainProgress& p) {
+    if (p.batches >= 15 && !done.exchange(true)) ::kill(victim, sig);
+  };
+  const Params reference = single_process(c.batch_size, 40);
+  Trainer t(runtime::kImageClassifier, c);
+  victim = t.foreach_worker("replica_info")[1]["pid"].get<int>();
+  if (victims != nullptr) victims->push_back(victim);
+  auto r = t.train({.num_steps = 40});
+  EXPECT_TRUE(done) << "the fault was never injected";
+  EXPECT_EQ(r.batch, 40);
+  EXPECT_EQ(r.metrics.at("batches"), 40.0);
+  EXPECT_LT(max_difference(reference, params_of(*t.get_model())), tolerance);
+  if (sig == SIGSTOP) ::kill(victim, SIGKILL);  // it was evicted; do not leave it stopped
+  return r;
+}
+
+TEST(TrainerRecovery, KilledWorkerIsReplacedAndTheResultEqualsAFaultFreeRun) {
+  std::vector<int> victims;
+  auto r = train_through_fault(base_config(2, "allreduce", 64), SIGKILL, &victims);
+  ASSERT_EQ(r.recoveries.size(), 1u);
+  const auto& ev = r.recoveries[0];
+  EXPECT_NE(ev.lost.find("pid " + std::to_string(victims[0])), std::string::npos) << ev.lost;
+  EXPECT_NE(ev.lost.find("exited"), std::string::npos) << ev.lost;
+  EXPECT_EQ(ev.workers_after, 2);
+  EXPECT_GT(ev.recovery_s, 0);
+  EXPECT_LT(ev.recovery_s, 10);
+  std::cout << "recovery: " << ev.recovery_s << " s, rolled back " << ev.rolled_back_steps << " steps\n";
+}
+
+TEST(TrainerRecovery, SimpleStrategySurvivesAKilledWorker) {
+  auto r = train_through_fault(base_config(2, "simple", 64), SIGKILL);
+  ASSERT_EQ(r.recoveries.size(), 1u);
+}
+
+TEST(TrainerRecovery, HungWorkerIsEvictedAfterTheHeartbeatTimeout) {
+  auto r = train_through_fault(base_config(2, "allreduce", 64), SIGSTOP);
+  ASSERT_EQ(r.recoveries.size(), 1u);
+  EXPECT_NE(r.recoveries[0].lost.find("silent"), std::string::npos) << r.recoveries[0].lost;
+}
+
+TEST(TrainerRecovery, WithoutReplacementsTrainingGoesOnWithFewerWorkersAndTheSameMathematics) {
+  auto c = base_config(3, "allreduce", 66);
+  c.replace_lost_workers = false;
+  // 3 replicas of 22 samples, then 2 of 33: the same gradient, summed in a different order.
+  auto r = train_through_fault(c, SIGKILL, nullptr, 5e-5);
+  ASSERT_EQ(r.recoveries.size(), 1u);
+  EXPECT_EQ(r.recoveries[0].workers_after, 2);
 }
 
 }  // namespace

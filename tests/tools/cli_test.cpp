@@ -1,9 +1,16 @@
 // The `dsgd` command line, run as a user would: help, flag errors (exit 2 with a clear message),
 // data errors (exit 1), and a short real run whose JSON summary is checked.
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <signal.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <array>
+#include <chrono>
+#include <filesystem>
+#include <sstream>
+#include <thread>
 #include <cstdio>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -124,6 +131,55 @@ TEST(Cli, TwoWorkersSaveThenOneWorkerLoadsAndContinues) {
   auto jb = nlohmann::json::parse(fb);
   // The loaded job starts where the saved one ended: its first epoch's loss is lower.
   EXPECT_LT(jb["history"][0]["train_loss"].get<double>(), ja["history"][0]["train_loss"].get<double>());
+}
+
+bool process_gone(pid_t pid) {
+  if (::kill(pid, 0) != 0) return true;
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  std::string line;
+  std::getline(stat, line);
+  const auto close = line.rfind(')');
+  return close != std::string::npos && line.size() > close + 2 && line[close + 2] == 'Z';
+}
+
+TEST(Cli, KillingTheDriverTakesItsWorkersAlongAndLeavesNoSharedMemory) {
+  const pid_t driver = ::fork();
+  ASSERT_GE(driver, 0);
+  if (driver == 0) {
+    const int null = ::open("/dev/null", O_WRONLY);
+    ::dup2(null, 1);
+    ::dup2(null, 2);
+    ::execl(DSGD_BINARY, "dsgd", "train", "--workers", "2", "--model", "mlp", "--dataset", "synthetic",
+            "--epochs", "1000", "--threads", "1", "--quiet", static_cast<char*>(nullptr));
+    ::_exit(127);
+  }
+  // Its two workers, once they train (the shared-memory group exists then).
+  std::vector<pid_t> workers;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (workers.size() < 2 && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    std::ifstream children("/proc/" + std::to_string(driver) + "/task/" + std::to_string(driver) + "/children");
+    workers.clear();
+    pid_t p;
+    while (children >> p) workers.push_back(p);
+  }
+  ASSERT_EQ(workers.size(), 2u) << "the driver did not start its workers";
+  std::this_thread::sleep_for(std::chrono::seconds(4));
+  ::kill(driver, SIGKILL);
+  ::waitpid(driver, nullptr, 0);
+  const auto t0 = std::chrono::steady_clock::now();
+  for (pid_t w : workers) {
+    while (!process_gone(w) && std::chrono::steady_clock::now() - t0 < std::chrono::seconds(15)) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    EXPECT_TRUE(process_gone(w)) << "worker " << w << " outlived its driver";
+  }
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(5));
+  for (const auto& e : std::filesystem::directory_iterator("/dev/shm")) {
+    for (pid_t w : workers) {
+      EXPECT_NE(e.path().filename().string().rfind("dsgd-" + std::to_string(w) + "-", 0), 0u) << e.path();
+    }
+  }
 }
 
 }  // namespace

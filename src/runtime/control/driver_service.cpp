@@ -85,13 +85,14 @@ class DriverServerImpl final : public DriverServer, public proto::Driver::Servic
     cv_.notify_all();
   }
 
-  void wait_registered(milliseconds timeout, const std::function<void()>& on_tick) override {
+  void wait_registered(milliseconds timeout, const std::function<void()>& on_tick, int count) override {
+    if (count <= 0) count = options_.num_workers;
     const auto deadline = Clock::now() + timeout;
     std::unique_lock<std::mutex> lock(mutex_);
-    while (static_cast<int>(workers_.size()) < options_.num_workers) {
+    while (alive_count_locked() < count) {
       if (Clock::now() >= deadline) {
-        throw TimeoutError("driver: " + std::to_string(workers_.size()) + " of " +
-                               std::to_string(options_.num_workers) + " workers registered within " +
+        throw TimeoutError("driver: " + std::to_string(alive_count_locked()) + " of " +
+                               std::to_string(count) + " workers registered within " +
                                std::to_string(timeout.count()) + " ms. Spawned workers must call " +
                                "dsgd::init(argc, argv) first thing in main(); remote workers need this driver's " +
                                "address and token",
@@ -102,6 +103,35 @@ class DriverServerImpl final : public DriverServer, public proto::Driver::Servic
       if (on_tick) on_tick();
       lock.lock();
     }
+  }
+
+  std::vector<int> alive() const override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    std::vector<int> out;
+    for (const auto& w : workers_) {
+      if (w.info.alive) out.push_back(static_cast<int>(w.info.index));
+    }
+    return out;
+  }
+
+  void evict(int id, const std::string& reason) override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto* w = worker(id);
+    if (w == nullptr || !w->info.alive) return;
+    w->info.alive = false;
+    w->queue.clear();
+    w->results.clear();
+    log().warn("driver: evicted worker {} (host {}, pid {}): {}", id, w->info.host, w->info.pid, reason);
+    cv_.notify_all();
+  }
+
+  void abort_generation(int64_t generation) override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    aborted_generation_ = std::max(aborted_generation_, generation);
+    for (auto it = averages_.begin(); it != averages_.end();) {
+      it = it->first.first <= generation ? averages_.erase(it) : std::next(it);
+    }
+    cv_.notify_all();
   }
 
   std::vector<WorkerInfo> workers() const override {
@@ -120,7 +150,9 @@ class DriverServerImpl final : public DriverServer, public proto::Driver::Servic
                                    std::vector<int> targets) override {
     std::unique_lock<std::mutex> lock(mutex_);
     if (targets.empty()) {
-      for (size_t i = 0; i < workers_.size(); ++i) targets.push_back(static_cast<int>(i));
+      for (size_t i = 0; i < workers_.size(); ++i) {
+        if (workers_[i].info.alive) targets.push_back(static_cast<int>(i));
+      }
     }
     const uint64_t id = next_id_++;
     for (int t : targets) {
@@ -137,6 +169,11 @@ class DriverServerImpl final : public DriverServer, public proto::Driver::Servic
       size_t done = 0;
       for (int t : targets) {
         auto& w = workers_[static_cast<size_t>(t)];
+        if (!w.info.alive) {
+          throw CommError("worker " + std::to_string(w.info.index) + " (host " + w.info.host + ", pid " +
+                              std::to_string(w.info.pid) + ") was evicted during '" + kind + "'",
+                          kind, static_cast<int>(w.info.index), w.info.host);
+        }
         auto it = w.results.find(id);
         if (it == w.results.end()) continue;
         if (!it->second.ok) {
@@ -185,7 +222,7 @@ class DriverServerImpl final : public DriverServer, public proto::Driver::Servic
                         proto::RegisterReply* reply) override {
     if (!token_ok(ctx, options_.token, "Register")) return denied();
     std::lock_guard<std::mutex> lock(mutex_);
-    if (static_cast<int>(workers_.size()) >= options_.num_workers) {
+    if (alive_count_locked() >= options_.num_workers) {
       log().warn("driver: refused worker {} (pid {}): the job already has its {} workers", req->host(), req->pid(),
                    options_.num_workers);
       return {grpc::StatusCode::RESOURCE_EXHAUSTED,
@@ -210,8 +247,8 @@ class DriverServerImpl final : public DriverServer, public proto::Driver::Servic
   grpc::Status Poll(grpc::ServerContext* ctx, const proto::PollRequest* req, proto::Command* reply) override {
     if (!token_ok(ctx, options_.token, "Poll")) return denied();
     std::unique_lock<std::mutex> lock(mutex_);
-    auto* w = worker(req->worker());
-    if (w == nullptr) return {grpc::StatusCode::NOT_FOUND, "unknown worker " + std::to_string(req->worker())};
+    auto* w = live(req->worker());
+    if (w == nullptr) return {grpc::StatusCode::NOT_FOUND, "unknown or evicted worker " + std::to_string(req->worker())};
     w->last_heartbeat = Clock::now();
     cv_.wait_for(lock, milliseconds(std::clamp<int64_t>(req->wait_ms(), 0, 5000)),
                  [&] { return !w->queue.empty() || stop_; });
@@ -225,8 +262,8 @@ class DriverServerImpl final : public DriverServer, public proto::Driver::Servic
   grpc::Status Complete(grpc::ServerContext* ctx, const proto::CommandResult* req, proto::Empty*) override {
     if (!token_ok(ctx, options_.token, "Complete")) return denied();
     std::lock_guard<std::mutex> lock(mutex_);
-    auto* w = worker(req->worker());
-    if (w == nullptr) return {grpc::StatusCode::NOT_FOUND, "unknown worker " + std::to_string(req->worker())};
+    auto* w = live(req->worker());
+    if (w == nullptr) return {grpc::StatusCode::NOT_FOUND, "unknown or evicted worker " + std::to_string(req->worker())};
     w->last_heartbeat = Clock::now();
     w->results[req->id()] = Result{req->ok(), req->error(), req->error_kind(), req->json(), req->blob()};
     cv_.notify_all();
@@ -237,27 +274,32 @@ class DriverServerImpl final : public DriverServer, public proto::Driver::Servic
                          proto::HeartbeatReply* reply) override {
     if (!token_ok(ctx, options_.token, "Heartbeat")) return denied();
     std::lock_guard<std::mutex> lock(mutex_);
-    auto* w = worker(req->worker());
-    if (w == nullptr) return {grpc::StatusCode::NOT_FOUND, "unknown worker " + std::to_string(req->worker())};
+    auto* w = live(req->worker());
+    if (w == nullptr) return {grpc::StatusCode::NOT_FOUND, "unknown or evicted worker " + std::to_string(req->worker())};
     w->last_heartbeat = Clock::now();
     if (!req->progress().empty()) w->info.progress = req->progress();
     reply->set_stop(stop_);
+    reply->set_abort_generation(aborted_generation_);
     return grpc::Status::OK;
   }
 
   grpc::Status Reduce(grpc::ServerContext* ctx, const proto::ReduceRequest* req, proto::ReduceReply* reply) override {
     if (!token_ok(ctx, options_.token, "Reduce")) return denied();
-    const int world = options_.world_size;
+    std::unique_lock<std::mutex> lock(mutex_);
+    const int64_t gen = req->generation();
+    const auto world_it = world_of_generation_.find(gen);
+    const int world = world_it == world_of_generation_.end() ? options_.world_size : world_it->second;
     if (req->rank() < 0 || req->rank() >= world || req->data().size() % sizeof(float) != 0) {
       return {grpc::StatusCode::INVALID_ARGUMENT, "bad rank or data size"};
     }
-    std::unique_lock<std::mutex> lock(mutex_);
-    auto& a = averages_[req->seq()];
-    if (a.parts.empty()) a.parts.resize(static_cast<size_t>(world));
-    if (!a.parts[static_cast<size_t>(req->rank())].empty() || (a.arrived > 0 && a.parts[0].size() != req->data().size() &&
-                                                                !a.parts[0].empty())) {
-      return {grpc::StatusCode::INVALID_ARGUMENT, "duplicate or mismatched contribution to average #" +
-                                                      std::to_string(req->seq())};
+    if (gen <= aborted_generation_) {
+      return {grpc::StatusCode::ABORTED, "generation " + std::to_string(gen) + " was aborted (recovery)"};
+    }
+    const auto key = std::make_pair(gen, req->seq());
+    auto& a = averages_[key];
+    if (a.parts.empty() && !a.done) a.parts.resize(static_cast<size_t>(world));
+    if (a.done || !a.parts[static_cast<size_t>(req->rank())].empty()) {
+      return {grpc::StatusCode::INVALID_ARGUMENT, "duplicate contribution to average #" + std::to_string(req->seq())};
     }
     a.parts[static_cast<size_t>(req->rank())] = req->data();
     if (++a.arrived == world) {
@@ -265,6 +307,9 @@ class DriverServerImpl final : public DriverServer, public proto::Driver::Servic
       const size_t n = req->data().size() / sizeof(float);
       std::vector<float> sum(n, 0.0f);
       for (const auto& p : a.parts) {
+        if (p.size() != req->data().size()) {
+          return {grpc::StatusCode::INVALID_ARGUMENT, "mismatched sizes in average #" + std::to_string(req->seq())};
+        }
         const float* v = reinterpret_cast<const float*>(p.data());
         for (size_t i = 0; i < n; ++i) sum[i] += v[i];
       }
@@ -275,16 +320,27 @@ class DriverServerImpl final : public DriverServer, public proto::Driver::Servic
       a.done = true;
       cv_.notify_all();
     }
-    const uint64_t seq = req->seq();
-    if (!cv_.wait_for(lock, options_.reduce_timeout, [&] { return averages_[seq].done || stop_; }) || stop_) {
+    const bool ready = cv_.wait_for(lock, options_.reduce_timeout, [&] {
+      auto it = averages_.find(key);
+      return stop_ || gen <= aborted_generation_ || (it != averages_.end() && it->second.done);
+    });
+    auto it = averages_.find(key);
+    if (stop_ || gen <= aborted_generation_ || it == averages_.end()) {
+      return {grpc::StatusCode::ABORTED, "average #" + std::to_string(req->seq()) + " aborted"};
+    }
+    if (!ready) {
       return {grpc::StatusCode::DEADLINE_EXCEEDED,
-              "average #" + std::to_string(seq) + ": only " + std::to_string(averages_[seq].arrived) + " of " +
+              "average #" + std::to_string(req->seq()) + ": only " + std::to_string(it->second.arrived) + " of " +
                   std::to_string(world) + " replicas contributed"};
     }
-    auto& done = averages_[seq];
-    reply->set_data(done.result);
-    if (++done.fetched == world) averages_.erase(seq);
+    reply->set_data(it->second.result);
+    if (++it->second.fetched == world) averages_.erase(it);
     return grpc::Status::OK;
+  }
+
+  void set_world(int64_t generation, int world) override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    world_of_generation_[generation] = world;
   }
 
  private:
@@ -296,6 +352,16 @@ class DriverServerImpl final : public DriverServer, public proto::Driver::Servic
     if (index < 0 || index >= static_cast<int64_t>(workers_.size())) return nullptr;
     return &workers_[static_cast<size_t>(index)];
   }
+  // A live worker, or null (unknown or evicted: its calls are refused, and it exits).
+  WorkerState* live(int64_t index) {
+    auto* w = worker(index);
+    return w != nullptr && w->info.alive ? w : nullptr;
+  }
+  int alive_count_locked() const {
+    int n = 0;
+    for (const auto& w : workers_) n += w.info.alive ? 1 : 0;
+    return n;
+  }
 
   const DriverServerOptions options_;
   std::shared_ptr<comm::Store> store_;
@@ -303,7 +369,9 @@ class DriverServerImpl final : public DriverServer, public proto::Driver::Servic
   mutable std::mutex mutex_;
   std::condition_variable cv_;
   std::vector<WorkerState> workers_;      // guarded by mutex_
-  std::map<uint64_t, Average> averages_;  // guarded by mutex_
+  std::map<std::pair<int64_t, uint64_t>, Average> averages_;  // guarded by mutex_; by (generation, seq)
+  std::map<int64_t, int> world_of_generation_;                 // guarded by mutex_
+  int64_t aborted_generation_ = 0;                             // guarded by mutex_
   uint64_t next_id_ = 1;                  // guarded by mutex_
   bool stop_ = false;                     // guarded by mutex_
   std::atomic<int64_t> rejected_{0};
@@ -381,7 +449,7 @@ void DriverClient::complete(int64_t worker, uint64_t id, bool ok, const std::str
   if (!s.ok()) raise(s, "driver at " + address_ + ": complete", address_);
 }
 
-bool DriverClient::heartbeat(int64_t worker, const std::string& progress, milliseconds timeout) {
+DriverClient::Beat DriverClient::heartbeat(int64_t worker, const std::string& progress, milliseconds timeout) {
   proto::HeartbeatRequest req;
   req.set_worker(worker);
   req.set_progress(progress);
@@ -390,11 +458,13 @@ bool DriverClient::heartbeat(int64_t worker, const std::string& progress, millis
   proto::HeartbeatReply reply;
   const grpc::Status s = impl_->stub->Heartbeat(&ctx, req, &reply);
   if (!s.ok()) raise(s, "driver at " + address_ + ": heartbeat", address_);
-  return reply.stop();
+  return {reply.stop(), reply.abort_generation()};
 }
 
-void DriverClient::average(int64_t rank, uint64_t seq, float* data, size_t count, milliseconds timeout) {
+void DriverClient::average(int64_t generation, int64_t rank, uint64_t seq, float* data, size_t count,
+                           milliseconds timeout) {
   proto::ReduceRequest req;
+  req.set_generation(generation);
   req.set_rank(rank);
   req.set_seq(seq);
   req.set_data(reinterpret_cast<const char*>(data), count * sizeof(float));

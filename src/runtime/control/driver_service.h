@@ -27,7 +27,8 @@ struct DriverServerOptions {
   std::string listen = "127.0.0.1:0";       // host:port; port 0 picks a free one
   std::string token;
   int num_workers = 1;
-  int world_size = 1;                       // replicas: the simple strategy's average waits for all
+  int world_size = 1;                       // replicas at the start (the simple strategy's averages
+                                            // take it from each call's generation afterwards)
   std::string job;                          // the job spec (JSON) handed to each worker at registration
   std::chrono::milliseconds heartbeat_timeout{10000};
   std::chrono::milliseconds reduce_timeout{60000};
@@ -41,6 +42,7 @@ struct WorkerInfo {
   int64_t spawn_index = -1;
   std::string progress;                     // the last heartbeat's progress JSON
   double since_heartbeat_s = 0;
+  bool alive = true;                        // false once evicted
 };
 
 struct CommandOutcome {
@@ -55,12 +57,24 @@ class DriverServer {
 
   virtual int port() const = 0;
   virtual std::shared_ptr<comm::Store> store() = 0;
-  // Waits until num_workers workers registered; TimeoutError says how many are missing and why
-  // that might be. `on_tick` runs every ~100 ms meanwhile (it may throw to give up early).
-  virtual void wait_registered(std::chrono::milliseconds timeout, const std::function<void()>& on_tick) = 0;
+  // Waits until `count` (0: num_workers) workers are alive; TimeoutError says how many are missing
+  // and why that might be. `on_tick` runs every ~100 ms meanwhile (it may throw to give up early).
+  virtual void wait_registered(std::chrono::milliseconds timeout, const std::function<void()>& on_tick,
+                               int count = 0) = 0;
+  // Every worker that ever registered, by id (index); evicted ones have alive = false.
   virtual std::vector<WorkerInfo> workers() const = 0;
-  // Sends command `kind` to `targets` (empty: every worker) and returns their outcomes in that
-  // order. Throws dsgd::Error naming the worker on its failure, CommError when a worker is lost,
+  // Ids of the live workers, ascending.
+  virtual std::vector<int> alive() const = 0;
+  // Removes a worker from the job: its queued commands go, its later calls are refused (so it
+  // exits), and a replacement may register in its place.
+  virtual void evict(int id, const std::string& reason) = 0;
+  // Heartbeats tell workers to fail the communication of `generation` and older, and the simple
+  // strategy's averages of those generations fail at once (recovery).
+  virtual void abort_generation(int64_t generation) = 0;
+  // The number of replicas of `generation` (the simple strategy's averages wait for them all).
+  virtual void set_world(int64_t generation, int world) = 0;
+  // Sends command `kind` to `targets` (ids; empty: every live worker) and returns their outcomes
+  // in that order. Throws dsgd::Error naming the worker on its failure, CommError when a worker is lost,
   // TimeoutError after `timeout` (zero: none; heartbeats still bound the wait).
   virtual std::vector<CommandOutcome> call(const std::string& kind, const std::string& json, const std::string& blob,
                                            std::chrono::milliseconds timeout, const std::function<void()>& on_tick,
@@ -90,10 +104,15 @@ class DriverClient {
   Command poll(int64_t worker, std::chrono::milliseconds wait);
   void complete(int64_t worker, uint64_t id, bool ok, const std::string& error, const std::string& error_kind,
                 const std::string& json, const std::string& blob);
-  // Returns true when the driver says stop.
-  bool heartbeat(int64_t worker, const std::string& progress, std::chrono::milliseconds timeout);
-  // The simple strategy: blocks until the average of call `seq` from every replica comes back.
-  void average(int64_t rank, uint64_t seq, float* data, size_t count, std::chrono::milliseconds timeout);
+  struct Beat {
+    bool stop = false;
+    int64_t abort_generation = 0;
+  };
+  Beat heartbeat(int64_t worker, const std::string& progress, std::chrono::milliseconds timeout);
+  // The simple strategy: blocks until the average of call `seq` of `generation` from every
+  // replica comes back.
+  void average(int64_t generation, int64_t rank, uint64_t seq, float* data, size_t count,
+               std::chrono::milliseconds timeout);
   const std::string& address() const { return address_; }
 
  private:
