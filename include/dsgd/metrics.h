@@ -7,9 +7,26 @@
 
 #include <map>
 #include <string>
+#include <vector>
 
 namespace dsgd {
 
 using Metrics = std::map<std::string, double>;
+
+// Every key averaged over `parts` weighted by their "num_samples" (1 where absent);
+// "num_samples" itself is summed. How replicas' and workers' results are combined.
+inline Metrics weighted_mean(const std::vector<Metrics>& parts) {
+  Metrics out;
+  double total = 0;
+  for (const auto& m : parts) total += m.count("num_samples") ? m.at("num_samples") : 1.0;
+  for (const auto& m : parts) {
+    const double w = m.count("num_samples") ? m.at("num_samples") : 1.0;
+    for (const auto& [k, v] : m) {
+      if (k != "num_samples") out[k] += total > 0 ? v * w / total : 0;
+    }
+  }
+  out["num_samples"] = total;
+  return out;
+}
 
 }  // namespace dsgd

@@ -93,20 +93,6 @@ std::string random_token() {
   return out.str();
 }
 
-Metrics reduce(const std::vector<Metrics>& parts) {
-  Metrics out;
-  double total = 0;
-  for (const auto& m : parts) total += m.count("num_samples") ? m.at("num_samples") : 1.0;
-  for (const auto& m : parts) {
-    const double w = m.count("num_samples") ? m.at("num_samples") : 1.0;
-    for (const auto& [k, v] : m) {
-      if (k != "num_samples") out[k] += total > 0 ? v * w / total : 0;
-    }
-  }
-  out["num_samples"] = total;
-  return out;
-}
-
 }  // namespace
 
 // A failure the trainer can recover from by re-forming the job (a lost worker, a broken group).
@@ -326,7 +312,7 @@ struct Trainer::Impl {
       r.batch = j.value("batch", int64_t{0});
       r.batches_per_epoch = j.value("batches_per_epoch", int64_t{0});
     }
-    r.metrics = reduce(parts);
+    r.metrics = weighted_mean(parts);
     if (per_worker) r.per_worker = parts;
     return r;
   }
@@ -447,12 +433,8 @@ Results Trainer::train(const TrainOptions& options) {
   while (true) {
     int64_t chunk = d.config.checkpoint_every_steps > 0 ? d.config.checkpoint_every_steps : 0;
     if (options.num_steps > 0) chunk = chunk > 0 ? std::min(chunk, options.num_steps - done) : options.num_steps - done;
-    const size_t recoveries_before = d.events.size();
+    // A recovery during the chunk restarts it from the snapshot (its start): results stay whole.
     auto outs = d.call("train", {{"max_batches", chunk}, {"profile", options.profile}}, "", false, tick);
-    if (d.events.size() != recoveries_before) {
-      // The job was re-formed during this chunk: it restarted from the snapshot, i.e. from the
-      // start of the chunk, so its results are whole.
-    }
     Results r = d.results_of(outs, true);
     chunks.push_back(r.metrics);
     per_worker_chunks.push_back(r.per_worker);
@@ -470,7 +452,7 @@ Results Trainer::train(const TrainOptions& options) {
     total.metrics = chunks[0];
   } else {
     // Weighted by samples, except the totals.
-    total.metrics = reduce(chunks);
+    total.metrics = weighted_mean(chunks);
     double batches = 0, epoch_s = 0;
     for (const auto& m : chunks) {
       batches += m.count("batches") ? m.at("batches") : 0;
@@ -487,7 +469,7 @@ Results Trainer::train(const TrainOptions& options) {
       for (size_t w = 0; w < last.size(); ++w) {
         std::vector<Metrics> parts;
         for (const auto& c : per_worker_chunks) parts.push_back(c[w]);
-        total.per_worker.push_back(reduce(parts));
+        total.per_worker.push_back(weighted_mean(parts));
       }
     } else {
       total.per_worker = last;

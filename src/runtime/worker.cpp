@@ -122,21 +122,6 @@ std::string host_name() {
   return buf;
 }
 
-Metrics combine(const std::vector<Metrics>& parts) {
-  Metrics out;
-  double total = 0;
-  for (const auto& m : parts) total += m.count("num_samples") ? m.at("num_samples") : 1.0;
-  for (const auto& m : parts) {
-    const double w = m.count("num_samples") ? m.at("num_samples") : 1.0;
-    for (const auto& [k, v] : m) {
-      if (k == "num_samples") continue;
-      out[k] += total > 0 ? v * w / total : 0;
-    }
-  }
-  out["num_samples"] = total;
-  return out;
-}
-
 class Worker {
  public:
   Worker(control::DriverClient& client, std::string token, int64_t index, json job, std::string address,
@@ -302,7 +287,7 @@ class Worker {
             train ? r.train(in.value("max_batches", int64_t{0}), in.value("profile", false)) : r.validate();
       });
       json out;
-      out["metrics"] = combine(parts);
+      out["metrics"] = weighted_mean(parts);
       out["epoch"] = replicas_[0]->position().epoch;
       out["batch"] = replicas_[0]->position().batch;
       out["batches_per_epoch"] = replicas_[0]->batches_per_epoch();
