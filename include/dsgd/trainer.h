@@ -56,6 +56,7 @@ struct TrainerConfig {
   std::string allreduce_algo = "auto";       // auto (shared memory within a host, Gloo across) | ring | hd
   int64_t grad_shard_bytes = 10 << 20;       // gradient bucket size
   bool overlap = true;                       // false: communicate after backward, not during
+  std::string nonfinite_policy = "skip";     // a NaN/inf gradient: skip the step (and warn) | error
   int64_t batch_size = 64;                   // global: split across all replicas
   std::string scheduler_step_freq = "epoch"; // batch | epoch | manual
   uint64_t seed = 1;

@@ -17,6 +17,7 @@
 #include "dsgd/operator.h"
 #include "runtime/builtin_operators.h"
 #include "runtime/checkpoint.h"
+#include "runtime/metrics_wire.h"
 #include "runtime/control/driver_service.h"
 #include "runtime/spawn.h"
 #include "runtime/worker.h"
@@ -67,6 +68,8 @@ void validate(const std::string& op, const TrainerConfig& c) {
           "unknown scheduler_step_freq '" + c.scheduler_step_freq + "'; use batch, epoch or manual");
   require(c.threads_per_worker >= 0, "threads_per_worker must be >= 0 (0 = cores / workers), got " +
                                          std::to_string(c.threads_per_worker));
+  require(c.nonfinite_policy == "skip" || c.nonfinite_policy == "error",
+          "unknown nonfinite_policy '" + c.nonfinite_policy + "'; use skip or error");
   require(c.max_failures >= 0, "max_failures must be >= 0, got " + std::to_string(c.max_failures));
   require(c.checkpoint_every_steps >= 0, "checkpoint_every_steps must be >= 0 (0 = once per train call), got " +
                                              std::to_string(c.checkpoint_every_steps));
@@ -307,7 +310,7 @@ struct Trainer::Impl {
     std::vector<Metrics> parts;
     for (const auto& o : outs) {
       const json j = json::parse(o.json);
-      parts.push_back(j.at("metrics").get<Metrics>());
+      parts.push_back(runtime::metrics_from_json(j.at("metrics")));
       r.epoch = j.value("epoch", int64_t{0});
       r.batch = j.value("batch", int64_t{0});
       r.batches_per_epoch = j.value("batches_per_epoch", int64_t{0});
@@ -347,6 +350,7 @@ Trainer::Trainer(const std::string& operator_name, TrainerConfig config) : impl_
   job["comm_timeout_ms"] = c.comm_timeout.count();
   job["generation"] = 0;
   job["overlap"] = c.overlap;
+  job["nonfinite_policy"] = c.nonfinite_policy;
 
   control::DriverServerOptions so;
   so.listen = c.listen.empty() ? "127.0.0.1:0" : c.listen;
@@ -453,12 +457,14 @@ Results Trainer::train(const TrainOptions& options) {
   } else {
     // Weighted by samples, except the totals.
     total.metrics = weighted_mean(chunks);
-    double batches = 0, epoch_s = 0;
+    double batches = 0, epoch_s = 0, skipped = 0;
     for (const auto& m : chunks) {
       batches += m.count("batches") ? m.at("batches") : 0;
       epoch_s += m.count("epoch_s") ? m.at("epoch_s") : 0;
+      skipped += m.count("skipped_steps") ? m.at("skipped_steps") : 0;
     }
     total.metrics["batches"] = batches;
+    total.metrics["skipped_steps"] = skipped;
     if (options.profile) total.metrics["epoch_s"] = epoch_s;
   }
   if (!options.reduce_results) {

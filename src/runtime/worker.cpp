@@ -21,6 +21,7 @@
 #include "dsgd/operator.h"
 #include "runtime/control/driver_service.h"
 #include "runtime/control/store_service.h"
+#include "runtime/metrics_wire.h"
 #include "strategy/strategy.h"
 #include "torch/replica.h"
 
@@ -287,7 +288,7 @@ class Worker {
             train ? r.train(in.value("max_batches", int64_t{0}), in.value("profile", false)) : r.validate();
       });
       json out;
-      out["metrics"] = weighted_mean(parts);
+      out["metrics"] = metrics_to_json(weighted_mean(parts));
       out["epoch"] = replicas_[0]->position().epoch;
       out["batch"] = replicas_[0]->position().batch;
       out["batches_per_epoch"] = replicas_[0]->batches_per_epoch();
@@ -322,6 +323,7 @@ class Worker {
       o.scheduler_step_freq = job_.at("scheduler_step_freq").get<std::string>();
       o.threads = threads_per_replica_;
       o.overlap = job_.value("overlap", true);
+      o.nonfinite = job_.value("nonfinite_policy", std::string("skip"));
       replicas_.push_back(
           std::make_unique<torch_glue::ReplicaRuntime>(make_operator(job_.at("operator").get<std::string>()), o));
     }

@@ -115,6 +115,7 @@ void GradSync::finalize() {
   lock.unlock();
   if (error) std::rethrow_exception(error);
   torch::NoGradGuard no_grad;
+  last_finite_ = torch::isfinite(flat_).all().item<bool>();
   for (size_t i = 0; i < params_.size(); ++i) {
     auto& g = params_[i].mutable_grad();
     if (g.defined()) {

@@ -37,6 +37,9 @@ class GradSync {
 
   // This replica's share of the global batch times the number of replicas (1 when even).
   void set_weight(double weight) { weight_ = weight; }
+  // Whether the last averaged gradient was finite everywhere. A non-finite gradient on any
+  // replica makes the average non-finite on every replica, so all of them agree on this.
+  bool last_finite() const { return last_finite_; }
   // Seconds backward spent waiting for communication since the last call.
   double take_wait_seconds();
   size_t num_buckets() const { return plan_.buckets().size(); }
@@ -63,6 +66,7 @@ class GradSync {
   size_t next_launch_ = 0;                      // buckets launch in index order
   std::vector<std::shared_ptr<comm::Work>> works_;
   double wait_s_ = 0;
+  bool last_finite_ = true;
   std::vector<std::pair<torch::Tensor, unsigned>> hooks_;  // (param, hook id) to remove
 };
 

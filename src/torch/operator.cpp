@@ -135,6 +135,7 @@ bool TrainingOperator::next_train_batch(Batch& batch, int64_t max_batches) {
 }
 void TrainingOperator::after_batch() { runtime_->after_batch(); }
 void TrainingOperator::step_schedulers() { runtime_->step_schedules(); }
+bool TrainingOperator::check_gradients() { return runtime_->check_gradients(); }
 int64_t TrainingOperator::batches_per_epoch() const { return runtime_->batches_per_epoch(); }
 
 Metrics TrainingOperator::train_epoch(int64_t max_batches) {
@@ -160,7 +161,7 @@ Metrics TrainingOperator::train_batch(const Batch& batch) {
   loss_value.backward();
   if (prof) runtime_->add_phase("backward_s", since(t));
   t = Clock::now();
-  opt.step();
+  if (check_gradients()) opt.step();  // a non-finite gradient skips the step everywhere, or throws
   if (prof) runtime_->add_phase("optimizer_s", since(t));
   Metrics m{{"loss", loss_value.item<double>()}, {"num_samples", static_cast<double>(batch.size())}};
   if (output.dim() == 2 && batch.target.defined() && batch.target.dim() == 1 &&

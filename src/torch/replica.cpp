@@ -4,6 +4,7 @@
 #include <torch/serialize.h>
 #include <torch/utils.h>
 
+#include <iostream>
 #include <sstream>
 
 #include "dsgd/error.h"
@@ -145,12 +146,38 @@ void ReplicaRuntime::step_schedules_to(int64_t t) {
   }
 }
 
+bool ReplicaRuntime::check_gradients() {
+  bool finite = true;
+  if (!syncs_.empty()) {
+    for (auto& s : syncs_) finite = finite && s->last_finite();
+  } else {
+    for (auto& m : op_->models_) {
+      for (auto& p : m->parameters()) {
+        if (p.grad().defined()) finite = finite && torch::isfinite(p.grad()).all().item<bool>();
+      }
+    }
+  }
+  if (finite) return true;
+  const std::string where = "epoch " + std::to_string(position_.epoch + 1) + ", batch " +
+                            std::to_string(position_.batch + 1);
+  if (options_.nonfinite == "error") {
+    throw Error("non-finite gradient at " + where + " (a NaN or infinite loss on some replica); lower the learning "
+                "rate, check the data, or set nonfinite_policy \"skip\"");
+  }
+  ++skipped_this_call_;
+  if (options_.info.rank == 0) {
+    std::cerr << "dsgd: warning: non-finite gradient at " << where << ": step skipped on every replica\n";
+  }
+  return false;
+}
+
 void ReplicaRuntime::add_phase(const char* name, double seconds) { phase_s_[name] += seconds; }
 
 Metrics ReplicaRuntime::train(int64_t max_batches, bool profile) {
   profiling_ = profile;
   phase_s_.clear();
   taken_this_call_ = 0;
+  skipped_this_call_ = 0;
   for (auto& s : syncs_) s->take_wait_seconds();
   const auto t0 = Clock::now();
   Metrics m = op_->train_epoch(max_batches);
@@ -171,6 +198,7 @@ Metrics ReplicaRuntime::train(int64_t max_batches, bool profile) {
     m["epoch_s"] = epoch_s;
   }
   m["batches"] = static_cast<double>(batches);
+  m["skipped_steps"] = static_cast<double>(skipped_this_call_);
   profiling_ = false;
   return m;
 }

@@ -33,6 +33,7 @@ struct ReplicaOptions {
   std::string scheduler_step_freq = "epoch";  // batch | epoch | manual
   int threads = 1;                             // intra-op threads of this replica
   bool overlap = true;                         // launch buckets during backward
+  std::string nonfinite = "skip";              // non-finite gradients: skip (the step) | error
 };
 
 struct Position {
@@ -75,6 +76,9 @@ class ReplicaRuntime {
   bool next_batch(Batch& batch, int64_t max_batches);
   void after_batch();
   int64_t batches_per_epoch() const;
+  // After backward: true if the (averaged) gradients are finite. Otherwise, per the policy,
+  // counts a skipped step and warns (skip) or throws dsgd::Error naming the step (error).
+  bool check_gradients();
   // Profiling: the default train_batch reports phases here.
   void add_phase(const char* name, double seconds);
   bool profiling() const { return profiling_; }
@@ -99,6 +103,7 @@ class ReplicaRuntime {
   int64_t order_epoch_ = -1;
   int64_t taken_this_call_ = 0;
   int64_t schedule_t_ = 0;
+  int64_t skipped_this_call_ = 0;
   bool profiling_ = false;
   std::map<std::string, double> phase_s_;
   Progress progress_;

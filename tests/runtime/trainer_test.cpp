@@ -5,10 +5,14 @@
 
 #include <gtest/gtest.h>
 #include <torch/nn/modules/linear.h>
+#include <torch/nn/functional/loss.h>
+#include <torch/optim/sgd.h>
 #include <signal.h>
 #include <unistd.h>
 
 #include <atomic>
+#include <cmath>
+#include <limits>
 #include <cstdlib>
 #include <fstream>
 #include <thread>
@@ -45,7 +49,8 @@ DSGD_REGISTER_WORKER_FUNCTION(learning_rate, [](TrainingOperator* op, const json
 
 // Builds a model whose width depends on the worker: the driver must refuse to start.
 struct Widening : torch::nn::Module {
-  explicit Widening(int64_t width) { fc = register_module("fc", torch::nn::Linear(4, width)); }
+  // width < 0: 1 on every worker (no mismatch).
+  explicit Widening(int64_t width) { fc = register_module("fc", torch::nn::Linear(4, width < 0 ? 1 : width)); }
   torch::Tensor forward(const torch::Tensor& x) { return fc->forward(x); }
   torch::nn::Linear fc{nullptr};
 };
@@ -57,6 +62,33 @@ class MismatchOperator : public TrainingOperator {
   }
 };
 DSGD_REGISTER_OPERATOR(MismatchOperator);
+
+// A regression whose loss turns NaN on replica 1's third batch.
+class NanOperator : public TrainingOperator {
+ public:
+  void setup(const json&) override {
+    auto m = register_model(std::make_shared<Widening>(-2));  // width 1
+    register_optimizer(std::make_unique<torch::optim::SGD>(m->parameters(), 0.1));
+    register_loss([this](const torch::Tensor& out, const torch::Tensor& y) {
+      auto l = torch::mse_loss(out, y);
+      if (replica().rank == 1 && ++calls_ == 3) l = l * std::numeric_limits<float>::quiet_NaN();
+      return l;
+    });
+    auto gen = at::detail::createCPUGenerator(replica().seed);
+    auto x = torch::randn({256, 4}, gen);
+    register_data(x, x.sum(1, true));
+  }
+
+ private:
+  int calls_ = 0;
+};
+DSGD_REGISTER_OPERATOR(NanOperator);
+
+DSGD_REGISTER_WORKER_FUNCTION(weight_sum, [](TrainingOperator* op, const json&) -> json {
+  double s = 0;
+  for (const auto& p : op->model(0).parameters()) s += p.sum().item<double>();
+  return s;
+});
 
 // Small enough to train 20 steps in a second, with several buckets and several layers.
 json synthetic_config() {
@@ -360,6 +392,33 @@ TEST(TrainerBadInput, BinaryWithoutInitIsARegistrationErrorNotAHang) {
     EXPECT_NE(std::string(e.what()).find("exited with status 1"), std::string::npos) << e.what();
   }
   EXPECT_LT(Clock::now() - t1, milliseconds(5000));
+}
+
+TEST(TrainerNonFinite, ANanOnOneReplicaSkipsTheStepEverywhere) {
+  TrainerConfig c;
+  c.num_workers = 2;
+  c.batch_size = 32;
+  Trainer t(operator_of<NanOperator>(), c);
+  auto r = t.train({.num_steps = 6});
+  EXPECT_EQ(r.metrics.at("skipped_steps"), 1.0);
+  EXPECT_TRUE(std::isnan(r.metrics.at("loss")));  // reported as it was, not hidden or lost in JSON
+  auto sums = t.foreach_worker("weight_sum");
+  EXPECT_TRUE(std::isfinite(sums[0].get<double>()));
+  EXPECT_EQ(sums[0], sums[1]);  // still identical replicas
+}
+
+TEST(TrainerNonFinite, ErrorPolicyStopsNamingTheStep) {
+  TrainerConfig c;
+  c.num_workers = 2;
+  c.batch_size = 32;
+  c.nonfinite_policy = "error";
+  Trainer t(operator_of<NanOperator>(), c);
+  try {
+    t.train({.num_steps = 6});
+    FAIL() << "a NaN gradient passed";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("non-finite gradient at epoch 1, batch 3"), std::string::npos) << e.what();
+  }
 }
 
 TEST(TrainerFailure, WithoutRetriesAKilledWorkerFailsTrainWithinSecondsNamingIt) {
