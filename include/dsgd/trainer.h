@@ -77,6 +77,11 @@ struct TrainerConfig {
   // replica restores the last in-memory snapshot, taken every checkpoint_every_steps steps.
   int max_failures = 3;                      // beyond this, train() fails listing the failures
   int64_t checkpoint_every_steps = 50;       // in-memory snapshot interval (steps)
+  // "" = snapshots stay in memory. Else every snapshot is also written to
+  // <checkpoint_dir>/step-<N> and only the newest checkpoint_keep are kept; load(checkpoint_dir)
+  // resumes from the newest intact one (a damaged one is named and passed over).
+  std::string checkpoint_dir;
+  int checkpoint_keep = 3;
   bool replace_lost_workers = true;          // local mode: spawn replacements (else go on with fewer)
   std::chrono::milliseconds replacement_timeout{30000};  // for a replacement to register
   std::function<void(const TrainProgress&)> on_progress;  // called ~10x/s during train()
@@ -126,7 +131,8 @@ class Trainer {
   // epoch and sampler position; checksummed, written atomically) and model.pt (model 0's
   // parameters and buffers as a name -> tensor dict, for Python's torch.load).
   void save(const std::string& path);
-  // Restores a checkpoint saved under any worker count and strategy.
+  // Restores a checkpoint saved under any worker count and strategy. `path` is a checkpoint
+  // directory, or a checkpoint_dir root: then the newest intact step-* in it.
   void load(const std::string& path);
   // The trained model(s) in this process: an operator set up here with the workers' state.
   std::shared_ptr<torch::nn::Module> get_model(size_t index = 0);

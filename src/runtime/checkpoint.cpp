@@ -4,8 +4,11 @@
 #include <unistd.h>
 #include <zlib.h>
 
+#include <algorithm>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <limits>
 #include <fstream>
 #include <sstream>
 
@@ -40,6 +43,14 @@ void write_all(int fd, const std::string& bytes, const std::string& path) {
   }
 }
 
+void fsync_dir(const std::filesystem::path& dir) {
+  const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dfd >= 0) {
+    ::fsync(dfd);
+    ::close(dfd);
+  }
+}
+
 void write_atomically(const std::filesystem::path& path, const std::string& bytes) {
   const std::string tmp = path.string() + ".tmp." + std::to_string(::getpid());
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
@@ -57,11 +68,20 @@ void write_atomically(const std::filesystem::path& path, const std::string& byte
     ::unlink(tmp.c_str());
     throw DataError(path.string(), std::string("cannot rename into place: ") + std::strerror(errno));
   }
-  const int dfd = ::open(path.parent_path().c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dfd >= 0) {
-    ::fsync(dfd);
-    ::close(dfd);
+  fsync_dir(path.parent_path());
+}
+
+constexpr const char* kStepPrefix = "step-";
+
+// "step-000000000150" -> 150; -1 for anything else.
+int64_t step_of(const std::string& name) {
+  if (name.rfind(kStepPrefix, 0) != 0 || name.size() == std::strlen(kStepPrefix)) return -1;
+  int64_t step = 0;
+  for (size_t i = std::strlen(kStepPrefix); i < name.size(); ++i) {
+    if (name[i] < '0' || name[i] > '9' || step > (std::numeric_limits<int64_t>::max() - 9) / 10) return -1;
+    step = step * 10 + (name[i] - '0');
   }
+  return step;
 }
 
 }  // namespace
@@ -113,6 +133,66 @@ Checkpoint read_checkpoint(const std::string& dir) {
     throw DataError(path, "checksum mismatch: the file is damaged");
   }
   return c;
+}
+
+std::string write_rotating_checkpoint(const std::string& root, int64_t step, int keep, const Checkpoint& checkpoint,
+                                      const std::string& model_pickle) {
+  namespace fs = std::filesystem;
+  if (keep < 1) throw DataError(root, "checkpoint_keep must be >= 1, got " + std::to_string(keep));
+  char name[32];
+  std::snprintf(name, sizeof name, "%s%012lld", kStepPrefix, static_cast<long long>(step));
+  const fs::path final_dir = fs::path(root) / name;
+  const std::string suffix = "." + std::to_string(::getpid());
+  const fs::path tmp = fs::path(root) / ("." + std::string(name) + ".partial" + suffix);
+  std::error_code ec;
+  fs::remove_all(tmp, ec);
+  write_checkpoint(tmp.string(), checkpoint, model_pickle);  // creates root too
+  // rename(2) cannot replace a non-empty directory: move an old one of the same step aside first.
+  const fs::path old = fs::path(root) / ("." + std::string(name) + ".old" + suffix);
+  const bool replacing = fs::exists(final_dir);
+  if (replacing && ::rename(final_dir.c_str(), old.c_str()) != 0) {
+    throw DataError(final_dir.string(), std::string("cannot move the old checkpoint aside: ") + std::strerror(errno));
+  }
+  if (::rename(tmp.c_str(), final_dir.c_str()) != 0) {
+    throw DataError(final_dir.string(), std::string("cannot rename into place: ") + std::strerror(errno));
+  }
+  fsync_dir(root);
+  if (replacing) fs::remove_all(old, ec);
+  const auto all = list_checkpoints(root);
+  for (size_t i = 0; i + static_cast<size_t>(keep) < all.size(); ++i) fs::remove_all(all[i], ec);
+  return final_dir.string();
+}
+
+std::vector<std::string> list_checkpoints(const std::string& root) {
+  namespace fs = std::filesystem;
+  std::vector<std::pair<int64_t, std::string>> found;
+  std::error_code ec;
+  for (fs::directory_iterator it(root, ec), end; !ec && it != end; it.increment(ec)) {
+    const int64_t step = step_of(it->path().filename().string());
+    if (step >= 0 && it->is_directory(ec)) found.emplace_back(step, it->path().string());
+  }
+  std::sort(found.begin(), found.end());
+  std::vector<std::string> out;
+  for (auto& [step, path] : found) out.push_back(std::move(path));
+  return out;
+}
+
+Checkpoint read_latest_checkpoint(const std::string& root, std::vector<std::string>* skipped) {
+  const auto all = list_checkpoints(root);
+  if (all.empty()) {
+    throw DataError(root, std::filesystem::exists(root) ? "no checkpoints here (neither checkpoint.dsgd nor step-* directories)"
+                                                        : "no such checkpoint directory");
+  }
+  std::string problems;
+  for (auto it = all.rbegin(); it != all.rend(); ++it) {
+    try {
+      return read_checkpoint(*it);
+    } catch (const DataError& e) {
+      if (skipped) skipped->push_back(e.what());
+      problems += std::string("\n  ") + e.what();
+    }
+  }
+  throw DataError(root, "every checkpoint here is damaged:" + problems);
 }
 
 }  // namespace dsgd::runtime

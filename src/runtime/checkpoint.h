@@ -6,10 +6,17 @@
 //
 // Each file is written to a temporary name, fsynced and renamed over the old one (then the
 // directory is fsynced), so a crash mid-save leaves the previous checkpoint whole.
+//
+// Rotation (TrainerConfig::checkpoint_dir): a root holds the last K checkpoints,
+//   <root>/step-000000000150/   <root>/step-000000000200/   ...
+// each written whole into a temporary directory and renamed into place; loading the root takes
+// the newest one that reads back intact and names the damaged ones it passed over.
 #pragma once
 
+#include <cstdint>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <vector>
 
 namespace dsgd::runtime {
 
@@ -21,5 +28,14 @@ struct Checkpoint {
 void write_checkpoint(const std::string& dir, const Checkpoint& checkpoint, const std::string& model_pickle);
 // Throws dsgd::DataError naming the file for a missing, truncated or corrupted checkpoint.
 Checkpoint read_checkpoint(const std::string& dir);
+
+// Writes <root>/step-<step> and then removes all but the newest `keep` (>= 1). Returns its path.
+std::string write_rotating_checkpoint(const std::string& root, int64_t step, int keep, const Checkpoint& checkpoint,
+                                      const std::string& model_pickle);
+// The step-* checkpoint directories under root, oldest first (empty if none or no such root).
+std::vector<std::string> list_checkpoints(const std::string& root);
+// The newest intact checkpoint under root. Each damaged one passed over is appended to *skipped
+// as "path: problem". DataError, listing every problem, if none is intact.
+Checkpoint read_latest_checkpoint(const std::string& root, std::vector<std::string>* skipped);
 
 }  // namespace dsgd::runtime

@@ -8,6 +8,7 @@
 
 #include <cmath>
 #include <cstdlib>
+#include <filesystem>
 #include <iostream>
 #include <random>
 #include <sstream>
@@ -70,6 +71,7 @@ void validate(const std::string& op, const TrainerConfig& c) {
                                          std::to_string(c.threads_per_worker));
   require(c.nonfinite_policy == "skip" || c.nonfinite_policy == "error",
           "unknown nonfinite_policy '" + c.nonfinite_policy + "'; use skip or error");
+  require(c.checkpoint_keep >= 1, "checkpoint_keep must be >= 1, got " + std::to_string(c.checkpoint_keep));
   require(c.max_failures >= 0, "max_failures must be >= 0, got " + std::to_string(c.max_failures));
   require(c.checkpoint_every_steps >= 0, "checkpoint_every_steps must be >= 0 (0 = once per train call), got " +
                                              std::to_string(c.checkpoint_every_steps));
@@ -321,6 +323,21 @@ struct Trainer::Impl {
   }
 
   void take_snapshot() { snapshot = std::move(raw_call("get_state", json::object(), "", {server->alive().at(0)})[0].blob); }
+
+  json checkpoint_header(int64_t epoch, int64_t batch) const {
+    return {{"epoch", epoch}, {"batch", batch}, {"operator", op_name}, {"strategy", config.strategy},
+            {"num_workers", config.num_workers}, {"devices_per_worker", config.devices_per_worker}};
+  }
+
+  // The snapshot just taken, also on disk (TrainerConfig::checkpoint_dir), as step `step`.
+  void persist_snapshot(int64_t epoch, int64_t batch, int64_t batches_per_epoch) {
+    if (config.checkpoint_dir.empty()) return;
+    runtime::Checkpoint c{checkpoint_header(epoch, batch), snapshot};
+    auto pickle = raw_call("get_pickle", json::object(), "", {server->alive().at(0)});
+    const auto path = runtime::write_rotating_checkpoint(config.checkpoint_dir, epoch * batches_per_epoch + batch,
+                                                         config.checkpoint_keep, c, pickle[0].blob);
+    control::log().debug("trainer: checkpoint {}", path);
+  }
 };
 
 Trainer::Trainer(const std::string& operator_name, TrainerConfig config) : impl_(std::make_unique<Impl>()) {
@@ -451,6 +468,7 @@ Results Trainer::train(const TrainOptions& options) {
     const bool enough = options.num_steps > 0 && done >= options.num_steps;
     if (epoch_over || enough || batches == 0 || chunk == 0) break;
     d.take_snapshot();
+    d.persist_snapshot(r.epoch, r.batch, r.batches_per_epoch);
   }
   if (chunks.size() == 1) {
     total.metrics = chunks[0];
@@ -482,6 +500,7 @@ Results Trainer::train(const TrainOptions& options) {
     }
   }
   d.take_snapshot();
+  d.persist_snapshot(total.epoch, total.batch, total.batches_per_epoch);
   total.recoveries = d.events;
   return total;
 }
@@ -502,18 +521,21 @@ void Trainer::save(const std::string& path) {
   auto state = d.call("get_state", json::object(), "", true);
   auto pickle = d.call("get_pickle", json::object(), "", true);
   auto pos = d.call("position", json::object(), "", true);
-  runtime::Checkpoint c;
-  c.header = json::parse(pos[0].json);
-  c.header["operator"] = d.op_name;
-  c.header["strategy"] = d.config.strategy;
-  c.header["num_workers"] = d.config.num_workers;
-  c.header["devices_per_worker"] = d.config.devices_per_worker;
-  c.state = std::move(state[0].blob);
+  const json p = json::parse(pos[0].json);
+  runtime::Checkpoint c{d.checkpoint_header(p.at("epoch"), p.at("batch")), std::move(state[0].blob)};
   runtime::write_checkpoint(path, c, pickle[0].blob);
 }
 
 void Trainer::load(const std::string& path) {
-  auto c = runtime::read_checkpoint(path);
+  runtime::Checkpoint c;
+  if (!std::filesystem::exists(std::filesystem::path(path) / "checkpoint.dsgd") &&
+      !runtime::list_checkpoints(path).empty()) {
+    std::vector<std::string> skipped;
+    c = runtime::read_latest_checkpoint(path, &skipped);
+    for (const auto& s : skipped) control::log().warn("trainer: passed over a damaged checkpoint: {}", s);
+  } else {
+    c = runtime::read_checkpoint(path);
+  }
   const std::string op = c.header.value("operator", "");
   if (op != impl_->op_name) {
     throw ConfigError(path + ": the checkpoint is of operator '" + op + "', this trainer runs '" + impl_->op_name + "'");

@@ -20,6 +20,7 @@
 #include "dsgd/error.h"
 #include "dsgd/operator.h"
 #include "runtime/builtin_operators.h"
+#include "runtime/checkpoint.h"
 #include "testing/temp_dir.h"
 #include "torch/replica.h"
 
@@ -279,6 +280,30 @@ TEST(TrainerCheckpoint, DamagedOrMissingCheckpointIsADataErrorNamingTheFile) {
   } catch (const DataError& e) {
     EXPECT_NE(std::string(e.what()).find("truncated"), std::string::npos) << e.what();
   }
+}
+
+TEST(TrainerCheckpoint, CheckpointDirKeepsTheLastKAndLoadFallsBackPastADamagedOne) {
+  testing::TempDir dir;
+  auto c = base_config(2, "allreduce", 64);
+  c.checkpoint_dir = dir.file("ckpts");
+  c.checkpoint_every_steps = 4;
+  c.checkpoint_keep = 2;
+  Trainer t(runtime::kImageClassifier, c);
+  t.train({.num_steps = 10});  // snapshots after steps 4, 8 and 10
+  const auto kept = runtime::list_checkpoints(c.checkpoint_dir);
+  ASSERT_EQ(kept.size(), 2u);
+  EXPECT_EQ(std::filesystem::path(kept[0]).filename(), "step-000000000008");
+  EXPECT_EQ(std::filesystem::path(kept[1]).filename(), "step-000000000010");
+  EXPECT_TRUE(std::filesystem::exists(kept[1] + "/model.pt"));
+
+  // The newest is damaged: a new job resumes from step 8, and continues exactly as the first did.
+  std::filesystem::resize_file(kept[1] + "/checkpoint.dsgd", std::filesystem::file_size(kept[1] + "/checkpoint.dsgd") / 2);
+  auto b_config = base_config(1, "allreduce", 64);
+  Trainer b(runtime::kImageClassifier, b_config);
+  b.load(c.checkpoint_dir);
+  auto rb = b.train({.num_steps = 2});
+  EXPECT_EQ(rb.batch, 10);
+  EXPECT_LT(max_difference(params_of(*t.get_model()), params_of(*b.get_model())), 1e-5);
 }
 
 TEST(TrainerCheckpoint, PythonTorchLoadReadsTheModel) {

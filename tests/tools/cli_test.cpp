@@ -6,6 +6,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <chrono>
 #include <filesystem>
@@ -72,6 +73,9 @@ TEST(Cli, FlagErrorsExitWithUsageStatusAndSayWhatIsWrong) {
   expect_usage_error("train --workers 2 --in-process", "--in-process trains in this one process");
   expect_usage_error("train --workers 2 --devices-per-worker 0", "--devices-per-worker must be >= 1, got 0");
   expect_usage_error("train --workers 2 --grad-shard-bytes -1", "--grad-shard-bytes must be > 0, got -1");
+  expect_usage_error("train --workers 2 --keep-checkpoints 0", "--keep-checkpoints must be >= 1, got 0");
+  expect_usage_error("train --workers 2 --checkpoint-every -5", "--checkpoint-every must be >= 0");
+  expect_usage_error("train --workers 2 --nonfinite ignore", "unknown --nonfinite 'ignore'; use skip or error");
   expect_usage_error("train --workers 2 --config '{\"lr\": 0.1'", "--config is not valid JSON");
   expect_usage_error("train --workers 2 --config '{\"lr\": \"fast\"}'", "wrong type");
   expect_usage_error("train --workers 2 --config '{\"lrr\": 0.1}'", "unknown image classifier config key 'lrr'");
@@ -116,8 +120,13 @@ TEST(Cli, TwoWorkersSaveThenOneWorkerLoadsAndContinues) {
   const std::string common = "train --model mlp --dataset synthetic --synthetic-samples 512 --image-size 8 "
                              "--batch-size 32 --threads 1 --epochs 1 ";
   CliRun a = run_dsgd(common + "--workers 2 --strategy simple --save " + dir.file("ckpt") + " --json-out " +
-                      dir.file("a.json"));
+                      dir.file("a.json") + " --checkpoint-dir " + dir.file("ckpts") + " --checkpoint-every 5");
   ASSERT_EQ(a.exit_code, 0) << a.output;
+  // Snapshots after steps 5, 10, 15 and 16 (the epoch's end); the newest 3 are kept.
+  std::vector<std::string> kept;
+  for (const auto& e : std::filesystem::directory_iterator(dir.file("ckpts"))) kept.push_back(e.path().filename());
+  std::sort(kept.begin(), kept.end());
+  EXPECT_EQ(kept, (std::vector<std::string>{"step-000000000010", "step-000000000015", "step-000000000016"}));
   EXPECT_NE(a.output.find("2 worker(s), simple"), std::string::npos) << a.output;
   std::ifstream fa(dir.file("a.json"));
   auto ja = nlohmann::json::parse(fa);

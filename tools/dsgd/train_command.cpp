@@ -27,6 +27,11 @@ struct TrainFlags {
   bool overlap = true;
   std::string save;
   std::string load;
+  std::string checkpoint_dir;
+  int64_t checkpoint_every = 50;
+  int keep_checkpoints = 3;
+  int max_failures = 3;
+  std::string nonfinite = "skip";
   std::string listen;
   std::string token;
   std::string config;   // JSON merged into the operator's config
@@ -91,9 +96,17 @@ void validate_flags(TrainFlags& f) {
     throw ConfigError("unknown --strategy '" + f.strategy + "'; known strategies: simple, allreduce");
   }
   if (f.in_process && (f.workers != 1 || f.devices_per_worker != 1 || !f.save.empty() || !f.load.empty() ||
-                      !f.listen.empty())) {
+                      !f.listen.empty() || !f.checkpoint_dir.empty())) {
     throw ConfigError("--in-process trains in this one process: it takes none of --workers, "
-                      "--devices-per-worker, --save, --load, --listen");
+                      "--devices-per-worker, --save, --load, --listen, --checkpoint-dir");
+  }
+  if (f.checkpoint_every < 0) {
+    throw ConfigError("--checkpoint-every must be >= 0 (0 = once per epoch), got " + std::to_string(f.checkpoint_every));
+  }
+  if (f.keep_checkpoints < 1) throw ConfigError("--keep-checkpoints must be >= 1, got " + std::to_string(f.keep_checkpoints));
+  if (f.max_failures < 0) throw ConfigError("--max-failures must be >= 0, got " + std::to_string(f.max_failures));
+  if (f.nonfinite != "skip" && f.nonfinite != "error") {
+    throw ConfigError("unknown --nonfinite '" + f.nonfinite + "'; use skip or error");
   }
   if (f.devices_per_worker < 1) {
     throw ConfigError("--devices-per-worker must be >= 1, got " + std::to_string(f.devices_per_worker));
@@ -134,6 +147,11 @@ runtime::LocalJobResult run_with_trainer(const TrainFlags& f, ProgressPrinter* p
   c.threads_per_worker = j.threads;
   c.listen = f.listen;
   c.token = f.token;
+  c.checkpoint_dir = f.checkpoint_dir;
+  c.checkpoint_every_steps = f.checkpoint_every;
+  c.checkpoint_keep = f.keep_checkpoints;
+  c.max_failures = f.max_failures;
+  c.nonfinite_policy = f.nonfinite;
   c.config = {{"model", j.model}, {"dataset", j.dataset}, {"data_dir", j.data_dir}, {"lr", j.lr},
               {"momentum", j.momentum}, {"lr_decay", j.lr_decay}, {"dropout", j.dropout},
               {"synthetic_samples", j.synthetic_samples}, {"synthetic_image_size", j.synthetic_image_size}};
@@ -270,7 +288,20 @@ void add_train_command(CLI::App& app, int* exit_code) {
       ->capture_default_str();
   cmd->add_flag("!--no-overlap", flags->overlap, "Communicate gradients after backward instead of during it");
   cmd->add_option("--save", flags->save, "Write a checkpoint directory at the end");
-  cmd->add_option("--load", flags->load, "Start from this checkpoint directory");
+  cmd->add_option("--load", flags->load,
+                  "Start from this checkpoint directory, or from the newest intact one in a --checkpoint-dir");
+  cmd->add_option("--checkpoint-dir", flags->checkpoint_dir,
+                  "Also write every --checkpoint-every snapshot here (step-N), keeping --keep-checkpoints");
+  cmd->add_option("--checkpoint-every", flags->checkpoint_every,
+                  "Steps between snapshots; a lost worker costs at most this many steps (0 = once per epoch)")
+      ->capture_default_str();
+  cmd->add_option("--keep-checkpoints", flags->keep_checkpoints, "Checkpoints kept in --checkpoint-dir")
+      ->capture_default_str();
+  cmd->add_option("--max-failures", flags->max_failures, "Lost workers survived before the job fails")
+      ->capture_default_str();
+  cmd->add_option("--nonfinite", flags->nonfinite,
+                  "A NaN/infinite gradient: skip (the step, everywhere, and warn) or error (stop)")
+      ->capture_default_str();
   cmd->add_option("--listen", flags->listen,
                   "HOST:PORT: wait for --workers workers started elsewhere (`dsgd worker`) instead of spawning");
   cmd->add_option("--token", flags->token, "Job token for --listen (default: random, printed)");

@@ -1,0 +1,98 @@
+// Checkpoint rotation on disk: keep the newest K, never expose a half-written one, and fall back
+// past damaged ones to the newest intact checkpoint.
+#include "runtime/checkpoint.h"
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "dsgd/error.h"
+#include "testing/temp_dir.h"
+
+namespace dsgd::runtime {
+namespace {
+
+namespace fs = std::filesystem;
+
+Checkpoint state_of(int64_t step) { return {{{"step", step}}, "state of step " + std::to_string(step)}; }
+
+void flip_a_byte(const std::string& file) {
+  std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
+  f.seekp(-3, std::ios::end);
+  f.put('#');
+}
+
+TEST(CheckpointRotation, KeepsTheNewestKInStepOrder) {
+  testing::TempDir dir;
+  const std::string root = dir.file("ckpts");
+  for (int64_t step : {5, 10, 100, 15}) write_rotating_checkpoint(root, step, 2, state_of(step), "");
+  // 100 is newest by step, 15 the next: numeric order, not write order or string order.
+  const auto all = list_checkpoints(root);
+  ASSERT_EQ(all.size(), 2u);
+  EXPECT_EQ(fs::path(all[0]).filename(), "step-000000000015");
+  EXPECT_EQ(fs::path(all[1]).filename(), "step-000000000100");
+  EXPECT_EQ(read_latest_checkpoint(root, nullptr).state, "state of step 100");
+  // No temporary directories are left behind.
+  int entries = 0;
+  for ([[maybe_unused]] const auto& e : fs::directory_iterator(root)) ++entries;
+  EXPECT_EQ(entries, 2);
+}
+
+TEST(CheckpointRotation, RewritingAStepReplacesIt) {
+  testing::TempDir dir;
+  const std::string root = dir.file("ckpts");
+  write_rotating_checkpoint(root, 7, 3, state_of(7), "");
+  write_rotating_checkpoint(root, 7, 3, {{{"step", 7}}, "again"}, "");
+  EXPECT_EQ(list_checkpoints(root).size(), 1u);
+  EXPECT_EQ(read_latest_checkpoint(root, nullptr).state, "again");
+}
+
+TEST(CheckpointRotation, DamagedOrTruncatedNewestFallsBackToThePreviousAndNamesIt) {
+  testing::TempDir dir;
+  const std::string root = dir.file("ckpts");
+  for (int64_t step : {1, 2, 3}) write_rotating_checkpoint(root, step, 3, state_of(step), "model bytes");
+  flip_a_byte(root + "/step-000000000003/checkpoint.dsgd");
+  std::vector<std::string> skipped;
+  EXPECT_EQ(read_latest_checkpoint(root, &skipped).state, "state of step 2");
+  ASSERT_EQ(skipped.size(), 1u);
+  EXPECT_NE(skipped[0].find("step-000000000003/checkpoint.dsgd: checksum mismatch"), std::string::npos) << skipped[0];
+
+  const std::string two = root + "/step-000000000002/checkpoint.dsgd";
+  fs::resize_file(two, fs::file_size(two) - 4);
+  skipped.clear();
+  EXPECT_EQ(read_latest_checkpoint(root, &skipped).state, "state of step 1");
+  EXPECT_EQ(skipped.size(), 2u);
+}
+
+TEST(CheckpointRotation, AHalfWrittenCheckpointIsNeverPickedUp) {
+  testing::TempDir dir;
+  const std::string root = dir.file("ckpts");
+  write_rotating_checkpoint(root, 1, 3, state_of(1), "");
+  // What a crash during the write of step 2 leaves: its temporary directory, partly written.
+  fs::create_directories(root + "/.step-000000000002.partial.999");
+  std::ofstream(root + "/.step-000000000002.partial.999/checkpoint.dsgd") << "{\"format\":";
+  EXPECT_EQ(list_checkpoints(root).size(), 1u);
+  EXPECT_EQ(read_latest_checkpoint(root, nullptr).state, "state of step 1");
+}
+
+TEST(CheckpointRotation, EveryOneDamagedIsADataErrorListingThemAll) {
+  testing::TempDir dir;
+  const std::string root = dir.file("ckpts");
+  for (int64_t step : {1, 2}) write_rotating_checkpoint(root, step, 3, state_of(step), "");
+  for (const auto& p : list_checkpoints(root)) flip_a_byte(p + "/checkpoint.dsgd");
+  try {
+    read_latest_checkpoint(root, nullptr);
+    FAIL() << "a damaged checkpoint loaded";
+  } catch (const DataError& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("every checkpoint here is damaged"), std::string::npos) << what;
+    EXPECT_NE(what.find("step-000000000001"), std::string::npos) << what;
+    EXPECT_NE(what.find("step-000000000002"), std::string::npos) << what;
+  }
+  EXPECT_THROW(read_latest_checkpoint(dir.file("absent"), nullptr), DataError);
+  EXPECT_THROW(write_rotating_checkpoint(root, 3, 0, state_of(3), ""), DataError);
+}
+
+}  // namespace
+}  // namespace dsgd::runtime
