@@ -82,7 +82,12 @@ struct TrainerConfig {
   // resumes from the newest intact one (a damaged one is named and passed over).
   std::string checkpoint_dir;
   int checkpoint_keep = 3;
-  bool replace_lost_workers = true;          // local mode: spawn replacements (else go on with fewer)
+  // Local mode: spawn replacements for lost workers. One that fails to start (or to register
+  // within replacement_timeout) leaves the job going on with fewer workers (the global batch
+  // re-split over them); it tries again between chunks with exponential back-off (1 s, 2 s, ...
+  // 60 s) until back at num_workers. In remote mode, workers that join later are taken in the
+  // same way. false: never spawn replacements.
+  bool replace_lost_workers = true;
   std::chrono::milliseconds replacement_timeout{30000};  // for a replacement to register
   std::function<void(const TrainProgress&)> on_progress;  // called ~10x/s during train()
 };
@@ -95,6 +100,9 @@ struct TrainOptions {
 
 // What a recovery did (in Results::recoveries of the call during which it happened).
 struct RecoveryEvent {
+  // "recovery": a failure survived. "scale_up": after going on with fewer workers, the job grew
+  // back towards num_workers between chunks (failure and lost are empty; rolled_back_steps 0).
+  std::string kind = "recovery";
   std::string failure;          // what was detected, naming the worker
   std::string lost;             // the evicted worker(s): "worker 1 (host h, pid 123, last step 310)"
   int64_t rolled_back_steps = 0;  // steps done since the snapshot, redone

@@ -60,7 +60,7 @@ pid_t LocalProcesses::spawn(const std::string& binary, const std::vector<std::st
   return pid;
 }
 
-std::optional<std::string> LocalProcesses::check_exited() {
+std::optional<LocalProcesses::Exit> LocalProcesses::check_exited() {
   for (size_t i = 0; i < pids_.size(); ++i) {
     if (reaped_[i]) continue;
     int status = 0;
@@ -74,7 +74,7 @@ std::optional<std::string> LocalProcesses::check_exited() {
         how = std::string("was killed by signal ") + std::to_string(WTERMSIG(status)) + " (" +
               ::strsignal(WTERMSIG(status)) + ")";
       }
-      return "worker process " + std::to_string(pids_[i]) + " " + how;
+      return Exit{pids_[i], "worker process " + std::to_string(pids_[i]) + " " + how};
     }
   }
   return std::nullopt;

@@ -21,8 +21,12 @@ class LocalProcesses {
   // Starts `binary` with `args` (argv[1..]) and `env` ("NAME=value") added to this environment.
   // Throws dsgd::Error if fork or exec fails (exec failure shows as an exit with status 127).
   pid_t spawn(const std::string& binary, const std::vector<std::string>& args, const std::vector<std::string>& env);
-  // "pid 123 exited with status 1" for the first child found to have ended; nullopt if all run.
-  std::optional<std::string> check_exited();
+  struct Exit {
+    pid_t pid;
+    std::string what;  // "worker process 123 exited with status 1"
+  };
+  // The first child found to have ended (reaped: reported once); nullopt if all run.
+  std::optional<Exit> check_exited();
   // True if `pid` (one of ours) has exited; reaps it (check_exited will not report it again).
   bool gone(pid_t pid);
   // SIGKILL to `pid`'s process group, then reaps it.

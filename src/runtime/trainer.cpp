@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <iostream>
+#include <optional>
 #include <random>
 #include <sstream>
 #include <thread>
@@ -121,28 +122,78 @@ struct Trainer::Impl {
   bool broken = false;
   bool stopped = false;
   std::unique_ptr<torch_glue::ReplicaRuntime> local;  // get_model's copy
+  std::vector<int> members;            // worker ids in the current group, in rank order
+  // Below num_workers (local mode): replacements spawned but not yet in the group, and the
+  // exponential back-off between attempts that failed.
+  std::vector<pid_t> pending;
+  Clock::time_point pending_since{};
+  Clock::time_point next_spawn{};
+  milliseconds backoff{1000};
 
-  // Liveness of spawned workers, checked while waiting on them.
+  bool is_member(int id) const { return std::find(members.begin(), members.end(), id) != members.end(); }
+
+  // Liveness of spawned workers, checked while waiting on them. A member's exit is a CommError
+  // (the job recovers); a pending replacement's exit only defers the next attempt.
   void check_children() {
-    if (auto gone = children.check_exited()) {
+    while (auto gone = children.check_exited()) {
+      if (auto p = std::find(pending.begin(), pending.end(), gone->pid); p != pending.end()) {
+        pending.erase(p);
+        defer_replacements("replacement " + gone->what);
+        continue;
+      }
       for (const auto& w : server->workers()) {
-        if (gone->find("process " + std::to_string(w.pid) + " ") != std::string::npos) {
-          throw CommError("worker " + std::to_string(w.index) + " (host " + w.host + "): " + *gone, "worker",
+        if (w.pid == gone->pid) {
+          throw CommError("worker " + std::to_string(w.index) + " (host " + w.host + "): " + gone->what, "worker",
                           static_cast<int>(w.index), w.host);
         }
       }
-      throw CommError(*gone + " before registering; see its output above (does main() call dsgd::init(argc, argv) "
-                              "first?)",
+      throw CommError(gone->what + " before registering; see its output above (does main() call dsgd::init(argc, argv) "
+                                   "first?)",
                       "worker");
     }
   }
 
-  void spawn_worker() {
+  void defer_replacements(const std::string& why) {
+    next_spawn = Clock::now() + backoff;
+    control::log().warn("trainer: {}; next attempt to get back to {} workers in {:.0f} s", why, config.num_workers,
+                        std::chrono::duration<double>(backoff).count());
+    backoff = std::min(backoff * 2, milliseconds(60000));
+  }
+
+  // Local mode: spawns workers for the places missing from num_workers (none while some are
+  // still pending, or during the back-off). They join the group once registered (admit()).
+  void spawn_replacements() {
+    if (!config.listen.empty() || !config.replace_lost_workers || !pending.empty() || Clock::now() < next_spawn) return;
+    int registered = 0;
+    for (const auto& w : server->workers()) registered += w.alive ? 1 : 0;
+    for (int i = registered; i < config.num_workers; ++i) pending.push_back(spawn_worker());
+    pending_since = Clock::now();
+  }
+
+  // Registered workers not yet in the group: replacements, or in remote mode workers that joined
+  // later. Pending replacements that ran past replacement_timeout are killed (and deferred).
+  std::vector<int> newcomers() {
+    std::vector<int> out;
+    for (const auto& w : server->workers()) {
+      if (!w.alive || is_member(static_cast<int>(w.index))) continue;
+      out.push_back(static_cast<int>(w.index));
+      pending.erase(std::remove(pending.begin(), pending.end(), static_cast<pid_t>(w.pid)), pending.end());
+    }
+    if (!pending.empty() && Clock::now() - pending_since > config.replacement_timeout) {
+      for (pid_t pid : pending) children.kill(pid);
+      pending.clear();
+      defer_replacements("replacements did not register within " +
+                         std::to_string(config.replacement_timeout.count()) + " ms");
+    }
+    return out;
+  }
+
+  pid_t spawn_worker() {
     const std::string driver = "127.0.0.1:" + std::to_string(server->port());
     const int threads = std::max(1, config.threads_per_worker > 0
                                         ? config.threads_per_worker
                                         : static_cast<int>(std::thread::hardware_concurrency()) / config.num_workers);
-    children.spawn(binary, {"--dsgd-worker", "--driver", driver},
+    return children.spawn(binary, {"--dsgd-worker", "--driver", driver},
                    {"DSGD_TOKEN=" + token, "DSGD_WORKER_OF=" + std::to_string(::getpid()),
                     // one OpenMP team per worker, sized by the driver (see threads_per_worker)
                     "OMP_NUM_THREADS=" + std::to_string(threads)});
@@ -152,15 +203,16 @@ struct Trainer::Impl {
   json placement() const {
     json ranks = json::object();
     int i = 0;
-    for (int id : server->alive()) ranks[std::to_string(id)] = i++;
+    for (int id : members) ranks[std::to_string(id)] = i++;
     return {{"generation", generation}, {"num_workers", i}, {"ranks", ranks}};
   }
 
-  // One command to every live worker (or `targets`); any failure throws.
+  // One command to every member (or `targets`); any failure throws.
   std::vector<control::CommandOutcome> raw_call(const std::string& kind, const json& in = json::object(),
                                                 const std::string& blob = "", std::vector<int> targets = {},
                                                 const std::function<void()>& extra_tick = {},
                                                 milliseconds timeout = milliseconds(0)) {
+    if (targets.empty()) targets = members;
     return server->call(kind, in.dump(), blob, timeout, [&] {
       check_children();
       if (extra_tick) extra_tick();
@@ -189,7 +241,7 @@ struct Trainer::Impl {
     while (true) {
       try {
         std::vector<int> targets;
-        if (first_only) targets = {server->alive().at(0)};
+        if (first_only) targets = {members.at(0)};
         return raw_call(kind, in, blob, targets, extra_tick);
       } catch (const std::exception& e) {
         if (!recoverable(e)) {
@@ -244,7 +296,10 @@ struct Trainer::Impl {
     const auto deadline = Clock::now() + config.heartbeat_timeout + milliseconds(2000);
     while (true) {
       for (const auto& w : server->workers()) {
-        if (!w.alive || std::find(lost.begin(), lost.end(), w.index) != lost.end()) continue;
+        if (!w.alive || !is_member(static_cast<int>(w.index)) ||
+            std::find(lost.begin(), lost.end(), w.index) != lost.end()) {
+          continue;
+        }
         const bool exited = config.listen.empty() && children.gone(static_cast<pid_t>(w.pid));
         const bool silent = w.since_heartbeat_s * 1000 > static_cast<double>(config.heartbeat_timeout.count());
         if (exited || silent) {
@@ -256,7 +311,7 @@ struct Trainer::Impl {
         }
       }
       std::vector<int> survivors;
-      for (int id : server->alive()) {
+      for (int id : members) {
         if (std::find(lost.begin(), lost.end(), id) == lost.end()) survivors.push_back(id);
       }
       try {
@@ -270,41 +325,69 @@ struct Trainer::Impl {
       const auto info = server->workers().at(static_cast<size_t>(id));
       server->evict(id, failure);
       if (config.listen.empty()) children.kill(static_cast<pid_t>(info.pid));
+      members.erase(std::remove(members.begin(), members.end(), id), members.end());
     }
-    // Replacements (local mode); without them the job goes on with fewer workers.
-    const auto before = server->alive();
-    if (config.listen.empty() && config.replace_lost_workers && !lost.empty()) {
-      const size_t spawned_from = children.pids().size();
-      for (size_t i = 0; i < lost.size(); ++i) spawn_worker();
-      try {
-        server->wait_registered(config.replacement_timeout, [] {}, config.num_workers);
-      } catch (const TimeoutError& e) {
-        control::log().warn("trainer: replacements did not register ({}); going on with {} worker(s)", e.what(),
-                             server->alive().size());
-        const auto spawned = children.pids();
-        for (size_t i = spawned_from; i < spawned.size(); ++i) {
-          bool registered = false;
-          for (const auto& w : server->workers()) registered |= w.alive && w.pid == spawned[i];
-          if (!registered) children.kill(spawned[i]);
-        }
-      }
+    // Replacements (local mode), awaited here for up to replacement_timeout; without them the
+    // job goes on with fewer workers and scales back up between chunks (scale_up).
+    spawn_replacements();
+    std::vector<int> fresh = newcomers();
+    while (!pending.empty()) {
+      check_children();  // a replacement that exits is dropped from pending
+      std::this_thread::sleep_for(milliseconds(20));
+      for (int id : newcomers()) fresh.push_back(id);
     }
-    const auto now_alive = server->alive();
-    if (now_alive.empty()) fail("every worker was lost: " + failure);
-    std::vector<int> fresh;
-    for (int id : now_alive) {
-      if (std::find(before.begin(), before.end(), id) == before.end()) fresh.push_back(id);
-    }
+    if (members.empty() && fresh.empty()) fail("every worker was lost: " + failure);
+    form_group(fresh);
+    ev.workers_after = static_cast<int>(members.size());
+    return ev;
+  }
+
+  // A new generation of the group: `fresh` (registered, not yet set up) join the members, and
+  // everyone restores the snapshot.
+  void form_group(const std::vector<int>& fresh) {
     ++generation;
-    const int world = static_cast<int>(now_alive.size()) * config.devices_per_worker;
+    members.insert(members.end(), fresh.begin(), fresh.end());
+    const int world = static_cast<int>(members.size()) * config.devices_per_worker;
     if (config.batch_size < world) fail("too few samples per step for the re-formed job");
     server->set_world(generation, world);
     const json place = placement();
     if (!fresh.empty()) raw_call("setup", place, "", fresh);
     raw_call("connect", place);
     raw_call("set_state", json::object(), snapshot);
-    ev.workers_after = static_cast<int>(now_alive.size());
+  }
+
+  // Between chunks, below num_workers: grow back with whoever has registered since (spawning
+  // replacements with back-off in local mode). Returns the event, or nullopt if nothing changed.
+  std::optional<RecoveryEvent> scale_up() {
+    if (static_cast<int>(members.size()) >= config.num_workers) return std::nullopt;
+    spawn_replacements();
+    check_children();
+    const auto fresh = newcomers();
+    if (fresh.empty()) return std::nullopt;
+    const auto t0 = Clock::now();
+    RecoveryEvent ev;
+    ev.kind = "scale_up";
+    take_snapshot();  // the members' state now (a worker function may have changed it)
+    form_group(fresh);
+    ev.workers_after = static_cast<int>(members.size());
+    ev.recovery_s = std::chrono::duration<double>(Clock::now() - t0).count();
+    backoff = milliseconds(1000);
+    control::log().info("trainer: back to {} worker(s) in {:.2f} s", members.size(), ev.recovery_s);
     return ev;
+  }
+
+  // scale_up, surviving a failure on the way like any call.
+  void try_scale_up() {
+    try {
+      if (auto ev = scale_up()) events.push_back(std::move(*ev));
+    } catch (const std::exception& e) {
+      if (!recoverable(e)) {
+        broken = true;
+        server->stop_workers();
+        throw;
+      }
+      recover(e.what());
+    }
   }
 
   Results results_of(const std::vector<control::CommandOutcome>& outs, bool per_worker) {
@@ -322,7 +405,7 @@ struct Trainer::Impl {
     return r;
   }
 
-  void take_snapshot() { snapshot = std::move(raw_call("get_state", json::object(), "", {server->alive().at(0)})[0].blob); }
+  void take_snapshot() { snapshot = std::move(raw_call("get_state", json::object(), "", {members.at(0)})[0].blob); }
 
   json checkpoint_header(int64_t epoch, int64_t batch) const {
     return {{"epoch", epoch}, {"batch", batch}, {"operator", op_name}, {"strategy", config.strategy},
@@ -333,7 +416,7 @@ struct Trainer::Impl {
   void persist_snapshot(int64_t epoch, int64_t batch, int64_t batches_per_epoch) {
     if (config.checkpoint_dir.empty()) return;
     runtime::Checkpoint c{checkpoint_header(epoch, batch), snapshot};
-    auto pickle = raw_call("get_pickle", json::object(), "", {server->alive().at(0)});
+    auto pickle = raw_call("get_pickle", json::object(), "", {members.at(0)});
     const auto path = runtime::write_rotating_checkpoint(config.checkpoint_dir, epoch * batches_per_epoch + batch,
                                                          config.checkpoint_keep, c, pickle[0].blob);
     control::log().debug("trainer: checkpoint {}", path);
@@ -388,6 +471,7 @@ Trainer::Trainer(const std::string& operator_name, TrainerConfig config) : impl_
                    c.num_workers, address(), d.token);
     }
     d.server->wait_registered(c.registration_timeout, [&] { d.check_children(); });
+    d.members = d.server->alive();
 
     // Every replica builds its operator; all must agree on the parameters.
     d.server->set_world(d.generation, c.num_workers * c.devices_per_worker);
@@ -433,14 +517,14 @@ Results Trainer::train(const TrainOptions& options) {
   auto& d = *impl_;
   d.ensure_usable();
   d.events.clear();
+  d.try_scale_up();  // lost workers replaced since the last call join now
   const auto t0 = Clock::now();
   int64_t done = 0;  // steps completed in earlier chunks of this call
   std::function<void()> tick;
   if (d.config.on_progress) {
     tick = [&] {
-      auto alive = d.server->alive();
-      if (alive.empty()) return;
-      const auto w = d.server->workers().at(static_cast<size_t>(alive[0]));
+      if (d.members.empty()) return;
+      const auto w = d.server->workers().at(static_cast<size_t>(d.members[0]));
       const json p = json::parse(w.progress.empty() ? "null" : w.progress, nullptr, false);
       if (!p.is_object()) return;
       d.config.on_progress({done + p.value("batches", int64_t{0}), options.num_steps, p.value("loss", 0.0),
@@ -469,6 +553,7 @@ Results Trainer::train(const TrainOptions& options) {
     if (epoch_over || enough || batches == 0 || chunk == 0) break;
     d.take_snapshot();
     d.persist_snapshot(r.epoch, r.batch, r.batches_per_epoch);
+    d.try_scale_up();
   }
   if (chunks.size() == 1) {
     total.metrics = chunks[0];

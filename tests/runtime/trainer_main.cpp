@@ -1,10 +1,24 @@
 // The trainer tests' main: like every program that uses dsgd::Trainer, it calls dsgd::init
 // first, so the driver can spawn this same binary as its workers.
 #include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <iostream>
 
 #include "dsgd/trainer.h"
 
 int main(int argc, char** argv) {
+  // A test's way to make replacement workers fail to start: while the file named by
+  // DSGD_TEST_REFUSE_WORKERS_WHILE exists, a worker exits at once.
+  const char* refuse = std::getenv("DSGD_TEST_REFUSE_WORKERS_WHILE");
+  for (int i = 1; refuse != nullptr && i < argc; ++i) {
+    if (std::strcmp(argv[i], "--dsgd-worker") == 0 && ::access(refuse, F_OK) == 0) {
+      std::cerr << "test worker: refusing to start while " << refuse << " exists\n";
+      return 3;
+    }
+  }
   dsgd::init(argc, argv);
   ::testing::InitGoogleTest(&argc, argv);
   return RUN_ALL_TESTS();

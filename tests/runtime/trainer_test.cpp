@@ -127,7 +127,11 @@ Params single_process(int64_t batch, int64_t steps) {
   o.threads = 1;
   torch_glue::ReplicaRuntime r(make_operator(runtime::kImageClassifier), o);
   r.setup(synthetic_config());
-  r.train(steps, false);
+  for (int64_t left = steps; left > 0;) {  // across epochs, as Trainer::train calls would
+    const auto done = static_cast<int64_t>(r.train(left, false).at("batches"));
+    if (done == 0) break;
+    left -= done;
+  }
   return params_of(r.op().model(0));
 }
 
@@ -525,6 +529,53 @@ TEST(TrainerRecovery, WithoutReplacementsTrainingGoesOnWithFewerWorkersAndTheSam
   auto r = train_through_fault(c, SIGKILL, nullptr, 5e-5);
   ASSERT_EQ(r.recoveries.size(), 1u);
   EXPECT_EQ(r.recoveries[0].workers_after, 2);
+}
+
+TEST(TrainerRecovery, AfterFailedReplacementsTheJobScalesBackUpToNumWorkers) {
+  testing::TempDir dir;
+  const std::string refuse = dir.file("refuse-new-workers");
+  ::setenv("DSGD_TEST_REFUSE_WORKERS_WHILE", refuse.c_str(), 1);
+  auto c = base_config(3, "allreduce", 66);
+  c.checkpoint_every_steps = 5;
+  c.heartbeat_timeout = milliseconds(2000);
+  c.comm_timeout = milliseconds(10000);
+  std::atomic<bool> killed{false};
+  int victim = 0;
+  c.on_progress = [&](const TrainProgress& p) {
+    if (p.batches >= 7 && !killed.exchange(true)) {
+      std::ofstream(refuse) << "no\n";
+      ::kill(victim, SIGKILL);
+    }
+  };
+  Trainer t(runtime::kImageClassifier, c);
+  victim = t.foreach_worker("replica_info")[1]["pid"].get<int>();
+  auto first = t.train({.num_steps = 10});
+  ASSERT_TRUE(killed);
+  ASSERT_EQ(first.recoveries.size(), 1u);
+  EXPECT_EQ(first.recoveries[0].workers_after, 2);  // the replacement refused to start
+  EXPECT_EQ(t.foreach_worker("replica_info").size(), 2u);
+
+  // Replacements can start again: within the back-off the job grows back to 3 workers.
+  std::filesystem::remove(refuse);
+  int64_t steps = 10;
+  std::optional<RecoveryEvent> grew;
+  const auto deadline = Clock::now() + std::chrono::seconds(60);
+  while (!grew && Clock::now() < deadline) {
+    auto r = t.train({.num_steps = 5});
+    steps += static_cast<int64_t>(r.metrics.at("batches"));
+    for (const auto& ev : r.recoveries) {
+      if (ev.kind == "scale_up") grew = ev;
+    }
+  }
+  ::unsetenv("DSGD_TEST_REFUSE_WORKERS_WHILE");
+  ASSERT_TRUE(grew) << "never scaled back up";
+  EXPECT_EQ(grew->workers_after, 3);
+  EXPECT_EQ(t.foreach_worker("replica_info").size(), 3u);
+  auto last = t.train({.num_steps = 5});
+  steps += 5;
+  EXPECT_EQ(last.epoch * last.batches_per_epoch + last.batch, steps);
+  // 3, 2, then 3 replicas: the same mathematics as one process with the global batch.
+  EXPECT_LT(max_difference(single_process(66, steps), params_of(*t.get_model())), 5e-5);
 }
 
 }  // namespace
