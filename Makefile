@@ -1,7 +1,7 @@
 # dsgd — the two commands of the quick start, and a few more for developers.
 #   make demo        install what is missing, build, train the CNN on Fashion-MNIST
 #   make test        install what is missing, build, run the fast test suite, then the long one
-# Also: make build | test-fast | test-long | bench | clean
+# Also: make build | test-fast | test-long | bench | fuzz | clean
 BUILD ?= build
 JOBS  ?= $(shell nproc)
 CTEST  = ctest --test-dir $(BUILD) --output-on-failure --timeout 900
@@ -9,7 +9,7 @@ CTEST  = ctest --test-dir $(BUILD) --output-on-failure --timeout 900
 export CCACHE_BASEDIR := $(CURDIR)
 export CCACHE_NOHASHDIR := 1
 
-.PHONY: deps configure build demo test test-fast test-long bench bench-comm clean
+.PHONY: deps configure build demo test test-fast test-long bench bench-comm fuzz clean
 deps:
 	@scripts/install-deps.sh
 
@@ -42,6 +42,11 @@ bench: build
 
 bench-comm: build
 	WRITE_DOCS=1 bench/allreduce.sh
+
+# The parsers' fuzz targets for FUZZ_SECONDS each (libFuzzer; what they find stays in $(BUILD)/fuzz).
+FUZZ_SECONDS ?= 300
+fuzz: deps
+	tests/fuzz/run.sh $(FUZZ_SECONDS) $(BUILD)
 
 clean:
 	rm -rf $(BUILD)

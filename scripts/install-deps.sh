@@ -14,6 +14,7 @@ build_pkgs=(
   libspdlog-dev libcli11-dev nlohmann-json3-dev libgtest-dev zlib1g-dev
   dataset-fashion-mnist   # /usr/share/datasets/fashion-mnist
   iproute2                # network namespaces for multi-host tests
+  clang libclang-rt-14-dev     # libFuzzer for the parsers' fuzz targets (tests/fuzz)
 )
 bench_pkgs=(
   python3-torch           # PyTorch DDP, the peer we measure against (/usr/bin/python3)

@@ -24,6 +24,8 @@
 #include <string>
 #include <vector>
 
+#include "dsgd/model_names.h"
+
 namespace dsgd::models {
 
 struct ModelOptions {
@@ -42,9 +44,6 @@ class Classifier : public torch::nn::Module {
 };
 
 std::shared_ptr<Classifier> make_model(const std::string& name, const ModelOptions& options = {});
-
-// The names make_model accepts: cnn, mlp, resnet18, resnet50.
-const std::vector<std::string>& model_names();
 
 // Total number of parameter elements (trainable tensors only).
 int64_t parameter_count(const torch::nn::Module& module);

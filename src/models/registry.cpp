@@ -5,11 +5,6 @@
 
 namespace dsgd::models {
 
-const std::vector<std::string>& model_names() {
-  static const std::vector<std::string> names = {"cnn", "mlp", "resnet18", "resnet50"};
-  return names;
-}
-
 std::shared_ptr<Classifier> make_model(const std::string& name, const ModelOptions& o) {
   if (o.in_channels < 1 || o.image_size < 1 || o.num_classes < 1) {
     throw ConfigError("model '" + name + "': in_channels, image_size and num_classes must be >= 1 (got " +

@@ -16,29 +16,7 @@ namespace {
 class ImageClassifier : public TrainingOperator {
  public:
   void setup(const nlohmann::json& config) override {
-    if (!config.is_object()) throw ConfigError("the image classifier's config must be a JSON object");
-    static const std::vector<std::string> known = {"model", "dataset", "data_dir", "lr", "momentum", "lr_decay",
-                                                   "dropout", "synthetic_samples", "synthetic_image_size"};
-    for (const auto& [k, v] : config.items()) {
-      if (std::find(known.begin(), known.end(), k) == known.end()) {
-        throw ConfigError("unknown image classifier config key '" + k + "'");
-      }
-    }
-    LocalJobOptions o;
-    try {
-      o.model = config.value("model", o.model);
-      o.dataset = config.value("dataset", o.dataset);
-      o.data_dir = config.value("data_dir", o.data_dir);
-      o.lr = config.value("lr", o.lr);
-      o.momentum = config.value("momentum", o.momentum);
-      o.lr_decay = config.value("lr_decay", o.lr_decay);
-      o.dropout = config.value("dropout", o.dropout);
-      o.synthetic_samples = config.value("synthetic_samples", o.synthetic_samples);
-      o.synthetic_image_size = config.value("synthetic_image_size", o.synthetic_image_size);
-    } catch (const nlohmann::json::exception& e) {
-      throw ConfigError(std::string("image classifier config: a value has the wrong type: ") + e.what());
-    }
-    runtime::validate(o);  // the single-process job's checks and messages
+    const LocalJobOptions o = image_classifier_options(config);
 
     // Data exactly as the single-process job draws it.
     std::optional<data::ImageDataset> train, test;

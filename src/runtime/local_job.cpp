@@ -23,10 +23,6 @@ double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
-void require(bool ok, const std::string& what) {
-  if (!ok) throw ConfigError(what);
-}
-
 struct Evaluation {
   double loss = 0;
   double accuracy = 0;
@@ -54,29 +50,6 @@ Evaluation evaluate(models::Classifier& model, const data::ImageDataset& test) {
 }
 
 }  // namespace
-
-void validate(const LocalJobOptions& o) {
-  const auto& names = models::model_names();
-  if (std::find(names.begin(), names.end(), o.model) == names.end()) {
-    std::string known;
-    for (const auto& n : names) known += (known.empty() ? "" : ", ") + n;
-    throw ConfigError("unknown model '" + o.model + "'; known models: " + known);
-  }
-  require(o.dataset == "fashion-mnist" || o.dataset == "synthetic",
-          "unknown dataset '" + o.dataset + "'; use fashion-mnist or synthetic");
-  require(o.epochs >= 1, "epochs must be >= 1, got " + std::to_string(o.epochs));
-  require(o.batch_size >= 1, "batch size must be >= 1, got " + std::to_string(o.batch_size));
-  require(std::isfinite(o.lr) && o.lr > 0, "learning rate must be a positive number, got " + std::to_string(o.lr));
-  require(std::isfinite(o.momentum) && o.momentum >= 0 && o.momentum < 1,
-          "momentum must be in [0, 1), got " + std::to_string(o.momentum));
-  require(std::isfinite(o.lr_decay) && o.lr_decay > 0 && o.lr_decay <= 1,
-          "learning rate decay must be in (0, 1], got " + std::to_string(o.lr_decay));
-  require(o.threads >= 1 && o.threads <= 1024, "threads must be in 1..1024, got " + std::to_string(o.threads));
-  require(o.max_steps >= 0, "max steps must be >= 0 (0 = no limit), got " + std::to_string(o.max_steps));
-  require(o.synthetic_samples >= 1, "synthetic samples must be >= 1, got " + std::to_string(o.synthetic_samples));
-  require(o.synthetic_image_size >= 6 && o.synthetic_image_size <= 1024,
-          "synthetic image size must be in 6..1024 pixels, got " + std::to_string(o.synthetic_image_size));
-}
 
 LocalJobResult run_local_job(const LocalJobOptions& o, ProgressListener* listener) {
   validate(o);

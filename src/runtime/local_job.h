@@ -13,28 +13,9 @@
 #include <string>
 #include <vector>
 
+#include "runtime/job_options.h"
+
 namespace dsgd::runtime {
-
-struct LocalJobOptions {
-  std::string model = "cnn";               // a name from dsgd::models::model_names()
-  std::string dataset = "fashion-mnist";   // "fashion-mnist" or "synthetic"
-  std::string data_dir = "/usr/share/datasets/fashion-mnist";
-  int64_t epochs = 1;                      // passes over the training set
-  int64_t batch_size = 64;                 // samples per step
-  double lr = 0.01;                        // SGD learning rate
-  double momentum = 0.9;                   // SGD momentum, in [0, 1)
-  double lr_decay = 1.0;                   // learning rate x this after every epoch, in (0, 1]
-  uint64_t seed = 1;                       // initial weights and shuffling
-  int threads = 1;                         // LibTorch intra-op (and OpenMP/OpenBLAS) threads
-  int64_t max_steps = 0;                   // > 0: stop after this many steps in all (benchmarks)
-  bool evaluate = true;                    // evaluate on the test split after each epoch
-  bool dropout = true;                     // false: dropout layers become identities
-  int64_t synthetic_samples = 8192;        // dataset "synthetic": training samples (test: 1/4)
-  int64_t synthetic_image_size = 28;       // dataset "synthetic": side in pixels (1 channel)
-};
-
-// Throws dsgd::ConfigError naming the first bad field, its value and the accepted range.
-void validate(const LocalJobOptions& options);
 
 struct BatchProgress {
   int64_t epoch = 0;              // 1-based

@@ -78,6 +78,7 @@ TEST(Cli, FlagErrorsExitWithUsageStatusAndSayWhatIsWrong) {
   expect_usage_error("train --workers 2 --nonfinite ignore", "unknown --nonfinite 'ignore'; use skip or error");
   expect_usage_error("train --workers 2 --config '{\"lr\": 0.1'", "--config is not valid JSON");
   expect_usage_error("train --workers 2 --config '{\"lr\": \"fast\"}'", "wrong type");
+  expect_usage_error("train --workers 2 --config '{\"lr\": 1e400}'", "--config is not valid JSON");  // found by fuzzing
   expect_usage_error("train --workers 2 --config '{\"lrr\": 0.1}'", "unknown image classifier config key 'lrr'");
   expect_usage_error("train --workers 2 --batch-size 1", "at least the number of replicas (2)");
   expect_usage_error("train --dataset imagenet", "unknown dataset 'imagenet'");

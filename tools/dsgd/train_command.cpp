@@ -12,6 +12,7 @@
 #include "dsgd/trainer.h"
 #include "progress.h"
 #include "runtime/builtin_operators.h"
+#include "runtime/job_options.h"
 #include "runtime/local_job.h"
 
 namespace dsgd::cli {
@@ -115,11 +116,7 @@ void validate_flags(TrainFlags& f) {
     throw ConfigError("--grad-shard-bytes must be > 0, got " + std::to_string(f.grad_shard_bytes));
   }
   if (!f.config.empty()) {
-    try {
-      f.config_json = nlohmann::json::parse(f.config);
-    } catch (const nlohmann::json::parse_error& e) {
-      throw ConfigError("--config is not valid JSON: " + std::string(e.what()));
-    }
+    f.config_json = runtime::parse_config_text(f.config, "--config");
     if (!f.config_json.is_object()) throw ConfigError("--config must be a JSON object, e.g. '{\"lr\": 0.1}'");
     if (f.in_process) throw ConfigError("--config applies to worker jobs, not --in-process");
   }

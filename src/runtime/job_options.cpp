@@ -1,0 +1,77 @@
+#include "runtime/job_options.h"
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "dsgd/error.h"
+#include "dsgd/model_names.h"
+
+namespace dsgd::runtime {
+namespace {
+
+void require(bool ok, const std::string& what) {
+  if (!ok) throw ConfigError(what);
+}
+
+}  // namespace
+
+void validate(const LocalJobOptions& o) {
+  const auto& names = models::model_names();
+  if (std::find(names.begin(), names.end(), o.model) == names.end()) {
+    std::string known;
+    for (const auto& n : names) known += (known.empty() ? "" : ", ") + n;
+    throw ConfigError("unknown model '" + o.model + "'; known models: " + known);
+  }
+  require(o.dataset == "fashion-mnist" || o.dataset == "synthetic",
+          "unknown dataset '" + o.dataset + "'; use fashion-mnist or synthetic");
+  require(o.epochs >= 1, "epochs must be >= 1, got " + std::to_string(o.epochs));
+  require(o.batch_size >= 1, "batch size must be >= 1, got " + std::to_string(o.batch_size));
+  require(std::isfinite(o.lr) && o.lr > 0, "learning rate must be a positive number, got " + std::to_string(o.lr));
+  require(std::isfinite(o.momentum) && o.momentum >= 0 && o.momentum < 1,
+          "momentum must be in [0, 1), got " + std::to_string(o.momentum));
+  require(std::isfinite(o.lr_decay) && o.lr_decay > 0 && o.lr_decay <= 1,
+          "learning rate decay must be in (0, 1], got " + std::to_string(o.lr_decay));
+  require(o.threads >= 1 && o.threads <= 1024, "threads must be in 1..1024, got " + std::to_string(o.threads));
+  require(o.max_steps >= 0, "max steps must be >= 0 (0 = no limit), got " + std::to_string(o.max_steps));
+  require(o.synthetic_samples >= 1, "synthetic samples must be >= 1, got " + std::to_string(o.synthetic_samples));
+  require(o.synthetic_image_size >= 6 && o.synthetic_image_size <= 1024,
+          "synthetic image size must be in 6..1024 pixels, got " + std::to_string(o.synthetic_image_size));
+}
+
+nlohmann::json parse_config_text(std::string_view text, const std::string& what) {
+  try {
+    return nlohmann::json::parse(text);
+  } catch (const nlohmann::json::exception& e) {  // parse_error, and out_of_range for 1e400
+    throw ConfigError(what + " is not valid JSON: " + e.what());
+  }
+}
+
+LocalJobOptions image_classifier_options(const nlohmann::json& config) {
+  if (!config.is_object()) throw ConfigError("the image classifier's config must be a JSON object");
+  static const std::vector<std::string> known = {"model", "dataset", "data_dir", "lr", "momentum", "lr_decay",
+                                                 "dropout", "synthetic_samples", "synthetic_image_size"};
+  for (const auto& [k, v] : config.items()) {
+    if (std::find(known.begin(), known.end(), k) == known.end()) {
+      throw ConfigError("unknown image classifier config key '" + k + "'");
+    }
+  }
+  LocalJobOptions o;
+  try {
+    o.model = config.value("model", o.model);
+    o.dataset = config.value("dataset", o.dataset);
+    o.data_dir = config.value("data_dir", o.data_dir);
+    o.lr = config.value("lr", o.lr);
+    o.momentum = config.value("momentum", o.momentum);
+    o.lr_decay = config.value("lr_decay", o.lr_decay);
+    o.dropout = config.value("dropout", o.dropout);
+    o.synthetic_samples = config.value("synthetic_samples", o.synthetic_samples);
+    o.synthetic_image_size = config.value("synthetic_image_size", o.synthetic_image_size);
+  } catch (const nlohmann::json::exception& e) {
+    throw ConfigError(std::string("image classifier config: a value has the wrong type: ") + e.what());
+  }
+  validate(o);  // the single-process job's checks and messages
+  return o;
+}
+
+}  // namespace dsgd::runtime

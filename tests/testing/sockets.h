@@ -1,0 +1,69 @@
+// TCP ports a process listens on (from /proc), for tests that probe a job's ports.
+#pragma once
+
+#include <dirent.h>
+#include <sys/types.h>
+#include <unistd.h>
+
+#include <fstream>
+#include <set>
+#include <sstream>
+#include <string>
+#include <vector>
+
+namespace dsgd::testing {
+
+// The TCP ports (IPv4 and IPv6) on which process `pid` has a listening socket.
+inline std::vector<int> listening_ports(pid_t pid) {
+  const std::string proc = "/proc/" + std::to_string(pid);
+  std::set<std::string> inodes;  // of the process's sockets
+  if (DIR* d = ::opendir((proc + "/fd").c_str())) {
+    while (dirent* e = ::readdir(d)) {
+      char target[256];
+      const ssize_t n = ::readlink((proc + "/fd/" + e->d_name).c_str(), target, sizeof target - 1);
+      if (n <= 0) continue;
+      const std::string t(target, static_cast<size_t>(n));
+      if (t.rfind("socket:[", 0) == 0) inodes.insert(t.substr(8, t.size() - 9));
+    }
+    ::closedir(d);
+  }
+  std::set<int> ports;
+  for (const char* table : {"/net/tcp", "/net/tcp6"}) {
+    std::ifstream in(proc + table);
+    std::string line;
+    std::getline(in, line);  // header
+    while (std::getline(in, line)) {
+      // sl local_address rem_address st tx_queue:rx_queue tr:tm->when retrnsmt uid timeout inode
+      std::istringstream f(line);
+      std::string sl, local, remote, state, queues, timer, retr, uid, timeout, inode;
+      f >> sl >> local >> remote >> state >> queues >> timer >> retr >> uid >> timeout >> inode;
+      if (state != "0A" || inodes.count(inode) == 0) continue;  // 0A: LISTEN
+      ports.insert(std::stoi(local.substr(local.find(':') + 1), nullptr, 16));
+    }
+  }
+  return {ports.begin(), ports.end()};
+}
+
+// Processes whose parent is `parent` (from /proc/*/stat).
+inline std::vector<pid_t> children_of(pid_t parent) {
+  std::vector<pid_t> out;
+  if (DIR* d = ::opendir("/proc")) {
+    while (dirent* e = ::readdir(d)) {
+      if (e->d_name[0] < '0' || e->d_name[0] > '9') continue;
+      std::ifstream in(std::string("/proc/") + e->d_name + "/stat");
+      std::string stat;
+      std::getline(in, stat);
+      const size_t close = stat.rfind(')');  // the command may contain spaces and parentheses
+      if (close == std::string::npos) continue;
+      std::istringstream f(stat.substr(close + 1));
+      std::string state;
+      pid_t ppid = 0;
+      f >> state >> ppid;
+      if (ppid == parent) out.push_back(static_cast<pid_t>(std::stoi(e->d_name)));
+    }
+    ::closedir(d);
+  }
+  return out;
+}
+
+}  // namespace dsgd::testing
