@@ -107,6 +107,7 @@ struct RecoveryEvent {
   std::string lost;             // the evicted worker(s): "worker 1 (host h, pid 123, last step 310)"
   int64_t rolled_back_steps = 0;  // steps done since the snapshot, redone
   double recovery_s = 0;        // from detection to training resumed (group re-formed, state restored)
+  std::chrono::steady_clock::time_point resumed_at;  // when training resumed (this process's clock)
   int workers_after = 0;
 };
 

@@ -269,7 +269,8 @@ struct Trainer::Impl {
       control::log().warn("trainer: {}; recovering (failure {} of at most {})", failure, failures, config.max_failures);
       try {
         RecoveryEvent ev = reform(failure);
-        ev.recovery_s = std::chrono::duration<double>(Clock::now() - t0).count();
+        ev.resumed_at = Clock::now();
+        ev.recovery_s = std::chrono::duration<double>(ev.resumed_at - t0).count();
         control::log().warn("trainer: recovered in {:.2f} s with {} worker(s); lost {}", ev.recovery_s,
                             ev.workers_after, ev.lost);
         events.push_back(std::move(ev));
@@ -370,7 +371,8 @@ struct Trainer::Impl {
     take_snapshot();  // the members' state now (a worker function may have changed it)
     form_group(fresh);
     ev.workers_after = static_cast<int>(members.size());
-    ev.recovery_s = std::chrono::duration<double>(Clock::now() - t0).count();
+    ev.resumed_at = Clock::now();
+    ev.recovery_s = std::chrono::duration<double>(ev.resumed_at - t0).count();
     backoff = milliseconds(1000);
     control::log().info("trainer: back to {} worker(s) in {:.2f} s", members.size(), ev.recovery_s);
     return ev;

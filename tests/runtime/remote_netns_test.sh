@@ -6,50 +6,15 @@
 # namespaces cannot be made here. Usage: remote_netns_test.sh DSGD_BINARY
 set -euo pipefail
 dsgd=$1
-id=$$
-ns=dsgd-t$id
-host_if=dsgdh$((id % 100000))
-ns_if=dsgdw$((id % 100000))
-# A /30 of 198.18.0.0/15 (reserved for benchmarking) chosen from the pid, so parallel runs differ.
-n=$(( (id % 16000) * 4 ))
-net="198.18.$((n / 256))"
-host_ip="$net.$((n % 256 + 1))"
-ns_ip="$net.$((n % 256 + 2))"
-tmp=$(mktemp -d)
-pids=()
-cleanup() {
-  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
-  ip netns del "$ns" 2>/dev/null || true
-  ip link del "$host_if" 2>/dev/null || true
-  rm -rf "$tmp"
-}
-trap cleanup EXIT
-trap 'exit 130' INT TERM
-
-if ! ip netns add "$ns" 2>"$tmp/err"; then
-  echo "SKIP: cannot create a network namespace here ($(cat "$tmp/err")); needs root or CAP_NET_ADMIN"
-  exit 77
-fi
-ip link add "$host_if" type veth peer name "$ns_if"
-ip link set "$ns_if" netns "$ns"
-ip addr add "$host_ip/30" dev "$host_if"
-ip link set "$host_if" up
-ip -n "$ns" addr add "$ns_ip/30" dev "$ns_if"
-ip -n "$ns" link set "$ns_if" up
-ip -n "$ns" link set lo up
+source "$(dirname "$0")/netns.sh"
+netns_up
 
 "$dsgd" train --workers 2 --listen "$host_ip:0" --token "tok-$id" --model mlp --dataset synthetic \
   --synthetic-samples 2048 --image-size 8 --epochs 2 --batch-size 32 --threads 1 \
   --json-out "$tmp/run.json" >"$tmp/driver.out" 2>"$tmp/driver.err" &
 driver=$!
 pids+=("$driver")
-address=""
-for _ in $(seq 100); do
-  address=$(sed -n 's/.*--driver \([0-9.]*:[0-9]*\) --token.*/\1/p' "$tmp/driver.err" | head -1)
-  [ -n "$address" ] && break
-  sleep 0.1
-done
-[ -n "$address" ] || { echo "FAIL: the driver never printed its address"; cat "$tmp/driver.err"; exit 1; }
+wait_for_driver_address "$tmp/driver.err"
 echo "driver at $address"
 
 # A wrong token is refused and changes nothing.

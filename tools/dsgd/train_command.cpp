@@ -32,6 +32,7 @@ struct TrainFlags {
   int64_t checkpoint_every = 50;
   int keep_checkpoints = 3;
   int max_failures = 3;
+  int64_t heartbeat_timeout_ms = 10000;
   std::string nonfinite = "skip";
   std::string listen;
   std::string token;
@@ -105,6 +106,9 @@ void validate_flags(TrainFlags& f) {
     throw ConfigError("--checkpoint-every must be >= 0 (0 = once per epoch), got " + std::to_string(f.checkpoint_every));
   }
   if (f.keep_checkpoints < 1) throw ConfigError("--keep-checkpoints must be >= 1, got " + std::to_string(f.keep_checkpoints));
+  if (f.heartbeat_timeout_ms < 100) {
+    throw ConfigError("--heartbeat-timeout-ms must be >= 100, got " + std::to_string(f.heartbeat_timeout_ms));
+  }
   if (f.max_failures < 0) throw ConfigError("--max-failures must be >= 0, got " + std::to_string(f.max_failures));
   if (f.nonfinite != "skip" && f.nonfinite != "error") {
     throw ConfigError("unknown --nonfinite '" + f.nonfinite + "'; use skip or error");
@@ -148,6 +152,7 @@ runtime::LocalJobResult run_with_trainer(const TrainFlags& f, ProgressPrinter* p
   c.checkpoint_every_steps = f.checkpoint_every;
   c.checkpoint_keep = f.keep_checkpoints;
   c.max_failures = f.max_failures;
+  c.heartbeat_timeout = std::chrono::milliseconds(f.heartbeat_timeout_ms);
   c.nonfinite_policy = f.nonfinite;
   c.config = {{"model", j.model}, {"dataset", j.dataset}, {"data_dir", j.data_dir}, {"lr", j.lr},
               {"momentum", j.momentum}, {"lr_decay", j.lr_decay}, {"dropout", j.dropout},
@@ -295,6 +300,9 @@ void add_train_command(CLI::App& app, int* exit_code) {
   cmd->add_option("--keep-checkpoints", flags->keep_checkpoints, "Checkpoints kept in --checkpoint-dir")
       ->capture_default_str();
   cmd->add_option("--max-failures", flags->max_failures, "Lost workers survived before the job fails")
+      ->capture_default_str();
+  cmd->add_option("--heartbeat-timeout-ms", flags->heartbeat_timeout_ms,
+                  "A worker silent this long (hung, or its network cut) is evicted")
       ->capture_default_str();
   cmd->add_option("--nonfinite", flags->nonfinite,
                   "A NaN/infinite gradient: skip (the step, everywhere, and warn) or error (stop)")

@@ -1,0 +1,267 @@
+// dsgd_soak: training jobs with faults injected at random, and what recovery cost.
+//
+//   build/dsgd_soak --runs 12 --dataset fashion-mnist --model mlp --steps 300
+//
+// Each run trains `--steps` global batches with a random configuration (2 or 3 workers,
+// allreduce or simple; the first four runs cover all four) and, in all but the fault-free
+// runs, hits one random worker at a random step with SIGKILL (or SIGSTOP, 1 run in 4). A
+// fault-free run of the same configuration and seed is the reference. Per run it reports the
+// time from the fault to the next completed step, and checks what a user must be able to rely on:
+//   - training finished every step, and the results name the lost worker (pid);
+//   - no sample lost or repeated: the sampler ends at exactly `--steps` and the results count
+//     exactly steps x batch samples;
+//   - the final parameters equal the reference's (5e-5: a changed world size sums in a
+//     different order), and test accuracy is within 1 point of it.
+// Prints a table and a summary (runs, faults, recoveries, mean and max recovery seconds, lost or
+// repeated samples, accuracy spread); --json FILE writes them too. Exit status 1 if any check
+// failed, or any recovery took longer than --max-recovery-s (5).
+#include <signal.h>
+#include <torch/nn/module.h>
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <random>
+
+#include "dsgd/error.h"
+#include "dsgd/trainer.h"
+#include "runtime/builtin_operators.h"
+
+namespace {
+
+using json = nlohmann::json;
+using Clock = std::chrono::steady_clock;
+
+DSGD_REGISTER_WORKER_FUNCTION(soak_pid, [](dsgd::TrainingOperator*, const json&) -> json { return ::getpid(); });
+
+struct Options {
+  int runs = 8;
+  int64_t steps = 300;
+  std::string model = "mlp";
+  std::string dataset = "fashion-mnist";
+  int64_t batch = 64;
+  int64_t checkpoint_every = 25;
+  int heartbeat_ms = 2000;
+  uint64_t seed = 1;
+  double max_recovery_s = 5;
+  std::string json_out;
+};
+
+struct Setup {
+  int workers;
+  std::string strategy;
+  std::string key() const { return strategy + "-" + std::to_string(workers) + "w"; }
+};
+
+struct Outcome {
+  torch::Tensor params;  // flattened
+  double accuracy = 0;
+  dsgd::Results results;
+};
+
+dsgd::TrainerConfig config_of(const Options& o, const Setup& s) {
+  dsgd::TrainerConfig c;
+  c.num_workers = s.workers;
+  c.strategy = s.strategy;
+  c.batch_size = o.batch;
+  c.seed = o.seed;
+  c.threads_per_worker = 1;
+  c.checkpoint_every_steps = o.checkpoint_every;
+  c.heartbeat_timeout = std::chrono::milliseconds(o.heartbeat_ms);
+  c.comm_timeout = std::chrono::milliseconds(10000);
+  c.max_failures = 3;
+  c.config = {{"model", o.model}, {"dataset", o.dataset}, {"lr", 0.02}, {"dropout", false}};
+  if (o.dataset == "synthetic") c.config["synthetic_samples"] = 8192;
+  return c;
+}
+
+torch::Tensor flat_parameters(dsgd::Trainer& t) {
+  std::vector<torch::Tensor> ps;
+  for (const auto& p : t.get_model()->parameters()) ps.push_back(p.detach().flatten());
+  return torch::cat(ps);
+}
+
+struct Fault {
+  int signal = 0;  // 0: none
+  int64_t at_step = 0;
+  int victim = 0;  // worker index
+};
+
+struct Run {
+  Setup setup;
+  Fault fault;
+  bool finished = false;
+  std::string error;
+  std::string lost;
+  int recoveries = 0;
+  double recovery_s = -1;    // fault to the next completed step
+  int64_t sample_error = 0;  // samples lost or repeated
+  double max_param_diff = 0;
+  double accuracy = 0, reference_accuracy = 0;
+  bool ok = false;
+};
+
+// `recovery_s`: from the fault to the next completed step, i.e. to training resumed (the
+// recovery event's resumed_at) plus one step at the job's mean step time.
+Outcome train_once(const Options& o, const Setup& s, const Fault& f, double* recovery_s) {
+  auto c = config_of(o, s);
+  std::vector<pid_t> pids;
+  bool hit = false;
+  Clock::time_point hit_at;
+  c.on_progress = [&](const dsgd::TrainProgress& p) {  // on this thread, inside train()
+    if (f.signal != 0 && !hit && p.batches >= f.at_step && !pids.empty()) {
+      ::kill(pids.at(static_cast<size_t>(f.victim)), f.signal);
+      hit = true;
+      hit_at = Clock::now();
+    }
+  };
+  dsgd::Trainer t(dsgd::runtime::kImageClassifier, c);
+  for (const auto& p : t.foreach_worker("soak_pid")) pids.push_back(p.get<pid_t>());
+  Outcome out;
+  const auto t0 = Clock::now();
+  out.results = t.train({.num_steps = o.steps});
+  const double train_s = std::chrono::duration<double>(Clock::now() - t0).count();
+  if (f.signal == SIGSTOP && hit) ::kill(pids.at(static_cast<size_t>(f.victim)), SIGKILL);  // evicted; not left stopped
+  for (const auto& ev : out.results.recoveries) {
+    if (hit && ev.kind == "recovery" && ev.resumed_at > hit_at) {
+      *recovery_s = std::chrono::duration<double>(ev.resumed_at - hit_at).count() + train_s / static_cast<double>(o.steps);
+      break;
+    }
+  }
+  out.params = flat_parameters(t);
+  out.accuracy = t.validate().metrics.at("accuracy");
+  return out;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  dsgd::init(argc, argv);
+  dsgd::runtime::register_builtin_operators();
+  Options o;
+  CLI::App app{"dsgd_soak: training jobs with random faults injected; reports recovery and checks the results"};
+  app.add_option("--runs", o.runs, "Jobs to run (the first 4 cover 2 and 3 workers on allreduce and simple)")
+      ->capture_default_str();
+  app.add_option("--steps", o.steps, "Global batches per job")->capture_default_str();
+  app.add_option("--model", o.model, "cnn, mlp, ...")->capture_default_str();
+  app.add_option("--dataset", o.dataset, "fashion-mnist or synthetic")->capture_default_str();
+  app.add_option("--batch-size", o.batch, "Global batch")->capture_default_str();
+  app.add_option("--checkpoint-every", o.checkpoint_every, "Snapshot interval (steps)")->capture_default_str();
+  app.add_option("--heartbeat-ms", o.heartbeat_ms, "Detection time for a hung worker")->capture_default_str();
+  app.add_option("--seed", o.seed, "Seed of the jobs and of the fault schedule")->capture_default_str();
+  app.add_option("--max-recovery-s", o.max_recovery_s, "Fail if a recovery takes longer")->capture_default_str();
+  app.add_option("--json", o.json_out, "Also write the runs and summary here");
+  CLI11_PARSE(app, argc, argv);
+  if (o.runs < 1 || o.steps < 2 * o.checkpoint_every) {
+    std::cerr << "dsgd_soak: need --runs >= 1 and --steps >= 2 x --checkpoint-every\n";
+    return 2;
+  }
+
+  const std::vector<Setup> setups = {{2, "allreduce"}, {3, "allreduce"}, {2, "simple"}, {3, "simple"}};
+  std::mt19937_64 rng(o.seed);
+  std::map<std::string, Outcome> references;
+  std::vector<Run> runs;
+  std::cerr << "dsgd_soak: " << o.runs << " runs of " << o.steps << " steps, " << o.model << " on " << o.dataset
+            << "\n";
+  for (int i = 0; i < o.runs; ++i) {
+    Run run;
+    run.setup = i < 4 ? setups[static_cast<size_t>(i)] : setups[rng() % setups.size()];
+    run.fault.signal = (i % 4 == 3) ? SIGSTOP : SIGKILL;
+    run.fault.victim = static_cast<int>(rng() % static_cast<uint64_t>(run.setup.workers));
+    run.fault.at_step = 5 + static_cast<int64_t>(rng() % static_cast<uint64_t>(o.steps - 10));
+    try {
+      const auto key = run.setup.key();
+      if (!references.count(key)) {
+        double unused = -1;
+        references[key] = train_once(o, run.setup, {}, &unused);
+      }
+      const auto& ref = references[key];
+      double recovery_s = -1;
+      const auto got = train_once(o, run.setup, run.fault, &recovery_s);
+      run.finished = true;
+      run.recoveries = static_cast<int>(got.results.recoveries.size());
+      for (const auto& ev : got.results.recoveries) run.lost += (run.lost.empty() ? "" : "; ") + ev.lost;
+      run.recovery_s = recovery_s;
+      const int64_t position = got.results.epoch * got.results.batches_per_epoch + got.results.batch;
+      run.sample_error = std::llabs(position - o.steps) * o.batch +
+                         std::llabs(static_cast<int64_t>(got.results.metrics.at("num_samples")) - o.steps * o.batch);
+      run.max_param_diff = (got.params - ref.params).abs().max().item<double>();
+      run.accuracy = got.accuracy;
+      run.reference_accuracy = ref.accuracy;
+      run.ok = run.recoveries >= 1 && run.sample_error == 0 && run.max_param_diff < 5e-5 &&
+               std::fabs(run.accuracy - run.reference_accuracy) <= 0.01 && run.recovery_s >= 0 &&
+               run.recovery_s <= o.max_recovery_s;
+    } catch (const std::exception& e) {
+      run.error = e.what();
+    }
+    std::fprintf(stderr, "run %d: %s, %s of worker %d at step %lld: %s (recovery %.2f s, accuracy %.4f vs %.4f)\n",
+                 i + 1, run.setup.key().c_str(), run.fault.signal == SIGKILL ? "SIGKILL" : "SIGSTOP", run.fault.victim,
+                 static_cast<long long>(run.fault.at_step), run.ok ? "ok" : ("FAILED " + run.error).c_str(),
+                 run.recovery_s, run.accuracy, run.reference_accuracy);
+    runs.push_back(run);
+  }
+
+  // Summary.
+  int failed = 0, recoveries = 0;
+  int64_t sample_errors = 0;
+  double sum_s = 0, max_s = 0, min_acc_delta = 1, max_acc_delta = -1;
+  int timed = 0;
+  json jruns = json::array();
+  std::printf("| run | setup | fault | victim | at step | recovery (s) | lost/repeated samples | max param diff | accuracy | reference | ok |\n");
+  std::printf("|---|---|---|---|---|---|---|---|---|---|---|\n");
+  for (size_t i = 0; i < runs.size(); ++i) {
+    const auto& r = runs[i];
+    failed += r.ok ? 0 : 1;
+    recoveries += r.recoveries;
+    sample_errors += r.sample_error;
+    if (r.recovery_s >= 0) {
+      sum_s += r.recovery_s;
+      max_s = std::max(max_s, r.recovery_s);
+      ++timed;
+    }
+    if (r.finished) {
+      min_acc_delta = std::min(min_acc_delta, r.accuracy - r.reference_accuracy);
+      max_acc_delta = std::max(max_acc_delta, r.accuracy - r.reference_accuracy);
+    }
+    const char* sig = r.fault.signal == SIGKILL ? "SIGKILL" : "SIGSTOP";
+    std::printf("| %zu | %s | %s | %d | %lld | %.2f | %lld | %.1e | %.4f | %.4f | %s |\n", i + 1, r.setup.key().c_str(), sig,
+                r.fault.victim, static_cast<long long>(r.fault.at_step), r.recovery_s,
+                static_cast<long long>(r.sample_error), r.max_param_diff, r.accuracy, r.reference_accuracy,
+                r.ok ? "yes" : ("NO " + r.error).c_str());
+    jruns.push_back({{"setup", r.setup.key()}, {"fault", sig}, {"victim", r.fault.victim}, {"at_step", r.fault.at_step},
+                     {"recovery_s", r.recovery_s}, {"lost", r.lost}, {"sample_error", r.sample_error},
+                     {"max_param_diff", r.max_param_diff}, {"accuracy", r.accuracy},
+                     {"reference_accuracy", r.reference_accuracy}, {"ok", r.ok}, {"error", r.error}});
+  }
+  const double mean_s = timed > 0 ? sum_s / timed : -1;
+  std::printf("\nruns %zu, faults injected %zu, recoveries %d, recovery mean %.2f s, max %.2f s, lost or repeated "
+              "samples %lld, accuracy minus reference %+.4f .. %+.4f, failed checks %d\n",
+              runs.size(), runs.size(), recoveries, mean_s, max_s, static_cast<long long>(sample_errors), min_acc_delta,
+              max_acc_delta, failed);
+  if (!o.json_out.empty()) {
+    std::ofstream(o.json_out) << json{{"runs", jruns},
+                                      {"summary",
+                                       {{"runs", runs.size()},
+                                        {"faults", runs.size()},
+                                        {"recoveries", recoveries},
+                                        {"recovery_mean_s", mean_s},
+                                        {"recovery_max_s", max_s},
+                                        {"lost_or_repeated_samples", sample_errors},
+                                        {"accuracy_delta_min", min_acc_delta},
+                                        {"accuracy_delta_max", max_acc_delta},
+                                        {"failed", failed}}},
+                                      {"steps", o.steps},
+                                      {"model", o.model},
+                                      {"dataset", o.dataset}}
+                                        .dump(2)
+                                 << "\n";
+  }
+  return failed == 0 ? 0 : 1;
+}
