@@ -239,7 +239,12 @@ void ReplicaRuntime::load_state(const std::string& bytes) {
   }
   for (size_t i = 0; i < op_->optimizers_.size(); ++i) {
     torch::serialize::InputArchive sub;
-    if (archive.try_read("optimizer" + std::to_string(i), sub)) op_->optimizers_[i]->load(sub);
+    if (!archive.try_read("optimizer" + std::to_string(i), sub)) continue;
+    // Loading only sets the per-parameter state the archive has: state saved before the first
+    // step (no momentum buffers yet) would leave this replica's buffers in place, and the
+    // replicas would drift apart. Start from none, as the saver had.
+    op_->optimizers_[i]->state().clear();
+    op_->optimizers_[i]->load(sub);
   }
   torch::Tensor pos;
   archive.read("position", pos);
