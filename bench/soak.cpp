@@ -2,9 +2,9 @@
 //
 //   build/dsgd_soak --runs 12 --dataset fashion-mnist --model mlp --steps 300
 //
-// Each run trains `--steps` global batches with a random configuration (2 or 3 workers,
-// allreduce or simple; the first four runs cover all four) and, in all but the fault-free
-// runs, hits one random worker at a random step with SIGKILL (or SIGSTOP, 1 run in 4). A
+// Each run trains `--steps` global batches with a random configuration (2 or 3 workers;
+// allreduce, simple or ps with a shard in every worker; the first six runs cover all six) and
+// hits one random worker at a random step with SIGKILL (or SIGSTOP, 1 run in 4). A
 // fault-free run of the same configuration and seed is the reference. Per run it reports the
 // time from the fault to the next completed step, and checks what a user must be able to rely on:
 //   - training finished every step, and the results name the lost worker (pid);
@@ -77,6 +77,10 @@ dsgd::TrainerConfig config_of(const Options& o, const Setup& s) {
   c.heartbeat_timeout = std::chrono::milliseconds(o.heartbeat_ms);
   c.comm_timeout = std::chrono::milliseconds(10000);
   c.max_failures = 3;
+  if (s.strategy == "ps") {  // one pseudo-host per worker: every worker serves a shard, over Gloo
+    c.local_hosts = s.workers;
+    c.num_ps_shards = s.workers;
+  }
   c.config = {{"model", o.model}, {"dataset", o.dataset}, {"lr", 0.02}, {"dropout", false}};
   if (o.dataset == "synthetic") c.config["synthetic_samples"] = 8192;
   return c;
@@ -147,7 +151,7 @@ int main(int argc, char** argv) {
   dsgd::runtime::register_builtin_operators();
   Options o;
   CLI::App app{"dsgd_soak: training jobs with random faults injected; reports recovery and checks the results"};
-  app.add_option("--runs", o.runs, "Jobs to run (the first 4 cover 2 and 3 workers on allreduce and simple)")
+  app.add_option("--runs", o.runs, "Jobs to run (the first 6 cover 2 and 3 workers on each strategy)")
       ->capture_default_str();
   app.add_option("--steps", o.steps, "Global batches per job")->capture_default_str();
   app.add_option("--model", o.model, "cnn, mlp, ...")->capture_default_str();
@@ -164,7 +168,8 @@ int main(int argc, char** argv) {
     return 2;
   }
 
-  const std::vector<Setup> setups = {{2, "allreduce"}, {3, "allreduce"}, {2, "simple"}, {3, "simple"}};
+  const std::vector<Setup> setups = {{2, "allreduce"}, {3, "allreduce"}, {2, "simple"},
+                                     {3, "simple"},    {2, "ps"},        {3, "ps"}};
   std::mt19937_64 rng(o.seed);
   std::map<std::string, Outcome> references;
   std::vector<Run> runs;
@@ -172,7 +177,7 @@ int main(int argc, char** argv) {
             << "\n";
   for (int i = 0; i < o.runs; ++i) {
     Run run;
-    run.setup = i < 4 ? setups[static_cast<size_t>(i)] : setups[rng() % setups.size()];
+    run.setup = i < static_cast<int>(setups.size()) ? setups[static_cast<size_t>(i)] : setups[rng() % setups.size()];
     run.fault.signal = (i % 4 == 3) ? SIGSTOP : SIGKILL;
     run.fault.victim = static_cast<int>(rng() % static_cast<uint64_t>(run.setup.workers));
     run.fault.at_step = 5 + static_cast<int64_t>(rng() % static_cast<uint64_t>(o.steps - 10));

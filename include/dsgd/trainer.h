@@ -52,7 +52,8 @@ struct TrainProgress {
 struct TrainerConfig {
   int num_workers = 1;
   int devices_per_worker = 1;                // replicas per worker process (threads on CPU)
-  std::string strategy = "allreduce";        // simple | allreduce
+  std::string strategy = "allreduce";        // simple | allreduce | ps
+  int num_ps_shards = 0;                     // ps: parameter-server shards (0 = one per host), 1..64
   std::string allreduce_algo = "auto";       // auto (shared memory within a host, Gloo across) | ring | hd
   int64_t grad_shard_bytes = 10 << 20;       // gradient bucket size
   bool overlap = true;                       // false: communicate after backward, not during
@@ -68,6 +69,10 @@ struct TrainerConfig {
   std::string listen;                        // "" = local mode; "HOST:PORT" = remote mode, bind here
   std::string token;                         // job token; "" = random (remote mode prints it)
   std::string worker_binary;                 // local mode; "" = this binary
+  // Local mode: spread the workers over this many pseudo-hosts (worker i on "local-host-<i % n>"):
+  // shared memory joins only workers of one pseudo-host, the rest goes over Gloo as between
+  // machines. For testing and measuring cross-host strategies on one machine.
+  int local_hosts = 1;
   std::chrono::milliseconds registration_timeout{60000};
   std::chrono::milliseconds heartbeat_timeout{10000};  // a worker silent this long is lost
   std::chrono::milliseconds comm_timeout{60000};       // every collective's deadline

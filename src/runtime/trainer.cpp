@@ -58,8 +58,11 @@ void validate(const std::string& op, const TrainerConfig& c) {
           "num_workers must be in 1..4096, got " + std::to_string(c.num_workers));
   require(c.devices_per_worker >= 1 && c.devices_per_worker <= 256,
           "devices_per_worker must be in 1..256, got " + std::to_string(c.devices_per_worker));
-  require(c.strategy == "simple" || c.strategy == "allreduce",
-          "unknown strategy '" + c.strategy + "'; use simple or allreduce");
+  require(c.strategy == "simple" || c.strategy == "allreduce" || c.strategy == "ps",
+          "unknown strategy '" + c.strategy + "'; use simple, allreduce or ps");
+  require(c.num_ps_shards >= 0 && c.num_ps_shards <= 64,
+          "num_ps_shards must be in 0..64 (0 = one per host), got " + std::to_string(c.num_ps_shards));
+  require(c.local_hosts >= 1, "local_hosts must be >= 1, got " + std::to_string(c.local_hosts));
   require(c.allreduce_algo == "auto" || c.allreduce_algo == "ring" || c.allreduce_algo == "hd",
           "unknown allreduce_algo '" + c.allreduce_algo + "'; use auto, ring or hd");
   require(c.grad_shard_bytes > 0, "grad_shard_bytes must be > 0, got " + std::to_string(c.grad_shard_bytes));
@@ -129,6 +132,7 @@ struct Trainer::Impl {
   Clock::time_point pending_since{};
   Clock::time_point next_spawn{};
   milliseconds backoff{1000};
+  int spawned = 0;                     // workers spawned so far (pseudo-host assignment)
 
   bool is_member(int id) const { return std::find(members.begin(), members.end(), id) != members.end(); }
 
@@ -190,10 +194,14 @@ struct Trainer::Impl {
 
   pid_t spawn_worker() {
     const std::string driver = "127.0.0.1:" + std::to_string(server->port());
+    std::vector<std::string> args = {"--dsgd-worker", "--driver", driver};
+    if (config.local_hosts > 1) {
+      args.insert(args.end(), {"--host-id", "local-host-" + std::to_string(spawned++ % config.local_hosts)});
+    }
     const int threads = std::max(1, config.threads_per_worker > 0
                                         ? config.threads_per_worker
                                         : static_cast<int>(std::thread::hardware_concurrency()) / config.num_workers);
-    return children.spawn(binary, {"--dsgd-worker", "--driver", driver},
+    return children.spawn(binary, args,
                    {"DSGD_TOKEN=" + token, "DSGD_WORKER_OF=" + std::to_string(::getpid()),
                     // one OpenMP team per worker, sized by the driver (see threads_per_worker)
                     "OMP_NUM_THREADS=" + std::to_string(threads)});
@@ -441,6 +449,7 @@ Trainer::Trainer(const std::string& operator_name, TrainerConfig config) : impl_
   job["num_workers"] = c.num_workers;
   job["devices_per_worker"] = c.devices_per_worker;
   job["strategy"] = c.strategy;
+  job["num_ps_shards"] = c.num_ps_shards;
   job["allreduce_algo"] = c.allreduce_algo;
   job["grad_shard_bytes"] = c.grad_shard_bytes;
   job["batch_size"] = c.batch_size;

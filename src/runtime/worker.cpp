@@ -362,7 +362,7 @@ class Worker {
     if (world_ == 1) return;  // one replica: nothing to average, no hooks
     std::vector<std::shared_ptr<strategy::GradientStrategy>> strategies(static_cast<size_t>(dpw_));
     groups_.assign(static_cast<size_t>(dpw_), nullptr);
-    if (strategy == "allreduce") {
+    if (strategy == "allreduce" || strategy == "ps") {
       auto base = control::connect_store(client_.address(), token_);
       const std::string prefix = "gen" + std::to_string(generation) + "/";
       each_replica([&](int i) {
@@ -376,8 +376,13 @@ class Worker {
         const int rank = rank_base_ + i;
         auto group = std::shared_ptr<comm::HierarchicalGroup>(comm::HierarchicalGroup::create(store, rank, world_, go, so));
         groups_[static_cast<size_t>(i)] = group;
-        strategies[static_cast<size_t>(i)] =
-            strategy::make_allreduce_strategy(group, job_.value("allreduce_algo", std::string("auto")));
+        if (strategy == "ps") {
+          const int shards = job_.value("num_ps_shards", 0);
+          strategies[static_cast<size_t>(i)] = strategy::make_ps_strategy(group, shards > 0 ? shards : group->num_hosts());
+        } else {
+          strategies[static_cast<size_t>(i)] =
+              strategy::make_allreduce_strategy(group, job_.value("allreduce_algo", std::string("auto")));
+        }
       });
     } else if (strategy == "simple") {
       for (int i = 0; i < dpw_; ++i) {
@@ -437,7 +442,7 @@ int run_worker(const WorkerArgs& args) {
   const std::string host_id = args.host_id.empty() ? host : args.host_id;
   control::DriverClient::Registration reg;
   try {
-    reg = client.register_worker(host, address, ::getpid(), args.spawn_index, args.registration_timeout);
+    reg = client.register_worker(host_id, address, ::getpid(), args.spawn_index, args.registration_timeout);
   } catch (const std::exception& e) {
     control::log().error("worker: cannot register with the driver at {}: {}", args.driver, e.what());
     return 2;

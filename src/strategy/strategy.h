@@ -38,6 +38,17 @@ class GradientStrategy {
 std::unique_ptr<GradientStrategy> make_allreduce_strategy(std::shared_ptr<comm::HierarchicalGroup> group,
                                                           const std::string& algorithm = "auto");
 
+// `ps`: synchronous parameter servers, sharded, the shards living in the worker processes (each
+// host leader serves a share of every bucket: BytePS's and MXNet's arrangement, which spreads
+// the servers' traffic over all hosts). Per bucket: a shared-memory sum within each host; each
+// host leader pushes shard s (a contiguous 1/num_shards of the bucket) to its owner, leader
+// s % hosts; the owner sums the pushes, divides by the number of replicas and sends the average
+// back; leaders broadcast it within their host. Buckets run one after another on the strategy's
+// own thread while backward computes the next (computation, transfer and summation pipelined, the
+// Ray paper's point); all of a bucket's pushes, then all its pulls, are in flight at once.
+// num_shards in 1..64; 1 is a single server on host 0.
+std::unique_ptr<GradientStrategy> make_ps_strategy(std::shared_ptr<comm::HierarchicalGroup> group, int num_shards);
+
 // `simple`: every replica sends its bucket to a central reducer (the driver) that averages and
 // answers each replica with the average. `central_average(seq, data, count)` must block until
 // data holds the average of the seq-th call on every replica, or throw. Calls run one at a time,

@@ -185,6 +185,23 @@ TEST(TrainerEquivalence, UnevenSplitIsWeightedExactly) {
   expect_equivalent(base_config(2, "allreduce", 63));
 }
 
+// ps: shards inside the workers; pseudo-hosts put the shard exchange on Gloo, as across machines.
+TrainerConfig ps_config(int workers, int hosts, int shards, int64_t batch = 64) {
+  auto c = base_config(workers, "ps", batch);
+  c.local_hosts = hosts;
+  c.num_ps_shards = shards;
+  return c;
+}
+TEST(TrainerEquivalence, PsOneShardOnTwoHosts) { expect_equivalent(ps_config(2, 2, 1)); }
+TEST(TrainerEquivalence, PsTwoShardsOnTwoHosts) { expect_equivalent(ps_config(2, 2, 2)); }
+TEST(TrainerEquivalence, PsFourShardsThreeWorkersOnTwoHosts) { expect_equivalent(ps_config(3, 2, 4, 96)); }
+TEST(TrainerEquivalence, PsOneHostIsSharedMemoryOnly) { expect_equivalent(ps_config(2, 1, 0)); }
+TEST(TrainerEquivalence, PsWithoutOverlap) {
+  auto c = ps_config(2, 2, 2);
+  c.overlap = false;
+  expect_equivalent(c);
+}
+
 TEST(Trainer, ResultsAverageOverWorkersAndForeachWorkerReachesEveryReplica) {
   auto c = base_config(2, "allreduce", 64);
   c.initialization_hook = "count_hook";
@@ -529,6 +546,13 @@ TEST(TrainerRecovery, KilledWorkerIsReplacedAndTheResultEqualsAFaultFreeRun) {
 TEST(TrainerRecovery, SimpleStrategySurvivesAKilledWorker) {
   auto r = train_through_fault(base_config(2, "simple", 64), SIGKILL);
   ASSERT_EQ(r.recoveries.size(), 1u);
+}
+
+TEST(TrainerRecovery, PsSurvivesAKilledWorkerHoldingAShard) {
+  // Every worker serves shards (num_ps_shards 2 on 2 pseudo-hosts): the victim takes one with it.
+  auto r = train_through_fault(ps_config(2, 2, 2), SIGKILL);
+  ASSERT_EQ(r.recoveries.size(), 1u);
+  EXPECT_EQ(r.recoveries[0].workers_after, 2);
 }
 
 TEST(TrainerRecovery, HungWorkerIsEvictedAfterTheHeartbeatTimeout) {

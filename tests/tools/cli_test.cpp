@@ -68,7 +68,7 @@ TEST(Cli, FlagErrorsExitWithUsageStatusAndSayWhatIsWrong) {
   expect_usage_error("train --lr -0.1", "learning rate must be a positive number");
   expect_usage_error("train --momentum 1", "momentum must be in [0, 1)");
   expect_usage_error("train --model vgg16", "unknown model 'vgg16'; known models: cnn, mlp, resnet18, resnet50");
-  expect_usage_error("train --strategy gossip", "unknown --strategy 'gossip'; known strategies: simple, allreduce");
+  expect_usage_error("train --strategy gossip", "unknown --strategy 'gossip'; known strategies: simple, allreduce, ps");
   expect_usage_error("train --workers 0", "--workers must be >= 1, got 0");
   expect_usage_error("train --workers 2 --in-process", "--in-process trains in this one process");
   expect_usage_error("train --workers 2 --devices-per-worker 0", "--devices-per-worker must be >= 1, got 0");

@@ -32,6 +32,8 @@ struct TrainFlags {
   int64_t checkpoint_every = 50;
   int keep_checkpoints = 3;
   int max_failures = 3;
+  int ps_shards = 0;
+  int local_hosts = 1;
   int64_t heartbeat_timeout_ms = 10000;
   std::string nonfinite = "skip";
   std::string listen;
@@ -94,9 +96,13 @@ void check_writable(const std::string& path) {
 
 void validate_flags(TrainFlags& f) {
   if (f.workers < 1) throw ConfigError("--workers must be >= 1, got " + std::to_string(f.workers));
-  if (f.strategy != "simple" && f.strategy != "allreduce") {
-    throw ConfigError("unknown --strategy '" + f.strategy + "'; known strategies: simple, allreduce");
+  if (f.strategy != "simple" && f.strategy != "allreduce" && f.strategy != "ps") {
+    throw ConfigError("unknown --strategy '" + f.strategy + "'; known strategies: simple, allreduce, ps");
   }
+  if (f.ps_shards < 0 || f.ps_shards > 64) {
+    throw ConfigError("--ps-shards must be in 0..64 (0 = one per host), got " + std::to_string(f.ps_shards));
+  }
+  if (f.local_hosts < 1) throw ConfigError("--local-hosts must be >= 1, got " + std::to_string(f.local_hosts));
   if (f.in_process && (f.workers != 1 || f.devices_per_worker != 1 || !f.save.empty() || !f.load.empty() ||
                       !f.listen.empty() || !f.checkpoint_dir.empty())) {
     throw ConfigError("--in-process trains in this one process: it takes none of --workers, "
@@ -152,6 +158,8 @@ runtime::LocalJobResult run_with_trainer(const TrainFlags& f, ProgressPrinter* p
   c.checkpoint_every_steps = f.checkpoint_every;
   c.checkpoint_keep = f.keep_checkpoints;
   c.max_failures = f.max_failures;
+  c.num_ps_shards = f.ps_shards;
+  c.local_hosts = f.local_hosts;
   c.heartbeat_timeout = std::chrono::milliseconds(f.heartbeat_timeout_ms);
   c.nonfinite_policy = f.nonfinite;
   c.config = {{"model", j.model}, {"dataset", j.dataset}, {"data_dir", j.data_dir}, {"lr", j.lr},
@@ -282,7 +290,12 @@ void add_train_command(CLI::App& app, int* exit_code) {
   cmd->add_option("--workers", flags->workers, "Worker processes")->capture_default_str();
   cmd->add_option("--devices-per-worker", flags->devices_per_worker, "Model replicas per worker process")
       ->capture_default_str();
-  cmd->add_option("--strategy", flags->strategy, "Gradient synchronisation: simple or allreduce")
+  cmd->add_option("--strategy", flags->strategy, "Gradient synchronisation: simple, allreduce or ps")
+      ->capture_default_str();
+  cmd->add_option("--ps-shards", flags->ps_shards, "ps: parameter-server shards (0 = one per host)")
+      ->capture_default_str();
+  cmd->add_option("--local-hosts", flags->local_hosts,
+                  "Spread local workers over this many pseudo-hosts (shared memory only within each)")
       ->capture_default_str();
   cmd->add_option("--allreduce-algo", flags->allreduce_algo, "auto (shared memory + Gloo), ring or hd")
       ->capture_default_str();
