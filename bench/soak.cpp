@@ -29,8 +29,10 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <random>
+#include <sstream>
 
 #include "dsgd/error.h"
+#include "dsgd/operator.h"
 #include "dsgd/trainer.h"
 #include "runtime/builtin_operators.h"
 
@@ -40,6 +42,16 @@ using json = nlohmann::json;
 using Clock = std::chrono::steady_clock;
 
 DSGD_REGISTER_WORKER_FUNCTION(soak_pid, [](dsgd::TrainingOperator*, const json&) -> json { return ::getpid(); });
+// A fingerprint of this replica's parameters: replicas must stay bit-identical.
+DSGD_REGISTER_WORKER_FUNCTION(soak_fingerprint, [](dsgd::TrainingOperator* op, const json&) -> json {
+  double s = 0, w = 1;
+  for (const auto& p : op->model(0).parameters()) {
+    auto f = p.detach().flatten().to(torch::kDouble);
+    s += (f * torch::arange(f.numel(), torch::kDouble).mul(1e-6).add(w)).sum().item<double>();
+    w += 1;
+  }
+  return s;
+});
 
 struct Options {
   int runs = 8;
@@ -52,6 +64,7 @@ struct Options {
   uint64_t seed = 1;
   double max_recovery_s = 5;
   std::string json_out;
+  std::string repro;  // "ps-3w,SIGSTOP,1,81": only this run (a failed run's line, to debug it)
 };
 
 struct Setup {
@@ -61,6 +74,7 @@ struct Setup {
 };
 
 struct Outcome {
+  bool replicas_identical = true;
   torch::Tensor params;  // flattened
   double accuracy = 0;
   dsgd::Results results;
@@ -108,6 +122,7 @@ struct Run {
   double recovery_s = -1;    // fault to the next completed step
   int64_t sample_error = 0;  // samples lost or repeated
   double max_param_diff = 0;
+  bool replicas_identical = false;
   double accuracy = 0, reference_accuracy = 0;
   bool ok = false;
 };
@@ -139,6 +154,8 @@ Outcome train_once(const Options& o, const Setup& s, const Fault& f, double* rec
       break;
     }
   }
+  const auto prints = t.foreach_worker("soak_fingerprint");
+  for (const auto& p : prints) out.replicas_identical &= p == prints[0];
   out.params = flat_parameters(t);
   out.accuracy = t.validate().metrics.at("accuracy");
   return out;
@@ -162,6 +179,7 @@ int main(int argc, char** argv) {
   app.add_option("--seed", o.seed, "Seed of the jobs and of the fault schedule")->capture_default_str();
   app.add_option("--max-recovery-s", o.max_recovery_s, "Fail if a recovery takes longer")->capture_default_str();
   app.add_option("--json", o.json_out, "Also write the runs and summary here");
+  app.add_option("--repro", o.repro, "Run only SETUP,SIGNAL,VICTIM,STEP, e.g. ps-3w,SIGSTOP,1,81 (a run of the table)");
   CLI11_PARSE(app, argc, argv);
   if (o.runs < 1 || o.steps < 2 * o.checkpoint_every) {
     std::cerr << "dsgd_soak: need --runs >= 1 and --steps >= 2 x --checkpoint-every\n";
@@ -181,6 +199,25 @@ int main(int argc, char** argv) {
     run.fault.signal = (i % 4 == 3) ? SIGSTOP : SIGKILL;
     run.fault.victim = static_cast<int>(rng() % static_cast<uint64_t>(run.setup.workers));
     run.fault.at_step = 5 + static_cast<int64_t>(rng() % static_cast<uint64_t>(o.steps - 10));
+    if (!o.repro.empty()) {
+      std::stringstream in(o.repro);
+      std::string key, sig, victim, step;
+      std::getline(in, key, ',');
+      std::getline(in, sig, ',');
+      std::getline(in, victim, ',');
+      std::getline(in, step, ',');
+      bool found = false;
+      for (const auto& s : setups) {
+        if (s.key() == key) run.setup = s, found = true;
+      }
+      if (!found || (sig != "SIGKILL" && sig != "SIGSTOP") || victim.empty() || step.empty()) {
+        std::cerr << "dsgd_soak: --repro wants SETUP,SIGNAL,VICTIM,STEP as in the table, e.g. ps-3w,SIGSTOP,1,81\n";
+        return 2;
+      }
+      run.fault.signal = sig == "SIGKILL" ? SIGKILL : SIGSTOP;
+      run.fault.victim = std::stoi(victim);
+      run.fault.at_step = std::stoll(step);
+    }
     try {
       const auto key = run.setup.key();
       if (!references.count(key)) {
@@ -200,7 +237,8 @@ int main(int argc, char** argv) {
       run.max_param_diff = (got.params - ref.params).abs().max().item<double>();
       run.accuracy = got.accuracy;
       run.reference_accuracy = ref.accuracy;
-      run.ok = run.recoveries >= 1 && run.sample_error == 0 && run.max_param_diff < 5e-5 &&
+      run.replicas_identical = got.replicas_identical && ref.replicas_identical;
+      run.ok = run.replicas_identical && run.recoveries >= 1 && run.sample_error == 0 && run.max_param_diff < 5e-5 &&
                std::fabs(run.accuracy - run.reference_accuracy) <= 0.01 && run.recovery_s >= 0 &&
                run.recovery_s <= o.max_recovery_s;
     } catch (const std::exception& e) {
@@ -219,8 +257,8 @@ int main(int argc, char** argv) {
   double sum_s = 0, max_s = 0, min_acc_delta = 1, max_acc_delta = -1;
   int timed = 0;
   json jruns = json::array();
-  std::printf("| run | setup | fault | victim | at step | recovery (s) | lost/repeated samples | max param diff | accuracy | reference | ok |\n");
-  std::printf("|---|---|---|---|---|---|---|---|---|---|---|\n");
+  std::printf("| run | setup | fault | victim | at step | recovery (s) | lost/repeated samples | replicas identical | max param diff | accuracy | reference | ok |\n");
+  std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|\n");
   for (size_t i = 0; i < runs.size(); ++i) {
     const auto& r = runs[i];
     failed += r.ok ? 0 : 1;
@@ -236,12 +274,12 @@ int main(int argc, char** argv) {
       max_acc_delta = std::max(max_acc_delta, r.accuracy - r.reference_accuracy);
     }
     const char* sig = r.fault.signal == SIGKILL ? "SIGKILL" : "SIGSTOP";
-    std::printf("| %zu | %s | %s | %d | %lld | %.2f | %lld | %.1e | %.4f | %.4f | %s |\n", i + 1, r.setup.key().c_str(), sig,
-                r.fault.victim, static_cast<long long>(r.fault.at_step), r.recovery_s,
-                static_cast<long long>(r.sample_error), r.max_param_diff, r.accuracy, r.reference_accuracy,
+    std::printf("| %zu | %s | %s | %d | %lld | %.2f | %lld | %s | %.1e | %.4f | %.4f | %s |\n", i + 1, r.setup.key().c_str(),
+                sig, r.fault.victim, static_cast<long long>(r.fault.at_step), r.recovery_s,
+                static_cast<long long>(r.sample_error), r.replicas_identical ? "yes" : "NO", r.max_param_diff, r.accuracy, r.reference_accuracy,
                 r.ok ? "yes" : ("NO " + r.error).c_str());
     jruns.push_back({{"setup", r.setup.key()}, {"fault", sig}, {"victim", r.fault.victim}, {"at_step", r.fault.at_step},
-                     {"recovery_s", r.recovery_s}, {"lost", r.lost}, {"sample_error", r.sample_error},
+                     {"recovery_s", r.recovery_s}, {"lost", r.lost}, {"sample_error", r.sample_error}, {"replicas_identical", r.replicas_identical},
                      {"max_param_diff", r.max_param_diff}, {"accuracy", r.accuracy},
                      {"reference_accuracy", r.reference_accuracy}, {"ok", r.ok}, {"error", r.error}});
   }

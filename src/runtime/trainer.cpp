@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <iostream>
+#include <map>
 #include <optional>
 #include <random>
 #include <sstream>
@@ -132,7 +133,7 @@ struct Trainer::Impl {
   Clock::time_point pending_since{};
   Clock::time_point next_spawn{};
   milliseconds backoff{1000};
-  int spawned = 0;                     // workers spawned so far (pseudo-host assignment)
+  std::map<pid_t, int> pseudo_host;    // local_hosts > 1: each spawned worker's pseudo-host
 
   bool is_member(int id) const { return std::find(members.begin(), members.end(), id) != members.end(); }
 
@@ -170,7 +171,7 @@ struct Trainer::Impl {
     if (!config.listen.empty() || !config.replace_lost_workers || !pending.empty() || Clock::now() < next_spawn) return;
     int registered = 0;
     for (const auto& w : server->workers()) registered += w.alive ? 1 : 0;
-    for (int i = registered; i < config.num_workers; ++i) pending.push_back(spawn_worker());
+    for (int i = registered; i < config.num_workers; ++i) pending.push_back(spawn_worker());  // pending counts
     pending_since = Clock::now();
   }
 
@@ -192,19 +193,40 @@ struct Trainer::Impl {
     return out;
   }
 
-  pid_t spawn_worker() {
+  // The pseudo-host (local_hosts) short of its share of num_workers: where a replacement goes,
+  // so the job's layout (and its summation order) is what it was before the loss.
+  int pseudo_host_for_next() const {
+    const int n = config.local_hosts;
+    std::vector<int> deficit(static_cast<size_t>(n), 0);
+    for (int i = 0; i < config.num_workers; ++i) ++deficit[static_cast<size_t>(i % n)];
+    auto count = [&](pid_t pid) {
+      if (auto it = pseudo_host.find(pid); it != pseudo_host.end()) --deficit[static_cast<size_t>(it->second)];
+    };
+    const auto workers = server->workers();
+    for (int id : members) count(static_cast<pid_t>(workers.at(static_cast<size_t>(id)).pid));
+    for (pid_t pid : pending) count(pid);
+    for (int h = 0; h < n; ++h) {
+      if (deficit[static_cast<size_t>(h)] > 0) return h;
+    }
+    return 0;
+  }
+
+  pid_t spawn_worker(int host = -1) {
     const std::string driver = "127.0.0.1:" + std::to_string(server->port());
     std::vector<std::string> args = {"--dsgd-worker", "--driver", driver};
     if (config.local_hosts > 1) {
-      args.insert(args.end(), {"--host-id", "local-host-" + std::to_string(spawned++ % config.local_hosts)});
+      if (host < 0) host = pseudo_host_for_next();
+      args.insert(args.end(), {"--host-id", "local-host-" + std::to_string(host)});
     }
     const int threads = std::max(1, config.threads_per_worker > 0
                                         ? config.threads_per_worker
                                         : static_cast<int>(std::thread::hardware_concurrency()) / config.num_workers);
-    return children.spawn(binary, args,
+    const pid_t pid = children.spawn(binary, args,
                    {"DSGD_TOKEN=" + token, "DSGD_WORKER_OF=" + std::to_string(::getpid()),
                     // one OpenMP team per worker, sized by the driver (see threads_per_worker)
                     "OMP_NUM_THREADS=" + std::to_string(threads)});
+    if (config.local_hosts > 1) pseudo_host[pid] = host;
+    return pid;
   }
 
   // Where every live worker sits: {"generation", "num_workers", "ranks": {id: position}}.
@@ -476,7 +498,7 @@ Trainer::Trainer(const std::string& operator_name, TrainerConfig config) : impl_
   try {
     if (c.listen.empty()) {
       d.binary = c.worker_binary.empty() ? runtime::self_executable() : c.worker_binary;
-      for (int i = 0; i < c.num_workers; ++i) d.spawn_worker();
+      for (int i = 0; i < c.num_workers; ++i) d.spawn_worker(i % c.local_hosts);
     } else {
       control::log().info("driver: waiting for {} worker(s): start each with --dsgd-worker --driver {} --token {}",
                    c.num_workers, address(), d.token);

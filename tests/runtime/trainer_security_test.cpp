@@ -1,6 +1,6 @@
 // The job's ports under attack: garbage bytes, half-open connections and a port scan against the
 // driver's and the workers' listening ports while training. The job must be undisturbed: its
-// result equals an undisturbed run's.
+// result equals an undisturbed run's. And local mode listens on loopback only.
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
@@ -54,10 +54,16 @@ int connect_to(int port) {
 
 // Every port the driver and its workers listen on right now (Gloo's are open only while a group
 // forms, so the attacker looks again before every round).
-std::vector<int> job_ports() {
-  std::vector<int> ports = testing::listening_ports(::getpid());
+// Local mode must listen on loopback only: a listener anywhere else is counted in *exposed.
+std::vector<int> job_ports(std::atomic<int>* exposed) {
+  std::vector<testing::Listener> all = testing::listeners(::getpid());
   for (pid_t child : testing::children_of(::getpid())) {
-    for (int p : testing::listening_ports(child)) ports.push_back(p);
+    for (const auto& l : testing::listeners(child)) all.push_back(l);
+  }
+  std::vector<int> ports;
+  for (const auto& l : all) {
+    ports.push_back(l.port);
+    if (!l.loopback) ++*exposed;
   }
   return ports;
 }
@@ -72,13 +78,14 @@ TEST(TrainerSecurity, GarbageHalfOpenConnectionsAndAPortScanLeaveTheResultUnchan
   // From before the workers start until training ends: setup, rendezvous and training.
   std::atomic<bool> stop{false};
   std::atomic<int> attacks{0};
+  std::atomic<int> exposed{0};
   std::set<int> attacked_ports;
   std::vector<int> half_open;
   std::thread attacker([&] {
     std::mt19937 rng(1);
     std::string garbage(4096, '\0');
     while (!stop) {
-      for (int port : job_ports()) {
+      for (int port : job_ports(&exposed)) {
         attacked_ports.insert(port);
         if (half_open.size() < 200) {
           const int fd = connect_to(port);  // connects, then says nothing: a half-open peer
@@ -111,6 +118,7 @@ TEST(TrainerSecurity, GarbageHalfOpenConnectionsAndAPortScanLeaveTheResultUnchan
             << " half-open connections held\n";
   EXPECT_GT(attacks.load(), 10);
   EXPECT_GE(attacked_ports.size(), 1u);  // the driver's, at least
+  EXPECT_EQ(exposed.load(), 0) << "local mode listened beyond loopback";
   ASSERT_EQ(attacked.size(), reference.size());
   for (size_t i = 0; i < reference.size(); ++i) {
     EXPECT_TRUE(torch::equal(attacked[i], reference[i])) << "parameter " << i << " differs";

@@ -555,6 +555,13 @@ TEST(TrainerRecovery, PsSurvivesAKilledWorkerHoldingAShard) {
   EXPECT_EQ(r.recoveries[0].workers_after, 2);
 }
 
+TEST(TrainerRecovery, PsSurvivesAHungWorkerOnItsOwnHost) {
+  // Found by the soak: 3 workers on 3 pseudo-hosts, worker 1 stopped; its replacement joins
+  // another host's shared memory.
+  auto r = train_through_fault(ps_config(3, 3, 3, 64), SIGSTOP, nullptr, 5e-5);
+  ASSERT_EQ(r.recoveries.size(), 1u);
+}
+
 TEST(TrainerRecovery, HungWorkerIsEvictedAfterTheHeartbeatTimeout) {
   auto r = train_through_fault(base_config(2, "allreduce", 64), SIGSTOP);
   ASSERT_EQ(r.recoveries.size(), 1u);

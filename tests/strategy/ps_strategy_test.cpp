@@ -16,21 +16,22 @@ namespace {
 
 using std::chrono::milliseconds;
 
-std::shared_ptr<comm::HierarchicalGroup> make_group(std::shared_ptr<comm::Store> store, int rank, int size, int hosts) {
+std::shared_ptr<comm::HierarchicalGroup> make_group(std::shared_ptr<comm::Store> store, int rank, int size, int hosts,
+                                                   const std::vector<int>& host_of = {}) {
   comm::GroupOptions o;
   o.timeout = milliseconds(10000);
-  o.host = "host" + std::to_string(rank * hosts / size);
+  o.host = "host" + std::to_string(host_of.empty() ? rank * hosts / size : host_of[static_cast<size_t>(rank)]);
   comm::ShmOptions so;
   so.slot_bytes = 1 << 20;
   return comm::HierarchicalGroup::create(std::move(store), rank, size, o, so);
 }
 
-void check(int size, int hosts, int shards) {
+void check(int size, int hosts, int shards, const std::vector<int>& host_of = {},
+           std::vector<size_t> counts = {1, 3, 7, 1000, 100003, 5}) {  // fewer elements than shards, too
   auto store = comm::make_memory_store();
-  const std::vector<size_t> counts = {1, 3, 7, 1000, 100003, 5};  // fewer elements than shards, too
   std::vector<std::vector<std::vector<float>>> results(static_cast<size_t>(size));
   testing::run_ranks(size, [&](int rank) {
-    auto strategy = make_ps_strategy(make_group(store, rank, size, hosts), shards);
+    auto strategy = make_ps_strategy(make_group(store, rank, size, hosts, host_of), shards);
     EXPECT_EQ(strategy->name(), "ps");
     // Every bucket launched before any is waited for, as backward does.
     std::vector<std::vector<float>> buckets;
@@ -63,6 +64,12 @@ TEST(PsStrategy, TwoHostsTwoShards) { check(4, 2, 2); }
 TEST(PsStrategy, TwoHostsFourShards) { check(4, 2, 4); }
 TEST(PsStrategy, FourHostsFourShards) { check(4, 4, 4); }
 TEST(PsStrategy, UnevenHostsThreeShards) { check(3, 2, 3); }
+
+// Ranks 0 and 2 on one host, 1 on another (what a replacement joining host 0 gives), with
+// buckets of the MLP's size.
+TEST(PsStrategy, InterleavedHostsAndLargeBuckets) {
+  check(3, 2, 3, {0, 1, 0}, {2621440, 2621440, 590000});
+}
 
 TEST(PsStrategy, BadShardCountIsAConfigError) {
   auto store = comm::make_memory_store();

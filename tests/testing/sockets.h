@@ -13,8 +13,13 @@
 
 namespace dsgd::testing {
 
-// The TCP ports (IPv4 and IPv6) on which process `pid` has a listening socket.
-inline std::vector<int> listening_ports(pid_t pid) {
+struct Listener {
+  int port = 0;
+  bool loopback = false;  // bound to 127.0.0.0/8 or ::1 (not a wildcard or external address)
+};
+
+// The TCP sockets (IPv4 and IPv6) on which process `pid` listens.
+inline std::vector<Listener> listeners(pid_t pid) {
   const std::string proc = "/proc/" + std::to_string(pid);
   std::set<std::string> inodes;  // of the process's sockets
   if (DIR* d = ::opendir((proc + "/fd").c_str())) {
@@ -27,7 +32,7 @@ inline std::vector<int> listening_ports(pid_t pid) {
     }
     ::closedir(d);
   }
-  std::set<int> ports;
+  std::vector<Listener> out;
   for (const char* table : {"/net/tcp", "/net/tcp6"}) {
     std::ifstream in(proc + table);
     std::string line;
@@ -38,10 +43,19 @@ inline std::vector<int> listening_ports(pid_t pid) {
       std::string sl, local, remote, state, queues, timer, retr, uid, timeout, inode;
       f >> sl >> local >> remote >> state >> queues >> timer >> retr >> uid >> timeout >> inode;
       if (state != "0A" || inodes.count(inode) == 0) continue;  // 0A: LISTEN
-      ports.insert(std::stoi(local.substr(local.find(':') + 1), nullptr, 16));
+      const std::string address = local.substr(0, local.find(':'));
+      Listener l;
+      l.port = std::stoi(local.substr(local.find(':') + 1), nullptr, 16);
+      // Hex, 32-bit words in host (little-endian) order: 127.x.x.x is "......7F"; ::1 is
+      // 00000000 00000000 00000000 01000000; ::ffff:127.x.x.x (IPv4-mapped) 0..0 FFFF0000 ......7F.
+      const bool v4 = address.size() == 8 && address.substr(6) == "7F";
+      const bool mapped = address.size() == 32 && address.substr(0, 24) == "0000000000000000FFFF0000" &&
+                          address.substr(30) == "7F";
+      l.loopback = v4 || mapped || address == "00000000000000000000000001000000";
+      out.push_back(l);
     }
   }
-  return {ports.begin(), ports.end()};
+  return out;
 }
 
 // Processes whose parent is `parent` (from /proc/*/stat).
