@@ -588,14 +588,14 @@ TEST(TrainerRecovery, AfterFailedReplacementsTheJobScalesBackUpToNumWorkers) {
   std::atomic<bool> killed{false};
   int victim = 0;
   c.on_progress = [&](const TrainProgress& p) {
-    if (p.batches >= 7 && !killed.exchange(true)) {
+    if (p.batches >= 3 && !killed.exchange(true)) {
       std::ofstream(refuse) << "no\n";
       ::kill(victim, SIGKILL);
     }
   };
   Trainer t(runtime::kImageClassifier, c);
   victim = t.foreach_worker("replica_info")[1]["pid"].get<int>();
-  auto first = t.train({.num_steps = 10});
+  auto first = t.train({.num_steps = 30});  // long enough for a progress tick (~10 per second) to see step 3
   ASSERT_TRUE(killed);
   ASSERT_EQ(first.recoveries.size(), 1u);
   EXPECT_EQ(first.recoveries[0].workers_after, 2);  // the replacement refused to start
@@ -603,7 +603,7 @@ TEST(TrainerRecovery, AfterFailedReplacementsTheJobScalesBackUpToNumWorkers) {
 
   // Replacements can start again: within the back-off the job grows back to 3 workers.
   std::filesystem::remove(refuse);
-  int64_t steps = 10;
+  int64_t steps = 30;
   std::optional<RecoveryEvent> grew;
   const auto deadline = Clock::now() + std::chrono::seconds(60);
   while (!grew && Clock::now() < deadline) {

@@ -368,7 +368,9 @@ class DriverServerImpl final : public DriverServer, public proto::Driver::Servic
   std::unique_ptr<grpc::Service> store_service_;
   mutable std::mutex mutex_;
   std::condition_variable cv_;
-  std::vector<WorkerState> workers_;      // guarded by mutex_
+  // A deque: Poll holds a WorkerState* across its wait, while Register may append (a vector
+  // would reallocate under it).
+  std::deque<WorkerState> workers_;       // guarded by mutex_
   std::map<std::pair<int64_t, uint64_t>, Average> averages_;  // guarded by mutex_; by (generation, seq)
   std::map<int64_t, int> world_of_generation_;                 // guarded by mutex_
   int64_t aborted_generation_ = 0;                             // guarded by mutex_
