@@ -543,6 +543,23 @@ TEST(TrainerRecovery, KilledWorkerIsReplacedAndTheResultEqualsAFaultFreeRun) {
   std::cout << "recovery: " << ev.recovery_s << " s, rolled back " << ev.rolled_back_steps << " steps\n";
 }
 
+TEST(TrainerRecovery, SaveSurvivesTheLossOfTheWorkerItReadsFrom) {
+  // save() reads the state from the first worker: kill that one just before, and save must
+  // recover and write the state training had reached.
+  testing::TempDir dir;
+  auto c = base_config(2, "allreduce", 64);
+  c.heartbeat_timeout = milliseconds(2000);
+  Trainer t(runtime::kImageClassifier, c);
+  t.train({.num_steps = 10});
+  const Params before = params_of(*t.get_model());
+  ::kill(t.foreach_worker("replica_info")[0]["pid"].get<int>(), SIGKILL);
+  t.save(dir.file("ckpt"));
+  Trainer loaded(runtime::kImageClassifier, base_config(1, "allreduce", 64));
+  loaded.load(dir.file("ckpt"));
+  EXPECT_LT(max_difference(before, params_of(*loaded.get_model())), 1e-7);
+  EXPECT_EQ(loaded.train({.num_steps = 1}).batch, 11);  // the position came along too
+}
+
 TEST(TrainerRecovery, SimpleStrategySurvivesAKilledWorker) {
   auto r = train_through_fault(base_config(2, "simple", 64), SIGKILL);
   ASSERT_EQ(r.recoveries.size(), 1u);
