@@ -69,9 +69,10 @@ struct TrainerConfig {
   std::string listen;                        // "" = local mode; "HOST:PORT" = remote mode, bind here
   std::string token;                         // job token; "" = random (remote mode prints it)
   std::string worker_binary;                 // local mode; "" = this binary
-  // Local mode: spread the workers over this many pseudo-hosts (worker i on "local-host-<i % n>"):
-  // shared memory joins only workers of one pseudo-host, the rest goes over Gloo as between
-  // machines. For testing and measuring cross-host strategies on one machine.
+  // Local mode: spread the workers over this many pseudo-hosts (worker i on "local-host-<i % n>";
+  // a replacement on its lost worker's): shared memory joins only workers of one pseudo-host,
+  // the rest goes over Gloo as between machines. For testing and measuring cross-host
+  // strategies on one machine.
   int local_hosts = 1;
   std::chrono::milliseconds registration_timeout{60000};
   std::chrono::milliseconds heartbeat_timeout{10000};  // a worker silent this long is lost

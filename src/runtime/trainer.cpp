@@ -20,8 +20,8 @@
 #include "dsgd/operator.h"
 #include "runtime/builtin_operators.h"
 #include "runtime/checkpoint.h"
-#include "runtime/metrics_wire.h"
 #include "runtime/control/driver_service.h"
+#include "runtime/metrics_wire.h"
 #include "runtime/spawn.h"
 #include "runtime/worker.h"
 #include "torch/replica.h"
@@ -166,7 +166,8 @@ struct Trainer::Impl {
   }
 
   // Local mode: spawns workers for the places missing from num_workers (none while some are
-  // still pending, or during the back-off). They join the group once registered (admit()).
+  // still pending, or during the back-off). They join the group once registered (newcomers(),
+  // then form_group()).
   void spawn_replacements() {
     if (!config.listen.empty() || !config.replace_lost_workers || !pending.empty() || Clock::now() < next_spawn) return;
     int registered = 0;
