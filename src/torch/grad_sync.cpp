@@ -1,5 +1,6 @@
 #include "torch/grad_sync.h"
 
+#include <cmath>
 #include <torch/csrc/autograd/engine.h>
 
 #include "dsgd/error.h"
@@ -115,7 +116,9 @@ void GradSync::finalize() {
   lock.unlock();
   if (error) std::rethrow_exception(error);
   torch::NoGradGuard no_grad;
-  last_finite_ = torch::isfinite(flat_).all().item<bool>();
+  // One reduction, no mask: a NaN or infinity anywhere makes the sum non-finite (so would a
+  // sum past 3e38, a gradient no step should take either).
+  last_finite_ = std::isfinite(flat_.sum().item<double>());
   for (size_t i = 0; i < params_.size(); ++i) {
     auto& g = params_[i].mutable_grad();
     if (g.defined()) {

@@ -4,6 +4,7 @@
 #include <torch/serialize.h>
 #include <torch/utils.h>
 
+#include <cmath>
 #include <iostream>
 #include <sstream>
 
@@ -151,11 +152,15 @@ bool ReplicaRuntime::check_gradients() {
   if (!syncs_.empty()) {
     for (auto& s : syncs_) finite = finite && s->last_finite();
   } else {
+    // As GradSync does: one sum per gradient, one host sync (isfinite().all() per parameter
+    // cost the MLP ~20% of its step).
+    std::vector<torch::Tensor> sums;
     for (auto& m : op_->models_) {
       for (auto& p : m->parameters()) {
-        if (p.grad().defined()) finite = finite && torch::isfinite(p.grad()).all().item<bool>();
+        if (p.grad().defined()) sums.push_back(p.grad().sum());
       }
     }
+    if (!sums.empty()) finite = std::isfinite(torch::stack(sums).sum().item<double>());
   }
   if (finite) return true;
   const std::string where = "epoch " + std::to_string(position_.epoch + 1) + ", batch " +
