@@ -275,14 +275,20 @@ struct Trainer::Impl {
         if (first_only) targets = {members.at(0)};
         return raw_call(kind, in, blob, targets, extra_tick);
       } catch (const std::exception& e) {
-        if (!recoverable(e)) {
-          broken = true;
-          server->stop_workers();
-          throw;
-        }
-        recover(e.what());
+        recover_or_rethrow(e);
       }
     }
+  }
+
+  // Inside a catch block: a recoverable failure re-forms the job; anything else leaves the
+  // trainer broken (workers told to stop) and is rethrown.
+  void recover_or_rethrow(const std::exception& e) {
+    if (!recoverable(e)) {
+      broken = true;
+      server->stop_workers();
+      throw;
+    }
+    recover(e.what());
   }
 
   // The recovery protocol: abort the old generation, find and evict the lost workers, spawn
@@ -414,12 +420,7 @@ struct Trainer::Impl {
     try {
       if (auto ev = scale_up()) events.push_back(std::move(*ev));
     } catch (const std::exception& e) {
-      if (!recoverable(e)) {
-        broken = true;
-        server->stop_workers();
-        throw;
-      }
-      recover(e.what());
+      recover_or_rethrow(e);
     }
   }
 
