@@ -468,13 +468,20 @@ class GlooGroup : public Group, public std::enable_shared_from_this<GlooGroup> {
   }
 
   // Turns a Gloo error into a CommError or TimeoutError naming the peer at fault when it can:
-  // the op's own peer for point-to-point, else a same-host rank whose process has exited.
+  // the op's own peer for point-to-point (unless it is alive here and another rank here has
+  // exited), else a same-host rank whose process has exited.
   std::exception_ptr translate(const std::string& op, const std::string& gloo_message, milliseconds timeout,
                                int peer) {
     {
       std::lock_guard<std::mutex> lock(mutex_);
       if (error_) return error_;  // aborted or failed already: keep the first cause
     }
+    const bool timed_out = gloo_message.find("imed out") != std::string::npos;
+    // A point-to-point peer that is alive on this host but closed the connection did so because
+    // its group failed first (fail() closes every connection): the cause is then another rank,
+    // which on this host shows as an exited process. Name that one, as the collectives do.
+    const int op_peer = peer;
+    if (peer >= 0 && hosts_[peer] == options_.host && !timed_out && !process_gone(pids_[peer])) peer = -1;
     // A killed peer's connections are reset while its process is still being torn down: give
     // it a moment to show as gone before concluding that no same-host peer died.
     const bool local_peers = local_ranks().size() > 1;
@@ -486,11 +493,11 @@ class GlooGroup : public Group, public std::enable_shared_from_this<GlooGroup> {
       if (peer >= 0 || std::chrono::steady_clock::now() >= give_up) break;
       std::this_thread::sleep_for(milliseconds(10));
     }
+    if (peer < 0) peer = op_peer;  // no other rank here has exited: the op's own peer it is
     std::string who = "a peer";
     if (peer >= 0) {
       who = "rank " + std::to_string(peer) + " (host " + hosts_[peer] + ", pid " + std::to_string(pids_[peer]) + ")";
     }
-    const bool timed_out = gloo_message.find("imed out") != std::string::npos;
     if (timed_out) {
       return std::make_exception_ptr(TimeoutError(
           "rank " + std::to_string(rank_) + ": " + op + ": no progress for " + std::to_string(timeout.count()) +
