@@ -46,15 +46,25 @@ std::unique_ptr<HierarchicalGroup> HierarchicalGroup::create(std::shared_ptr<Sto
   return h;
 }
 
+void HierarchicalGroup::abort(const std::string& reason) {
+  global_->abort(reason);
+  local_->abort(reason);
+  if (leaders_) leaders_->abort(reason);
+}
+
 void HierarchicalGroup::run_allreduce(void* data, size_t count, DataType type, ReduceOp op,
                                       std::chrono::milliseconds timeout) {
+  if (num_hosts_ == 1) {
+    // One host: the shared-memory allreduce divides each rank's block as it sums it (the same
+    // sum-then-divide arithmetic as below, on 1/size of the data per rank, in the same pass).
+    local_->allreduce(data, count, type, op, timeout);
+    return;
+  }
   // Average = sum everywhere, then one division by the global size.
   const ReduceOp stage_op = op == ReduceOp::kAverage ? ReduceOp::kSum : op;
   local_->allreduce(data, count, type, stage_op, timeout);
-  if (num_hosts_ > 1) {
-    if (leaders_) leaders_->allreduce(data, count, type, stage_op, AllreduceAlgorithm::kAuto, timeout);
-    local_->broadcast(data, count * element_size(type), /*root=*/0, timeout);
-  }
+  if (leaders_) leaders_->allreduce(data, count, type, stage_op, AllreduceAlgorithm::kAuto, timeout);
+  local_->broadcast(data, count * element_size(type), /*root=*/0, timeout);
   if (op == ReduceOp::kAverage) divide_by(data, count, type, global_->size());
 }
 

@@ -29,10 +29,16 @@ void reduce_typed(void* dst, const void* src, size_t n, ReduceOp op) {
   }
 }
 
+// A true division, vectorised: vdivps rounds exactly as divss does, so results do not depend on
+// the clone picked (a multiply by the reciprocal would, for divisors that are not powers of 2).
+template <typename T>
+DSGD_VECTORISED void divide_into(T* __restrict p, size_t n, T divisor) {
+  for (size_t i = 0; i < n; ++i) p[i] /= divisor;
+}
+
 template <typename T>
 void divide_typed(void* dst, size_t n, int divisor) {
-  T* p = static_cast<T*>(dst);
-  for (size_t i = 0; i < n; ++i) p[i] /= static_cast<T>(divisor);
+  divide_into(static_cast<T*>(dst), n, static_cast<T>(divisor));
 }
 
 // 16-bit values: converted to float32, combined, rounded back.
@@ -104,6 +110,7 @@ void reduce_into(void* dst, const void* src, size_t count, DataType type, Reduce
 }
 
 void divide_by(void* dst, size_t count, DataType type, int divisor) {
+  if (divisor == 1) return;
   switch (type) {
     case DataType::kFloat32: divide_typed<float>(dst, count, divisor); break;
     case DataType::kFloat64: divide_typed<double>(dst, count, divisor); break;

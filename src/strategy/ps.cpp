@@ -38,9 +38,7 @@ class PsStrategy final : public GradientStrategy {
   void abort(const std::string& reason) override {
     reason_ = reason;
     aborted_ = true;
-    group_->global().abort(reason);
-    group_->local().abort(reason);
-    if (auto* leaders = group_->leaders()) leaders->abort(reason);
+    group_->abort(reason);
   }
 
  private:

@@ -26,9 +26,7 @@ class AllreduceStrategy final : public GradientStrategy {
         algorithm_ == "ring" ? comm::AllreduceAlgorithm::kRing : comm::AllreduceAlgorithm::kHalvingDoubling);
   }
   void abort(const std::string& reason) override {
-    group_->global().abort(reason);
-    group_->local().abort(reason);
-    if (auto* leaders = group_->leaders()) leaders->abort(reason);
+    group_->abort(reason);
   }
 
  private:

@@ -4,6 +4,9 @@
 
 #include <gtest/gtest.h>
 
+#include <thread>
+
+#include "dsgd/error.h"
 #include "testing/ranks.h"
 
 namespace dsgd::comm {
@@ -43,6 +46,36 @@ TEST(Hierarchical, OneHost) { check(3, 1); }
 TEST(Hierarchical, TwoHostsOfTwo) { check(4, 2); }
 TEST(Hierarchical, UnevenHosts) { check(3, 2); }  // hosts of 2 and 1 ranks
 TEST(Hierarchical, OneRankPerHost) { check(3, 3); }
+TEST(Hierarchical, OneRank) { check(1, 1); }
+
+// abort() fails an allreduce the other ranks never join at once, naming the reason, long before
+// its deadline; and stays failed.
+TEST(Hierarchical, AbortFailsTheAllreduceInFlightNamingTheReason) {
+  auto store = make_memory_store();
+  testing::run_ranks(4, [&](int rank) {
+    GroupOptions o;
+    o.timeout = milliseconds(20000);
+    o.host = "host" + std::to_string(rank / 2);
+    auto h = HierarchicalGroup::create(store, rank, 4, o);
+    if (rank != 0) {
+      std::this_thread::sleep_for(milliseconds(800));
+      return;
+    }
+    std::vector<float> v(1000, 1.0f);
+    auto w = h->allreduce_async(v.data(), v.size(), DataType::kFloat32, ReduceOp::kAverage);
+    std::this_thread::sleep_for(milliseconds(100));
+    const auto t0 = std::chrono::steady_clock::now();
+    h->abort("worker 3 was lost");
+    try {
+      w->wait();
+      ADD_FAILURE() << "an allreduce nobody else joined succeeded";
+    } catch (const CommError& e) {
+      EXPECT_NE(std::string(e.what()).find("worker 3 was lost"), std::string::npos) << e.what();
+    }
+    EXPECT_LT(std::chrono::steady_clock::now() - t0, milliseconds(2000));
+    EXPECT_THROW(h->allreduce(v.data(), v.size(), DataType::kFloat32, ReduceOp::kSum), CommError);
+  });
+}
 
 }  // namespace
 }  // namespace dsgd::comm

@@ -12,11 +12,11 @@
 #pragma once
 
 #include <memory>
-
-#include "dsgd/comm/work.h"
+#include <string>
 
 #include "dsgd/comm/group.h"
 #include "dsgd/comm/shm_group.h"
+#include "dsgd/comm/work.h"
 
 namespace dsgd::comm {
 
@@ -35,6 +35,10 @@ class HierarchicalGroup {
   std::shared_ptr<Work> allreduce_async(void* data, size_t count, DataType type, ReduceOp op,
                                         std::chrono::milliseconds timeout = {});
   void allreduce(void* data, size_t count, DataType type, ReduceOp op, std::chrono::milliseconds timeout = {});
+
+  // Fails whatever is in flight or queued on all three groups, from any thread (as Group::abort:
+  // sticky, every later operation fails naming `reason`).
+  void abort(const std::string& reason);
 
   Group& global() { return *global_; }
   ShmGroup& local() { return *local_; }

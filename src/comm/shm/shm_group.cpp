@@ -134,6 +134,7 @@ class ShmGroupImpl : public ShmGroup {
 
   void run_allreduce(const std::string& name, void* data, size_t count, DataType type, ReduceOp op,
                      Clock::time_point until) {
+    if (size_ == 1) return;  // data already holds the sum, max and average of one rank
     const size_t es = element_size(type);
     const size_t piece_elems = options_.slot_bytes / es;
     char* bytes = static_cast<char*>(data);
