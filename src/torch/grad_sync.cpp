@@ -32,9 +32,14 @@ GradSync::GradSync(std::vector<torch::Tensor> params, size_t grad_shard_bytes,
       flat_(torch::zeros({static_cast<int64_t>(plan_.total_elements())}, torch::kFloat32)),
       overlap_(overlap),
       got_grad_(params_.size(), false) {
+  torch::NoGradGuard no_grad;
   for (size_t i = 0; i < params_.size(); ++i) {
     const auto& s = plan_.slot(i);
-    slots_.push_back(flat_.narrow(0, static_cast<int64_t>(s.offset), static_cast<int64_t>(s.count)).view(params_[i].sizes()));
+    // set_ rather than narrow(): the slot shares flat_'s storage without being an autograd view,
+    // so Optimizer::zero_grad() may detach_() it once it is the parameter's .grad.
+    slots_.push_back(torch::empty({0}, torch::kFloat32)
+                         .set_(flat_.storage(), static_cast<int64_t>(s.offset), params_[i].sizes(),
+                               params_[i].contiguous().strides()));
     const unsigned id = params_[i].register_hook([this, i](torch::Tensor grad) {
       on_grad(i, grad);
       return grad;
@@ -71,6 +76,9 @@ void GradSync::on_grad(size_t param, const torch::Tensor& grad) {
   } else {
     torch::mul_out(slots_[param], grad, weight_);
   }
+  // AccumulateGrad runs after this hook: with no .grad it takes `grad` as it is (no sum into
+  // the old one, no copy); finalize() then makes the slot, holding the average, the .grad.
+  params_[param].mutable_grad() = torch::Tensor();
   --missing_[plan_.slot(param).bucket];
   if (overlap_) launch_ready_locked();
 }
@@ -119,14 +127,8 @@ void GradSync::finalize() {
   // One reduction, no mask: a NaN or infinity anywhere makes the sum non-finite (so would a
   // sum past 3e38, a gradient no step should take either).
   last_finite_ = std::isfinite(flat_.sum().item<double>());
-  for (size_t i = 0; i < params_.size(); ++i) {
-    auto& g = params_[i].mutable_grad();
-    if (g.defined()) {
-      g.copy_(slots_[i]);
-    } else {
-      g = slots_[i].clone();
-    }
-  }
+  // The averages are in the slots: each slot becomes its parameter's .grad, with no copy.
+  for (size_t i = 0; i < params_.size(); ++i) params_[i].mutable_grad() = slots_[i];
 }
 
 }  // namespace dsgd::torch_glue

@@ -5,12 +5,16 @@
 //
 // Each parameter's gradient hook copies the gradient (times weight(), for uneven batch splits)
 // into its slot of a flat float32 buffer packed by strategy::BucketPlan (reverse registration
-// order). When a bucket's last gradient arrives, the bucket goes to the strategy at once, so
-// communication of later layers overlaps backward of earlier ones. Buckets are launched in
-// index order on every replica (the strategy's ordering contract). A final autograd callback
-// launches what is left (parameters that got no gradient in this backward contribute zeros),
-// waits for every bucket, and writes the averages into the parameters' .grad before backward()
-// returns. One GradSync per model; a backward that gives none of its parameters a gradient
+// order), and clears .grad so AccumulateGrad takes the new gradient as it is. When a bucket's
+// last gradient arrives, the bucket goes to the strategy at once, so communication of later
+// layers overlaps backward of earlier ones. Buckets are launched in index order on every replica
+// (the strategy's ordering contract). A final autograd callback launches what is left
+// (parameters that got no gradient in this backward contribute zeros), waits for every bucket,
+// and makes each slot, now holding the average, its parameter's .grad: a tensor sharing the flat
+// buffer (c10d's gradient_as_bucket_view), so nothing is copied back. That .grad is overwritten
+// by the next backward; keep a clone to hold on to it. The gradient of one backward is
+// averaged, whatever .grad held before it (accumulating gradients over several backwards is not
+// supported). One GradSync per model; a backward that gives none of its parameters a gradient
 // launches nothing. Parameters must be float32 and on the CPU.
 #pragma once
 
@@ -55,7 +59,7 @@ class GradSync {
   strategy::BucketPlan plan_;
   std::shared_ptr<strategy::GradientStrategy> strategy_;
   torch::Tensor flat_;                          // plan_.total_elements() floats
-  std::vector<torch::Tensor> slots_;            // views of flat_, one per parameter
+  std::vector<torch::Tensor> slots_;            // flat_'s storage, one per parameter, shaped like it
   double weight_ = 1.0;
   const bool overlap_;
 

@@ -226,9 +226,13 @@ std::string ReplicaRuntime::save_state() const {
   torch::serialize::OutputArchive extra;
   op_->state_dict(extra);
   archive.write("extra", extra);
-  std::ostringstream out;
-  archive.save_to(out);
-  return out.str();
+  // Straight into one string (an ostringstream copies the 10s of MB again as it grows and in str()).
+  std::string bytes;
+  archive.save_to([&bytes](const void* data, size_t n) {
+    bytes.append(static_cast<const char*>(data), n);
+    return n;
+  });
+  return bytes;
 }
 
 void ReplicaRuntime::load_state(const std::string& bytes) {
