@@ -9,6 +9,10 @@
 //   mlp        784-2048-2048-10 with relu (communication-bound bench)    5,824,522
 //   resnet18   torchvision's ResNet-18 (BasicBlock 2-2-2-2)              11.2 M (3x224x224, 1000 classes: 11,689,512)
 //   resnet50   torchvision's ResNet-50 (Bottleneck 3-4-6-3)              23.5 M (3x224x224, 1000 classes: 25,557,032)
+//   simulated  no compute: sim_layers parameter tensors whose forward    sim_parameters + a linear head
+//              and backward sleep sim_step_ms in all (1/3 forward, 2/3
+//              backward); gradients of the real size appear layer by
+//              layer as backward reaches them (cluster benchmarks)
 //
 // ResNets use torchvision's stem (7x7 stride 2 + max pool) for images of 64 pixels or more and
 // a 3x3 stride-1 stem without pooling for small images such as 28x28. make_model throws
@@ -35,6 +39,9 @@ struct ModelOptions {
   bool dropout = true;                       // false: dropout layers become identities (for
                                              // bit-exact equivalence tests)
   std::vector<int64_t> mlp_hidden = {2048, 2048};  // hidden widths of "mlp"
+  int64_t sim_parameters = 1'000'000;        // "simulated": gradient elements (besides the head)
+  int64_t sim_layers = 8;                    // "simulated": in this many equal tensors
+  double sim_step_ms = 50;                   // "simulated": forward + backward time per step
 };
 
 // An image classifier: images [N, C, H, W] -> logits [N, num_classes].

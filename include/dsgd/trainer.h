@@ -82,7 +82,12 @@ struct TrainerConfig {
   // their communication, replacements are spawned (local mode), the group is re-formed and every
   // replica restores the last in-memory snapshot, taken every checkpoint_every_steps steps.
   int max_failures = 3;                      // beyond this, train() fails listing the failures
-  int64_t checkpoint_every_steps = 50;       // in-memory snapshot interval (steps)
+  int64_t checkpoint_every_steps = 50;       // in-memory snapshot interval (steps), at least
+  // Snapshots take at most about this share of training time: after a snapshot that took s
+  // seconds, the next one waits for at least s / checkpoint_max_overhead seconds of training
+  // (the interval in steps grows to match, for big models with fast steps). 0 = exactly every
+  // checkpoint_every_steps. A lost worker costs at most one interval.
+  double checkpoint_max_overhead = 0.02;
   // "" = snapshots stay in memory. Else every snapshot is also written to
   // <checkpoint_dir>/step-<N> and only the newest checkpoint_keep are kept; load(checkpoint_dir)
   // resumes from the newest intact one (a damaged one is named and passed over).

@@ -26,6 +26,14 @@ std::shared_ptr<Classifier> make_model(const std::string& name, const ModelOptio
   }
   if (name == "resnet18") return make_resnet(18, o);
   if (name == "resnet50") return make_resnet(50, o);
+  if (name == "simulated") {
+    if (o.sim_layers < 1 || o.sim_parameters < o.sim_layers || !(o.sim_step_ms >= 0)) {
+      throw ConfigError("model 'simulated': needs sim_layers >= 1, sim_parameters >= sim_layers and sim_step_ms >= 0 "
+                        "(got " + std::to_string(o.sim_layers) + ", " + std::to_string(o.sim_parameters) + ", " +
+                        std::to_string(o.sim_step_ms) + ")");
+    }
+    return make_simulated(o);
+  }
   std::string known;
   for (const auto& n : model_names()) known += (known.empty() ? "" : ", ") + n;
   throw ConfigError("unknown model '" + name + "'; known models: " + known);

@@ -9,5 +9,6 @@ namespace dsgd::models {
 std::shared_ptr<Classifier> make_cnn(const ModelOptions& options);
 std::shared_ptr<Classifier> make_mlp(const ModelOptions& options);
 std::shared_ptr<Classifier> make_resnet(int depth, const ModelOptions& options);  // 18 or 50
+std::shared_ptr<Classifier> make_simulated(const ModelOptions& options);
 
 }  // namespace dsgd::models

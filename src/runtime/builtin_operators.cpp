@@ -37,6 +37,9 @@ class ImageClassifier : public TrainingOperator {
     mo.image_size = train->images().size(2);
     mo.num_classes = train->num_classes();
     mo.dropout = o.dropout;
+    mo.sim_parameters = o.sim_parameters;
+    mo.sim_layers = o.sim_layers;
+    mo.sim_step_ms = o.sim_step_ms;
     auto model = register_model(models::make_model(o.model, mo));
     register_optimizer(std::make_unique<torch::optim::SGD>(model->parameters(),
                                                            torch::optim::SGDOptions(o.lr).momentum(o.momentum)));

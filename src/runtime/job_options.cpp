@@ -37,6 +37,11 @@ void validate(const LocalJobOptions& o) {
   require(o.synthetic_samples >= 1, "synthetic samples must be >= 1, got " + std::to_string(o.synthetic_samples));
   require(o.synthetic_image_size >= 6 && o.synthetic_image_size <= 1024,
           "synthetic image size must be in 6..1024 pixels, got " + std::to_string(o.synthetic_image_size));
+  require(o.sim_layers >= 1 && o.sim_layers <= 4096, "sim_layers must be in 1..4096, got " + std::to_string(o.sim_layers));
+  require(o.sim_parameters >= o.sim_layers && o.sim_parameters <= (int64_t{1} << 34),
+          "sim_parameters must be in sim_layers..2^34, got " + std::to_string(o.sim_parameters));
+  require(std::isfinite(o.sim_step_ms) && o.sim_step_ms >= 0 && o.sim_step_ms <= 600000,
+          "sim_step_ms must be in 0..600000, got " + std::to_string(o.sim_step_ms));
 }
 
 nlohmann::json parse_config_text(std::string_view text, const std::string& what) {
@@ -50,7 +55,8 @@ nlohmann::json parse_config_text(std::string_view text, const std::string& what)
 LocalJobOptions image_classifier_options(const nlohmann::json& config) {
   if (!config.is_object()) throw ConfigError("the image classifier's config must be a JSON object");
   static const std::vector<std::string> known = {"model", "dataset", "data_dir", "lr", "momentum", "lr_decay",
-                                                 "dropout", "synthetic_samples", "synthetic_image_size"};
+                                                 "dropout", "synthetic_samples", "synthetic_image_size",
+                                                 "sim_parameters", "sim_layers", "sim_step_ms"};
   for (const auto& [k, v] : config.items()) {
     if (std::find(known.begin(), known.end(), k) == known.end()) {
       throw ConfigError("unknown image classifier config key '" + k + "'");
@@ -67,6 +73,9 @@ LocalJobOptions image_classifier_options(const nlohmann::json& config) {
     o.dropout = config.value("dropout", o.dropout);
     o.synthetic_samples = config.value("synthetic_samples", o.synthetic_samples);
     o.synthetic_image_size = config.value("synthetic_image_size", o.synthetic_image_size);
+    o.sim_parameters = config.value("sim_parameters", o.sim_parameters);
+    o.sim_layers = config.value("sim_layers", o.sim_layers);
+    o.sim_step_ms = config.value("sim_step_ms", o.sim_step_ms);
   } catch (const nlohmann::json::exception& e) {
     throw ConfigError(std::string("image classifier config: a value has the wrong type: ") + e.what());
   }

@@ -28,6 +28,9 @@ struct LocalJobOptions {
   bool dropout = true;                     // false: dropout layers become identities
   int64_t synthetic_samples = 8192;        // dataset "synthetic": training samples (test: 1/4)
   int64_t synthetic_image_size = 28;       // dataset "synthetic": side in pixels (1 channel)
+  int64_t sim_parameters = 1'000'000;      // model "simulated" (dsgd/models.h): gradient elements,
+  int64_t sim_layers = 8;                  //   in this many tensors,
+  double sim_step_ms = 50;                 //   forward + backward time per step (slept, not computed)
 };
 
 // Throws dsgd::ConfigError naming the first bad field, its value and the accepted range.
@@ -38,8 +41,9 @@ void validate(const LocalJobOptions& options);
 nlohmann::json parse_config_text(std::string_view text, const std::string& what);
 
 // The image classifier's config (keys: model, dataset, data_dir, lr, momentum, lr_decay,
-// dropout, synthetic_samples, synthetic_image_size) over the defaults, validated. ConfigError
-// for anything else: not an object, an unknown key, a value of the wrong type or out of range.
+// dropout, synthetic_samples, synthetic_image_size, sim_parameters, sim_layers, sim_step_ms)
+// over the defaults, validated. ConfigError for anything else: not an object, an unknown key, a
+// value of the wrong type or out of range.
 LocalJobOptions image_classifier_options(const nlohmann::json& config);
 
 }  // namespace dsgd::runtime

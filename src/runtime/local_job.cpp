@@ -81,6 +81,9 @@ LocalJobResult run_local_job(const LocalJobOptions& o, ProgressListener* listene
   mo.image_size = train.images().size(2);
   mo.num_classes = train.num_classes();
   mo.dropout = o.dropout;
+  mo.sim_parameters = o.sim_parameters;
+  mo.sim_layers = o.sim_layers;
+  mo.sim_step_ms = o.sim_step_ms;
   auto model = models::make_model(o.model, mo);
   model->train();
   torch::optim::SGD optimizer(model->parameters(), torch::optim::SGDOptions(o.lr).momentum(o.momentum));

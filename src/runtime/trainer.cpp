@@ -2,15 +2,11 @@
 // and turns each Trainer call into commands to every worker.
 #include "dsgd/trainer.h"
 
-#include <signal.h>
-#include "runtime/control/log.h"
-#include <unistd.h>
 
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <iostream>
-#include <map>
 #include <optional>
 #include <random>
 #include <sstream>
@@ -21,9 +17,13 @@
 #include "runtime/builtin_operators.h"
 #include "runtime/checkpoint.h"
 #include "runtime/control/driver_service.h"
+#include "runtime/control/log.h"
+#include "runtime/malloc_tuning.h"
 #include "runtime/metrics_wire.h"
 #include "runtime/spawn.h"
+#include "runtime/trainer_config.h"
 #include "runtime/worker.h"
+#include "runtime/worker_pool.h"
 #include "torch/replica.h"
 
 namespace dsgd {
@@ -33,6 +33,7 @@ using std::chrono::milliseconds;
 using Clock = std::chrono::steady_clock;
 
 void init(int argc, char** argv) {
+  runtime::tune_malloc();  // before the first big allocation, in drivers and workers alike
   std::optional<runtime::WorkerArgs> args;
   try {
     args = runtime::parse_worker_args(argc, argv);
@@ -47,54 +48,6 @@ void init(int argc, char** argv) {
 namespace {
 
 const bool builtins_registered = (runtime::register_builtin_operators(), true);
-
-void require(bool ok, const std::string& what) {
-  if (!ok) throw ConfigError(what);
-}
-
-void validate(const std::string& op, const TrainerConfig& c) {
-  require(!op.empty(), "no operator name given");
-  if (!has_operator(op)) make_operator(op);  // throws the error listing the registered ones
-  require(c.num_workers >= 1 && c.num_workers <= 4096,
-          "num_workers must be in 1..4096, got " + std::to_string(c.num_workers));
-  require(c.devices_per_worker >= 1 && c.devices_per_worker <= 256,
-          "devices_per_worker must be in 1..256, got " + std::to_string(c.devices_per_worker));
-  require(c.strategy == "simple" || c.strategy == "allreduce" || c.strategy == "ps",
-          "unknown strategy '" + c.strategy + "'; use simple, allreduce or ps");
-  require(c.num_ps_shards >= 0 && c.num_ps_shards <= 64,
-          "num_ps_shards must be in 0..64 (0 = one per host), got " + std::to_string(c.num_ps_shards));
-  require(c.local_hosts >= 1, "local_hosts must be >= 1, got " + std::to_string(c.local_hosts));
-  require(c.allreduce_algo == "auto" || c.allreduce_algo == "ring" || c.allreduce_algo == "hd",
-          "unknown allreduce_algo '" + c.allreduce_algo + "'; use auto, ring or hd");
-  require(c.grad_shard_bytes > 0, "grad_shard_bytes must be > 0, got " + std::to_string(c.grad_shard_bytes));
-  const int64_t world = int64_t{c.num_workers} * c.devices_per_worker;
-  require(c.batch_size >= world, "batch_size (global) must be at least the number of replicas (" +
-                                     std::to_string(world) + "), got " + std::to_string(c.batch_size));
-  require(c.scheduler_step_freq == "batch" || c.scheduler_step_freq == "epoch" || c.scheduler_step_freq == "manual",
-          "unknown scheduler_step_freq '" + c.scheduler_step_freq + "'; use batch, epoch or manual");
-  require(c.threads_per_worker >= 0, "threads_per_worker must be >= 0 (0 = cores / workers), got " +
-                                         std::to_string(c.threads_per_worker));
-  require(c.nonfinite_policy == "skip" || c.nonfinite_policy == "error",
-          "unknown nonfinite_policy '" + c.nonfinite_policy + "'; use skip or error");
-  require(c.checkpoint_keep >= 1, "checkpoint_keep must be >= 1, got " + std::to_string(c.checkpoint_keep));
-  require(c.max_failures >= 0, "max_failures must be >= 0, got " + std::to_string(c.max_failures));
-  require(c.checkpoint_every_steps >= 0, "checkpoint_every_steps must be >= 0 (0 = once per train call), got " +
-                                             std::to_string(c.checkpoint_every_steps));
-  require(c.replacement_timeout.count() > 0 && c.registration_timeout.count() > 0 && c.heartbeat_timeout.count() > 0 && c.comm_timeout.count() > 0,
-          "timeouts must be positive");
-  require(c.initialization_hook.empty() || runtime::has_worker_function(c.initialization_hook),
-          "initialization_hook '" + c.initialization_hook +
-              "' is not a registered worker function (DSGD_REGISTER_WORKER_FUNCTION)");
-  if (!c.listen.empty()) {
-    const auto colon = c.listen.rfind(':');
-    require(colon != std::string::npos && colon + 1 < c.listen.size(),
-            "listen must be HOST:PORT (e.g. 0.0.0.0:29500), got '" + c.listen + "'");
-  }
-  if (const char* parent = std::getenv("DSGD_WORKER_OF")) {
-    throw ConfigError(std::string("this process was started as a dsgd worker (by pid ") + parent +
-                      ") but main() went on to create a Trainer: call dsgd::init(argc, argv) first thing in main()");
-  }
-}
 
 std::string random_token() {
   std::random_device rd;
@@ -115,137 +68,26 @@ struct Trainer::Impl {
   TrainerConfig config;
   std::string token;
   std::unique_ptr<control::DriverServer> server;
-  runtime::LocalProcesses children;
-  std::string binary;                  // local mode: what workers run
+  std::unique_ptr<runtime::WorkerPool> pool;  // who is in the group; local mode: their processes
   int64_t parameters = 0;
   int64_t generation = 1;              // of the communication group; +1 per re-formation
   std::string snapshot;                // replica state at the last consistent point
+  double snapshot_s = 0;               // how long taking it took
   int failures = 0;
   std::vector<std::string> failure_log;
   std::vector<RecoveryEvent> events;   // of the current call
   bool broken = false;
   bool stopped = false;
   std::unique_ptr<torch_glue::ReplicaRuntime> local;  // get_model's copy
-  std::vector<int> members;            // worker ids in the current group, in rank order
-  // Below num_workers (local mode): replacements spawned but not yet in the group, and the
-  // exponential back-off between attempts that failed.
-  std::vector<pid_t> pending;
-  Clock::time_point pending_since{};
-  Clock::time_point next_spawn{};
-  milliseconds backoff{1000};
-  std::map<pid_t, int> pseudo_host;    // local_hosts > 1: each spawned worker's pseudo-host
-
-  bool is_member(int id) const { return std::find(members.begin(), members.end(), id) != members.end(); }
-
-  // Liveness of spawned workers, checked while waiting on them. A member's exit is a CommError
-  // (the job recovers); a pending replacement's exit only defers the next attempt.
-  void check_children() {
-    while (auto gone = children.check_exited()) {
-      if (auto p = std::find(pending.begin(), pending.end(), gone->pid); p != pending.end()) {
-        pending.erase(p);
-        defer_replacements("replacement " + gone->what);
-        continue;
-      }
-      for (const auto& w : server->workers()) {
-        if (w.pid == gone->pid) {
-          throw CommError("worker " + std::to_string(w.index) + " (host " + w.host + "): " + gone->what, "worker",
-                          static_cast<int>(w.index), w.host);
-        }
-      }
-      throw CommError(gone->what + " before registering; see its output above (does main() call dsgd::init(argc, argv) "
-                                   "first?)",
-                      "worker");
-    }
-  }
-
-  void defer_replacements(const std::string& why) {
-    next_spawn = Clock::now() + backoff;
-    control::log().warn("trainer: {}; next attempt to get back to {} workers in {:.0f} s", why, config.num_workers,
-                        std::chrono::duration<double>(backoff).count());
-    backoff = std::min(backoff * 2, milliseconds(60000));
-  }
-
-  // Local mode: spawns workers for the places missing from num_workers (none while some are
-  // still pending, or during the back-off). They join the group once registered (newcomers(),
-  // then form_group()).
-  void spawn_replacements() {
-    if (!config.listen.empty() || !config.replace_lost_workers || !pending.empty() || Clock::now() < next_spawn) return;
-    int registered = 0;
-    for (const auto& w : server->workers()) registered += w.alive ? 1 : 0;
-    for (int i = registered; i < config.num_workers; ++i) pending.push_back(spawn_worker());  // pending counts
-    pending_since = Clock::now();
-  }
-
-  // Registered workers not yet in the group: replacements, or in remote mode workers that joined
-  // later. Pending replacements that ran past replacement_timeout are killed (and deferred).
-  std::vector<int> newcomers() {
-    std::vector<int> out;
-    for (const auto& w : server->workers()) {
-      if (!w.alive || is_member(static_cast<int>(w.index))) continue;
-      out.push_back(static_cast<int>(w.index));
-      pending.erase(std::remove(pending.begin(), pending.end(), static_cast<pid_t>(w.pid)), pending.end());
-    }
-    if (!pending.empty() && Clock::now() - pending_since > config.replacement_timeout) {
-      for (pid_t pid : pending) children.kill(pid);
-      pending.clear();
-      defer_replacements("replacements did not register within " +
-                         std::to_string(config.replacement_timeout.count()) + " ms");
-    }
-    return out;
-  }
-
-  // The pseudo-host (local_hosts) short of its share of num_workers: where a replacement goes,
-  // so the job's layout (and its summation order) is what it was before the loss.
-  int pseudo_host_for_next() const {
-    const int n = config.local_hosts;
-    std::vector<int> deficit(static_cast<size_t>(n), 0);
-    for (int i = 0; i < config.num_workers; ++i) ++deficit[static_cast<size_t>(i % n)];
-    auto count = [&](pid_t pid) {
-      if (auto it = pseudo_host.find(pid); it != pseudo_host.end()) --deficit[static_cast<size_t>(it->second)];
-    };
-    const auto workers = server->workers();
-    for (int id : members) count(static_cast<pid_t>(workers.at(static_cast<size_t>(id)).pid));
-    for (pid_t pid : pending) count(pid);
-    for (int h = 0; h < n; ++h) {
-      if (deficit[static_cast<size_t>(h)] > 0) return h;
-    }
-    return 0;
-  }
-
-  pid_t spawn_worker(int host = -1) {
-    const std::string driver = "127.0.0.1:" + std::to_string(server->port());
-    std::vector<std::string> args = {"--dsgd-worker", "--driver", driver};
-    if (config.local_hosts > 1) {
-      if (host < 0) host = pseudo_host_for_next();
-      args.insert(args.end(), {"--host-id", "local-host-" + std::to_string(host)});
-    }
-    const int threads = std::max(1, config.threads_per_worker > 0
-                                        ? config.threads_per_worker
-                                        : static_cast<int>(std::thread::hardware_concurrency()) / config.num_workers);
-    const pid_t pid = children.spawn(binary, args,
-                   {"DSGD_TOKEN=" + token, "DSGD_WORKER_OF=" + std::to_string(::getpid()),
-                    // one OpenMP team per worker, sized by the driver (see threads_per_worker)
-                    "OMP_NUM_THREADS=" + std::to_string(threads)});
-    if (config.local_hosts > 1) pseudo_host[pid] = host;
-    return pid;
-  }
-
-  // Where every live worker sits: {"generation", "num_workers", "ranks": {id: position}}.
-  json placement() const {
-    json ranks = json::object();
-    int i = 0;
-    for (int id : members) ranks[std::to_string(id)] = i++;
-    return {{"generation", generation}, {"num_workers", i}, {"ranks", ranks}};
-  }
 
   // One command to every member (or `targets`); any failure throws.
   std::vector<control::CommandOutcome> raw_call(const std::string& kind, const json& in = json::object(),
                                                 const std::string& blob = "", std::vector<int> targets = {},
                                                 const std::function<void()>& extra_tick = {},
                                                 milliseconds timeout = milliseconds(0)) {
-    if (targets.empty()) targets = members;
+    if (targets.empty()) targets = pool->members();
     return server->call(kind, in.dump(), blob, timeout, [&] {
-      check_children();
+      pool->check_children();
       if (extra_tick) extra_tick();
     }, std::move(targets));
   }
@@ -272,7 +114,7 @@ struct Trainer::Impl {
     while (true) {
       try {
         std::vector<int> targets;
-        if (first_only) targets = {members.at(0)};
+        if (first_only) targets = {pool->members().at(0)};
         return raw_call(kind, in, blob, targets, extra_tick);
       } catch (const std::exception& e) {
         recover_or_rethrow(e);
@@ -334,11 +176,11 @@ struct Trainer::Impl {
     const auto deadline = Clock::now() + config.heartbeat_timeout + milliseconds(2000);
     while (true) {
       for (const auto& w : server->workers()) {
-        if (!w.alive || !is_member(static_cast<int>(w.index)) ||
+        if (!w.alive || !pool->is_member(static_cast<int>(w.index)) ||
             std::find(lost.begin(), lost.end(), w.index) != lost.end()) {
           continue;
         }
-        const bool exited = config.listen.empty() && children.gone(static_cast<pid_t>(w.pid));
+        const bool exited = pool->exited(static_cast<pid_t>(w.pid));
         const bool silent = w.since_heartbeat_s * 1000 > static_cast<double>(config.heartbeat_timeout.count());
         if (exited || silent) {
           lost.push_back(static_cast<int>(w.index));
@@ -349,7 +191,7 @@ struct Trainer::Impl {
         }
       }
       std::vector<int> survivors;
-      for (int id : members) {
+      for (int id : pool->members()) {
         if (std::find(lost.begin(), lost.end(), id) == lost.end()) survivors.push_back(id);
       }
       try {
@@ -362,21 +204,20 @@ struct Trainer::Impl {
     for (int id : lost) {
       const auto info = server->workers().at(static_cast<size_t>(id));
       server->evict(id, failure);
-      if (config.listen.empty()) children.kill(static_cast<pid_t>(info.pid));
-      members.erase(std::remove(members.begin(), members.end(), id), members.end());
+      pool->drop(id, static_cast<pid_t>(info.pid));
     }
     // Replacements (local mode), awaited here for up to replacement_timeout; without them the
     // job goes on with fewer workers and scales back up between chunks (scale_up).
-    spawn_replacements();
-    std::vector<int> fresh = newcomers();
-    while (!pending.empty()) {
-      check_children();  // a replacement that exits is dropped from pending
+    pool->spawn_replacements();
+    std::vector<int> fresh = pool->newcomers();
+    while (pool->replacements_pending()) {
+      pool->check_children();  // a replacement that exits is dropped from pending
       std::this_thread::sleep_for(milliseconds(20));
-      for (int id : newcomers()) fresh.push_back(id);
+      for (int id : pool->newcomers()) fresh.push_back(id);
     }
-    if (members.empty() && fresh.empty()) fail("every worker was lost: " + failure);
+    if (pool->members().empty() && fresh.empty()) fail("every worker was lost: " + failure);
     form_group(fresh);
-    ev.workers_after = static_cast<int>(members.size());
+    ev.workers_after = static_cast<int>(pool->members().size());
     return ev;
   }
 
@@ -384,11 +225,11 @@ struct Trainer::Impl {
   // everyone restores the snapshot.
   void form_group(const std::vector<int>& fresh) {
     ++generation;
-    members.insert(members.end(), fresh.begin(), fresh.end());
-    const int world = static_cast<int>(members.size()) * config.devices_per_worker;
+    pool->add_members(fresh);
+    const int world = static_cast<int>(pool->members().size()) * config.devices_per_worker;
     if (config.batch_size < world) fail("too few samples per step for the re-formed job");
     server->set_world(generation, world);
-    const json place = placement();
+    const json place = pool->placement(generation);
     if (!fresh.empty()) raw_call("setup", place, "", fresh);
     raw_call("connect", place);
     raw_call("set_state", json::object(), snapshot);
@@ -397,21 +238,21 @@ struct Trainer::Impl {
   // Between chunks, below num_workers: grow back with whoever has registered since (spawning
   // replacements with back-off in local mode). Returns the event, or nullopt if nothing changed.
   std::optional<RecoveryEvent> scale_up() {
-    if (static_cast<int>(members.size()) >= config.num_workers) return std::nullopt;
-    spawn_replacements();
-    check_children();
-    const auto fresh = newcomers();
+    if (static_cast<int>(pool->members().size()) >= config.num_workers) return std::nullopt;
+    pool->spawn_replacements();
+    pool->check_children();
+    const auto fresh = pool->newcomers();
     if (fresh.empty()) return std::nullopt;
     const auto t0 = Clock::now();
     RecoveryEvent ev;
     ev.kind = "scale_up";
     take_snapshot();  // the members' state now (a worker function may have changed it)
     form_group(fresh);
-    ev.workers_after = static_cast<int>(members.size());
+    ev.workers_after = static_cast<int>(pool->members().size());
     ev.resumed_at = Clock::now();
     ev.recovery_s = std::chrono::duration<double>(ev.resumed_at - t0).count();
-    backoff = milliseconds(1000);
-    control::log().info("trainer: back to {} worker(s) in {:.2f} s", members.size(), ev.recovery_s);
+    pool->reset_backoff();
+    control::log().info("trainer: back to {} worker(s) in {:.2f} s", pool->members().size(), ev.recovery_s);
     return ev;
   }
 
@@ -439,7 +280,33 @@ struct Trainer::Impl {
     return r;
   }
 
-  void take_snapshot() { snapshot = std::move(raw_call("get_state", json::object(), "", {members.at(0)})[0].blob); }
+  void take_snapshot() {
+    const auto t0 = Clock::now();
+    snapshot = std::move(raw_call("get_state", json::object(), "", {pool->members().at(0)})[0].blob);
+    snapshot_s = std::chrono::duration<double>(Clock::now() - t0).count();
+    control::log().debug("trainer: snapshot of {} bytes in {:.3f} s", snapshot.size(), snapshot_s);
+  }
+
+  // take_snapshot, surviving a lost worker: false when it recovered instead, back to the
+  // previous snapshot.
+  bool snapshot_or_recover() {
+    try {
+      take_snapshot();
+      return true;
+    } catch (const std::exception& e) {
+      recover_or_rethrow(e);
+      return false;
+    }
+  }
+
+  // Steps in the next chunk: checkpoint_every_steps, or more where the last snapshot (snapshot_s)
+  // would otherwise cost more than checkpoint_max_overhead of the chunk's step_s-long steps.
+  int64_t chunk_steps(double step_s) const {
+    const int64_t every = config.checkpoint_every_steps;
+    if (every == 0 || config.checkpoint_max_overhead == 0 || step_s <= 0) return every;
+    const double wanted_s = snapshot_s / config.checkpoint_max_overhead;
+    return std::max(every, static_cast<int64_t>(std::ceil(wanted_s / step_s)));
+  }
 
   json checkpoint_header(int64_t epoch, int64_t batch) const {
     return {{"epoch", epoch}, {"batch", batch}, {"operator", op_name}, {"strategy", config.strategy},
@@ -450,7 +317,7 @@ struct Trainer::Impl {
   void persist_snapshot(int64_t epoch, int64_t batch, int64_t batches_per_epoch) {
     if (config.checkpoint_dir.empty()) return;
     runtime::Checkpoint c{checkpoint_header(epoch, batch), snapshot};
-    auto pickle = raw_call("get_pickle", json::object(), "", {members.at(0)});
+    auto pickle = call("get_pickle", json::object(), "", true);  // a recovery restores `snapshot`
     const auto path = runtime::write_rotating_checkpoint(config.checkpoint_dir, epoch * batches_per_epoch + batch,
                                                          config.checkpoint_keep, c, pickle[0].blob);
     control::log().debug("trainer: checkpoint {}", path);
@@ -458,7 +325,7 @@ struct Trainer::Impl {
 };
 
 Trainer::Trainer(const std::string& operator_name, TrainerConfig config) : impl_(std::make_unique<Impl>()) {
-  dsgd::validate(operator_name, config);
+  runtime::validate_trainer_config(operator_name, config);
   auto& d = *impl_;
   d.op_name = operator_name;
   d.config = std::move(config);
@@ -496,21 +363,23 @@ Trainer::Trainer(const std::string& operator_name, TrainerConfig config) : impl_
   so.heartbeat_timeout = c.heartbeat_timeout;
   so.reduce_timeout = c.comm_timeout;
   d.server = control::DriverServer::start(so);
+  std::string binary;  // local mode: what the workers run
+  if (c.listen.empty()) binary = c.worker_binary.empty() ? runtime::self_executable() : c.worker_binary;
+  d.pool = std::make_unique<runtime::WorkerPool>(c, *d.server, binary, d.token);
 
   try {
-    if (c.listen.empty()) {
-      d.binary = c.worker_binary.empty() ? runtime::self_executable() : c.worker_binary;
-      for (int i = 0; i < c.num_workers; ++i) d.spawn_worker(i % c.local_hosts);
+    if (d.pool->local()) {
+      d.pool->spawn_initial();
     } else {
       control::log().info("driver: waiting for {} worker(s): start each with --dsgd-worker --driver {} --token {}",
                    c.num_workers, address(), d.token);
     }
-    d.server->wait_registered(c.registration_timeout, [&] { d.check_children(); });
-    d.members = d.server->alive();
+    d.server->wait_registered(c.registration_timeout, [&] { d.pool->check_children(); });
+    d.pool->set_members(d.server->alive());
 
     // Every replica builds its operator; all must agree on the parameters.
     d.server->set_world(d.generation, c.num_workers * c.devices_per_worker);
-    const json place = d.placement();
+    const json place = d.pool->placement(d.generation);
     auto setups = d.raw_call("setup", place);
     const std::string reference = json::parse(setups[0].json).at("signature").get<std::string>();
     d.parameters = json::parse(setups[0].json).value("parameters", int64_t{0});
@@ -558,23 +427,29 @@ Results Trainer::train(const TrainOptions& options) {
   std::function<void()> tick;
   if (d.config.on_progress) {
     tick = [&] {
-      if (d.members.empty()) return;
-      const auto w = d.server->workers().at(static_cast<size_t>(d.members[0]));
+      if (d.pool->members().empty()) return;
+      const auto w = d.server->workers().at(static_cast<size_t>(d.pool->members()[0]));
       const json p = json::parse(w.progress.empty() ? "null" : w.progress, nullptr, false);
       if (!p.is_object()) return;
       d.config.on_progress({done + p.value("batches", int64_t{0}), options.num_steps, p.value("loss", 0.0),
                             std::chrono::duration<double>(Clock::now() - t0).count()});
     };
   }
-  // Chunks of checkpoint_every_steps, a snapshot after each: a recovery redoes at most one chunk.
+  // Chunks of checkpoint_every_steps (more for costly snapshots: chunk_steps), a snapshot after
+  // each: a recovery redoes at most one chunk.
   Results total;
   std::vector<Metrics> chunks;
   std::vector<std::vector<Metrics>> per_worker_chunks;
+  double step_s = 0;  // seconds per step in the last chunk
   while (true) {
-    int64_t chunk = d.config.checkpoint_every_steps > 0 ? d.config.checkpoint_every_steps : 0;
+    int64_t chunk = d.chunk_steps(step_s);
     if (options.num_steps > 0) chunk = chunk > 0 ? std::min(chunk, options.num_steps - done) : options.num_steps - done;
     // A recovery during the chunk restarts it from the snapshot (its start): results stay whole.
+    const auto chunk_t0 = Clock::now();
     auto outs = d.call("train", {{"max_batches", chunk}, {"profile", options.profile}}, "", false, tick);
+    // A worker lost between the chunk's end and its snapshot: the recovery went back to the
+    // chunk's start, so the chunk is done again.
+    if (!d.snapshot_or_recover()) continue;
     Results r = d.results_of(outs, true);
     chunks.push_back(r.metrics);
     per_worker_chunks.push_back(r.per_worker);
@@ -583,11 +458,11 @@ Results Trainer::train(const TrainOptions& options) {
     total.batches_per_epoch = r.batches_per_epoch;
     const int64_t batches = static_cast<int64_t>(r.metrics.count("batches") ? r.metrics.at("batches") : 0);
     done += batches;
+    if (batches > 0) step_s = std::chrono::duration<double>(Clock::now() - chunk_t0).count() / static_cast<double>(batches);
     const bool epoch_over = r.batch == 0;
     const bool enough = options.num_steps > 0 && done >= options.num_steps;
-    if (epoch_over || enough || batches == 0 || chunk == 0) break;
-    d.take_snapshot();
     d.persist_snapshot(r.epoch, r.batch, r.batches_per_epoch);
+    if (epoch_over || enough || batches == 0 || chunk == 0) break;
     d.try_scale_up();
   }
   if (chunks.size() == 1) {
@@ -619,8 +494,6 @@ Results Trainer::train(const TrainOptions& options) {
       total.per_worker = last;
     }
   }
-  d.take_snapshot();
-  d.persist_snapshot(total.epoch, total.batch, total.batches_per_epoch);
   total.recoveries = d.events;
   return total;
 }
@@ -691,13 +564,14 @@ void Trainer::shutdown() {
   d.stopped = true;
   if (d.server && !d.broken) {
     try {
-      d.server->call("shutdown", "{}", "", milliseconds(5000), [&] { d.check_children(); });
+      d.server->call("shutdown", "{}", "", milliseconds(5000), [&] { d.pool->check_children(); });
     } catch (const std::exception& e) {
       control::log().debug("trainer: shutdown: {}", e.what());
     }
   }
   if (d.server) d.server->stop_workers();
-  if (!d.children.wait_all(3000)) d.children.kill_all();
+  if (d.pool) d.pool->stop(3000);
+  d.pool.reset();
   d.server.reset();
 }
 

@@ -272,7 +272,10 @@ class Worker {
     } else if (cmd.kind == "set_state") {
       each_replica([&](int i) { replicas_[static_cast<size_t>(i)]->load_state(cmd.blob); });
     } else if (cmd.kind == "get_state") {
+      const auto t0 = std::chrono::steady_clock::now();
       out_blob = replicas_.at(0)->save_state();
+      control::log().debug("worker {}: state of {} bytes serialised in {:.3f} s", index_, out_blob.size(),
+                           std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
     } else if (cmd.kind == "get_pickle") {
       c10::Dict<std::string, at::Tensor> dict;
       for (auto& [name, t] : replicas_.at(0)->named_tensors()) dict.insert(name, t.detach().clone());

@@ -2,6 +2,8 @@
 #include <gtest/gtest.h>
 #include <torch/types.h>
 
+#include <chrono>
+
 #include "dsgd/error.h"
 #include "dsgd/models.h"
 
@@ -66,12 +68,35 @@ TEST(Models, SameSeedSameWeights) {
   for (size_t i = 0; i < pa.size(); ++i) EXPECT_TRUE(pa[i].equal(pb[i]));
 }
 
+TEST(Models, SimulatedSleepsAndHandsOutGradientsLastLayerFirst) {
+  ModelOptions o{.in_channels = 1, .image_size = 6, .num_classes = 3};
+  o.sim_parameters = 1001;
+  o.sim_layers = 4;
+  o.sim_step_ms = 60;
+  auto m = make_model("simulated", o);
+  EXPECT_EQ(parameter_count(*m), 1001 + 36 * 3 + 3);  // + the linear head
+  std::vector<std::string> order;
+  for (const auto& p : m->named_parameters()) {
+    if (p.key().rfind("layer", 0) != 0) continue;
+    p.value().register_hook([&order, name = p.key()](const torch::Tensor& g) {
+      order.push_back(name + ":" + std::to_string(g.numel()));
+    });
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  m->forward(torch::randn({2, 1, 6, 6})).sum().backward();
+  const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_GE(ms, 60);  // slept, forward and backward together
+  EXPECT_EQ(order, (std::vector<std::string>{"layer4:250", "layer3:250", "layer2:250", "layer1:251"}));
+  for (const auto& p : m->parameters()) EXPECT_TRUE(p.grad().defined());
+  EXPECT_THROW(make_model("simulated", {.sim_parameters = 3, .sim_layers = 4}), ConfigError);
+}
+
 TEST(Models, UnknownNameListsKnownOnes) {
   try {
     make_model("vgg16");
     FAIL() << "unknown model accepted";
   } catch (const ConfigError& e) {
-    EXPECT_STREQ(e.what(), "unknown model 'vgg16'; known models: cnn, mlp, resnet18, resnet50");
+    EXPECT_STREQ(e.what(), "unknown model 'vgg16'; known models: cnn, mlp, resnet18, resnet50, simulated");
   }
 }
 

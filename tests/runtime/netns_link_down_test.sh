@@ -12,7 +12,7 @@ netns_up
 
 "$dsgd" train --workers 2 --listen "$host_ip:0" --token "tok-$id" --model mlp --dataset synthetic \
   --synthetic-samples 4096 --epochs 4 --batch-size 32 --threads 1 --no-eval \
-  --heartbeat-timeout-ms 2000 --checkpoint-every 20 \
+  --heartbeat-timeout-ms 2000 --checkpoint-every 20 --checkpoint-overhead 0 \
   --json-out "$tmp/run.json" >"$tmp/driver.out" 2>"$tmp/driver.err" &
 driver=$!
 pids+=("$driver")

@@ -14,6 +14,7 @@
 #include <cmath>
 #include <limits>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <thread>
 
@@ -84,6 +85,25 @@ class NanOperator : public TrainingOperator {
   int calls_ = 0;
 };
 DSGD_REGISTER_OPERATOR(NanOperator);
+
+// The regression, on a replica that kills itself in state_dict (the driver's snapshot) while
+// the file named by DSGD_TEST_DIE_IN_SNAPSHOT exists, removing it first: it dies once.
+class DiesInSnapshotOperator : public TrainingOperator {
+ public:
+  void setup(const json&) override {
+    auto m = register_model(std::make_shared<Widening>(-2));  // width 1
+    register_optimizer(std::make_unique<torch::optim::SGD>(m->parameters(), 0.1));
+    register_loss([](const torch::Tensor& out, const torch::Tensor& y) { return torch::mse_loss(out, y); });
+    auto gen = at::detail::createCPUGenerator(replica().seed);
+    auto x = torch::randn({256, 4}, gen);
+    register_data(x, x.sum(1, true));
+  }
+  void state_dict(torch::serialize::OutputArchive&) const override {
+    const char* armed = std::getenv("DSGD_TEST_DIE_IN_SNAPSHOT");
+    if (armed != nullptr && std::filesystem::remove(armed)) ::raise(SIGKILL);
+  }
+};
+DSGD_REGISTER_OPERATOR(DiesInSnapshotOperator);
 
 DSGD_REGISTER_WORKER_FUNCTION(weight_sum, [](TrainingOperator* op, const json&) -> json {
   double s = 0;
@@ -303,11 +323,36 @@ TEST(TrainerCheckpoint, DamagedOrMissingCheckpointIsADataErrorNamingTheFile) {
   }
 }
 
+// checkpoint_max_overhead spaces snapshots out where they cost much next to a step: here every
+// step would be one, and a snapshot (a gRPC round trip and a serialisation) costs more than 1%
+// of a step of this tiny model. With 0, exactly every step.
+TEST(TrainerCheckpoint, CostlySnapshotsAreSpacedOutToTheOverheadBudget) {
+  for (const double overhead : {0.0, 0.01}) {
+    testing::TempDir dir;
+    auto c = base_config(2, "allreduce", 64);
+    c.checkpoint_dir = dir.file("ckpts");
+    c.checkpoint_every_steps = 1;
+    c.checkpoint_keep = 100;
+    c.checkpoint_max_overhead = overhead;
+    Trainer t(runtime::kImageClassifier, c);
+    const Results r = t.train({.num_steps = 12});
+    EXPECT_EQ(r.metrics.at("batches"), 12);
+    const auto kept = runtime::list_checkpoints(c.checkpoint_dir);
+    if (overhead == 0) {
+      EXPECT_EQ(kept.size(), 12u);  // after steps 1..11, and at the end
+    } else {
+      EXPECT_LT(kept.size(), 6u) << "snapshots were not spaced out";
+      EXPECT_GE(kept.size(), 2u);   // the first chunk's, and the end's
+    }
+  }
+}
+
 TEST(TrainerCheckpoint, CheckpointDirKeepsTheLastKAndLoadFallsBackPastADamagedOne) {
   testing::TempDir dir;
   auto c = base_config(2, "allreduce", 64);
   c.checkpoint_dir = dir.file("ckpts");
   c.checkpoint_every_steps = 4;
+  c.checkpoint_max_overhead = 0;  // exactly that interval
   c.checkpoint_keep = 2;
   Trainer t(runtime::kImageClassifier, c);
   t.train({.num_steps = 10});  // snapshots after steps 4, 8 and 10
@@ -510,6 +555,7 @@ TEST(TrainerFailure, WithoutRetriesAKilledWorkerFailsTrainWithinSecondsNamingIt)
 // training must finish with parameters equal to a fault-free single process.
 Results train_through_fault(TrainerConfig c, int sig, std::vector<int>* victims = nullptr, double tolerance = 1e-5) {
   c.checkpoint_every_steps = 10;
+  c.checkpoint_max_overhead = 0;  // exactly that interval
   c.heartbeat_timeout = milliseconds(2000);
   c.comm_timeout = milliseconds(10000);
   std::atomic<bool> done{false};
@@ -560,6 +606,35 @@ TEST(TrainerRecovery, SaveSurvivesTheLossOfTheWorkerItReadsFrom) {
   EXPECT_EQ(loaded.train({.num_steps = 1}).batch, 11);  // the position came along too
 }
 
+TEST(TrainerRecovery, AWorkerLostBetweenAChunkAndItsSnapshotCostsARedoneChunk) {
+  // The chunk ended on every worker, then the snapshot's worker died: the recovery goes back to
+  // the previous snapshot and trains the chunk again, so the result equals a fault-free run.
+  testing::TempDir dir;
+  const std::string armed = dir.file("die-in-snapshot");
+  ::setenv("DSGD_TEST_DIE_IN_SNAPSHOT", armed.c_str(), 1);
+  auto c = base_config(2, "allreduce", 32);
+  c.config = json::object();
+  c.checkpoint_every_steps = 4;
+  c.checkpoint_max_overhead = 0;  // exactly that interval
+  c.heartbeat_timeout = milliseconds(2000);
+  auto run = [&](bool fault) {
+    Trainer t(operator_of<DiesInSnapshotOperator>(), c);
+    if (fault) std::ofstream(armed) << "die\n";  // after the constructor's snapshot
+    auto r = t.train({.num_steps = 6});
+    return std::make_pair(r, t.foreach_worker("weight_sum")[0].get<double>());
+  };
+  const auto [faulty, faulty_sum] = run(true);
+  ::unsetenv("DSGD_TEST_DIE_IN_SNAPSHOT");
+  EXPECT_FALSE(std::filesystem::exists(armed)) << "no replica took the snapshot";
+  ASSERT_EQ(faulty.recoveries.size(), 1u);
+  EXPECT_EQ(faulty.recoveries[0].workers_after, 2);
+  EXPECT_EQ(faulty.metrics.at("batches"), 6);  // the redone chunk counts once
+  EXPECT_EQ(faulty.batch, 6);
+  const auto [clean, clean_sum] = run(false);
+  EXPECT_EQ(clean.recoveries.size(), 0u);
+  EXPECT_EQ(faulty_sum, clean_sum);
+}
+
 TEST(TrainerRecovery, SimpleStrategySurvivesAKilledWorker) {
   auto r = train_through_fault(base_config(2, "simple", 64), SIGKILL);
   ASSERT_EQ(r.recoveries.size(), 1u);
@@ -600,6 +675,7 @@ TEST(TrainerRecovery, AfterFailedReplacementsTheJobScalesBackUpToNumWorkers) {
   ::setenv("DSGD_TEST_REFUSE_WORKERS_WHILE", refuse.c_str(), 1);
   auto c = base_config(3, "allreduce", 66);
   c.checkpoint_every_steps = 5;
+  c.checkpoint_max_overhead = 0;  // exactly that interval
   c.heartbeat_timeout = milliseconds(2000);
   c.comm_timeout = milliseconds(10000);
   std::atomic<bool> killed{false};

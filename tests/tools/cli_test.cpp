@@ -67,7 +67,7 @@ TEST(Cli, FlagErrorsExitWithUsageStatusAndSayWhatIsWrong) {
   expect_usage_error("train --batch-size -1", "batch size must be >= 1, got -1");
   expect_usage_error("train --lr -0.1", "learning rate must be a positive number");
   expect_usage_error("train --momentum 1", "momentum must be in [0, 1)");
-  expect_usage_error("train --model vgg16", "unknown model 'vgg16'; known models: cnn, mlp, resnet18, resnet50");
+  expect_usage_error("train --model vgg16", "unknown model 'vgg16'; known models: cnn, mlp, resnet18, resnet50, simulated");
   expect_usage_error("train --strategy gossip", "unknown --strategy 'gossip'; known strategies: simple, allreduce, ps");
   expect_usage_error("train --workers 0", "--workers must be >= 1, got 0");
   expect_usage_error("train --workers 2 --in-process", "--in-process trains in this one process");
@@ -75,6 +75,7 @@ TEST(Cli, FlagErrorsExitWithUsageStatusAndSayWhatIsWrong) {
   expect_usage_error("train --workers 2 --grad-shard-bytes -1", "--grad-shard-bytes must be > 0, got -1");
   expect_usage_error("train --workers 2 --keep-checkpoints 0", "--keep-checkpoints must be >= 1, got 0");
   expect_usage_error("train --workers 2 --checkpoint-every -5", "--checkpoint-every must be >= 0");
+  expect_usage_error("train --workers 2 --checkpoint-overhead 1.5", "--checkpoint-overhead must be in [0, 1)");
   expect_usage_error("train --workers 2 --nonfinite ignore", "unknown --nonfinite 'ignore'; use skip or error");
   expect_usage_error("train --workers 2 --config '{\"lr\": 0.1'", "--config is not valid JSON");
   expect_usage_error("train --workers 2 --config '{\"lr\": \"fast\"}'", "wrong type");
@@ -121,7 +122,7 @@ TEST(Cli, TwoWorkersSaveThenOneWorkerLoadsAndContinues) {
   const std::string common = "train --model mlp --dataset synthetic --synthetic-samples 512 --image-size 8 "
                              "--batch-size 32 --threads 1 --epochs 1 ";
   CliRun a = run_dsgd(common + "--workers 2 --strategy simple --save " + dir.file("ckpt") + " --json-out " +
-                      dir.file("a.json") + " --checkpoint-dir " + dir.file("ckpts") + " --checkpoint-every 5");
+                      dir.file("a.json") + " --checkpoint-dir " + dir.file("ckpts") + " --checkpoint-every 5 --checkpoint-overhead 0");
   ASSERT_EQ(a.exit_code, 0) << a.output;
   // Snapshots after steps 5, 10, 15 and 16 (the epoch's end); the newest 3 are kept.
   std::vector<std::string> kept;

@@ -30,6 +30,7 @@ struct TrainFlags {
   std::string load;
   std::string checkpoint_dir;
   int64_t checkpoint_every = 50;
+  double checkpoint_overhead = 0.02;
   int keep_checkpoints = 3;
   int max_failures = 3;
   int ps_shards = 0;
@@ -111,6 +112,10 @@ void validate_flags(TrainFlags& f) {
   if (f.checkpoint_every < 0) {
     throw ConfigError("--checkpoint-every must be >= 0 (0 = once per epoch), got " + std::to_string(f.checkpoint_every));
   }
+  if (!(f.checkpoint_overhead >= 0 && f.checkpoint_overhead < 1)) {
+    throw ConfigError("--checkpoint-overhead must be in [0, 1) (0 = exactly every --checkpoint-every steps), got " +
+                      std::to_string(f.checkpoint_overhead));
+  }
   if (f.keep_checkpoints < 1) throw ConfigError("--keep-checkpoints must be >= 1, got " + std::to_string(f.keep_checkpoints));
   if (f.heartbeat_timeout_ms < 100) {
     throw ConfigError("--heartbeat-timeout-ms must be >= 100, got " + std::to_string(f.heartbeat_timeout_ms));
@@ -156,6 +161,7 @@ runtime::LocalJobResult run_with_trainer(const TrainFlags& f, ProgressPrinter* p
   c.token = f.token;
   c.checkpoint_dir = f.checkpoint_dir;
   c.checkpoint_every_steps = f.checkpoint_every;
+  c.checkpoint_max_overhead = f.checkpoint_overhead;
   c.checkpoint_keep = f.keep_checkpoints;
   c.max_failures = f.max_failures;
   c.num_ps_shards = f.ps_shards;
@@ -272,7 +278,7 @@ void add_train_command(CLI::App& app, int* exit_code) {
       "  dsgd train --workers 2 --strategy simple --save ckpt\n"
       "\nProgress goes to stderr (a live bar on a terminal, a line every 10 s otherwise); the\n"
       "JSON summary goes to stdout. Exit status: 0 done, 1 the job failed, 2 bad flags.");
-  cmd->add_option("--model", j.model, "Model: cnn, mlp, resnet18, resnet50")->capture_default_str();
+  cmd->add_option("--model", j.model, "Model: cnn, mlp, resnet18, resnet50, simulated (sleeps instead of computing: see --config)")->capture_default_str();
   cmd->add_option("--dataset", j.dataset, "Data: fashion-mnist or synthetic (random images, for benchmarks)")
       ->capture_default_str();
   cmd->add_option("--data-dir", j.data_dir, "Directory with Fashion-MNIST's IDX files (.gz or plain)")
@@ -308,7 +314,11 @@ void add_train_command(CLI::App& app, int* exit_code) {
   cmd->add_option("--checkpoint-dir", flags->checkpoint_dir,
                   "Also write every --checkpoint-every snapshot here (step-N), keeping --keep-checkpoints");
   cmd->add_option("--checkpoint-every", flags->checkpoint_every,
-                  "Steps between snapshots; a lost worker costs at most this many steps (0 = once per epoch)")
+                  "Steps between snapshots, at least; a lost worker costs at most one interval (0 = once per epoch)")
+      ->capture_default_str();
+  cmd->add_option("--checkpoint-overhead", flags->checkpoint_overhead,
+                  "Longer intervals where snapshots would take more than this share of training time "
+                  "(0 = exactly every --checkpoint-every steps)")
       ->capture_default_str();
   cmd->add_option("--keep-checkpoints", flags->keep_checkpoints, "Checkpoints kept in --checkpoint-dir")
       ->capture_default_str();
@@ -325,7 +335,8 @@ void add_train_command(CLI::App& app, int* exit_code) {
   cmd->add_option("--token", flags->token, "Job token for --listen (default: random, printed)");
   cmd->add_option("--config", flags->config,
                   "JSON object merged into the operator's config (keys: model, dataset, data_dir, lr, momentum, "
-                  "lr_decay, dropout, synthetic_samples, synthetic_image_size)");
+                  "lr_decay, dropout, synthetic_samples, synthetic_image_size; for --model simulated: sim_parameters, "
+                  "sim_layers, sim_step_ms)");
   cmd->add_flag("--in-process", flags->in_process,
                 "Train in this process without workers (the single-process baseline)");
   cmd->add_option("--max-steps", j.max_steps, "Stop after this many steps in all; 0 = run every epoch")

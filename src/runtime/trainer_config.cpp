@@ -1,0 +1,66 @@
+#include "runtime/trainer_config.h"
+
+#include <cstdlib>
+
+#include "dsgd/error.h"
+#include "dsgd/operator.h"
+#include "runtime/worker.h"
+
+namespace dsgd::runtime {
+
+namespace {
+
+void require(bool ok, const std::string& what) {
+  if (!ok) throw ConfigError(what);
+}
+
+}  // namespace
+
+void validate_trainer_config(const std::string& op, const TrainerConfig& c) {
+  require(!op.empty(), "no operator name given");
+  if (!has_operator(op)) make_operator(op);  // throws the error listing the registered ones
+  require(c.num_workers >= 1 && c.num_workers <= 4096,
+          "num_workers must be in 1..4096, got " + std::to_string(c.num_workers));
+  require(c.devices_per_worker >= 1 && c.devices_per_worker <= 256,
+          "devices_per_worker must be in 1..256, got " + std::to_string(c.devices_per_worker));
+  require(c.strategy == "simple" || c.strategy == "allreduce" || c.strategy == "ps",
+          "unknown strategy '" + c.strategy + "'; use simple, allreduce or ps");
+  require(c.num_ps_shards >= 0 && c.num_ps_shards <= 64,
+          "num_ps_shards must be in 0..64 (0 = one per host), got " + std::to_string(c.num_ps_shards));
+  require(c.local_hosts >= 1, "local_hosts must be >= 1, got " + std::to_string(c.local_hosts));
+  require(c.allreduce_algo == "auto" || c.allreduce_algo == "ring" || c.allreduce_algo == "hd",
+          "unknown allreduce_algo '" + c.allreduce_algo + "'; use auto, ring or hd");
+  require(c.grad_shard_bytes > 0, "grad_shard_bytes must be > 0, got " + std::to_string(c.grad_shard_bytes));
+  const int64_t world = int64_t{c.num_workers} * c.devices_per_worker;
+  require(c.batch_size >= world, "batch_size (global) must be at least the number of replicas (" +
+                                     std::to_string(world) + "), got " + std::to_string(c.batch_size));
+  require(c.scheduler_step_freq == "batch" || c.scheduler_step_freq == "epoch" || c.scheduler_step_freq == "manual",
+          "unknown scheduler_step_freq '" + c.scheduler_step_freq + "'; use batch, epoch or manual");
+  require(c.threads_per_worker >= 0, "threads_per_worker must be >= 0 (0 = cores / workers), got " +
+                                         std::to_string(c.threads_per_worker));
+  require(c.nonfinite_policy == "skip" || c.nonfinite_policy == "error",
+          "unknown nonfinite_policy '" + c.nonfinite_policy + "'; use skip or error");
+  require(c.checkpoint_keep >= 1, "checkpoint_keep must be >= 1, got " + std::to_string(c.checkpoint_keep));
+  require(c.max_failures >= 0, "max_failures must be >= 0, got " + std::to_string(c.max_failures));
+  require(c.checkpoint_max_overhead >= 0 && c.checkpoint_max_overhead < 1,
+          "checkpoint_max_overhead must be in [0, 1) (0 = every checkpoint_every_steps), got " +
+              std::to_string(c.checkpoint_max_overhead));
+  require(c.checkpoint_every_steps >= 0, "checkpoint_every_steps must be >= 0 (0 = once per train call), got " +
+                                             std::to_string(c.checkpoint_every_steps));
+  require(c.replacement_timeout.count() > 0 && c.registration_timeout.count() > 0 && c.heartbeat_timeout.count() > 0 && c.comm_timeout.count() > 0,
+          "timeouts must be positive");
+  require(c.initialization_hook.empty() || runtime::has_worker_function(c.initialization_hook),
+          "initialization_hook '" + c.initialization_hook +
+              "' is not a registered worker function (DSGD_REGISTER_WORKER_FUNCTION)");
+  if (!c.listen.empty()) {
+    const auto colon = c.listen.rfind(':');
+    require(colon != std::string::npos && colon + 1 < c.listen.size(),
+            "listen must be HOST:PORT (e.g. 0.0.0.0:29500), got '" + c.listen + "'");
+  }
+  if (const char* parent = std::getenv("DSGD_WORKER_OF")) {
+    throw ConfigError(std::string("this process was started as a dsgd worker (by pid ") + parent +
+                      ") but main() went on to create a Trainer: call dsgd::init(argc, argv) first thing in main()");
+  }
+}
+
+}  // namespace dsgd::runtime

@@ -1,0 +1,17 @@
+// Checks a TrainerConfig before a Trainer starts anything: every bad field is a ConfigError
+// that names the field, the value and what is allowed.
+//
+//   runtime::validate_trainer_config("image_classifier", config);   // throws ConfigError
+#pragma once
+
+#include <string>
+
+#include "dsgd/trainer.h"
+
+namespace dsgd::runtime {
+
+// Also fails where `op` is not a registered operator (listing those that are), and where this
+// process was spawned as a worker but main() skipped dsgd::init.
+void validate_trainer_config(const std::string& op, const TrainerConfig& c);
+
+}  // namespace dsgd::runtime

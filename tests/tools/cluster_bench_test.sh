@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# bench/cluster.sh, small: 2 simulated hosts on 0.5 Gbit/s links, 8 steps of allreduce and simple.
+# Checks that the shaping holds (simple cannot beat its driver's link: h B / bw), that every row
+# is there, and that the script leaves no namespace or process behind, also when stopped midway
+# by SIGTERM. Exit 77 (skip) without the rights to make namespaces.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/../.." && pwd)
+export DSGD=$1
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+if ! ip netns add "dsgd-probe$$" 2>/dev/null; then echo "SKIP: cannot create network namespaces here"; exit 77; fi
+# The kernel must have bridges and the tbf qdisc (modules bridge, sch_tbf).
+if ! { ip -n "dsgd-probe$$" link add br0 type bridge && ip -n "dsgd-probe$$" link add v0 type veth peer name v1 &&
+       ip netns exec "dsgd-probe$$" tc qdisc add dev v0 root tbf rate 1gbit burst 131072 latency 20ms; } 2>"$tmp/probe"; then
+  ip netns del "dsgd-probe$$"
+  echo "SKIP: this kernel lacks a bridge or the tbf qdisc: $(cat "$tmp/probe")"
+  exit 77
+fi
+ip netns del "dsgd-probe$$"
+
+leftovers() {  # namespaces and processes of the cluster.sh run with pid $1
+  { ip netns list | grep "dsgdc$1-" || true; pgrep -f "bench-$1" || true; }
+}
+
+JSON_OUT=$tmp/rows.jsonl CONFIGS="allreduce simple" "$root/bench/cluster.sh" 2 0.5 8 >"$tmp/out" 2>&1 &
+run=$!
+wait "$run" || { echo "FAIL: cluster.sh failed"; cat "$tmp/out"; exit 1; }
+cat "$tmp/out"
+[ -z "$(leftovers "$run")" ] || { echo "FAIL: left behind: $(leftovers "$run")"; exit 1; }
+/usr/bin/python3 - "$tmp/rows.jsonl" <<'PY'
+import json, sys
+rows = {r["config"]: r for r in map(json.loads, open(sys.argv[1]))}
+assert set(rows) == {"allreduce", "simple"}, rows
+bytes_ = 4 * rows["simple"]["parameters"]
+link_ms = 1000 * 2 * bytes_ / (0.5e9 / 8)  # 2 hosts' gradients through the driver's 0.5 Gbit/s link
+assert rows["simple"]["step_ms"] > 0.9 * link_ms, (rows["simple"], link_ms)
+for r in rows.values():
+    assert r["step_ms"] >= 0.95 * r["compute_ms"], r  # two workers are not faster per step than one
+print(f"PASS: simple {rows['simple']['step_ms']:.0f} ms per step >= 0.9 x {link_ms:.0f} ms on the link; "
+      f"allreduce {rows['allreduce']['step_ms']:.0f} ms")
+PY
+
+# Stopped midway: everything it made goes.
+CONFIGS="allreduce" "$root/bench/cluster.sh" 2 0.5 200 >"$tmp/out2" 2>&1 &
+run=$!
+for _ in $(seq 900); do pgrep -f "bench-$run" >/dev/null && break; sleep 0.1; done  # after ~15 s alone
+pgrep -f "bench-$run" >/dev/null || { echo "FAIL: no job started"; cat "$tmp/out2"; exit 1; }
+kill -TERM "$run"
+wait "$run" || true
+sleep 0.5
+[ -z "$(leftovers "$run")" ] || { echo "FAIL: left behind after SIGTERM: $(leftovers "$run")"; exit 1; }
+echo "PASS: nothing left behind after SIGTERM"
