@@ -1,7 +1,7 @@
 # dsgd — the two commands of the quick start, and a few more for developers.
 #   make demo        install what is missing, build, train the CNN on Fashion-MNIST
 #   make test        install what is missing, build, run the fast test suite, then the long one
-# Also: make build | test-fast | test-long | bench | fuzz | clean
+# Also: make build | test-fast | test-long | bench | bench-comm | bench-cluster | fuzz | clean
 BUILD ?= build
 JOBS  ?= $(shell nproc)
 CTEST  = ctest --test-dir $(BUILD) --output-on-failure --timeout 900
@@ -9,7 +9,7 @@ CTEST  = ctest --test-dir $(BUILD) --output-on-failure --timeout 900
 export CCACHE_BASEDIR := $(CURDIR)
 export CCACHE_NOHASHDIR := 1
 
-.PHONY: deps configure build demo test test-fast test-long bench bench-comm fuzz clean
+.PHONY: deps configure build demo test test-fast test-long bench bench-comm bench-cluster fuzz clean
 deps:
 	@scripts/install-deps.sh
 
@@ -37,12 +37,17 @@ test-fast: build
 test-long: build
 	$(CTEST) -L long
 
-# dsgd against plain LibTorch and PyTorch DDP: throughput and time to accuracy (~20 min).
+# Every benchmark in ~16 min, writing docs/BENCHMARKS.md: peers (PyTorch DDP, plain LibTorch),
+# allreduce on one host, and the simulated cluster reduced (bench/all.sh).
 bench: build
-	bench/train_peers.sh
+	bench/all.sh
 
 bench-comm: build
 	WRITE_DOCS=1 bench/allreduce.sh
+
+# The simulated cluster: 2, 4 and 8 hosts in network namespaces on shaped links (~20 min, root).
+bench-cluster: build
+	WRITE_DOCS=1 bench/cluster.sh
 
 # The parsers' fuzz targets for FUZZ_SECONDS each (libFuzzer; what they find stays in $(BUILD)/fuzz).
 FUZZ_SECONDS ?= 300

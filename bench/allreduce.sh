@@ -8,6 +8,7 @@
 #   bench/allreduce.sh [PROCS...]        (default: 2 4)
 #   WRITE_DOCS=1 bench/allreduce.sh      also replace the tables in docs/BENCHMARKS.md (between
 #                                        the allreduce-tables markers; DOC=path for another file)
+#                                        and draw docs/img/allreduce-busbw.png (gnuplot)
 # Needs a built tree (make build: dsgd and dsgd_gloo_peer), mpicc and mpirun (openmpi-bin,
 # libopenmpi-dev).
 set -euo pipefail
@@ -69,20 +70,31 @@ for n in procs:
         cell = lambda k: f"{r[k][0]:.3f} ({r[k][1]:.1f})" if k in r else "-"
         ratio = f"{r['mpi'][1] / r['shm'][1]:.2f}x" if "shm" in r and "mpi" in r else "-"  # = bandwidth ratio
         print(f"| {fmt(b)} | {cell('shm')} | {cell('ring')} | {cell('auto')} | {cell('gloo')} | {cell('mpi')} | {ratio} |")
+    # For the plot: bus bandwidth (algorithm bandwidth x 2(n-1)/n, what each rank's link carries).
+    with open(f"{tmp}/busbw-{n}.dat", "w") as out:
+        f = 2 * (int(n) - 1) / int(n)
+        for b in sorted(rows):
+            out.write(f"{b} " + " ".join(f"{rows[b][k][0] * f:.4f}" if k in rows[b] else "NaN"
+                                         for k in ("shm", "ring", "gloo", "mpi")) + "\n")
 PY
 exec 1>&3
 cat "$report"
 if [[ "${WRITE_DOCS:-0}" == 1 ]]; then
-  doc=${DOC:-docs/BENCHMARKS.md}
-  /usr/bin/python3 - "$doc" "$report" <<'PY'
-import sys
-doc, report = sys.argv[1], sys.argv[2]
-text, new = open(doc).read(), open(report).read().strip()
-begin, end = "<!-- allreduce-tables:begin -->", "<!-- allreduce-tables:end -->"
-if begin not in text or end not in text:
-    sys.exit(f"{doc}: markers {begin} / {end} not found; add them where the tables go")
-head, rest = text.split(begin, 1)
-open(doc, "w").write(head + begin + "\n" + new + "\n" + end + rest.split(end, 1)[1])
-print(f"wrote the tables into {doc}", file=sys.stderr)
-PY
+  bench/write_docs.py allreduce-tables "$report"
+  # Bus bandwidth against size, a panel per process count, with the one-core memcpy line.
+  {
+    echo "set terminal pngcairo noenhanced size $((480 * ${#procs[@]})),360 font 'sans,9'"
+    echo "set output 'docs/img/allreduce-busbw.png'"
+    echo "set multiplot layout 1,${#procs[@]} title 'Allreduce bus bandwidth: $(date +%F), bench/allreduce.sh ${procs[*]}, $iters timed runs'"
+    echo "set logscale x 2; set logscale y; set grid; set key bottom right; set xlabel 'bytes'; set ylabel 'GB/s'"
+    echo "set xtics ('4 B' 4, '4 KiB' 4096, '64 KiB' 65536, '1 MiB' 1048576, '16 MiB' 16777216, '100 MiB' 104857600)"
+    for n in "${procs[@]}"; do
+      echo "set title '$n processes'"
+      echo "plot '$tmp/busbw-$n.dat' using 1:2 with linespoints lw 2 title 'dsgd shm', \
+        '' using 1:3 with linespoints title 'dsgd gloo ring', '' using 1:4 with linespoints title 'plain Gloo', \
+        '' using 1:5 with linespoints lw 2 title 'OpenMPI', $copy with lines dt 2 lc 'black' title 'memcpy, one core'"
+    done
+    echo "unset multiplot"
+  } >"$tmp/plot.gp"
+  gnuplot "$tmp/plot.gp"
 fi

@@ -88,6 +88,7 @@ dsgd::TrainerConfig config_of(const Options& o, const Setup& s) {
   c.seed = o.seed;
   c.threads_per_worker = 1;
   c.checkpoint_every_steps = o.checkpoint_every;
+  c.checkpoint_max_overhead = 0;  // the fault lands at a known place within a chunk
   c.heartbeat_timeout = std::chrono::milliseconds(o.heartbeat_ms);
   c.comm_timeout = std::chrono::milliseconds(10000);
   c.max_failures = 3;

@@ -80,7 +80,7 @@ order = ["plain-1t", "plain-2t", "dsgd-allreduce-1w", "dsgd-allreduce-2w", "dsgd
 targets = {"cnn": 1.08, "mlp": 1.4}
 out = {"steps": steps, "repeats": repeats, "throughput": {}, "time_to_accuracy": {}}
 for w, label in (("cnn", "CNN, 64 samples per worker"), ("mlp", "MLP 784-2048-2048-10, 32 samples per worker")):
-    print(f"\n### Throughput: {label} ({steps} steps, median of {repeats})\n")
+    print(f"\n#### Throughput: {label} ({steps} steps, median of {repeats})\n")
     print("| system | samples/s | vs plain 1 thread | vs DDP same workers | runs |")
     print("|---|---|---|---|---|")
     for n in order:
@@ -106,7 +106,7 @@ def reach(history, key, level):
             return t, e["epoch"]
     return None, None
 
-print(f"\n### Time to accuracy: CNN, 2 workers, global batch 128, {epochs} epochs\n")
+print(f"\n#### Time to accuracy: CNN, 2 workers, global batch 128, {epochs} epochs\n")
 print("| system | 85% after (s, epoch) | 90% after (s, epoch) | final accuracy | samples/s |")
 print("|---|---|---|---|---|")
 for name, f in (("dsgd-allreduce-2w", "tta.dsgd.json"), ("ddp-2w", "tta.ddp.json")):

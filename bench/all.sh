@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# make bench: every benchmark, one after another (never two at once on 2 cores), in about 16
+# minutes on this machine, each writing its tables into docs/BENCHMARKS.md (bench/write_docs.py):
+#   1. dsgd against plain LibTorch and PyTorch DDP: bench/train_peers.sh 150 2 3 (peers-tables,
+#      and the plot docs/img/peers-throughput.png: bench/plot_peers.sh)
+#   2. allreduce on one host against plain Gloo, OpenMPI and memcpy: bench/allreduce.sh 2 4,
+#      10 timed runs per size (allreduce-tables)
+#   3. the simulated cluster, reduced: 2, 4 and 8 hosts on 1 Gbit/s links, allreduce with and
+#      without overlap, ps with 2, 4 and 8 shards, simple (cluster-quick-tables); skipped, saying
+#      so, where network namespaces cannot be made. `make bench-cluster` runs the full one.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+start=$(date +%s)
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+
+echo "== make bench 1/3: dsgd against its peers (~11 min)" >&2
+RESULTS_JSON=$tmp/peers.json bench/train_peers.sh 150 2 3 | tee "$tmp/peers.md"
+bench/write_docs.py peers-tables "$tmp/peers.md" "bench/train_peers.sh 150 2 3"
+bench/plot_peers.sh "$tmp/peers.json" docs/img/peers-throughput.png \
+  "dsgd, plain LibTorch and PyTorch DDP: $(date +%F), bench/train_peers.sh 150 2 3 (median, min-max)"
+
+echo "== make bench 2/3: allreduce on one host (~1 min)" >&2
+ITERS=10 WRITE_DOCS=1 bench/allreduce.sh 2 4
+
+echo "== make bench 3/3: the simulated cluster, reduced (~4 min)" >&2
+if ip netns add "dsgd-probe$$" 2>/dev/null; then
+  ip netns del "dsgd-probe$$"
+  CONFIGS="allreduce allreduce-no-overlap ps2 ps4 ps8 simple" WRITE_DOCS=1 DOC_MARKER=cluster-quick-tables PLOT=0 \
+    bench/cluster.sh "2 4 8" 1 40
+else
+  echo "skipping the simulated cluster: network namespaces cannot be made here (needs root)" >&2
+fi
+echo "make bench: done in $(( ($(date +%s) - start) / 60 )) minutes; tables in docs/BENCHMARKS.md" >&2

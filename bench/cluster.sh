@@ -1,0 +1,222 @@
+#!/usr/bin/env bash
+# A simulated cluster on one machine: every host a network namespace with one link (a veth pair to
+# a bridge in a namespace of its own), shaped to RATE Gbit/s each way with tc tbf; dsgd's driver in
+# a namespace of its own, one or two workers (`dsgd worker`) in every host. The compute is
+# simulated (model "simulated": forward and backward sleep, gradients of the real size appear
+# layer by layer), so 8 hosts fit on 2 cores; the communication is real Gloo/gRPC over the links.
+#
+# Default scale: ResNet-50 on 25 Gbit/s links (25.6M parameters, 52 ms per fp32 step of batch 128
+# on one H100), divided by 25: 1.024M parameters and 52 ms on 1 Gbit/s. A link of g Gbit/s here
+# then models one of 25 g Gbit/s.
+#
+# For each host count and link rate: step time of every strategy, scaling efficiency (step time
+# of one worker alone over the step time here; the per-worker batch stays 32), and the analytic
+# bound, max(compute, communication), with B the gradient's bytes and bw the link's bytes/s:
+#   allreduce (Gloo ring among hosts; "hier": 2 workers per host, shared memory within)
+#                        2 (h-1)/h B/bw
+#   ps, k shards         max((h+k-2)/k, [k<h]) B/bw  (the busiest link: a shard owner's, which
+#                        takes (h-1)/k B of pushes and sends (k-1)/k B of its own, and the
+#                        reverse for pulls; or, when k < h, a non-owner's, B each way)
+#   simple               h B/bw                   (every gradient in through the driver's link,
+#                                                  every average out, both ways at once)
+# Without overlap the bound is compute + communication. A second bound says what a design that
+# overlaps communication with backward only can reach (dsgd's, and PyTorch DDP's: the next
+# forward needs the updated parameters): compute + max(0, communication - backward), backward
+# being 2/3 of the simulated step.
+#
+# A rate of 0 leaves the links unshaped: what this machine itself costs (its 2 cores carry every
+# host's TCP stack and Gloo threads), the floor under every shaped figure.
+#
+#   bench/cluster.sh [HOSTS] [GBITS] [STEPS]    (defaults: "2 4 8" "0 0.5 1 2" 40)
+# Env: SIM_PARAMETERS (1024000), SIM_STEP_MS (52), MAX_AGGREGATE_GBITS (8: skip host counts x
+# rates above this; the box moves ~8.5 Gbit/s between namespaces in all), CONFIGS (which rows:
+# default "allreduce allreduce-no-overlap hier ps1 ps2 ps4 ps8 psh-no-overlap simple"),
+# JSON_OUT (also write every row as JSON lines there), WRITE_DOCS=1 (replace the tables in
+# docs/BENCHMARKS.md between the cluster-tables markers, or DOC_MARKER's, and unless PLOT=0 the
+# plot docs/img/cluster-scaling.png: bench/plot_cluster.sh).
+# Needs root (or CAP_NET_ADMIN) for namespaces; creates them with this script's pid in their names
+# and removes them on any exit, also when interrupted. Addresses: 198.19.1.0/24, only inside them.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+read -r -a host_counts <<<"${1:-2 4 8}"
+read -r -a rates <<<"${2:-0 0.5 1 2}"
+steps=${3:-40}
+dsgd=$(realpath "${DSGD:-build/dsgd}")
+params=${SIM_PARAMETERS:-1024000}
+step_ms=${SIM_STEP_MS:-52}
+layers=${SIM_LAYERS:-32}
+max_aggregate=${MAX_AGGREGATE_GBITS:-8}
+read -r -a configs <<<"${CONFIGS:-allreduce allreduce-no-overlap hier ps1 ps2 ps4 ps8 psh-no-overlap simple}"
+per_worker_batch=32
+bucket_bytes=${BUCKET_BYTES:-1048576}  # DDP's 25 MB default, scaled by 25 like the rest
+id=$$
+prefix=dsgdc$id
+sw=$prefix-sw
+tmp=$(mktemp -d)
+pids=()
+made=()
+
+cleanup() {
+  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+  for ns in "${made[@]}"; do ip netns del "$ns" 2>/dev/null || true; done
+  rm -rf "$tmp"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+add_ns() {
+  if ! ip netns add "$1" 2>"$tmp/err"; then
+    echo "cluster.sh: cannot create a network namespace ($(cat "$tmp/err")); needs root or CAP_NET_ADMIN" >&2
+    exit 77
+  fi
+  made+=("$1")
+  ip -n "$1" link set lo up
+  # As tuned in data centres: an idle connection (between two steps' gradients) keeps its window.
+  ip netns exec "$1" sysctl -qw net.ipv4.tcp_slow_start_after_idle=0
+}
+
+# Host i (0 = the driver's) at 198.19.1.(i+1), its link shaped to $1 Gbit/s both ways.
+make_cluster() {
+  local gbit=$1 n=$2 bytes_per_s burst
+  for ns in "${made[@]}"; do ip netns del "$ns" 2>/dev/null || true; done
+  made=()
+  add_ns "$sw"
+  ip -n "$sw" link add br0 type bridge
+  ip -n "$sw" link set br0 mtu 9000 up
+  bytes_per_s=$(/usr/bin/python3 -c "print(int($gbit * 1e9 / 8))")  # 0: unshaped
+  burst=$(( bytes_per_s / 1000 > 131072 ? bytes_per_s / 1000 : 131072 ))  # 1 ms, at least 2 GSO packets
+  for i in $(seq 0 "$n"); do
+    local ns=$prefix-h$i
+    add_ns "$ns"
+    ip -n "$sw" link add "p$i" mtu 9000 type veth peer name eth0 mtu 9000 netns "$ns"
+    ip -n "$sw" link set "p$i" master br0 up
+    ip -n "$ns" addr add "198.19.1.$((i + 1))/24" dev eth0
+    ip -n "$ns" link set eth0 up
+    [[ "$gbit" == 0 ]] && continue
+    ip netns exec "$ns" tc qdisc add dev eth0 root tbf rate "${gbit}gbit" burst "$burst" latency 20ms
+    ip netns exec "$sw" tc qdisc add dev "p$i" root tbf rate "${gbit}gbit" burst "$burst" latency 20ms
+  done
+}
+
+common=(--model simulated --dataset synthetic --image-size 8 --synthetic-samples 65536 --threads 1 --no-eval --quiet
+        --max-steps "$steps" --grad-shard-bytes "$bucket_bytes" --checkpoint-every 0
+        --config "{\"sim_parameters\": $params, \"sim_step_ms\": $step_ms, \"sim_layers\": $layers}")
+port=29600
+
+# Sets run_ms and run_parameters from the JSON summary in $1.
+read_summary() {
+  read -r run_ms run_parameters < <(/usr/bin/python3 -c "import json, sys; r = json.load(open(sys.argv[1]));
+print(1000 * r['batch_size'] / r['samples_per_s'], r['parameters'])" "$1")
+}
+
+# run NAME HOSTS WORKERS_PER_HOST FLAGS...: one job across the cluster; sets run_ms (per step).
+run() {
+  local name=$1 hosts=$2 per_host=$3
+  shift 3
+  local workers=$((hosts * per_host)) address="198.19.1.1:$port" out=$tmp/$name-$hosts
+  port=$((port + 1))
+  ip netns exec "$prefix-h0" "$dsgd" train "${common[@]}" "$@" --workers "$workers" --listen "$address" \
+    --token "bench-$id" --batch-size $((per_worker_batch * workers)) --json-out "$out.json" \
+    >/dev/null 2>"$out.driver" &
+  local driver=$!
+  pids+=("$driver")
+  for _ in $(seq 100); do
+    ip netns exec "$prefix-h0" ss -ltn | grep -q ":$((port - 1)) " && break
+    sleep 0.05
+  done
+  local workers_pids=()
+  for h in $(seq 1 "$hosts"); do
+    for _ in $(seq "$per_host"); do
+      ip netns exec "$prefix-h$h" "$dsgd" worker --driver "$address" --token "bench-$id" --host-id "host-$h" \
+        >>"$out.workers" 2>&1 &
+      workers_pids+=($!)
+      pids+=($!)
+    done
+  done
+  if ! wait "$driver"; then
+    echo "cluster.sh: $name on $hosts hosts failed:" >&2
+    tail -20 "$out.driver" "$out.workers" >&2
+    exit 1
+  fi
+  wait "${workers_pids[@]}" 2>/dev/null || true
+  read_summary "$out.json"
+}
+
+# Compute alone: one worker, no communication (the efficiency's numerator and the bound's compute).
+"$dsgd" train "${common[@]}" --workers 1 --batch-size "$per_worker_batch" --json-out "$tmp/one.json" >/dev/null
+read_summary "$tmp/one.json"
+compute_ms=$run_ms parameters=$run_parameters
+echo "one worker alone: $compute_ms ms per step, $parameters parameters" >&2
+
+rows=$tmp/rows.jsonl
+: >"$rows"
+for gbit in "${rates[@]}"; do
+  for h in "${host_counts[@]}"; do
+    if /usr/bin/python3 -c "import sys; sys.exit(0 if $h * $gbit > $max_aggregate else 1)"; then
+      echo "skipping $h hosts at $gbit Gbit/s: $h x $gbit > MAX_AGGREGATE_GBITS $max_aggregate" >&2
+      continue
+    fi
+    make_cluster "$gbit" "$h"
+    for c in "${configs[@]}"; do
+      per_host=1 flags=()
+      case "$c" in
+      allreduce) flags=(--strategy allreduce) ;;
+      allreduce-no-overlap) flags=(--strategy allreduce --no-overlap) ;;
+      hier) per_host=2 flags=(--strategy allreduce) ;;
+      ps[0-9]*) k=${c#ps}; ((k <= h)) || continue; flags=(--strategy ps --ps-shards "$k") ;;
+      psh-no-overlap) flags=(--strategy ps --ps-shards "$h" --no-overlap) ;;
+      simple) flags=(--strategy simple) ;;
+      *) echo "cluster.sh: unknown config '$c'" >&2; exit 2 ;;
+      esac
+      echo "$(date +%T) $h hosts, $gbit Gbit/s: $c" >&2
+      run "$c" "$h" "$per_host" "${flags[@]}"
+      echo "{\"config\": \"$c\", \"hosts\": $h, \"gbit\": $gbit, \"step_ms\": $run_ms, \"compute_ms\": $compute_ms," \
+        "\"parameters\": $parameters, \"sim_step_ms\": $step_ms}" >>"$rows"
+    done
+  done
+done
+[[ -n "${JSON_OUT:-}" ]] && cp "$rows" "$JSON_OUT"
+
+report=$tmp/report.md
+/usr/bin/python3 - "$rows" "$steps" "$params" "$step_ms" "$layers" "$bucket_bytes" >"$report" <<'PY'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+steps, params, step_ms, layers, bucket = sys.argv[2], int(sys.argv[3]), sys.argv[4], sys.argv[5], int(sys.argv[6])
+def comm_ms(c, h, gbit, b):
+    if gbit == 0: return 0.0  # unshaped
+    bw = gbit * 1e9 / 8
+    if c in ("allreduce", "allreduce-no-overlap", "hier"): t = 2 * (h - 1) / h * b / bw
+    elif c.startswith("ps") or c == "psh-no-overlap":
+        k = h if c == "psh-no-overlap" else int(c[2:])
+        t = max((h + k - 2) / k, 1 if k < h else 0) * b / bw
+    elif c == "simple": t = h * b / bw
+    return 1000 * t
+print(f"Simulated compute: {params} parameters in {layers} tensors ({params * 4 / 1e6:.1f} MB of gradients, "
+      f"{bucket >> 10} KiB buckets), "
+      f"{step_ms} ms forward + backward; 32 samples per worker, {steps} steps per run. One worker alone: "
+      f"{rows[0]['compute_ms']:.1f} ms per step (the compute in the bounds).\n")
+for gbit in sorted({r["gbit"] for r in rows}):
+    if gbit == 0:
+        print("\nUnshaped links: this machine's own cost (the floor under the shaped figures)\n")
+    else:
+        print(f"\n{gbit:g} Gbit/s links (models {25 * gbit:g} Gbit/s at full scale)\n")
+    print("| hosts | strategy | step ms | communication ms | bound ms | step / bound | "
+          "backward-overlap bound ms | step / it | scaling efficiency |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for r in [r for r in rows if r["gbit"] == gbit]:
+        b, t = 4 * r["parameters"], r["compute_ms"]
+        comm = comm_ms(r["config"], r["hosts"], gbit, b)
+        if "no-overlap" in r["config"]:
+            bound = bwd_bound = t + comm
+        else:
+            bound, bwd_bound = max(t, comm), t + max(0, comm - 2 * float(step_ms) / 3)
+        print(f"| {r['hosts']} | {r['config']} | {r['step_ms']:.1f} | {comm:.1f} | {bound:.1f} | "
+              f"{r['step_ms'] / bound:.2f} | {bwd_bound:.1f} | {r['step_ms'] / bwd_bound:.2f} | {t / r['step_ms']:.2f} |")
+PY
+cat "$report"
+if [[ "${WRITE_DOCS:-0}" == 1 ]]; then
+  command="${CONFIGS:+CONFIGS=\"$CONFIGS\" }bench/cluster.sh"  # as typed, to rerun it
+  for a in "$@"; do command+=" \"$a\""; done
+  bench/write_docs.py "${DOC_MARKER:-cluster-tables}" "$report" "$command"
+  if [[ "${PLOT:-1}" == 1 ]]; then bench/plot_cluster.sh "$rows" docs/img/cluster-scaling.png; fi
+fi
