@@ -24,7 +24,8 @@ void ProgressPrinter::on_batch(const runtime::BatchProgress& p) {
   const auto now = Clock::now();
   const double since = std::chrono::duration<double>(now - last_print_).count();
   const bool last = p.step == p.total_steps;
-  if (!last && since < (interactive_ ? 0.1 : line_interval_s_)) return;
+  if (printed_ && !last && since < (interactive_ ? 0.1 : line_interval_s_)) return;
+  printed_ = true;
   last_print_ = now;
   const double eta = p.samples_per_s > 0 ? p.elapsed_s / p.step * (p.total_steps - p.step) : NAN;
   if (interactive_) {

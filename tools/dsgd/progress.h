@@ -24,6 +24,7 @@ class ProgressPrinter : public runtime::ProgressListener {
   bool interactive_;
   double line_interval_s_;
   Clock::time_point last_print_{};
+  bool printed_ = false;   // the first step always prints (steady_clock may start at boot)
   bool bar_open_ = false;  // a bar is drawn on the current line
 };
 
