@@ -54,6 +54,10 @@ struct TrainerConfig {
   int devices_per_worker = 1;                // replicas per worker process (threads on CPU)
   std::string strategy = "allreduce";        // simple | allreduce | ps
   int num_ps_shards = 0;                     // ps: parameter-server shards (0 = one per host), 1..64
+  // ps: the shards apply SGD themselves and hold the momentum of their slices (MXNet's
+  // update_on_kvstore); each model's parameters must be in one torch::optim::SGD param group.
+  // Checkpoints gather the momentum back, so they load under any strategy.
+  bool ps_update_on_shards = false;
   std::string allreduce_algo = "auto";       // auto (shared memory within a host, Gloo across) | ring | hd
   int64_t grad_shard_bytes = 10 << 20;       // gradient bucket size
   bool overlap = true;                       // false: communicate after backward, not during

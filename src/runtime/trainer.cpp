@@ -282,6 +282,8 @@ struct Trainer::Impl {
 
   void take_snapshot() {
     const auto t0 = Clock::now();
+    // Optimizer state sharded on the servers comes back into every replica's optimizer first.
+    if (config.ps_update_on_shards) raw_call("gather_state", json::object());
     snapshot = std::move(raw_call("get_state", json::object(), "", {pool->members().at(0)})[0].blob);
     snapshot_s = std::chrono::duration<double>(Clock::now() - t0).count();
     control::log().debug("trainer: snapshot of {} bytes in {:.3f} s", snapshot.size(), snapshot_s);
@@ -341,6 +343,7 @@ Trainer::Trainer(const std::string& operator_name, TrainerConfig config) : impl_
   job["devices_per_worker"] = c.devices_per_worker;
   job["strategy"] = c.strategy;
   job["num_ps_shards"] = c.num_ps_shards;
+  job["ps_update_on_shards"] = c.ps_update_on_shards;
   job["allreduce_algo"] = c.allreduce_algo;
   job["grad_shard_bytes"] = c.grad_shard_bytes;
   job["batch_size"] = c.batch_size;

@@ -27,6 +27,8 @@ void validate_trainer_config(const std::string& op, const TrainerConfig& c) {
           "unknown strategy '" + c.strategy + "'; use simple, allreduce or ps");
   require(c.num_ps_shards >= 0 && c.num_ps_shards <= 64,
           "num_ps_shards must be in 0..64 (0 = one per host), got " + std::to_string(c.num_ps_shards));
+  require(!c.ps_update_on_shards || c.strategy == "ps",
+          "ps_update_on_shards needs strategy ps, got '" + c.strategy + "'");
   require(c.local_hosts >= 1, "local_hosts must be >= 1, got " + std::to_string(c.local_hosts));
   require(c.allreduce_algo == "auto" || c.allreduce_algo == "ring" || c.allreduce_algo == "hd",
           "unknown allreduce_algo '" + c.allreduce_algo + "'; use auto, ring or hd");

@@ -271,6 +271,8 @@ class Worker {
       connect(in);
     } else if (cmd.kind == "set_state") {
       each_replica([&](int i) { replicas_[static_cast<size_t>(i)]->load_state(cmd.blob); });
+    } else if (cmd.kind == "gather_state") {
+      each_replica([&](int i) { replicas_[static_cast<size_t>(i)]->gather_server_state(); });
     } else if (cmd.kind == "get_state") {
       const auto t0 = std::chrono::steady_clock::now();
       out_blob = replicas_.at(0)->save_state();
@@ -381,7 +383,8 @@ class Worker {
         groups_[static_cast<size_t>(i)] = group;
         if (strategy == "ps") {
           const int shards = job_.value("num_ps_shards", 0);
-          strategies[static_cast<size_t>(i)] = strategy::make_ps_strategy(group, shards > 0 ? shards : group->num_hosts());
+          strategies[static_cast<size_t>(i)] = strategy::make_ps_strategy(
+              group, shards > 0 ? shards : group->num_hosts(), job_.value("ps_update_on_shards", false));
         } else {
           strategies[static_cast<size_t>(i)] =
               strategy::make_allreduce_strategy(group, job_.value("allreduce_algo", std::string("auto")));

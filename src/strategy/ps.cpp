@@ -1,7 +1,9 @@
 // The synchronous parameter-server strategy, with its shards inside the worker processes.
 #include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <cstring>
+#include <map>
 #include <vector>
 
 #include "comm/op_queue.h"
@@ -14,10 +16,54 @@ namespace {
 using comm::DataType;
 using comm::ReduceOp;
 
+// What an owner keeps of one shard of one bucket when it applies the optimizer itself.
+struct ShardState {
+  std::vector<float> params;
+  std::vector<float> momentum;  // empty until the first step with momentum (torch's SGD alike)
+};
+
+// One pass of torch::optim::SGD's arithmetic over n elements: g holds the average gradient on
+// entry and the new parameters on exit; p and m (momentum) are updated in place. The options'
+// branches are template arguments, so each loop is branch-free and vectorises.
+template <bool kDecay, bool kMomentum, bool kFirst, bool kNesterov>
+void sgd_loop(const SgdOptions& o, float* __restrict g, float* __restrict p, float* __restrict m, size_t n) {
+  const float keep = 1 - o.dampening, step = -o.lr;
+  for (size_t i = 0; i < n; ++i) {
+    float d = g[i];
+    if constexpr (kDecay) d += o.weight_decay * p[i];
+    if constexpr (kMomentum) {
+      const float mi = kFirst ? d : m[i] * o.momentum + keep * d;  // torch: a clone of d at first
+      m[i] = mi;
+      d = kNesterov ? d + o.momentum * mi : mi;
+    }
+    p[i] += step * d;
+    g[i] = p[i];
+  }
+}
+
+void sgd_pass(const SgdOptions& o, bool first, float* g, float* p, float* m, size_t n) {
+  const bool decay = o.weight_decay != 0;
+  if (o.momentum == 0) {
+    decay ? sgd_loop<true, false, false, false>(o, g, p, m, n) : sgd_loop<false, false, false, false>(o, g, p, m, n);
+    return;
+  }
+  const int which = (decay ? 4 : 0) + (first ? 2 : 0) + (o.nesterov ? 1 : 0);
+  switch (which) {
+    case 0: sgd_loop<false, true, false, false>(o, g, p, m, n); break;
+    case 1: sgd_loop<false, true, false, true>(o, g, p, m, n); break;
+    case 2: sgd_loop<false, true, true, false>(o, g, p, m, n); break;
+    case 3: sgd_loop<false, true, true, true>(o, g, p, m, n); break;
+    case 4: sgd_loop<true, true, false, false>(o, g, p, m, n); break;
+    case 5: sgd_loop<true, true, false, true>(o, g, p, m, n); break;
+    case 6: sgd_loop<true, true, true, false>(o, g, p, m, n); break;
+    default: sgd_loop<true, true, true, true>(o, g, p, m, n); break;
+  }
+}
+
 class PsStrategy final : public GradientStrategy {
  public:
-  PsStrategy(std::shared_ptr<comm::HierarchicalGroup> group, int num_shards)
-      : group_(std::move(group)), num_shards_(num_shards), queue_("ps strategy") {
+  PsStrategy(std::shared_ptr<comm::HierarchicalGroup> group, int num_shards, bool update_on_shards)
+      : group_(std::move(group)), num_shards_(num_shards), update_on_shards_(update_on_shards), queue_("ps strategy") {
     if (num_shards_ < 1 || num_shards_ > kMaxShards) {
       throw ConfigError("num_ps_shards must be in 1.." + std::to_string(kMaxShards) + ", got " +
                         std::to_string(num_shards_));
@@ -28,10 +74,39 @@ class PsStrategy final : public GradientStrategy {
   std::string name() const override { return "ps"; }
 
   std::shared_ptr<comm::Work> average_async(float* data, size_t count) override {
+    if (update_on_shards_) throw Error("ps with update on shards takes update_async, not average_async");
     const uint64_t seq = next_seq_++;
     return queue_.submit("ps average #" + std::to_string(seq), [this, seq, data, count] {
-      if (aborted_) throw CommError("ps strategy aborted: " + reason_, "ps average");
+      check_not_aborted();
       average(seq, data, count);
+    });
+  }
+
+  bool updates_on_servers() const override { return update_on_shards_; }
+
+  std::shared_ptr<comm::Work> update_async(const ShardUpdate& u, bool* all_applied) override {
+    if (!update_on_shards_) throw Error("ps without update on shards takes average_async, not update_async");
+    const uint64_t seq = next_seq_++;
+    // The replica's parameters and momentum are read only during the call: copy them for the
+    // queue (an owner needs its slices of them, and only at init).
+    auto init = std::make_shared<std::pair<std::vector<float>, std::vector<float>>>();
+    if (u.init) {
+      init->first.assign(u.params, u.params + u.count);
+      if (u.momentum != nullptr) init->second.assign(u.momentum, u.momentum + u.count);
+    }
+    return queue_.submit("ps update #" + std::to_string(seq), [this, seq, u, init, all_applied] {
+      check_not_aborted();
+      *all_applied = update(seq, u, *init);
+    });
+  }
+
+  std::shared_ptr<comm::Work> gather_momentum_async(uint64_t key, float* momentum, size_t count,
+                                                    bool* has_momentum) override {
+    if (!update_on_shards_) return GradientStrategy::gather_momentum_async(key, momentum, count, has_momentum);
+    const uint64_t seq = next_seq_++;
+    return queue_.submit("ps gather momentum #" + std::to_string(seq), [=, this] {
+      check_not_aborted();
+      *has_momentum = gather(seq, key, momentum, count);
     });
   }
 
@@ -44,6 +119,24 @@ class PsStrategy final : public GradientStrategy {
  private:
   static constexpr int kMaxShards = 64;
 
+  void check_not_aborted() const {
+    if (aborted_) throw CommError("ps strategy aborted: " + reason_, "ps");
+  }
+
+  size_t shard_begin(size_t count, int s) const {
+    return count * static_cast<size_t>(s) / static_cast<size_t>(num_shards_);
+  }
+  // Per bucket and shard: the push, the pull, and the pull's flag (update on shards).
+  enum class Leg : uint32_t { kPush = 0, kPull = 1, kFlag = 2 };
+  uint32_t tag(uint64_t seq, int s, Leg leg) const {
+    return static_cast<uint32_t>((seq % (1u << 20)) * 3 * kMaxShards) + 3 * static_cast<uint32_t>(s) +
+           static_cast<uint32_t>(leg);
+  }
+  bool is_host_leader() { return group_->local().rank() == 0; }
+  // This leader's index among the host leaders, and their number (1 on one host).
+  int leader_index() { return group_->leaders() != nullptr ? group_->leaders()->rank() : 0; }
+  int owner(int s) const { return s % group_->num_hosts(); }
+
   void average(uint64_t seq, float* data, size_t count) {
     auto& local = group_->local();
     if (local.size() > 1) local.allreduce(data, count, DataType::kFloat32, ReduceOp::kSum);  // the host's sum
@@ -51,8 +144,54 @@ class PsStrategy final : public GradientStrategy {
       scale(data, count);
       return;
     }
-    if (auto* leaders = group_->leaders()) exchange(*leaders, seq, data, count);
+    if (auto* leaders = group_->leaders()) {
+      auto pushed = push(*leaders, seq, data, count);
+      serve(leaders, seq, data, count, [&](int s, size_t b, size_t n) {
+        sum_pushes(*leaders, s, data + b, n, pushed);
+        const float inv = 1.0f / static_cast<float>(group_->global().size());
+        for (size_t i = 0; i < n; ++i) data[b + i] *= inv;
+        return true;
+      });
+    }
     if (local.size() > 1) local.broadcast(data, count * sizeof(float), /*root=*/0);  // the leader's average
+  }
+
+  bool update(uint64_t seq, const ShardUpdate& u, const std::pair<std::vector<float>, std::vector<float>>& init) {
+    auto& local = group_->local();
+    if (local.size() > 1) local.allreduce(u.data, u.count, DataType::kFloat32, ReduceOp::kSum);
+    float applied = 1;
+    if (is_host_leader()) {
+      auto* leaders = group_->leaders();  // null on one host: this leader owns every shard
+      std::vector<std::vector<float>> pushed;
+      if (leaders != nullptr) pushed = push(*leaders, seq, u.data, u.count);
+      applied = serve(leaders, seq, u.data, u.count, [&](int s, size_t b, size_t n) {
+        if (leaders != nullptr) sum_pushes(*leaders, s, u.data + b, n, pushed);
+        return sgd_step(u, init, s, b, n);
+      }) ? 1.0f : 0.0f;
+    }
+    if (local.size() > 1) {
+      local.broadcast(u.data, u.count * sizeof(float), /*root=*/0);
+      local.broadcast(&applied, sizeof(applied), /*root=*/0);
+    }
+    return applied != 0;
+  }
+
+  bool gather(uint64_t seq, uint64_t key, float* momentum, size_t count) {
+    auto& local = group_->local();
+    float has = 1;
+    if (is_host_leader()) {
+      has = serve(group_->leaders(), seq, momentum, count, [&](int s, size_t b, size_t n) {
+        auto it = state_.find({key, s});
+        if (it == state_.end() || it->second.momentum.size() != n) return false;
+        std::copy(it->second.momentum.begin(), it->second.momentum.end(), momentum + b);
+        return true;
+      }) ? 1.0f : 0.0f;
+    }
+    if (local.size() > 1) {
+      local.broadcast(&has, sizeof(has), /*root=*/0);
+      if (has != 0) local.broadcast(momentum, count * sizeof(float), /*root=*/0);
+    }
+    return has != 0;
   }
 
   void scale(float* data, size_t count) const {
@@ -61,71 +200,125 @@ class PsStrategy final : public GradientStrategy {
   }
 
   // Among host leaders: shard s of the bucket (a contiguous 1/num_shards of it) belongs to leader
-  // s % hosts. Everyone pushes its shards to their owners; an owner sums the pushes in leader
-  // order (the same order wherever it runs), divides by the number of replicas and sends the
-  // average back. Every transfer of the bucket is in flight at once.
-  void exchange(comm::Group& leaders, uint64_t seq, float* data, size_t count) {
+  // s % hosts. Everyone pushes its shards to their owners, all at once; returns what this leader
+  // received for the shards it owns, indexed s * hosts + sender.
+  std::vector<std::vector<float>> push(comm::Group& leaders, uint64_t seq, const float* data, size_t count) {
     const int hosts = leaders.size(), me = leaders.rank();
-    const uint32_t tag_base = static_cast<uint32_t>((seq % (1u << 20)) * 2 * kMaxShards);
-    auto begin = [&](int s) { return count * static_cast<size_t>(s) / static_cast<size_t>(num_shards_); };
-    // Push.
     std::vector<std::vector<float>> pushed(static_cast<size_t>(num_shards_ * hosts));
     std::vector<std::shared_ptr<comm::Work>> works;
     for (int s = 0; s < num_shards_; ++s) {
-      const size_t b = begin(s), n = begin(s + 1) - b;
+      const size_t b = shard_begin(count, s), n = shard_begin(count, s + 1) - b;
       if (n == 0) continue;
-      const int owner = s % hosts;
-      const uint32_t tag = tag_base + 2 * static_cast<uint32_t>(s);
-      if (owner != me) {
-        works.push_back(leaders.send_async(data + b, n * sizeof(float), owner, tag));
+      if (owner(s) != me) {
+        works.push_back(leaders.send_async(data + b, n * sizeof(float), owner(s), tag(seq, s, Leg::kPush)));
         continue;
       }
       for (int p = 0; p < hosts; ++p) {
         if (p == me) continue;
         auto& buf = pushed[static_cast<size_t>(s * hosts + p)];
         buf.resize(n);
-        works.push_back(leaders.recv_async(buf.data(), n * sizeof(float), p, tag));
+        works.push_back(leaders.recv_async(buf.data(), n * sizeof(float), p, tag(seq, s, Leg::kPush)));
       }
     }
     for (auto& w : works) w->wait();
-    works.clear();
-    // Sum what this leader owns, then pull.
-    const float inv = 1.0f / static_cast<float>(group_->global().size());
-    std::vector<float> sum;
+    return pushed;
+  }
+
+  // data[b, b+n) += the other leaders' pushes of shard s, summed in leader order (the same
+  // order wherever the owner runs).
+  static void sum_pushes(comm::Group& leaders, int s, float* slice, size_t n,
+                         const std::vector<std::vector<float>>& pushed) {
+    const int hosts = leaders.size(), me = leaders.rank();
+    std::vector<float> sum(n, 0.0f);
+    for (int p = 0; p < hosts; ++p) {
+      const float* part = p == me ? slice : pushed[static_cast<size_t>(s * hosts + p)].data();
+      for (size_t i = 0; i < n; ++i) sum[i] += part[i];
+    }
+    std::copy(sum.begin(), sum.end(), slice);
+  }
+
+  // The pull: an owner computes each of its shards in place (`own(s, b, n)` writes data[b, b+n)
+  // and returns a flag) and sends it to every other leader, and the flag too when updating on
+  // shards; the others receive them into data. Returns whether every shard's flag was set.
+  // `leaders` null: one host, every shard is this leader's.
+  template <typename Own>
+  bool serve(comm::Group* leaders, uint64_t seq, float* data, size_t count, Own own) {
+    const int me = leader_index(), hosts = leaders != nullptr ? leaders->size() : 1;
+    const bool flagged = update_on_shards_;  // plain averages carry no flag
+    std::vector<float> flags(static_cast<size_t>(num_shards_), 1.0f);
+    std::vector<std::shared_ptr<comm::Work>> works;
     for (int s = 0; s < num_shards_; ++s) {
-      const size_t b = begin(s), n = begin(s + 1) - b;
+      const size_t b = shard_begin(count, s), n = shard_begin(count, s + 1) - b;
       if (n == 0) continue;
-      const int owner = s % hosts;
-      const uint32_t tag = tag_base + 2 * static_cast<uint32_t>(s) + 1;
-      if (owner != me) {
-        works.push_back(leaders.recv_async(data + b, n * sizeof(float), owner, tag));
+      float* flag = &flags[static_cast<size_t>(s)];
+      if (owner(s) != me) {
+        works.push_back(leaders->recv_async(data + b, n * sizeof(float), owner(s), tag(seq, s, Leg::kPull)));
+        if (flagged) works.push_back(leaders->recv_async(flag, sizeof(float), owner(s), tag(seq, s, Leg::kFlag)));
         continue;
       }
-      sum.assign(n, 0.0f);
+      *flag = own(s, b, n) ? 1.0f : 0.0f;
       for (int p = 0; p < hosts; ++p) {
-        const float* part = p == me ? data + b : pushed[static_cast<size_t>(s * hosts + p)].data();
-        for (size_t i = 0; i < n; ++i) sum[i] += part[i];
-      }
-      for (size_t i = 0; i < n; ++i) data[b + i] = sum[i] * inv;
-      for (int p = 0; p < hosts; ++p) {
-        if (p != me) works.push_back(leaders.send_async(data + b, n * sizeof(float), p, tag));
+        if (p == me) continue;
+        works.push_back(leaders->send_async(data + b, n * sizeof(float), p, tag(seq, s, Leg::kPull)));
+        if (flagged) works.push_back(leaders->send_async(flag, sizeof(float), p, tag(seq, s, Leg::kFlag)));
       }
     }
     for (auto& w : works) w->wait();
+    return std::all_of(flags.begin(), flags.end(), [](float f) { return f != 0; });
+  }
+
+  // One SGD step on shard s = u.data[b, b+n), which holds the sum of every replica's gradient;
+  // leaves the shard's parameters there. torch::optim::SGD's arithmetic, element by element.
+  bool sgd_step(const ShardUpdate& u, const std::pair<std::vector<float>, std::vector<float>>& init, int s,
+                size_t b, size_t n) {
+    auto& st = state_[{u.key, s}];
+    if (u.init) {
+      st.params.assign(init.first.begin() + static_cast<ptrdiff_t>(b), init.first.begin() + static_cast<ptrdiff_t>(b + n));
+      st.momentum.clear();
+      if (!init.second.empty()) {
+        st.momentum.assign(init.second.begin() + static_cast<ptrdiff_t>(b),
+                           init.second.begin() + static_cast<ptrdiff_t>(b + n));
+      }
+    } else if (st.params.size() != n) {
+      throw Error("ps shard " + std::to_string(s) + " of bucket " + std::to_string(u.key) +
+                  " was asked to update parameters it never received (the replica must start it with init)");
+    }
+    float* g = u.data + b;
+    const float inv = 1.0f / static_cast<float>(group_->global().size());
+    // Non-finite means all exponent bits set (NaN or infinity); no branch, so it vectorises.
+    uint32_t non_finite = 0;
+    for (size_t i = 0; i < n; ++i) {
+      g[i] *= inv;
+      uint32_t bits;
+      std::memcpy(&bits, &g[i], sizeof(bits));
+      non_finite |= static_cast<uint32_t>((bits & 0x7f800000u) == 0x7f800000u);
+    }
+    const bool finite = non_finite == 0;
+    if (finite) {
+      const bool first = st.momentum.empty();
+      if (u.sgd.momentum != 0 && first) st.momentum.resize(n);
+      sgd_pass(u.sgd, first, g, st.params.data(), st.momentum.data(), n);
+    } else {
+      std::copy(st.params.begin(), st.params.end(), g);  // the shard's parameters, not stepped
+    }
+    return finite;
   }
 
   std::shared_ptr<comm::HierarchicalGroup> group_;
   const int num_shards_;
+  const bool update_on_shards_;
   std::atomic<uint64_t> next_seq_{0};
   std::atomic<bool> aborted_{false};
   std::string reason_;
+  std::map<std::pair<uint64_t, int>, ShardState> state_;  // (bucket key, shard) owned here; queue thread only
   comm::OpQueue queue_;  // last: its thread stops before the members it uses go
 };
 
 }  // namespace
 
-std::unique_ptr<GradientStrategy> make_ps_strategy(std::shared_ptr<comm::HierarchicalGroup> group, int num_shards) {
-  return std::make_unique<PsStrategy>(std::move(group), num_shards);
+std::unique_ptr<GradientStrategy> make_ps_strategy(std::shared_ptr<comm::HierarchicalGroup> group, int num_shards,
+                                                   bool update_on_shards) {
+  return std::make_unique<PsStrategy>(std::move(group), num_shards, update_on_shards);
 }
 
 }  // namespace dsgd::strategy

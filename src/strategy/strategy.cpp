@@ -6,6 +6,15 @@
 #include "dsgd/error.h"
 
 namespace dsgd::strategy {
+
+std::shared_ptr<comm::Work> GradientStrategy::update_async(const ShardUpdate&, bool*) {
+  throw Error("strategy '" + name() + "' averages gradients; it does not update parameters on servers");
+}
+
+std::shared_ptr<comm::Work> GradientStrategy::gather_momentum_async(uint64_t, float*, size_t, bool*) {
+  throw Error("strategy '" + name() + "' keeps no optimizer state on servers");
+}
+
 namespace {
 
 class AllreduceStrategy final : public GradientStrategy {

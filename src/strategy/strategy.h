@@ -12,6 +12,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <string>
@@ -20,6 +21,30 @@
 #include "dsgd/comm/work.h"
 
 namespace dsgd::strategy {
+
+// SGD's hyper-parameters, as torch::optim::SGD applies them (weight decay, momentum with
+// dampening, Nesterov), for strategies that update parameters on their servers.
+struct SgdOptions {
+  float lr = 0;
+  float momentum = 0;
+  float dampening = 0;
+  float weight_decay = 0;
+  bool nesterov = false;
+};
+
+// One bucket handed to the servers that update it (ps with update on shards).
+struct ShardUpdate {
+  uint64_t key = 0;        // the bucket's identity, the same on every replica
+  float* data = nullptr;   // in: this replica's (weighted) gradient; out: the updated parameters
+  size_t count = 0;
+  SgdOptions sgd;          // this step's (schedules move lr)
+  // The servers keep the parameters and momentum of their slice between steps. With `init`,
+  // they (re)start it from this replica's: `params` (count floats) and `momentum` (null: none
+  // yet, as in a fresh torch::optim::SGD), both read only during the call.
+  bool init = false;
+  const float* params = nullptr;
+  const float* momentum = nullptr;
+};
 
 class GradientStrategy {
  public:
@@ -30,6 +55,20 @@ class GradientStrategy {
   virtual std::shared_ptr<comm::Work> average_async(float* data, size_t count) = 0;
   // Fails whatever is in flight or queued, from any thread.
   virtual void abort(const std::string& reason) = 0;
+
+  // ---- strategies that apply the optimizer on their servers (updates_on_servers()) ----
+  // They take gradients and give back parameters: update_async replaces average_async, with the
+  // same ordering contract (gather_momentum_async included).
+  virtual bool updates_on_servers() const { return false; }
+  // Starts one bucket's SGD step on its servers. The Work completes when u.data holds the new
+  // parameters; *all_applied (written before completion) is false when a shard's averaged
+  // gradient was not finite: that shard kept its parameters and momentum.
+  virtual std::shared_ptr<comm::Work> update_async(const ShardUpdate& u, bool* all_applied);
+  // Copies the momentum the servers hold for bucket `key` into `momentum` (count floats) on every
+  // replica, for checkpoints; *has_momentum is false where they hold none (no step since they
+  // started from the replicas, or no momentum configured): `momentum` is then left as it was.
+  virtual std::shared_ptr<comm::Work> gather_momentum_async(uint64_t key, float* momentum, size_t count,
+                                                            bool* has_momentum);
 };
 
 // `allreduce`: the communication core's hierarchical allreduce (shared memory within a host,
@@ -47,7 +86,13 @@ std::unique_ptr<GradientStrategy> make_allreduce_strategy(std::shared_ptr<comm::
 // own thread while backward computes the next (computation, transfer and summation pipelined, the
 // Ray paper's point); all of a bucket's pushes, then all its pulls, are in flight at once.
 // num_shards in 1..64; 1 is a single server on host 0.
-std::unique_ptr<GradientStrategy> make_ps_strategy(std::shared_ptr<comm::HierarchicalGroup> group, int num_shards);
+//
+// update_on_shards (MXNet's update_on_kvstore): the owners also apply SGD to their slices,
+// keeping the parameters and the momentum of their slices (optimizer state sharded across the
+// servers), and send back parameters instead of averages. On one host the leader owns every
+// shard. A shard whose averaged gradient is not finite skips its step (the others take theirs).
+std::unique_ptr<GradientStrategy> make_ps_strategy(std::shared_ptr<comm::HierarchicalGroup> group, int num_shards,
+                                                   bool update_on_shards = false);
 
 // `simple`: every replica sends its bucket to a central reducer (the driver) that averages and
 // answers each replica with the average. `central_average(seq, data, count)` must block until

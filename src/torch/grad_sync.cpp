@@ -1,5 +1,6 @@
 #include "torch/grad_sync.h"
 
+#include <algorithm>
 #include <cmath>
 #include <torch/csrc/autograd/engine.h>
 
@@ -87,8 +88,79 @@ void GradSync::launch_ready_locked() {
   const auto& buckets = plan_.buckets();
   while (next_launch_ < buckets.size() && missing_[next_launch_] == 0) {
     const auto& b = buckets[next_launch_];
-    works_.push_back(strategy_->average_async(flat_.data_ptr<float>() + b.offset, b.count));
+    if (strategy_->updates_on_servers()) {
+      launch_update_locked(next_launch_);
+    } else {
+      works_.push_back(strategy_->average_async(flat_.data_ptr<float>() + b.offset, b.count));
+    }
     ++next_launch_;
+  }
+}
+
+void GradSync::set_server_optimizer(uint32_t id, ServerOptimizer optimizer) {
+  server_id_ = id;
+  server_ = std::move(optimizer);
+  applied_ = std::make_unique<bool[]>(plan_.buckets().size());
+}
+
+// Flat copies of the parameters and, where every parameter has one, of the momentum.
+static void copy_flat(const std::vector<torch::Tensor>& tensors, const strategy::BucketPlan& plan, torch::Tensor& flat) {
+  flat = torch::empty({static_cast<int64_t>(plan.total_elements())}, torch::kFloat32);
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const auto& s = plan.slot(i);
+    flat.narrow(0, static_cast<int64_t>(s.offset), static_cast<int64_t>(s.count)).copy_(tensors[i].reshape({-1}));
+  }
+}
+
+void GradSync::launch_update_locked(size_t bucket) {
+  if (!server_.options) {
+    throw Error("the strategy updates parameters on its servers, but this model's optimizer was not given to it "
+                "(GradSync::set_server_optimizer)");
+  }
+  if (bucket == 0) {  // the step's first launch
+    step_sgd_ = server_.options();
+    if (init_servers_) {
+      torch::NoGradGuard no_grad;
+      copy_flat(params_, plan_, init_params_);
+      std::vector<torch::Tensor> momentum;
+      for (size_t i = 0; i < params_.size(); ++i) momentum.push_back(server_.momentum(i));
+      const bool all = std::all_of(momentum.begin(), momentum.end(), [](const torch::Tensor& t) { return t.defined(); });
+      init_momentum_ = torch::Tensor();
+      if (all) copy_flat(momentum, plan_, init_momentum_);
+    }
+  }
+  const auto& b = plan_.buckets()[bucket];
+  strategy::ShardUpdate u;
+  u.key = (uint64_t{server_id_} << 32) | bucket;
+  u.data = flat_.data_ptr<float>() + b.offset;
+  u.count = b.count;
+  u.sgd = step_sgd_;
+  u.init = init_servers_;
+  if (u.init) {
+    u.params = init_params_.data_ptr<float>() + b.offset;
+    if (init_momentum_.defined()) u.momentum = init_momentum_.data_ptr<float>() + b.offset;
+  }
+  works_.push_back(strategy_->update_async(u, &applied_[bucket]));
+}
+
+void GradSync::gather_server_state() {
+  if (!strategy_->updates_on_servers()) return;
+  auto momentum = torch::empty({static_cast<int64_t>(plan_.total_elements())}, torch::kFloat32);
+  const auto& buckets = plan_.buckets();
+  auto has = std::make_unique<bool[]>(buckets.size());
+  std::vector<std::shared_ptr<comm::Work>> works;
+  for (size_t i = 0; i < buckets.size(); ++i) {
+    works.push_back(strategy_->gather_momentum_async((uint64_t{server_id_} << 32) | i,
+                                                     momentum.data_ptr<float>() + buckets[i].offset, buckets[i].count,
+                                                     &has[i]));
+  }
+  for (auto& w : works) w->wait();
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const auto& s = plan_.slot(i);
+    if (!has[s.bucket]) continue;
+    server_.set_momentum(i, momentum.narrow(0, static_cast<int64_t>(s.offset), static_cast<int64_t>(s.count))
+                                .view(params_[i].sizes())
+                                .clone());
   }
 }
 
@@ -124,6 +196,17 @@ void GradSync::finalize() {
   lock.unlock();
   if (error) std::rethrow_exception(error);
   torch::NoGradGuard no_grad;
+  if (strategy_->updates_on_servers()) {
+    // The slots hold the servers' new parameters; .grad stays undefined, so the optimizer skips them.
+    last_finite_ = true;
+    for (size_t b = 0; b < plan_.buckets().size(); ++b) last_finite_ = last_finite_ && applied_[b];
+    for (size_t i = 0; i < params_.size(); ++i) {
+      params_[i].copy_(slots_[i]);
+      params_[i].mutable_grad() = torch::Tensor();
+    }
+    init_servers_ = false;
+    return;
+  }
   // One reduction, no mask: a NaN or infinity anywhere makes the sum non-finite (so would a
   // sum past 3e38, a gradient no step should take either).
   last_finite_ = std::isfinite(flat_.sum().item<double>());

@@ -16,11 +16,17 @@
 // averaged, whatever .grad held before it (accumulating gradients over several backwards is not
 // supported). One GradSync per model; a backward that gives none of its parameters a gradient
 // launches nothing. Parameters must be float32 and on the CPU.
+//
+// With a strategy that updates on its servers (ps with update on shards, after
+// set_server_optimizer), each bucket's gradient goes to update_async instead, and after backward
+// the parameters hold the servers' new values and .grad is left undefined, so the operator's
+// optimizer.step() skips them (the step was taken on the servers).
 #pragma once
 
 #include <torch/types.h>
 
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <vector>
@@ -50,9 +56,27 @@ class GradSync {
   // Fails communication in flight (from any thread).
   void abort(const std::string& reason) { strategy_->abort(reason); }
 
+  // ---- update on the servers (strategy->updates_on_servers()) ----
+  struct ServerOptimizer {
+    std::function<strategy::SgdOptions()> options;                   // read at each step's start
+    std::function<torch::Tensor(size_t param)> momentum;            // the optimizer's; undefined: none
+    std::function<void(size_t param, torch::Tensor)> set_momentum;  // into the optimizer's state
+  };
+  // Required before the first backward when the strategy updates on its servers; `id` tells
+  // this model's buckets from other models' (the same on every replica).
+  void set_server_optimizer(uint32_t id, ServerOptimizer optimizer);
+  bool updates_on_servers() const { return strategy_->updates_on_servers(); }
+  // The replica's parameters or optimizer state were replaced (checkpoint, snapshot): the
+  // servers restart from them at the next step.
+  void restart_servers() { init_servers_ = true; }
+  // Collective over every replica, like a step: the servers' momentum into set_momentum, so the
+  // optimizer's own state is whole again (for checkpoints). Nothing where the servers hold none.
+  void gather_server_state();
+
  private:
   void on_grad(size_t param, const torch::Tensor& grad);
   void launch_ready_locked();
+  void launch_update_locked(size_t bucket);
   void finalize();
 
   std::vector<torch::Tensor> params_;
@@ -72,6 +96,14 @@ class GradSync {
   double wait_s_ = 0;
   bool last_finite_ = true;
   std::vector<std::pair<torch::Tensor, unsigned>> hooks_;  // (param, hook id) to remove
+
+  // Update on the servers.
+  uint32_t server_id_ = 0;
+  ServerOptimizer server_;
+  bool init_servers_ = true;                    // the next step starts the servers from this replica
+  strategy::SgdOptions step_sgd_;               // this step's, read at its first launch
+  torch::Tensor init_params_, init_momentum_;   // flat copies for the servers' start (init steps only)
+  std::unique_ptr<bool[]> applied_;             // per bucket, written by the strategy
 };
 
 }  // namespace dsgd::torch_glue

@@ -1,9 +1,11 @@
 #include "torch/replica.h"
 
 #include <ATen/Parallel.h>
+#include <torch/optim/sgd.h>
 #include <torch/serialize.h>
 #include <torch/utils.h>
 
+#include <algorithm>
 #include <cmath>
 #include <iostream>
 #include <sstream>
@@ -19,6 +21,53 @@ using Clock = std::chrono::steady_clock;
 torch::Tensor epoch_order(int64_t n, uint64_t seed, int64_t epoch) {
   auto gen = at::detail::createCPUGenerator(seed * 0x9E3779B97F4A7C15ULL + static_cast<uint64_t>(epoch + 1));
   return torch::randperm(n, gen);
+}
+
+// The key torch::optim::Optimizer files a parameter's state under.
+std::string state_key(const torch::Tensor& p) { return c10::guts::to_string(p.unsafeGetTensorImpl()); }
+
+// Model `m`'s parameters on the servers: the torch::optim::SGD param group holding them all,
+// whose options each step reads and whose state receives the servers' momentum.
+GradSync::ServerOptimizer server_optimizer(const std::vector<std::unique_ptr<torch::optim::Optimizer>>& optimizers,
+                                           size_t m, const std::vector<torch::Tensor>& params) {
+  auto contains = [](const std::vector<torch::Tensor>& group, const torch::Tensor& p) {
+    return std::any_of(group.begin(), group.end(),
+                       [&](const torch::Tensor& q) { return q.unsafeGetTensorImpl() == p.unsafeGetTensorImpl(); });
+  };
+  for (const auto& opt : optimizers) {
+    for (size_t g = 0; g < opt->param_groups().size(); ++g) {
+      const auto& group = opt->param_groups()[g].params();
+      if (!contains(group, params[0])) continue;
+      auto* sgd = dynamic_cast<torch::optim::SGD*>(opt.get());
+      const bool all = std::all_of(params.begin(), params.end(), [&](const torch::Tensor& p) { return contains(group, p); });
+      if (sgd == nullptr || !all) {
+        throw ConfigError("ps_update_on_shards: model " + std::to_string(m) + "'s parameters must all be in one " +
+                          "param group of a torch::optim::SGD (the servers apply SGD to them); " +
+                          (sgd == nullptr ? "its optimizer is another kind" : "they are spread over several groups") +
+                          ". Use SGD or turn ps_update_on_shards off");
+      }
+      GradSync::ServerOptimizer o;
+      o.options = [sgd, g] {
+        const auto& x = static_cast<const torch::optim::SGDOptions&>(sgd->param_groups()[g].options());
+        return strategy::SgdOptions{static_cast<float>(x.lr()), static_cast<float>(x.momentum()),
+                                    static_cast<float>(x.dampening()), static_cast<float>(x.weight_decay()),
+                                    x.nesterov()};
+      };
+      o.momentum = [sgd, params](size_t i) {
+        auto it = sgd->state().find(state_key(params[i]));
+        if (it == sgd->state().end()) return torch::Tensor();
+        return static_cast<torch::optim::SGDParamState&>(*it->second).momentum_buffer();
+      };
+      o.set_momentum = [sgd, params](size_t i, torch::Tensor t) {
+        auto state = std::make_unique<torch::optim::SGDParamState>();
+        state->momentum_buffer(std::move(t));
+        sgd->state()[state_key(params[i])] = std::move(state);
+      };
+      return o;
+    }
+  }
+  throw ConfigError("ps_update_on_shards: model " + std::to_string(m) + "'s parameters are in no optimizer; " +
+                    "register a torch::optim::SGD for them in setup");
 }
 
 }  // namespace
@@ -78,13 +127,21 @@ void ReplicaRuntime::set_info(int rank, int world_size, int worker) {
 void ReplicaRuntime::attach(std::shared_ptr<strategy::GradientStrategy> strategy) {
   syncs_.clear();
   if (!strategy) return;
-  for (auto& model : op_->models_) {
+  for (size_t m = 0; m < op_->models_.size(); ++m) {
     std::vector<torch::Tensor> params;
-    for (auto& p : model->parameters()) {
+    for (auto& p : op_->models_[m]->parameters()) {
       if (p.requires_grad()) params.push_back(p);
     }
-    if (!params.empty()) syncs_.push_back(std::make_unique<GradSync>(params, options_.grad_shard_bytes, strategy, options_.overlap));
+    if (params.empty()) continue;
+    syncs_.push_back(std::make_unique<GradSync>(params, options_.grad_shard_bytes, strategy, options_.overlap));
+    if (strategy->updates_on_servers()) {
+      syncs_.back()->set_server_optimizer(static_cast<uint32_t>(m), server_optimizer(op_->optimizers_, m, params));
+    }
   }
+}
+
+void ReplicaRuntime::gather_server_state() {
+  for (auto& s : syncs_) s->gather_server_state();
 }
 
 int64_t ReplicaRuntime::batches_per_epoch() const {
@@ -171,7 +228,10 @@ bool ReplicaRuntime::check_gradients() {
   }
   ++skipped_this_call_;
   if (options_.info.rank == 0) {
-    std::cerr << "dsgd: warning: non-finite gradient at " << where << ": step skipped on every replica\n";
+    const bool on_servers = !syncs_.empty() && syncs_[0]->updates_on_servers();
+    std::cerr << "dsgd: warning: non-finite gradient at " << where
+              << (on_servers ? ": the ps shards it reached skipped the step (the others took it)\n"
+                             : ": step skipped on every replica\n");
   }
   return false;
 }
@@ -262,6 +322,7 @@ void ReplicaRuntime::load_state(const std::string& bytes) {
   step_schedules_to(pos[2].item<int64_t>());
   torch::serialize::InputArchive extra;
   if (archive.try_read("extra", extra)) op_->load_state_dict(extra);
+  for (auto& s : syncs_) s->restart_servers();
 }
 
 std::vector<std::pair<std::string, torch::Tensor>> ReplicaRuntime::named_tensors() const {

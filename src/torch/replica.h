@@ -53,7 +53,12 @@ class ReplicaRuntime {
   // A new place in a re-formed job (after a worker was lost): rank, world size, worker.
   void set_info(int rank, int world_size, int worker);
   // Installs gradient hooks averaging through `strategy` (null: none, e.g. the driver's copy).
+  // A strategy that updates on its servers takes each model's SGD from its optimizers (throws
+  // ConfigError where a model's parameters are not all in one torch::optim::SGD param group).
   void attach(std::shared_ptr<strategy::GradientStrategy> strategy);
+  // Collective, on every replica: the optimizer state the strategy's servers hold comes back
+  // into the optimizers, so save_state() is whole (nothing to do for other strategies).
+  void gather_server_state();
 
   // Runs the operator's train_epoch from the current position for at most max_batches batches
   // (0 = to the end of the epoch); the epoch advances when finished. Adds profile times when

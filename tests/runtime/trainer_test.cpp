@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 #include <torch/nn/modules/linear.h>
 #include <torch/nn/functional/loss.h>
+#include <torch/optim/adam.h>
 #include <torch/optim/sgd.h>
 #include <signal.h>
 #include <unistd.h>
@@ -85,6 +86,19 @@ class NanOperator : public TrainingOperator {
   int calls_ = 0;
 };
 DSGD_REGISTER_OPERATOR(NanOperator);
+
+// The regression with Adam: the ps shards cannot apply it.
+class AdamOperator : public TrainingOperator {
+ public:
+  void setup(const json&) override {
+    auto m = register_model(std::make_shared<Widening>(-2));
+    register_optimizer(std::make_unique<torch::optim::Adam>(m->parameters(), 0.01));
+    register_loss([](const torch::Tensor& out, const torch::Tensor& y) { return torch::mse_loss(out, y); });
+    auto x = torch::randn({256, 4});
+    register_data(x, x.sum(1, true));
+  }
+};
+DSGD_REGISTER_OPERATOR(AdamOperator);
 
 // The regression, on a replica that kills itself in state_dict (the driver's snapshot) while
 // the file named by DSGD_TEST_DIE_IN_SNAPSHOT exists, removing it first: it dies once.
@@ -222,6 +236,19 @@ TEST(TrainerEquivalence, PsWithoutOverlap) {
   expect_equivalent(c);
 }
 
+// ps with update on shards: the owners apply SGD (momentum 0.9) to their slices.
+TrainerConfig ps_update_config(int workers, int hosts, int shards, int64_t batch = 64) {
+  auto c = ps_config(workers, hosts, shards, batch);
+  c.ps_update_on_shards = true;
+  return c;
+}
+TEST(TrainerEquivalence, PsUpdateOnShardsOneShardOnTwoHosts) { expect_equivalent(ps_update_config(2, 2, 1)); }
+TEST(TrainerEquivalence, PsUpdateOnShardsTwoShardsOnTwoHosts) { expect_equivalent(ps_update_config(2, 2, 2)); }
+TEST(TrainerEquivalence, PsUpdateOnShardsFourShardsThreeWorkersOnTwoHosts) {
+  expect_equivalent(ps_update_config(3, 2, 4, 96));
+}
+TEST(TrainerEquivalence, PsUpdateOnShardsOneHost) { expect_equivalent(ps_update_config(2, 1, 0)); }
+
 TEST(Trainer, ResultsAverageOverWorkersAndForeachWorkerReachesEveryReplica) {
   auto c = base_config(2, "allreduce", 64);
   c.initialization_hook = "count_hook";
@@ -269,6 +296,32 @@ TEST(TrainerCheckpoint, SavedWithTwoAllreduceWorkersContinuesIdenticallyWithThre
   EXPECT_EQ(rb.batch, 15);  // the sampler position came with the checkpoint
   EXPECT_NEAR(ra.metrics.at("loss"), rb.metrics.at("loss"), 1e-5);
   EXPECT_LT(max_difference(params_of(*a.get_model()), params_of(*b.get_model())), 1e-5);
+}
+
+// Trains `from` 10 steps, saves, loads into a fresh `to` job; both go on 5 steps and must agree.
+// The momentum (0.9) must come along: without it the two part at once.
+void expect_checkpoint_moves(const TrainerConfig& from, const TrainerConfig& to) {
+  testing::TempDir dir;
+  const std::string path = dir.file("ckpt");
+  Trainer a(runtime::kImageClassifier, from);
+  a.train({.num_steps = 10});
+  a.save(path);
+  Trainer b(runtime::kImageClassifier, to);
+  b.load(path);
+  EXPECT_LT(max_difference(params_of(*a.get_model()), params_of(*b.get_model())), 1e-7);
+  auto ra = a.train({.num_steps = 5});
+  auto rb = b.train({.num_steps = 5});
+  EXPECT_EQ(rb.batch, 15);
+  EXPECT_NEAR(ra.metrics.at("loss"), rb.metrics.at("loss"), 1e-5);
+  EXPECT_LT(max_difference(params_of(*a.get_model()), params_of(*b.get_model())), 1e-5);
+}
+
+TEST(TrainerCheckpoint, SavedWithMomentumOnPsShardsContinuesIdenticallyUnderAllreduce) {
+  expect_checkpoint_moves(ps_update_config(2, 2, 2), base_config(2, "allreduce", 64));
+}
+
+TEST(TrainerCheckpoint, SavedUnderAllreduceContinuesIdenticallyWithMomentumOnPsShards) {
+  expect_checkpoint_moves(base_config(2, "allreduce", 64), ps_update_config(2, 2, 2));
 }
 
 TEST(TrainerCheckpoint, SchedulesStepPerEpochOrBatchAndComeBackFromCheckpoints) {
@@ -439,6 +492,21 @@ TEST(TrainerBadInput, ClearErrorsBeforeAnyProcessIsSpawned) {
   bad.initialization_hook = "missing_hook";
   expect_config_error(runtime::kImageClassifier, bad, "missing_hook");
   expect_config_error("NoSuchOperator", c, "unknown operator 'NoSuchOperator'");
+  bad = c;
+  bad.ps_update_on_shards = true;
+  expect_config_error(runtime::kImageClassifier, bad, "ps_update_on_shards needs strategy ps, got 'allreduce'");
+}
+
+TEST(TrainerBadInput, UpdateOnShardsWithAnOptimizerOtherThanSgdSaysWhatItNeeds) {
+  auto c = ps_update_config(2, 2, 2);
+  try {
+    Trainer t("AdamOperator", c);
+    FAIL() << "the shards accepted an Adam model they cannot update";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("must all be in one param group of a torch::optim::SGD"), std::string::npos)
+        << e.what();
+    EXPECT_NE(std::string(e.what()).find("its optimizer is another kind"), std::string::npos) << e.what();
+  }
 }
 
 TEST(TrainerBadInput, OperatorConfigErrorFromAWorkerNamesTheWorker) {
@@ -643,6 +711,14 @@ TEST(TrainerRecovery, SimpleStrategySurvivesAKilledWorker) {
 TEST(TrainerRecovery, PsSurvivesAKilledWorkerHoldingAShard) {
   // Every worker serves shards (num_ps_shards 2 on 2 pseudo-hosts): the victim takes one with it.
   auto r = train_through_fault(ps_config(2, 2, 2), SIGKILL);
+  ASSERT_EQ(r.recoveries.size(), 1u);
+  EXPECT_EQ(r.recoveries[0].workers_after, 2);
+}
+
+TEST(TrainerRecovery, PsUpdateOnShardsGetsALostShardsParametersAndMomentumBackFromTheSnapshot) {
+  // The victim owns a shard's parameters and momentum, found nowhere else: the recovery restores
+  // them from the last snapshot (gathered into it) and the result equals a fault-free run.
+  auto r = train_through_fault(ps_update_config(2, 2, 2), SIGKILL);
   ASSERT_EQ(r.recoveries.size(), 1u);
   EXPECT_EQ(r.recoveries[0].workers_after, 2);
 }

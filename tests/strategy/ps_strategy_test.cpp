@@ -1,10 +1,12 @@
 // The ps strategy with ranks as threads split into pseudo-hosts: the average it computes, with
 // 1, 2 and 4 shards on 1, 2 and 4 hosts, against closed forms; every replica bit-identical;
-// many buckets in flight at once (pipelined) stay in order; abort fails what is queued.
+// many buckets in flight at once (pipelined) stay in order; abort fails what is queued; with
+// update on shards, SGD (decay, momentum, dampening, Nesterov) against its closed form.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <vector>
 
 #include "dsgd/error.h"
@@ -69,6 +71,79 @@ TEST(PsStrategy, UnevenHostsThreeShards) { check(3, 2, 3); }
 // buckets of the MLP's size.
 TEST(PsStrategy, InterleavedHostsAndLargeBuckets) {
   check(3, 2, 3, {0, 1, 0}, {2621440, 2621440, 590000});
+}
+
+// Update on shards: 4 ranks on 2 hosts, 2 shards; SGD with weight decay, momentum and
+// dampening against the closed form, step by step. Step 3 has a NaN in shard 0's half on one
+// rank: shard 0 keeps its parameters and momentum, shard 1 steps, every rank is told. The
+// momentum gathered at the end is each shard's own.
+void check_update_on_shards(bool nesterov) {
+  constexpr int kSize = 4;
+  constexpr size_t kCount = 1001;
+  const SgdOptions sgd{.lr = 0.5f, .momentum = 0.9f, .dampening = 0.25f, .weight_decay = 0.1f, .nesterov = nesterov};
+  auto grad = [](int rank, int step, size_t i) {
+    return static_cast<float>((rank + 1) * step) * 0.01f + static_cast<float>(i % 5) * 0.001f;
+  };
+  // The closed form, in double: the average gradient is the mean over ranks.
+  std::vector<double> p(kCount), m(kCount);
+  for (size_t i = 0; i < kCount; ++i) p[i] = static_cast<double>(i) * 1e-3;
+  auto reference_step = [&](int step, size_t from, size_t to) {
+    for (size_t i = from; i < to; ++i) {
+      double g = 0;
+      for (int r = 0; r < kSize; ++r) g += grad(r, step, i);
+      g = g / kSize + sgd.weight_decay * p[i];
+      m[i] = step == 1 ? g : m[i] * sgd.momentum + (1 - sgd.dampening) * g;
+      p[i] -= sgd.lr * (nesterov ? g + sgd.momentum * m[i] : m[i]);
+    }
+  };
+  reference_step(1, 0, kCount);
+  reference_step(2, 0, kCount);
+  reference_step(3, kCount / 2, kCount);  // shard 1 only: shard 0 = [0, kCount / 2) saw the NaN
+
+  auto store = comm::make_memory_store();
+  std::vector<std::vector<float>> params(kSize), momentum(kSize);
+  testing::run_ranks(kSize, [&](int rank) {
+    auto s = make_ps_strategy(make_group(store, rank, kSize, 2), 2, /*update_on_shards=*/true);
+    EXPECT_TRUE(s->updates_on_servers());
+    std::vector<float> mine(kCount), start(kCount);
+    for (size_t i = 0; i < kCount; ++i) start[i] = static_cast<float>(i) * 1e-3f;
+    bool has = true;
+    s->gather_momentum_async(7, mine.data(), kCount, &has)->wait();
+    EXPECT_FALSE(has) << "momentum before any step";
+    for (int step = 1; step <= 3; ++step) {
+      std::vector<float> data(kCount);
+      for (size_t i = 0; i < kCount; ++i) data[i] = grad(rank, step, i);
+      if (step == 3 && rank == 3) data[1] = std::numeric_limits<float>::quiet_NaN();
+      ShardUpdate u{.key = 7, .data = data.data(), .count = kCount, .sgd = sgd, .init = step == 1,
+                    .params = start.data()};
+      bool applied = false;
+      s->update_async(u, &applied)->wait();
+      EXPECT_EQ(applied, step != 3) << "step " << step << " rank " << rank;
+      params[static_cast<size_t>(rank)] = data;
+    }
+    s->gather_momentum_async(7, mine.data(), kCount, &has)->wait();
+    EXPECT_TRUE(has);
+    momentum[static_cast<size_t>(rank)] = mine;
+  });
+  for (int r = 0; r < kSize; ++r) {
+    for (size_t i = 0; i < kCount; ++i) {
+      ASSERT_NEAR(params[static_cast<size_t>(r)][i], p[i], 1e-5) << "rank " << r << " element " << i;
+      ASSERT_NEAR(momentum[static_cast<size_t>(r)][i], m[i], 1e-5) << "rank " << r << " element " << i;
+    }
+  }
+}
+TEST(PsStrategy, UpdateOnShardsAppliesSgdAndSkipsANonFiniteShard) { check_update_on_shards(false); }
+TEST(PsStrategy, UpdateOnShardsAppliesNesterovSgd) { check_update_on_shards(true); }
+
+TEST(PsStrategy, UpdatesWithoutAStartAreAnErrorNotGarbage) {
+  auto store = comm::make_memory_store();
+  testing::run_ranks(1, [&](int rank) {
+    auto s = make_ps_strategy(make_group(store, rank, 1, 1), 1, true);
+    std::vector<float> v(10, 1.0f);
+    bool applied = false;
+    EXPECT_THROW(s->update_async({.key = 1, .data = v.data(), .count = v.size(), .sgd = {}}, &applied)->wait(), Error);
+    EXPECT_THROW(s->average_async(v.data(), v.size()), Error);
+  });
 }
 
 TEST(PsStrategy, BadShardCountIsAConfigError) {

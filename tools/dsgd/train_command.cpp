@@ -34,6 +34,7 @@ struct TrainFlags {
   int keep_checkpoints = 3;
   int max_failures = 3;
   int ps_shards = 0;
+  bool ps_update_on_shards = false;
   int local_hosts = 1;
   int64_t heartbeat_timeout_ms = 10000;
   std::string nonfinite = "skip";
@@ -165,6 +166,7 @@ runtime::LocalJobResult run_with_trainer(const TrainFlags& f, ProgressPrinter* p
   c.checkpoint_keep = f.keep_checkpoints;
   c.max_failures = f.max_failures;
   c.num_ps_shards = f.ps_shards;
+  c.ps_update_on_shards = f.ps_update_on_shards;
   c.local_hosts = f.local_hosts;
   c.heartbeat_timeout = std::chrono::milliseconds(f.heartbeat_timeout_ms);
   c.nonfinite_policy = f.nonfinite;
@@ -300,6 +302,8 @@ void add_train_command(CLI::App& app, int* exit_code) {
       ->capture_default_str();
   cmd->add_option("--ps-shards", flags->ps_shards, "ps: parameter-server shards (0 = one per host)")
       ->capture_default_str();
+  cmd->add_flag("--ps-update-on-shards", flags->ps_update_on_shards,
+                "ps: the shards apply SGD and hold its momentum (optimizer state sharded); needs SGD");
   cmd->add_option("--local-hosts", flags->local_hosts,
                   "Spread local workers over this many pseudo-hosts (shared memory only within each)")
       ->capture_default_str();
