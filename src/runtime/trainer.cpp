@@ -280,11 +280,28 @@ struct Trainer::Impl {
     return r;
   }
 
+  // The first member's state (models, optimizers, position). Optimizer state held on the ps
+  // shards comes back into the replicas' optimizers first (a collective: every member).
+  std::string read_state() {
+    if (config.ps_update_on_shards) raw_call("gather_state", json{{"keep", pool->members().at(0)}});
+    return std::move(raw_call("get_state", json::object(), "", {pool->members().at(0)})[0].blob);
+  }
+
+  // read_state, surviving lost workers as call() does.
+  std::string read_state_or_recover() {
+    ensure_usable();
+    while (true) {
+      try {
+        return read_state();
+      } catch (const std::exception& e) {
+        recover_or_rethrow(e);
+      }
+    }
+  }
+
   void take_snapshot() {
     const auto t0 = Clock::now();
-    // Optimizer state sharded on the servers comes back into every replica's optimizer first.
-    if (config.ps_update_on_shards) raw_call("gather_state", json::object());
-    snapshot = std::move(raw_call("get_state", json::object(), "", {pool->members().at(0)})[0].blob);
+    snapshot = read_state();
     snapshot_s = std::chrono::duration<double>(Clock::now() - t0).count();
     control::log().debug("trainer: snapshot of {} bytes in {:.3f} s", snapshot.size(), snapshot_s);
   }
@@ -514,11 +531,11 @@ std::vector<json> Trainer::foreach_worker(const std::string& name, const json& a
 
 void Trainer::save(const std::string& path) {
   auto& d = *impl_;
-  auto state = d.call("get_state", json::object(), "", true);
+  std::string state = d.read_state_or_recover();
   auto pickle = d.call("get_pickle", json::object(), "", true);
   auto pos = d.call("position", json::object(), "", true);
   const json p = json::parse(pos[0].json);
-  runtime::Checkpoint c{d.checkpoint_header(p.at("epoch"), p.at("batch")), std::move(state[0].blob)};
+  runtime::Checkpoint c{d.checkpoint_header(p.at("epoch"), p.at("batch")), std::move(state)};
   runtime::write_checkpoint(path, c, pickle[0].blob);
 }
 

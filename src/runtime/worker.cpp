@@ -272,10 +272,15 @@ class Worker {
     } else if (cmd.kind == "set_state") {
       each_replica([&](int i) { replicas_[static_cast<size_t>(i)]->load_state(cmd.blob); });
     } else if (cmd.kind == "gather_state") {
+      // Every replica takes part; only the worker whose state is read next ("keep") keeps a copy.
       each_replica([&](int i) { replicas_[static_cast<size_t>(i)]->gather_server_state(); });
+      if (in.value("keep", -1) != index_) {
+        for (auto& r : replicas_) r->drop_server_state_copy();
+      }
     } else if (cmd.kind == "get_state") {
       const auto t0 = std::chrono::steady_clock::now();
       out_blob = replicas_.at(0)->save_state();
+      for (auto& r : replicas_) r->drop_server_state_copy();  // saved: the servers hold it
       control::log().debug("worker {}: state of {} bytes serialised in {:.3f} s", index_, out_blob.size(),
                            std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
     } else if (cmd.kind == "get_pickle") {

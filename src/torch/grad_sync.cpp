@@ -143,6 +143,12 @@ void GradSync::launch_update_locked(size_t bucket) {
   works_.push_back(strategy_->update_async(u, &applied_[bucket]));
 }
 
+void GradSync::drop_optimizer_momentum() {
+  // Until the servers start from it (the next step), the optimizer's copy is the only one.
+  if (!server_.set_momentum || init_servers_) return;
+  for (size_t i = 0; i < params_.size(); ++i) server_.set_momentum(i, torch::Tensor());
+}
+
 void GradSync::gather_server_state() {
   if (!strategy_->updates_on_servers()) return;
   auto momentum = torch::empty({static_cast<int64_t>(plan_.total_elements())}, torch::kFloat32);
@@ -204,7 +210,9 @@ void GradSync::finalize() {
       params_[i].copy_(slots_[i]);
       params_[i].mutable_grad() = torch::Tensor();
     }
+    const bool started = init_servers_;
     init_servers_ = false;
+    if (started) drop_optimizer_momentum();  // the servers started from it and own it now
     return;
   }
   // One reduction, no mask: a NaN or infinity anywhere makes the sum non-finite (so would a

@@ -60,7 +60,7 @@ class GradSync {
   struct ServerOptimizer {
     std::function<strategy::SgdOptions()> options;                   // read at each step's start
     std::function<torch::Tensor(size_t param)> momentum;            // the optimizer's; undefined: none
-    std::function<void(size_t param, torch::Tensor)> set_momentum;  // into the optimizer's state
+    std::function<void(size_t param, torch::Tensor)> set_momentum;  // into its state; undefined: erase
   };
   // Required before the first backward when the strategy updates on its servers; `id` tells
   // this model's buckets from other models' (the same on every replica).
@@ -72,6 +72,10 @@ class GradSync {
   // Collective over every replica, like a step: the servers' momentum into set_momentum, so the
   // optimizer's own state is whole again (for checkpoints). Nothing where the servers hold none.
   void gather_server_state();
+  // Erases the optimizer's momentum for this model's parameters: the servers hold it. Done after
+  // the step that started them and by the runtime once a gathered copy has been saved, so the
+  // momentum lives once, split over the shards, not once per replica.
+  void drop_optimizer_momentum();
 
  private:
   void on_grad(size_t param, const torch::Tensor& grad);

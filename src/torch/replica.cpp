@@ -59,6 +59,10 @@ GradSync::ServerOptimizer server_optimizer(const std::vector<std::unique_ptr<tor
         return static_cast<torch::optim::SGDParamState&>(*it->second).momentum_buffer();
       };
       o.set_momentum = [sgd, params](size_t i, torch::Tensor t) {
+        if (!t.defined()) {
+          sgd->state().erase(state_key(params[i]));
+          return;
+        }
         auto state = std::make_unique<torch::optim::SGDParamState>();
         state->momentum_buffer(std::move(t));
         sgd->state()[state_key(params[i])] = std::move(state);
@@ -142,6 +146,12 @@ void ReplicaRuntime::attach(std::shared_ptr<strategy::GradientStrategy> strategy
 
 void ReplicaRuntime::gather_server_state() {
   for (auto& s : syncs_) s->gather_server_state();
+}
+
+void ReplicaRuntime::drop_server_state_copy() {
+  for (auto& s : syncs_) {
+    if (s->updates_on_servers()) s->drop_optimizer_momentum();
+  }
 }
 
 int64_t ReplicaRuntime::batches_per_epoch() const {

@@ -59,6 +59,9 @@ class ReplicaRuntime {
   // Collective, on every replica: the optimizer state the strategy's servers hold comes back
   // into the optimizers, so save_state() is whole (nothing to do for other strategies).
   void gather_server_state();
+  // After the gathered state was saved (or where it is not needed): the optimizers let go of the
+  // servers' momentum again, which lives on the servers only.
+  void drop_server_state_copy();
 
   // Runs the operator's train_epoch from the current position for at most max_batches batches
   // (0 = to the end of the epoch); the epoch advances when finished. Adds profile times when

@@ -46,6 +46,10 @@ DSGD_REGISTER_WORKER_FUNCTION(count_hook, [](TrainingOperator* op, const json&) 
 });
 DSGD_REGISTER_WORKER_FUNCTION(hook_runs_here, [](TrainingOperator*, const json&) -> json { return hook_runs.load(); });
 
+DSGD_REGISTER_WORKER_FUNCTION(optimizer_states, [](TrainingOperator* op, const json&) -> json {
+  return op->optimizer(0).state().size();
+});
+
 DSGD_REGISTER_WORKER_FUNCTION(learning_rate, [](TrainingOperator* op, const json&) -> json {
   return op->optimizer(0).param_groups()[0].options().get_lr();
 });
@@ -322,6 +326,19 @@ TEST(TrainerCheckpoint, SavedWithMomentumOnPsShardsContinuesIdenticallyUnderAllr
 
 TEST(TrainerCheckpoint, SavedUnderAllreduceContinuesIdenticallyWithMomentumOnPsShards) {
   expect_checkpoint_moves(base_config(2, "allreduce", 64), ps_update_config(2, 2, 2));
+}
+
+TEST(TrainerCheckpoint, WithMomentumOnPsShardsTheReplicasOptimizersHoldNoneBetweenSnapshots) {
+  // The momentum lives on the shards: the replicas hold a copy only between a snapshot's gather
+  // and its read, and the saved state still has all of it (checked by the tests above).
+  testing::TempDir dir;
+  Trainer ps(runtime::kImageClassifier, ps_update_config(2, 2, 2));
+  ps.train({.num_steps = 12});
+  ps.save(dir.file("ckpt"));
+  for (const auto& n : ps.foreach_worker("optimizer_states")) EXPECT_EQ(n.get<int>(), 0);
+  Trainer allreduce(runtime::kImageClassifier, base_config(2, "allreduce", 64));
+  allreduce.train({.num_steps = 2});
+  for (const auto& n : allreduce.foreach_worker("optimizer_states")) EXPECT_GT(n.get<int>(), 0);
 }
 
 TEST(TrainerCheckpoint, SchedulesStepPerEpochOrBatchAndComeBackFromCheckpoints) {
