@@ -52,12 +52,15 @@ struct TrainProgress {
 struct TrainerConfig {
   int num_workers = 1;
   int devices_per_worker = 1;                // replicas per worker process (threads on CPU)
-  std::string strategy = "allreduce";        // simple | allreduce | ps
+  std::string strategy = "allreduce";        // simple | allreduce | ps | ps_async
   int num_ps_shards = 0;                     // ps: parameter-server shards (0 = one per host), 1..64
   // ps: the shards apply SGD themselves and hold the momentum of their slices (MXNet's
   // update_on_kvstore); each model's parameters must be in one torch::optim::SGD param group.
   // Checkpoints gather the momentum back, so they load under any strategy.
   bool ps_update_on_shards = false;
+  // ps_async: a replica more than this many updates ahead of the slowest on a shard waits there
+  // (stale synchronous parallel); -1 = never waits. Replicas report staleness_mean/_max.
+  int max_staleness = 4;
   std::string allreduce_algo = "auto";       // auto (shared memory within a host, Gloo across) | ring | hd
   int64_t grad_shard_bytes = 10 << 20;       // gradient bucket size
   bool overlap = true;                       // false: communicate after backward, not during

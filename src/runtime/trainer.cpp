@@ -283,7 +283,9 @@ struct Trainer::Impl {
   // The first member's state (models, optimizers, position). Optimizer state held on the ps
   // shards comes back into the replicas' optimizers first (a collective: every member).
   std::string read_state() {
-    if (config.ps_update_on_shards) raw_call("gather_state", json{{"keep", pool->members().at(0)}});
+    if (config.ps_update_on_shards || config.strategy == "ps_async") {
+      raw_call("gather_state", json{{"keep", pool->members().at(0)}});
+    }
     return std::move(raw_call("get_state", json::object(), "", {pool->members().at(0)})[0].blob);
   }
 
@@ -361,6 +363,7 @@ Trainer::Trainer(const std::string& operator_name, TrainerConfig config) : impl_
   job["strategy"] = c.strategy;
   job["num_ps_shards"] = c.num_ps_shards;
   job["ps_update_on_shards"] = c.ps_update_on_shards;
+  job["max_staleness"] = c.max_staleness;
   job["allreduce_algo"] = c.allreduce_algo;
   job["grad_shard_bytes"] = c.grad_shard_bytes;
   job["batch_size"] = c.batch_size;

@@ -23,8 +23,9 @@ void validate_trainer_config(const std::string& op, const TrainerConfig& c) {
           "num_workers must be in 1..4096, got " + std::to_string(c.num_workers));
   require(c.devices_per_worker >= 1 && c.devices_per_worker <= 256,
           "devices_per_worker must be in 1..256, got " + std::to_string(c.devices_per_worker));
-  require(c.strategy == "simple" || c.strategy == "allreduce" || c.strategy == "ps",
-          "unknown strategy '" + c.strategy + "'; use simple, allreduce or ps");
+  require(c.strategy == "simple" || c.strategy == "allreduce" || c.strategy == "ps" || c.strategy == "ps_async",
+          "unknown strategy '" + c.strategy + "'; use simple, allreduce, ps or ps_async");
+  require(c.max_staleness >= -1, "max_staleness must be >= -1 (-1 = unbounded), got " + std::to_string(c.max_staleness));
   require(c.num_ps_shards >= 0 && c.num_ps_shards <= 64,
           "num_ps_shards must be in 0..64 (0 = one per host), got " + std::to_string(c.num_ps_shards));
   require(!c.ps_update_on_shards || c.strategy == "ps",

@@ -372,7 +372,7 @@ class Worker {
     if (world_ == 1) return;  // one replica: nothing to average, no hooks
     std::vector<std::shared_ptr<strategy::GradientStrategy>> strategies(static_cast<size_t>(dpw_));
     groups_.assign(static_cast<size_t>(dpw_), nullptr);
-    if (strategy == "allreduce" || strategy == "ps") {
+    if (strategy == "allreduce" || strategy == "ps" || strategy == "ps_async") {
       auto base = control::connect_store(client_.address(), token_);
       const std::string prefix = "gen" + std::to_string(generation) + "/";
       each_replica([&](int i) {
@@ -386,7 +386,11 @@ class Worker {
         const int rank = rank_base_ + i;
         auto group = std::shared_ptr<comm::HierarchicalGroup>(comm::HierarchicalGroup::create(store, rank, world_, go, so));
         groups_[static_cast<size_t>(i)] = group;
-        if (strategy == "ps") {
+        if (strategy == "ps_async") {
+          const int shards = job_.value("num_ps_shards", 0);
+          strategies[static_cast<size_t>(i)] = strategy::make_ps_async_strategy(
+              group, shards > 0 ? shards : group->num_hosts(), job_.value("max_staleness", 4));
+        } else if (strategy == "ps") {
           const int shards = job_.value("num_ps_shards", 0);
           strategies[static_cast<size_t>(i)] = strategy::make_ps_strategy(
               group, shards > 0 ? shards : group->num_hosts(), job_.value("ps_update_on_shards", false));

@@ -8,6 +8,7 @@
 
 #include "comm/op_queue.h"
 #include "dsgd/error.h"
+#include "strategy/sgd.h"
 #include "strategy/strategy.h"
 
 namespace dsgd::strategy {
@@ -21,44 +22,6 @@ struct ShardState {
   std::vector<float> params;
   std::vector<float> momentum;  // empty until the first step with momentum (torch's SGD alike)
 };
-
-// One pass of torch::optim::SGD's arithmetic over n elements: g holds the average gradient on
-// entry and the new parameters on exit; p and m (momentum) are updated in place. The options'
-// branches are template arguments, so each loop is branch-free and vectorises.
-template <bool kDecay, bool kMomentum, bool kFirst, bool kNesterov>
-void sgd_loop(const SgdOptions& o, float* __restrict g, float* __restrict p, float* __restrict m, size_t n) {
-  const float keep = 1 - o.dampening, step = -o.lr;
-  for (size_t i = 0; i < n; ++i) {
-    float d = g[i];
-    if constexpr (kDecay) d += o.weight_decay * p[i];
-    if constexpr (kMomentum) {
-      const float mi = kFirst ? d : m[i] * o.momentum + keep * d;  // torch: a clone of d at first
-      m[i] = mi;
-      d = kNesterov ? d + o.momentum * mi : mi;
-    }
-    p[i] += step * d;
-    g[i] = p[i];
-  }
-}
-
-void sgd_pass(const SgdOptions& o, bool first, float* g, float* p, float* m, size_t n) {
-  const bool decay = o.weight_decay != 0;
-  if (o.momentum == 0) {
-    decay ? sgd_loop<true, false, false, false>(o, g, p, m, n) : sgd_loop<false, false, false, false>(o, g, p, m, n);
-    return;
-  }
-  const int which = (decay ? 4 : 0) + (first ? 2 : 0) + (o.nesterov ? 1 : 0);
-  switch (which) {
-    case 0: sgd_loop<false, true, false, false>(o, g, p, m, n); break;
-    case 1: sgd_loop<false, true, false, true>(o, g, p, m, n); break;
-    case 2: sgd_loop<false, true, true, false>(o, g, p, m, n); break;
-    case 3: sgd_loop<false, true, true, true>(o, g, p, m, n); break;
-    case 4: sgd_loop<true, true, false, false>(o, g, p, m, n); break;
-    case 5: sgd_loop<true, true, false, true>(o, g, p, m, n); break;
-    case 6: sgd_loop<true, true, true, false>(o, g, p, m, n); break;
-    default: sgd_loop<true, true, true, true>(o, g, p, m, n); break;
-  }
-}
 
 class PsStrategy final : public GradientStrategy {
  public:
@@ -100,9 +63,11 @@ class PsStrategy final : public GradientStrategy {
     });
   }
 
-  std::shared_ptr<comm::Work> gather_momentum_async(uint64_t key, float* momentum, size_t count,
-                                                    bool* has_momentum) override {
-    if (!update_on_shards_) return GradientStrategy::gather_momentum_async(key, momentum, count, has_momentum);
+  std::shared_ptr<comm::Work> gather_state_async(uint64_t key, float* params, float* momentum, size_t count,
+                                                 bool* has_momentum) override {
+    if (!update_on_shards_ || params != nullptr) {
+      return GradientStrategy::gather_state_async(key, params, momentum, count, has_momentum);
+    }
     const uint64_t seq = next_seq_++;
     return queue_.submit("ps gather momentum #" + std::to_string(seq), [=, this] {
       check_not_aborted();
@@ -285,15 +250,7 @@ class PsStrategy final : public GradientStrategy {
     }
     float* g = u.data + b;
     const float inv = 1.0f / static_cast<float>(group_->global().size());
-    // Non-finite means all exponent bits set (NaN or infinity); no branch, so it vectorises.
-    uint32_t non_finite = 0;
-    for (size_t i = 0; i < n; ++i) {
-      g[i] *= inv;
-      uint32_t bits;
-      std::memcpy(&bits, &g[i], sizeof(bits));
-      non_finite |= static_cast<uint32_t>((bits & 0x7f800000u) == 0x7f800000u);
-    }
-    const bool finite = non_finite == 0;
+    const bool finite = scale_and_check(g, n, inv);
     if (finite) {
       const bool first = st.momentum.empty();
       if (u.sgd.momentum != 0 && first) st.momentum.resize(n);

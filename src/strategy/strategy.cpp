@@ -11,7 +11,7 @@ std::shared_ptr<comm::Work> GradientStrategy::update_async(const ShardUpdate&, b
   throw Error("strategy '" + name() + "' averages gradients; it does not update parameters on servers");
 }
 
-std::shared_ptr<comm::Work> GradientStrategy::gather_momentum_async(uint64_t, float*, size_t, bool*) {
+std::shared_ptr<comm::Work> GradientStrategy::gather_state_async(uint64_t, float*, float*, size_t, bool*) {
   throw Error("strategy '" + name() + "' keeps no optimizer state on servers");
 }
 

@@ -8,7 +8,10 @@
 // A strategy works on flat float32 buckets and knows nothing of tensors (torch-free). Every
 // replica must start the same averages in the same order (src/torch/grad_sync.h launches
 // buckets in index order for that). Results are identical on every replica, so replicas stay
-// bit-identical. Thread-safe. The parameter-server strategies implement this same interface.
+// bit-identical. Thread-safe. The parameter-server strategies implement this same interface;
+// those that apply the optimizer on their servers (ps with update on shards, ps_async) take
+// gradients and give back parameters through update_async instead (see below); under ps_async
+// each replica holds the parameters it last received, not the same ones as the others.
 #pragma once
 
 #include <cstddef>
@@ -58,7 +61,7 @@ class GradientStrategy {
 
   // ---- strategies that apply the optimizer on their servers (updates_on_servers()) ----
   // They take gradients and give back parameters: update_async replaces average_async, with the
-  // same ordering contract (gather_momentum_async included).
+  // same ordering contract (gather_state_async included).
   virtual bool updates_on_servers() const { return false; }
   // Starts one bucket's SGD step on its servers. The Work completes when u.data holds the new
   // parameters; *all_applied (written before completion) is false when a shard's averaged
@@ -67,8 +70,25 @@ class GradientStrategy {
   // Copies the momentum the servers hold for bucket `key` into `momentum` (count floats) on every
   // replica, for checkpoints; *has_momentum is false where they hold none (no step since they
   // started from the replicas, or no momentum configured): `momentum` is then left as it was.
-  virtual std::shared_ptr<comm::Work> gather_momentum_async(uint64_t key, float* momentum, size_t count,
-                                                            bool* has_momentum);
+  // `params` (null for ps, whose replicas hold the servers' parameters already) receives the
+  // servers' parameters.
+  virtual std::shared_ptr<comm::Work> gather_state_async(uint64_t key, float* params, float* momentum, size_t count,
+                                                         bool* has_momentum);
+
+  // Servers that must hold their state before any replica's first step (ps_async: any replica
+  // may push first) are started here, by every replica, from its parameters and momentum (null:
+  // none), after each state load; the others start from ShardUpdate::init.
+  virtual bool starts_servers_eagerly() const { return false; }
+  virtual void start_servers(uint64_t /*key*/, const float* /*params*/, const float* /*momentum*/, size_t /*count*/) {}
+
+  // Staleness of this replica's updates since the last call: how many other updates its shards
+  // had applied between the parameters it computed on and its own (0 for synchronous strategies).
+  struct Staleness {
+    int64_t updates = 0;
+    int64_t sum = 0;
+    int64_t max = 0;
+  };
+  virtual Staleness take_staleness() { return {}; }
 };
 
 // `allreduce`: the communication core's hierarchical allreduce (shared memory within a host,
@@ -93,6 +113,17 @@ std::unique_ptr<GradientStrategy> make_allreduce_strategy(std::shared_ptr<comm::
 // shard. A shard whose averaged gradient is not finite skips its step (the others take theirs).
 std::unique_ptr<GradientStrategy> make_ps_strategy(std::shared_ptr<comm::HierarchicalGroup> group, int num_shards,
                                                    bool update_on_shards = false);
+
+// `ps_async` (TensorFlow's ParameterServerStrategy): asynchronous parameter servers. Shard s of
+// every bucket (a contiguous 1/num_shards) lives in replica owner(s) (the lowest rank of host
+// s % hosts), which applies SGD to it the moment a replica's gradient arrives and answers with
+// the parameters as they are then: replicas never wait for each other, except that a replica more
+// than max_staleness updates ahead of the slowest on a shard waits for it there (stale
+// synchronous parallel; max_staleness < 0: never). Each replica talks to each owner over Gloo
+// point-to-point (a serving thread per client in every owner); its own shards it updates in
+// place. Staleness is reported by take_staleness(). Servers start eagerly (start_servers).
+std::unique_ptr<GradientStrategy> make_ps_async_strategy(std::shared_ptr<comm::HierarchicalGroup> group,
+                                                         int num_shards, int max_staleness);
 
 // `simple`: every replica sends its bucket to a central reducer (the driver) that averages and
 // answers each replica with the average. `central_average(seq, data, count)` must block until

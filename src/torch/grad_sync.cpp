@@ -101,6 +101,12 @@ void GradSync::set_server_optimizer(uint32_t id, ServerOptimizer optimizer) {
   server_id_ = id;
   server_ = std::move(optimizer);
   applied_ = std::make_unique<bool[]>(plan_.buckets().size());
+  restart_servers();
+}
+
+void GradSync::restart_servers() {
+  init_servers_ = true;
+  if (strategy_->starts_servers_eagerly() && server_.options) start_servers_now();
 }
 
 // Flat copies of the parameters and, where every parameter has one, of the momentum.
@@ -110,6 +116,23 @@ static void copy_flat(const std::vector<torch::Tensor>& tensors, const strategy:
     const auto& s = plan.slot(i);
     flat.narrow(0, static_cast<int64_t>(s.offset), static_cast<int64_t>(s.count)).copy_(tensors[i].reshape({-1}));
   }
+}
+
+void GradSync::start_servers_now() {
+  torch::NoGradGuard no_grad;
+  torch::Tensor params, momentum;
+  copy_flat(params_, plan_, params);
+  std::vector<torch::Tensor> m;
+  for (size_t i = 0; i < params_.size(); ++i) m.push_back(server_.momentum(i));
+  if (std::all_of(m.begin(), m.end(), [](const torch::Tensor& t) { return t.defined(); })) copy_flat(m, plan_, momentum);
+  const auto& buckets = plan_.buckets();
+  for (size_t i = 0; i < buckets.size(); ++i) {
+    strategy_->start_servers((uint64_t{server_id_} << 32) | i, params.data_ptr<float>() + buckets[i].offset,
+                             momentum.defined() ? momentum.data_ptr<float>() + buckets[i].offset : nullptr,
+                             buckets[i].count);
+  }
+  init_servers_ = false;
+  drop_optimizer_momentum();  // the servers hold it now
 }
 
 void GradSync::launch_update_locked(size_t bucket) {
@@ -152,15 +175,26 @@ void GradSync::drop_optimizer_momentum() {
 void GradSync::gather_server_state() {
   if (!strategy_->updates_on_servers()) return;
   auto momentum = torch::empty({static_cast<int64_t>(plan_.total_elements())}, torch::kFloat32);
+  // Asynchronous servers also hold newer parameters than the replicas: those come back too.
+  const bool with_params = strategy_->starts_servers_eagerly();
+  auto params = with_params ? torch::empty_like(momentum) : torch::Tensor();
   const auto& buckets = plan_.buckets();
   auto has = std::make_unique<bool[]>(buckets.size());
   std::vector<std::shared_ptr<comm::Work>> works;
   for (size_t i = 0; i < buckets.size(); ++i) {
-    works.push_back(strategy_->gather_momentum_async((uint64_t{server_id_} << 32) | i,
-                                                     momentum.data_ptr<float>() + buckets[i].offset, buckets[i].count,
-                                                     &has[i]));
+    works.push_back(strategy_->gather_state_async(
+        (uint64_t{server_id_} << 32) | i, with_params ? params.data_ptr<float>() + buckets[i].offset : nullptr,
+        momentum.data_ptr<float>() + buckets[i].offset, buckets[i].count, &has[i]));
   }
   for (auto& w : works) w->wait();
+  if (with_params) {
+    torch::NoGradGuard no_grad;
+    for (size_t i = 0; i < params_.size(); ++i) {
+      const auto& s = plan_.slot(i);
+      params_[i].copy_(params.narrow(0, static_cast<int64_t>(s.offset), static_cast<int64_t>(s.count))
+                           .view(params_[i].sizes()));
+    }
+  }
   for (size_t i = 0; i < params_.size(); ++i) {
     const auto& s = plan_.slot(i);
     if (!has[s.bucket]) continue;

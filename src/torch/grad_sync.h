@@ -66,9 +66,10 @@ class GradSync {
   // this model's buckets from other models' (the same on every replica).
   void set_server_optimizer(uint32_t id, ServerOptimizer optimizer);
   bool updates_on_servers() const { return strategy_->updates_on_servers(); }
+  strategy::GradientStrategy& strategy() { return *strategy_; }
   // The replica's parameters or optimizer state were replaced (checkpoint, snapshot): the
-  // servers restart from them at the next step.
-  void restart_servers() { init_servers_ = true; }
+  // servers restart from them, at the next step or now (strategy->starts_servers_eagerly()).
+  void restart_servers();
   // Collective over every replica, like a step: the servers' momentum into set_momentum, so the
   // optimizer's own state is whole again (for checkpoints). Nothing where the servers hold none.
   void gather_server_state();
@@ -81,6 +82,7 @@ class GradSync {
   void on_grad(size_t param, const torch::Tensor& grad);
   void launch_ready_locked();
   void launch_update_locked(size_t bucket);
+  void start_servers_now();
   void finalize();
 
   std::vector<torch::Tensor> params_;

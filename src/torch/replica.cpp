@@ -274,6 +274,11 @@ Metrics ReplicaRuntime::train(int64_t max_batches, bool profile) {
   }
   m["batches"] = static_cast<double>(batches);
   m["skipped_steps"] = static_cast<double>(skipped_this_call_);
+  if (!syncs_.empty() && syncs_[0]->strategy().starts_servers_eagerly()) {  // asynchronous: how stale
+    const auto st = syncs_[0]->strategy().take_staleness();
+    m["staleness_mean"] = st.updates > 0 ? static_cast<double>(st.sum) / static_cast<double>(st.updates) : 0.0;
+    m["staleness_max"] = static_cast<double>(st.max);
+  }
   profiling_ = false;
   return m;
 }

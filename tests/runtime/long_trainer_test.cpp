@@ -1,6 +1,7 @@
 // Full distributed training runs (label `long`): each strategy with 2 worker processes reaches
 // the accuracy the single process does, with the demo's settings. ps puts the two workers on two
-// pseudo-hosts, so each serves a shard and the pushes and pulls cross Gloo.
+// pseudo-hosts, so each serves a shard and the pushes and pulls cross Gloo; so does ps_async
+// (its default staleness bound, 4).
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -24,7 +25,7 @@ TEST_P(LongTrainer, TwoWorkersReach90PercentOnFashionMnist) {
   c.strategy = GetParam();
   c.batch_size = 64;
   c.threads_per_worker = 1;
-  if (c.strategy == "ps") c.local_hosts = 2;
+  if (c.strategy == "ps" || c.strategy == "ps_async") c.local_hosts = 2;
   c.config = {{"model", "cnn"}, {"lr", 0.02}, {"lr_decay", 0.7}, {"momentum", 0.9}};
   Trainer trainer(runtime::kImageClassifier, c);
   double accuracy = 0;
@@ -38,7 +39,7 @@ TEST_P(LongTrainer, TwoWorkersReach90PercentOnFashionMnist) {
   EXPECT_GE(accuracy, 0.90);
 }
 
-INSTANTIATE_TEST_SUITE_P(Strategies, LongTrainer, ::testing::Values("allreduce", "simple", "ps"));
+INSTANTIATE_TEST_SUITE_P(Strategies, LongTrainer, ::testing::Values("allreduce", "simple", "ps", "ps_async"));
 
 }  // namespace
 }  // namespace dsgd

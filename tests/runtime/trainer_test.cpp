@@ -104,6 +104,28 @@ class AdamOperator : public TrainingOperator {
 };
 DSGD_REGISTER_OPERATOR(AdamOperator);
 
+// The regression, with the second replica sleeping `slow_ms` (config) in every step.
+class SlowSecondReplicaOperator : public TrainingOperator {
+ public:
+  void setup(const json& config) override {
+    slow_ms_ = config.value("slow_ms", 0);
+    auto m = register_model(std::make_shared<Widening>(-2));
+    register_optimizer(std::make_unique<torch::optim::SGD>(m->parameters(), torch::optim::SGDOptions(0.02).momentum(0.9)));
+    register_loss([](const torch::Tensor& out, const torch::Tensor& y) { return torch::mse_loss(out, y); });
+    auto gen = at::detail::createCPUGenerator(replica().seed);
+    auto x = torch::randn({1024, 4}, gen);
+    register_data(x, x.sum(1, true));
+  }
+  Metrics train_batch(const Batch& batch) override {
+    if (replica().rank == 1 && slow_ms_ > 0) std::this_thread::sleep_for(milliseconds(slow_ms_));
+    return TrainingOperator::train_batch(batch);
+  }
+
+ private:
+  int slow_ms_ = 0;
+};
+DSGD_REGISTER_OPERATOR(SlowSecondReplicaOperator);
+
 // The regression, on a replica that kills itself in state_dict (the driver's snapshot) while
 // the file named by DSGD_TEST_DIE_IN_SNAPSHOT exists, removing it first: it dies once.
 class DiesInSnapshotOperator : public TrainingOperator {
@@ -252,6 +274,67 @@ TEST(TrainerEquivalence, PsUpdateOnShardsFourShardsThreeWorkersOnTwoHosts) {
   expect_equivalent(ps_update_config(3, 2, 4, 96));
 }
 TEST(TrainerEquivalence, PsUpdateOnShardsOneHost) { expect_equivalent(ps_update_config(2, 1, 0)); }
+
+// ps_async: 2 workers on 2 pseudo-hosts, 2 shards, worker 1 sleeping 40 ms per step.
+struct SlowRun {
+  double fast_s, slow_s, slow_staleness_max;
+  std::vector<double> weight_sums;
+};
+SlowRun run_with_a_slow_worker(const std::string& strategy, int max_staleness) {
+  TrainerConfig c;
+  c.num_workers = 2;
+  c.strategy = strategy;
+  c.local_hosts = 2;
+  c.num_ps_shards = 2;
+  c.max_staleness = max_staleness;
+  c.batch_size = 64;
+  c.threads_per_worker = 1;
+  c.config = {{"slow_ms", 40}};
+  Trainer t("SlowSecondReplicaOperator", c);
+  auto r = t.train({.num_steps = 12, .profile = true, .reduce_results = false});
+  EXPECT_EQ(r.batch, 12);
+  SlowRun out{r.per_worker.at(0).at("epoch_s"), r.per_worker.at(1).at("epoch_s"),
+              r.per_worker.at(1).count("staleness_max") ? r.per_worker.at(1).at("staleness_max") : -1.0, {}};
+  for (const auto& w : t.foreach_worker("weight_sum")) out.weight_sums.push_back(w.get<double>());
+  return out;
+}
+
+TEST(TrainerPsAsync, ASlowWorkerDoesNotSlowTheOthersUnlessTheStalenessBoundHoldsThem) {
+  // The slow worker takes 12 x 40 ms >= 480 ms. Unbounded, the fast one does not wait for it.
+  const auto async = run_with_a_slow_worker("ps_async", -1);
+  EXPECT_GE(async.slow_s, 0.48);
+  EXPECT_LT(async.fast_s, 0.5 * async.slow_s) << "fast " << async.fast_s << " s, slow " << async.slow_s << " s";
+  EXPECT_GE(async.slow_staleness_max, 1.0) << "the slow worker's pushes landed on parameters it had not seen";
+  // After the call every replica holds the servers' parameters (the snapshot's pull).
+  ASSERT_EQ(async.weight_sums.size(), 2u);
+  EXPECT_EQ(async.weight_sums[0], async.weight_sums[1]);
+  // Synchronous ps, and ps_async bounded to 1 update ahead: the fast worker waits for the slow.
+  const auto sync = run_with_a_slow_worker("ps", 4);
+  EXPECT_GT(sync.fast_s, 0.8 * sync.slow_s) << "fast " << sync.fast_s << " s, slow " << sync.slow_s << " s";
+  const auto bounded = run_with_a_slow_worker("ps_async", 1);
+  EXPECT_GT(bounded.fast_s, 0.7 * bounded.slow_s) << "fast " << bounded.fast_s << " s, slow " << bounded.slow_s << " s";
+  std::cout << "fast/slow worker seconds: ps_async " << async.fast_s << "/" << async.slow_s << " (staleness max "
+            << async.slow_staleness_max << "), ps " << sync.fast_s << "/" << sync.slow_s << ", ps_async bounded to 1 "
+            << bounded.fast_s << "/" << bounded.slow_s << "\n";
+}
+
+TEST(TrainerPsAsync, TrainsAndItsCheckpointLoadsUnderAllreduce) {
+  testing::TempDir dir;
+  auto c = base_config(2, "ps_async", 64);
+  c.local_hosts = 2;
+  Trainer a(runtime::kImageClassifier, c);
+  const Params before = params_of(*a.get_model());
+  auto r1 = a.train({.num_steps = 20});
+  auto r2 = a.train({.num_steps = 20});
+  EXPECT_LT(r2.metrics.at("loss"), r1.metrics.at("loss"));
+  EXPECT_TRUE(r2.metrics.count("staleness_mean"));
+  EXPECT_GT(max_difference(before, params_of(*a.get_model())), 1e-3);
+  a.save(dir.file("ckpt"));
+  Trainer b(runtime::kImageClassifier, base_config(2, "allreduce", 64));
+  b.load(dir.file("ckpt"));
+  EXPECT_LT(max_difference(params_of(*a.get_model()), params_of(*b.get_model())), 1e-7);
+  EXPECT_EQ(b.train({.num_steps = 1}).batch, 41);
+}
 
 TEST(Trainer, ResultsAverageOverWorkersAndForeachWorkerReachesEveryReplica) {
   auto c = base_config(2, "allreduce", 64);
@@ -738,6 +821,31 @@ TEST(TrainerRecovery, PsUpdateOnShardsGetsALostShardsParametersAndMomentumBackFr
   auto r = train_through_fault(ps_update_config(2, 2, 2), SIGKILL);
   ASSERT_EQ(r.recoveries.size(), 1u);
   EXPECT_EQ(r.recoveries[0].workers_after, 2);
+}
+
+TEST(TrainerRecovery, PsAsyncLosesAShardOwnerAndGoesOnFromTheSnapshot) {
+  // Asynchronous updates have no single-process reference: the job must finish every step
+  // after one recovery, with every replica holding the servers' parameters at the end.
+  auto c = base_config(2, "ps_async", 64);
+  c.local_hosts = 2;
+  c.checkpoint_every_steps = 10;
+  c.checkpoint_max_overhead = 0;
+  c.heartbeat_timeout = milliseconds(2000);
+  c.comm_timeout = milliseconds(10000);
+  std::atomic<bool> done{false};
+  int victim = 0;
+  c.on_progress = [&](const TrainProgress& p) {
+    if (p.batches >= 15 && !done.exchange(true)) ::kill(victim, SIGKILL);
+  };
+  Trainer t(runtime::kImageClassifier, c);
+  victim = t.foreach_worker("replica_info")[1]["pid"].get<int>();
+  auto r = t.train({.num_steps = 40});
+  EXPECT_TRUE(done);
+  EXPECT_EQ(r.batch, 40);
+  ASSERT_EQ(r.recoveries.size(), 1u);
+  const auto sums = t.foreach_worker("weight_sum");
+  ASSERT_EQ(sums.size(), 2u);
+  EXPECT_EQ(sums[0].get<double>(), sums[1].get<double>());
 }
 
 TEST(TrainerRecovery, PsSurvivesAHungWorkerOnItsOwnHost) {

@@ -108,7 +108,7 @@ void check_update_on_shards(bool nesterov) {
     std::vector<float> mine(kCount), start(kCount);
     for (size_t i = 0; i < kCount; ++i) start[i] = static_cast<float>(i) * 1e-3f;
     bool has = true;
-    s->gather_momentum_async(7, mine.data(), kCount, &has)->wait();
+    s->gather_state_async(7, nullptr, mine.data(), kCount, &has)->wait();
     EXPECT_FALSE(has) << "momentum before any step";
     for (int step = 1; step <= 3; ++step) {
       std::vector<float> data(kCount);
@@ -121,7 +121,7 @@ void check_update_on_shards(bool nesterov) {
       EXPECT_EQ(applied, step != 3) << "step " << step << " rank " << rank;
       params[static_cast<size_t>(rank)] = data;
     }
-    s->gather_momentum_async(7, mine.data(), kCount, &has)->wait();
+    s->gather_state_async(7, nullptr, mine.data(), kCount, &has)->wait();
     EXPECT_TRUE(has);
     momentum[static_cast<size_t>(rank)] = mine;
   });

@@ -35,6 +35,7 @@ struct TrainFlags {
   int max_failures = 3;
   int ps_shards = 0;
   bool ps_update_on_shards = false;
+  int max_staleness = 4;
   int local_hosts = 1;
   int64_t heartbeat_timeout_ms = 10000;
   std::string nonfinite = "skip";
@@ -98,8 +99,8 @@ void check_writable(const std::string& path) {
 
 void validate_flags(TrainFlags& f) {
   if (f.workers < 1) throw ConfigError("--workers must be >= 1, got " + std::to_string(f.workers));
-  if (f.strategy != "simple" && f.strategy != "allreduce" && f.strategy != "ps") {
-    throw ConfigError("unknown --strategy '" + f.strategy + "'; known strategies: simple, allreduce, ps");
+  if (f.strategy != "simple" && f.strategy != "allreduce" && f.strategy != "ps" && f.strategy != "ps_async") {
+    throw ConfigError("unknown --strategy '" + f.strategy + "'; known strategies: simple, allreduce, ps, ps_async");
   }
   if (f.ps_shards < 0 || f.ps_shards > 64) {
     throw ConfigError("--ps-shards must be in 0..64 (0 = one per host), got " + std::to_string(f.ps_shards));
@@ -167,6 +168,7 @@ runtime::LocalJobResult run_with_trainer(const TrainFlags& f, ProgressPrinter* p
   c.max_failures = f.max_failures;
   c.num_ps_shards = f.ps_shards;
   c.ps_update_on_shards = f.ps_update_on_shards;
+  c.max_staleness = f.max_staleness;
   c.local_hosts = f.local_hosts;
   c.heartbeat_timeout = std::chrono::milliseconds(f.heartbeat_timeout_ms);
   c.nonfinite_policy = f.nonfinite;
@@ -298,12 +300,15 @@ void add_train_command(CLI::App& app, int* exit_code) {
   cmd->add_option("--workers", flags->workers, "Worker processes")->capture_default_str();
   cmd->add_option("--devices-per-worker", flags->devices_per_worker, "Model replicas per worker process")
       ->capture_default_str();
-  cmd->add_option("--strategy", flags->strategy, "Gradient synchronisation: simple, allreduce or ps")
+  cmd->add_option("--strategy", flags->strategy, "Gradient synchronisation: simple, allreduce, ps or ps_async")
       ->capture_default_str();
   cmd->add_option("--ps-shards", flags->ps_shards, "ps: parameter-server shards (0 = one per host)")
       ->capture_default_str();
   cmd->add_flag("--ps-update-on-shards", flags->ps_update_on_shards,
                 "ps: the shards apply SGD and hold its momentum (optimizer state sharded); needs SGD");
+  cmd->add_option("--max-staleness", flags->max_staleness,
+                  "ps_async: a worker this many updates ahead of the slowest waits (-1 = never)")
+      ->capture_default_str();
   cmd->add_option("--local-hosts", flags->local_hosts,
                   "Spread local workers over this many pseudo-hosts (shared memory only within each)")
       ->capture_default_str();

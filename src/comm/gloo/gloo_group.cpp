@@ -355,9 +355,25 @@ class GlooGroup : public Group, public std::enable_shared_from_this<GlooGroup> {
       fail(op->work, translate(op->work->description(), e.what(), op->timeout, peer));
       return op->work;
     }
-    std::lock_guard<std::mutex> lock(waiters_mutex_);
-    reap_finished_waiters();
-    waiters_.push_back({op, std::thread([this, op] { wait_p2p(*op); })});
+    {
+      std::lock_guard<std::mutex> lock(waiters_mutex_);
+      reap_finished_waiters();
+      waiters_.push_back({op, std::thread([this, op] { wait_p2p(*op); })});
+    }
+    // An abort between the check above and the registration found no waiter to wake: wake it
+    // here (Gloo keeps an abort requested before the wait for the wait).
+    bool failed = false;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      failed = error_ != nullptr;
+    }
+    if (failed) {
+      if (send) {
+        op->buffer->abortWaitSend();
+      } else {
+        op->buffer->abortWaitRecv();
+      }
+    }
     return op->work;
   }
 

@@ -1,0 +1,64 @@
+// SGD as torch::optim::SGD computes it, on flat float arrays: for strategies whose servers
+// apply the optimizer (ps with update on shards, ps_async). Torch-free.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+
+#include "strategy/strategy.h"
+
+namespace dsgd::strategy {
+
+// One pass of torch::optim::SGD's arithmetic over n elements: g holds the average gradient on
+// entry and the new parameters on exit; p and m (momentum) are updated in place. The options'
+// branches are template arguments, so each loop is branch-free and vectorises.
+template <bool kDecay, bool kMomentum, bool kFirst, bool kNesterov>
+inline void sgd_loop(const SgdOptions& o, float* __restrict g, float* __restrict p, float* __restrict m, size_t n) {
+  const float keep = 1 - o.dampening, step = -o.lr;
+  for (size_t i = 0; i < n; ++i) {
+    float d = g[i];
+    if constexpr (kDecay) d += o.weight_decay * p[i];
+    if constexpr (kMomentum) {
+      const float mi = kFirst ? d : m[i] * o.momentum + keep * d;  // torch: a clone of d at first
+      m[i] = mi;
+      d = kNesterov ? d + o.momentum * mi : mi;
+    }
+    p[i] += step * d;
+    g[i] = p[i];
+  }
+}
+
+inline void sgd_pass(const SgdOptions& o, bool first, float* g, float* p, float* m, size_t n) {
+  const bool decay = o.weight_decay != 0;
+  if (o.momentum == 0) {
+    decay ? sgd_loop<true, false, false, false>(o, g, p, m, n) : sgd_loop<false, false, false, false>(o, g, p, m, n);
+    return;
+  }
+  const int which = (decay ? 4 : 0) + (first ? 2 : 0) + (o.nesterov ? 1 : 0);
+  switch (which) {
+    case 0: sgd_loop<false, true, false, false>(o, g, p, m, n); break;
+    case 1: sgd_loop<false, true, false, true>(o, g, p, m, n); break;
+    case 2: sgd_loop<false, true, true, false>(o, g, p, m, n); break;
+    case 3: sgd_loop<false, true, true, true>(o, g, p, m, n); break;
+    case 4: sgd_loop<true, true, false, false>(o, g, p, m, n); break;
+    case 5: sgd_loop<true, true, false, true>(o, g, p, m, n); break;
+    case 6: sgd_loop<true, true, true, false>(o, g, p, m, n); break;
+    default: sgd_loop<true, true, true, true>(o, g, p, m, n); break;
+  }
+}
+
+// Scales g by `scale` and says whether every element is finite (non-finite: all exponent bits
+// set). Branch-free, so it vectorises.
+inline bool scale_and_check(float* g, size_t n, float scale) {
+  uint32_t non_finite = 0;
+  for (size_t i = 0; i < n; ++i) {
+    g[i] *= scale;
+    uint32_t bits;
+    std::memcpy(&bits, &g[i], sizeof(bits));
+    non_finite |= static_cast<uint32_t>((bits & 0x7f800000u) == 0x7f800000u);
+  }
+  return non_finite == 0;
+}
+
+}  // namespace dsgd::strategy
