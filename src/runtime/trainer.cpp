@@ -105,21 +105,29 @@ struct Trainer::Impl {
     throw Error(why);
   }
 
+  // f(), again after each recovery from a lost worker.
+  template <typename F>
+  auto recovering(F f) {
+    ensure_usable();
+    while (true) {
+      try {
+        return f();
+      } catch (const std::exception& e) {
+        recover_or_rethrow(e);
+      }
+    }
+  }
+
   // A command that survives lost workers: on a recoverable failure the job is re-formed from
   // the last snapshot and the command is sent again. `first_only`: to the first live worker.
   std::vector<control::CommandOutcome> call(const std::string& kind, const json& in = json::object(),
                                             const std::string& blob = "", bool first_only = false,
                                             const std::function<void()>& extra_tick = {}) {
-    ensure_usable();
-    while (true) {
-      try {
-        std::vector<int> targets;
-        if (first_only) targets = {pool->members().at(0)};
-        return raw_call(kind, in, blob, targets, extra_tick);
-      } catch (const std::exception& e) {
-        recover_or_rethrow(e);
-      }
-    }
+    return recovering([&] {
+      std::vector<int> targets;
+      if (first_only) targets = {pool->members().at(0)};
+      return raw_call(kind, in, blob, targets, extra_tick);
+    });
   }
 
   // Inside a catch block: a recoverable failure re-forms the job; anything else leaves the
@@ -289,18 +297,6 @@ struct Trainer::Impl {
     return std::move(raw_call("get_state", json::object(), "", {pool->members().at(0)})[0].blob);
   }
 
-  // read_state, surviving lost workers as call() does.
-  std::string read_state_or_recover() {
-    ensure_usable();
-    while (true) {
-      try {
-        return read_state();
-      } catch (const std::exception& e) {
-        recover_or_rethrow(e);
-      }
-    }
-  }
-
   void take_snapshot() {
     const auto t0 = Clock::now();
     snapshot = read_state();
@@ -352,37 +348,12 @@ Trainer::Trainer(const std::string& operator_name, TrainerConfig config) : impl_
   d.config = std::move(config);
   const auto& c = d.config;
   d.token = c.token.empty() ? random_token() : c.token;
-  int threads = c.threads_per_worker;
-  if (threads == 0 && c.listen.empty()) threads = std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / c.num_workers);
-
-  json job;
-  job["operator"] = operator_name;
-  job["config"] = c.config;
-  job["num_workers"] = c.num_workers;
-  job["devices_per_worker"] = c.devices_per_worker;
-  job["strategy"] = c.strategy;
-  job["num_ps_shards"] = c.num_ps_shards;
-  job["ps_update_on_shards"] = c.ps_update_on_shards;
-  job["max_staleness"] = c.max_staleness;
-  job["allreduce_algo"] = c.allreduce_algo;
-  job["grad_shard_bytes"] = c.grad_shard_bytes;
-  job["batch_size"] = c.batch_size;
-  job["seed"] = c.seed;
-  job["scheduler_step_freq"] = c.scheduler_step_freq;
-  job["initialization_hook"] = c.initialization_hook;
-  job["threads_per_worker"] = threads;
-  job["heartbeat_timeout_ms"] = c.heartbeat_timeout.count();
-  job["comm_timeout_ms"] = c.comm_timeout.count();
-  job["generation"] = 0;
-  job["overlap"] = c.overlap;
-  job["nonfinite_policy"] = c.nonfinite_policy;
-
   control::DriverServerOptions so;
   so.listen = c.listen.empty() ? "127.0.0.1:0" : c.listen;
   so.token = d.token;
   so.num_workers = c.num_workers;
   so.world_size = c.num_workers * c.devices_per_worker;
-  so.job = job.dump();
+  so.job = runtime::job_description(operator_name, c).dump();
   so.heartbeat_timeout = c.heartbeat_timeout;
   so.reduce_timeout = c.comm_timeout;
   d.server = control::DriverServer::start(so);
@@ -534,7 +505,7 @@ std::vector<json> Trainer::foreach_worker(const std::string& name, const json& a
 
 void Trainer::save(const std::string& path) {
   auto& d = *impl_;
-  std::string state = d.read_state_or_recover();
+  std::string state = d.recovering([&] { return d.read_state(); });
   auto pickle = d.call("get_pickle", json::object(), "", true);
   auto pos = d.call("position", json::object(), "", true);
   const json p = json::parse(pos[0].json);

@@ -1,6 +1,8 @@
 #include "runtime/trainer_config.h"
 
+#include <algorithm>
 #include <cstdlib>
+#include <thread>
 
 #include "dsgd/error.h"
 #include "dsgd/operator.h"
@@ -64,6 +66,33 @@ void validate_trainer_config(const std::string& op, const TrainerConfig& c) {
     throw ConfigError(std::string("this process was started as a dsgd worker (by pid ") + parent +
                       ") but main() went on to create a Trainer: call dsgd::init(argc, argv) first thing in main()");
   }
+}
+
+nlohmann::json job_description(const std::string& op, const TrainerConfig& c) {
+  int threads = c.threads_per_worker;
+  if (threads == 0 && c.listen.empty()) threads = std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / c.num_workers);
+  nlohmann::json job;
+  job["operator"] = op;
+  job["config"] = c.config;
+  job["num_workers"] = c.num_workers;
+  job["devices_per_worker"] = c.devices_per_worker;
+  job["strategy"] = c.strategy;
+  job["num_ps_shards"] = c.num_ps_shards;
+  job["ps_update_on_shards"] = c.ps_update_on_shards;
+  job["max_staleness"] = c.max_staleness;
+  job["allreduce_algo"] = c.allreduce_algo;
+  job["grad_shard_bytes"] = c.grad_shard_bytes;
+  job["batch_size"] = c.batch_size;
+  job["seed"] = c.seed;
+  job["scheduler_step_freq"] = c.scheduler_step_freq;
+  job["initialization_hook"] = c.initialization_hook;
+  job["threads_per_worker"] = threads;
+  job["heartbeat_timeout_ms"] = c.heartbeat_timeout.count();
+  job["comm_timeout_ms"] = c.comm_timeout.count();
+  job["generation"] = 0;
+  job["overlap"] = c.overlap;
+  job["nonfinite_policy"] = c.nonfinite_policy;
+  return job;
 }
 
 }  // namespace dsgd::runtime

@@ -362,18 +362,8 @@ class GlooGroup : public Group, public std::enable_shared_from_this<GlooGroup> {
     }
     // An abort between the check above and the registration found no waiter to wake: wake it
     // here (Gloo keeps an abort requested before the wait for the wait).
-    bool failed = false;
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      failed = error_ != nullptr;
-    }
-    if (failed) {
-      if (send) {
-        op->buffer->abortWaitSend();
-      } else {
-        op->buffer->abortWaitRecv();
-      }
-    }
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (error_) send ? op->buffer->abortWaitSend() : op->buffer->abortWaitRecv();
     return op->work;
   }
 
