@@ -34,4 +34,16 @@ void Work::complete(std::exception_ptr error) {
   done_cv_.notify_all();
 }
 
+void wait_all(const std::vector<std::shared_ptr<Work>>& works) {
+  std::exception_ptr first;
+  for (const auto& w : works) {
+    try {
+      w->wait();
+    } catch (...) {
+      if (!first) first = std::current_exception();
+    }
+  }
+  if (first) std::rethrow_exception(first);
+}
+
 }  // namespace dsgd::comm

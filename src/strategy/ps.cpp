@@ -185,7 +185,7 @@ class PsStrategy final : public GradientStrategy {
         works.push_back(leaders.recv_async(buf.data(), n * sizeof(float), p, tag(seq, s, Leg::kPush)));
       }
     }
-    for (auto& w : works) w->wait();
+    comm::wait_all(works);
     return pushed;
   }
 
@@ -228,7 +228,7 @@ class PsStrategy final : public GradientStrategy {
         if (flagged) works.push_back(leaders->send_async(flag, sizeof(float), p, tag(seq, s, Leg::kFlag)));
       }
     }
-    for (auto& w : works) w->wait();
+    comm::wait_all(works);
     return std::all_of(flags.begin(), flags.end(), [](float f) { return f != 0; });
   }
 

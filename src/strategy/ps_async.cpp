@@ -290,22 +290,37 @@ class PsAsyncStrategy final : public GradientStrategy {
       p.works.push_back(g_.recv_async(&p.reply, sizeof(p.reply), owner, tag(seq, 2)));
       p.works.push_back(g_.recv_async(p.back.data(), p.back.size() * sizeof(float), owner, tag(seq, 3)));
     }
-    for (int s = 0; s < num_shards_; ++s) {  // own shards meanwhile
-      auto& p = pending[static_cast<size_t>(s)];
-      if (p.n == 0 || owner_of(s) != rank_) continue;
-      Reply r;
-      if (kind == Kind::kPush) {
-        apply(shard_of(key, s), rank_, data + p.b, p.n, sgd, seen_[{key, s}], r);
-      } else {
-        std::vector<float> m(p.n);
-        read(shard_of(key, s), data + p.b, m.data(), p.n, r);
-        if (momentum != nullptr && r.has_momentum != 0) std::copy(m.begin(), m.end(), momentum + p.b);
+    std::exception_ptr own_error;  // raised only once the requests in flight are over (their buffers are here)
+    try {
+      for (int s = 0; s < num_shards_; ++s) {  // own shards meanwhile
+        auto& p = pending[static_cast<size_t>(s)];
+        if (p.n == 0 || owner_of(s) != rank_) continue;
+        Reply r;
+        if (kind == Kind::kPush) {
+          apply(shard_of(key, s), rank_, data + p.b, p.n, sgd, seen_[{key, s}], r);
+        } else {
+          std::vector<float> m(p.n);
+          read(shard_of(key, s), data + p.b, m.data(), p.n, r);
+          if (momentum != nullptr && r.has_momentum != 0) std::copy(m.begin(), m.end(), momentum + p.b);
+        }
+        account(s, r);
       }
-      account(s, r);
+    } catch (...) {
+      own_error = std::current_exception();
+      abort("ps_async: this replica's own shard failed");  // ends the requests in flight at once
     }
+    std::vector<std::shared_ptr<comm::Work>> all;
+    for (auto& p : pending) all.insert(all.end(), p.works.begin(), p.works.end());
+    if (own_error) {
+      try {
+        comm::wait_all(all);
+      } catch (...) {
+      }
+      std::rethrow_exception(own_error);
+    }
+    comm::wait_all(all);
     for (auto& p : pending) {
       if (p.works.empty()) continue;
-      for (auto& w : p.works) w->wait();
       std::copy(p.back.begin(), p.back.begin() + static_cast<ptrdiff_t>(p.n), data + p.b);
       if (kind == Kind::kPull && momentum != nullptr && p.reply.has_momentum != 0) {
         std::copy(p.back.begin() + static_cast<ptrdiff_t>(p.n), p.back.end(), momentum + p.b);

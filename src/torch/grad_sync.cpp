@@ -109,22 +109,28 @@ void GradSync::restart_servers() {
   if (strategy_->starts_servers_eagerly() && server_.options) start_servers_now();
 }
 
-// Flat copies of the parameters and, where every parameter has one, of the momentum.
-static void copy_flat(const std::vector<torch::Tensor>& tensors, const strategy::BucketPlan& plan, torch::Tensor& flat) {
-  flat = torch::empty({static_cast<int64_t>(plan.total_elements())}, torch::kFloat32);
+// `tensors` (one per parameter) packed as the plan packs gradients.
+static torch::Tensor copy_flat(const std::vector<torch::Tensor>& tensors, const strategy::BucketPlan& plan) {
+  auto flat = torch::empty({static_cast<int64_t>(plan.total_elements())}, torch::kFloat32);
   for (size_t i = 0; i < tensors.size(); ++i) {
     const auto& s = plan.slot(i);
     flat.narrow(0, static_cast<int64_t>(s.offset), static_cast<int64_t>(s.count)).copy_(tensors[i].reshape({-1}));
   }
+  return flat;
+}
+
+void GradSync::copy_state_flat(torch::Tensor& params, torch::Tensor& momentum) {
+  torch::NoGradGuard no_grad;
+  params = copy_flat(params_, plan_);
+  std::vector<torch::Tensor> m;
+  for (size_t i = 0; i < params_.size(); ++i) m.push_back(server_.momentum(i));
+  const bool all = std::all_of(m.begin(), m.end(), [](const torch::Tensor& t) { return t.defined(); });
+  momentum = all ? copy_flat(m, plan_) : torch::Tensor();
 }
 
 void GradSync::start_servers_now() {
-  torch::NoGradGuard no_grad;
   torch::Tensor params, momentum;
-  copy_flat(params_, plan_, params);
-  std::vector<torch::Tensor> m;
-  for (size_t i = 0; i < params_.size(); ++i) m.push_back(server_.momentum(i));
-  if (std::all_of(m.begin(), m.end(), [](const torch::Tensor& t) { return t.defined(); })) copy_flat(m, plan_, momentum);
+  copy_state_flat(params, momentum);
   const auto& buckets = plan_.buckets();
   for (size_t i = 0; i < buckets.size(); ++i) {
     strategy_->start_servers((uint64_t{server_id_} << 32) | i, params.data_ptr<float>() + buckets[i].offset,
@@ -142,15 +148,7 @@ void GradSync::launch_update_locked(size_t bucket) {
   }
   if (bucket == 0) {  // the step's first launch
     step_sgd_ = server_.options();
-    if (init_servers_) {
-      torch::NoGradGuard no_grad;
-      copy_flat(params_, plan_, init_params_);
-      std::vector<torch::Tensor> momentum;
-      for (size_t i = 0; i < params_.size(); ++i) momentum.push_back(server_.momentum(i));
-      const bool all = std::all_of(momentum.begin(), momentum.end(), [](const torch::Tensor& t) { return t.defined(); });
-      init_momentum_ = torch::Tensor();
-      if (all) copy_flat(momentum, plan_, init_momentum_);
-    }
+    if (init_servers_) copy_state_flat(init_params_, init_momentum_);
   }
   const auto& b = plan_.buckets()[bucket];
   strategy::ShardUpdate u;
@@ -186,7 +184,7 @@ void GradSync::gather_server_state() {
         (uint64_t{server_id_} << 32) | i, with_params ? params.data_ptr<float>() + buckets[i].offset : nullptr,
         momentum.data_ptr<float>() + buckets[i].offset, buckets[i].count, &has[i]));
   }
-  for (auto& w : works) w->wait();
+  comm::wait_all(works);
   if (with_params) {
     torch::NoGradGuard no_grad;
     for (size_t i = 0; i < params_.size(); ++i) {
@@ -244,9 +242,11 @@ void GradSync::finalize() {
       params_[i].copy_(slots_[i]);
       params_[i].mutable_grad() = torch::Tensor();
     }
-    const bool started = init_servers_;
-    init_servers_ = false;
-    if (started) drop_optimizer_momentum();  // the servers started from it and own it now
+    if (init_servers_) {  // the servers started from this replica's state and own it now
+      init_servers_ = false;
+      init_params_ = init_momentum_ = torch::Tensor();
+      drop_optimizer_momentum();
+    }
     return;
   }
   // One reduction, no mask: a NaN or infinity anywhere makes the sum non-finite (so would a

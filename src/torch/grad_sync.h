@@ -17,7 +17,7 @@
 // supported). One GradSync per model; a backward that gives none of its parameters a gradient
 // launches nothing. Parameters must be float32 and on the CPU.
 //
-// With a strategy that updates on its servers (ps with update on shards, after
+// With a strategy that updates on its servers (ps with update on shards, ps_async; after
 // set_server_optimizer), each bucket's gradient goes to update_async instead, and after backward
 // the parameters hold the servers' new values and .grad is left undefined, so the operator's
 // optimizer.step() skips them (the step was taken on the servers).
@@ -83,6 +83,7 @@ class GradSync {
   void launch_ready_locked();
   void launch_update_locked(size_t bucket);
   void start_servers_now();
+  void copy_state_flat(torch::Tensor& params, torch::Tensor& momentum);  // momentum undefined: not all have one
   void finalize();
 
   std::vector<torch::Tensor> params_;

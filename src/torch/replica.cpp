@@ -41,10 +41,11 @@ GradSync::ServerOptimizer server_optimizer(const std::vector<std::unique_ptr<tor
       auto* sgd = dynamic_cast<torch::optim::SGD*>(opt.get());
       const bool all = std::all_of(params.begin(), params.end(), [&](const torch::Tensor& p) { return contains(group, p); });
       if (sgd == nullptr || !all) {
-        throw ConfigError("ps_update_on_shards: model " + std::to_string(m) + "'s parameters must all be in one " +
-                          "param group of a torch::optim::SGD (the servers apply SGD to them); " +
+        throw ConfigError("the ps servers apply SGD themselves (ps_update_on_shards, ps_async), so model " +
+                          std::to_string(m) + "'s parameters must all be in one param group of a " +
+                          "torch::optim::SGD; " +
                           (sgd == nullptr ? "its optimizer is another kind" : "they are spread over several groups") +
-                          ". Use SGD or turn ps_update_on_shards off");
+                          ". Use SGD, or allreduce or ps without update on shards");
       }
       GradSync::ServerOptimizer o;
       o.options = [sgd, g] {
@@ -70,8 +71,9 @@ GradSync::ServerOptimizer server_optimizer(const std::vector<std::unique_ptr<tor
       return o;
     }
   }
-  throw ConfigError("ps_update_on_shards: model " + std::to_string(m) + "'s parameters are in no optimizer; " +
-                    "register a torch::optim::SGD for them in setup");
+  throw ConfigError("the ps servers apply SGD themselves (ps_update_on_shards, ps_async), but model " +
+                    std::to_string(m) + "'s parameters are in no optimizer; register a torch::optim::SGD for them "
+                    "in setup");
 }
 
 }  // namespace

@@ -10,8 +10,10 @@
 #include <chrono>
 #include <condition_variable>
 #include <exception>
+#include <memory>
 #include <mutex>
 #include <string>
+#include <vector>
 
 namespace dsgd::comm {
 
@@ -44,5 +46,9 @@ class Work {
   bool done_ = false;              // guarded by mutex_
   std::exception_ptr error_;       // guarded by mutex_
 };
+
+// Waits for every Work, going on past a failed one (each may still be writing into a buffer
+// its caller is about to free), then rethrows the first error.
+void wait_all(const std::vector<std::shared_ptr<Work>>& works);
 
 }  // namespace dsgd::comm
