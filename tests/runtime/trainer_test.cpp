@@ -914,8 +914,13 @@ TEST(TrainerRecovery, AfterFailedReplacementsTheJobScalesBackUpToNumWorkers) {
   auto last = t.train({.num_steps = 5});  // may stop short at an epoch's end (62 batches)
   steps += static_cast<int64_t>(last.metrics.at("batches"));
   EXPECT_EQ(last.epoch * last.batches_per_epoch + last.batch, steps);
-  // 3, 2, then 3 replicas: the same mathematics as one process with the global batch.
-  EXPECT_LT(max_difference(single_process(66, steps), params_of(*t.get_model())), 5e-5);
+  // 3, 2, then 3 replicas: the same mathematics as one process with the global batch, summed in
+  // a different order at each size. The float32 rounding that leaves grows with the steps, and
+  // their number (45-60) depends on when the scale-up lands: 5.1e-5 was seen. A wrong weighting
+  // or a lost momentum moves the parameters by 3e-4 and more (the sabotaged runs of the ps tests).
+  const double difference = max_difference(single_process(66, steps), params_of(*t.get_model()));
+  std::cout << "after " << steps << " steps: " << difference << " from one process\n";
+  EXPECT_LT(difference, 1e-4);
 }
 
 }  // namespace
