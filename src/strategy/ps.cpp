@@ -1,13 +1,16 @@
-// The synchronous parameter-server strategy, with its shards inside the worker processes.
+// The synchronous parameter-server strategy: shards inside the worker processes (the host
+// leaders), or shard processes of their own reached over ps_wire.h.
 #include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <vector>
 
 #include "comm/op_queue.h"
 #include "dsgd/error.h"
+#include "strategy/ps_wire.h"
 #include "strategy/sgd.h"
 #include "strategy/strategy.h"
 
@@ -17,19 +20,21 @@ namespace {
 using comm::DataType;
 using comm::ReduceOp;
 
-// What an owner keeps of one shard of one bucket when it applies the optimizer itself.
-struct ShardState {
-  std::vector<float> params;
-  std::vector<float> momentum;  // empty until the first step with momentum (torch's SGD alike)
-};
-
 class PsStrategy final : public GradientStrategy {
  public:
-  PsStrategy(std::shared_ptr<comm::HierarchicalGroup> group, int num_shards, bool update_on_shards)
-      : group_(std::move(group)), num_shards_(num_shards), update_on_shards_(update_on_shards), queue_("ps strategy") {
+  PsStrategy(std::shared_ptr<comm::HierarchicalGroup> group, const PsOptions& o)
+      : group_(std::move(group)), num_shards_(o.num_shards), update_on_shards_(o.update_on_shards),
+        shard_processes_(o.shard_processes), servers_(o.servers), queue_("ps strategy") {
     if (num_shards_ < 1 || num_shards_ > kMaxShards) {
       throw ConfigError("num_ps_shards must be in 1.." + std::to_string(kMaxShards) + ", got " +
                         std::to_string(num_shards_));
+    }
+    if (shard_processes_ && is_host_leader() &&
+        (servers_ == nullptr || servers_->size() != group_->num_hosts() + num_shards_ ||
+         servers_->rank() != leader_index())) {
+      throw ConfigError("ps with shard processes: a host leader needs the servers' group of the " +
+                        std::to_string(group_->num_hosts()) + " leaders and " + std::to_string(num_shards_) +
+                        " shards, with itself at its leader index " + std::to_string(leader_index()));
     }
   }
   ~PsStrategy() override = default;
@@ -39,6 +44,10 @@ class PsStrategy final : public GradientStrategy {
   std::shared_ptr<comm::Work> average_async(float* data, size_t count) override {
     if (update_on_shards_) throw Error("ps with update on shards takes update_async, not average_async");
     const uint64_t seq = next_seq_++;
+    if (pipelined()) {
+      return submit_pipelined("ps average #" + std::to_string(seq),
+                              [=, this] { return post_remote(seq, ps_wire::Op::kAverage, data, count); });
+    }
     return queue_.submit("ps average #" + std::to_string(seq), [this, seq, data, count] {
       check_not_aborted();
       average(seq, data, count);
@@ -57,6 +66,16 @@ class PsStrategy final : public GradientStrategy {
       init->first.assign(u.params, u.params + u.count);
       if (u.momentum != nullptr) init->second.assign(u.momentum, u.momentum + u.count);
     }
+    if (pipelined()) {
+      return submit_pipelined(
+          "ps update #" + std::to_string(seq),
+          [=, this] {
+            auto r = post_remote(seq, ps_wire::Op::kUpdate, u.data, u.count, &u, init.get());
+            r->keep = init;  // read by the sends
+            return r;
+          },
+          [all_applied](const Remote& r) { *all_applied = r.all_flags(); });
+    }
     return queue_.submit("ps update #" + std::to_string(seq), [this, seq, u, init, all_applied] {
       check_not_aborted();
       *all_applied = update(seq, u, *init);
@@ -69,6 +88,21 @@ class PsStrategy final : public GradientStrategy {
       return GradientStrategy::gather_state_async(key, params, momentum, count, has_momentum);
     }
     const uint64_t seq = next_seq_++;
+    if (pipelined()) {
+      auto got = std::make_shared<std::vector<float>>(count);
+      return submit_pipelined(
+          "ps gather momentum #" + std::to_string(seq),
+          [=, this] {
+            ShardUpdate u{.key = key};
+            auto r = post_remote(seq, ps_wire::Op::kGather, got->data(), count, &u);
+            r->keep = got;
+            return r;
+          },
+          [=](const Remote& r) {
+            *has_momentum = r.all_flags();
+            if (*has_momentum) std::copy(got->begin(), got->end(), momentum);
+          });
+    }
     return queue_.submit("ps gather momentum #" + std::to_string(seq), [=, this] {
       check_not_aborted();
       *has_momentum = gather(seq, key, momentum, count);
@@ -79,6 +113,7 @@ class PsStrategy final : public GradientStrategy {
     reason_ = reason;
     aborted_ = true;
     group_->abort(reason);
+    if (servers_) servers_->abort(reason);
   }
 
  private:
@@ -105,11 +140,12 @@ class PsStrategy final : public GradientStrategy {
   void average(uint64_t seq, float* data, size_t count) {
     auto& local = group_->local();
     if (local.size() > 1) local.allreduce(data, count, DataType::kFloat32, ReduceOp::kSum);  // the host's sum
-    if (group_->num_hosts() == 1) {  // the host's sum is everyone's (and identical on every rank)
+    if (shard_processes_) {
+      if (is_host_leader()) remote(seq, ps_wire::Op::kAverage, data, count);
+    } else if (group_->num_hosts() == 1) {  // the host's sum is everyone's (and identical on every rank)
       scale(data, count);
       return;
-    }
-    if (auto* leaders = group_->leaders()) {
+    } else if (auto* leaders = group_->leaders()) {
       auto pushed = push(*leaders, seq, data, count);
       serve(leaders, seq, data, count, [&](int s, size_t b, size_t n) {
         sum_pushes(*leaders, s, data + b, n, pushed);
@@ -125,7 +161,9 @@ class PsStrategy final : public GradientStrategy {
     auto& local = group_->local();
     if (local.size() > 1) local.allreduce(u.data, u.count, DataType::kFloat32, ReduceOp::kSum);
     float applied = 1;
-    if (is_host_leader()) {
+    if (shard_processes_) {
+      if (is_host_leader()) applied = remote(seq, ps_wire::Op::kUpdate, u.data, u.count, &u, &init) ? 1.0f : 0.0f;
+    } else if (is_host_leader()) {
       auto* leaders = group_->leaders();  // null on one host: this leader owns every shard
       std::vector<std::vector<float>> pushed;
       if (leaders != nullptr) pushed = push(*leaders, seq, u.data, u.count);
@@ -144,7 +182,14 @@ class PsStrategy final : public GradientStrategy {
   bool gather(uint64_t seq, uint64_t key, float* momentum, size_t count) {
     auto& local = group_->local();
     float has = 1;
-    if (is_host_leader()) {
+    if (shard_processes_) {
+      if (is_host_leader()) {
+        ShardUpdate u{.key = key};
+        std::vector<float> got(count);
+        has = remote(seq, ps_wire::Op::kGather, got.data(), count, &u) ? 1.0f : 0.0f;
+        if (has != 0) std::copy(got.begin(), got.end(), momentum);
+      }
+    } else if (is_host_leader()) {
       has = serve(group_->leaders(), seq, momentum, count, [&](int s, size_t b, size_t n) {
         auto it = state_.find({key, s});
         if (it == state_.end() || it->second.momentum.size() != n) return false;
@@ -238,44 +283,123 @@ class PsStrategy final : public GradientStrategy {
                 size_t b, size_t n) {
     auto& st = state_[{u.key, s}];
     if (u.init) {
-      st.params.assign(init.first.begin() + static_cast<ptrdiff_t>(b), init.first.begin() + static_cast<ptrdiff_t>(b + n));
-      st.momentum.clear();
-      if (!init.second.empty()) {
-        st.momentum.assign(init.second.begin() + static_cast<ptrdiff_t>(b),
-                           init.second.begin() + static_cast<ptrdiff_t>(b + n));
-      }
+      st.start(init.first.data() + b, init.second.empty() ? nullptr : init.second.data() + b, n);
     } else if (st.params.size() != n) {
       throw Error("ps shard " + std::to_string(s) + " of bucket " + std::to_string(u.key) +
                   " was asked to update parameters it never received (the replica must start it with init)");
     }
-    float* g = u.data + b;
-    const float inv = 1.0f / static_cast<float>(group_->global().size());
-    const bool finite = scale_and_check(g, n, inv);
-    if (finite) {
-      const bool first = st.momentum.empty();
-      if (u.sgd.momentum != 0 && first) st.momentum.resize(n);
-      sgd_pass(u.sgd, first, g, st.params.data(), st.momentum.data(), n);
-    } else {
-      std::copy(st.params.begin(), st.params.end(), g);  // the shard's parameters, not stepped
+    return st.step(u.sgd, u.data + b, n, 1.0f / static_cast<float>(group_->global().size()));
+  }
+
+  // Placement "processes": one request to every shard process (ps_wire.h), all its messages
+  // posted at once: data[0, count) holds the host's sum (average, update) and receives the
+  // answer once `works` are done.
+  struct Remote {
+    std::vector<ps_wire::Request> headers;
+    std::vector<float> flags;  // per shard: stepped / has momentum
+    std::vector<std::shared_ptr<comm::Work>> works;
+    std::shared_ptr<void> keep;  // buffers the sends read
+    bool all_flags() const { return std::all_of(flags.begin(), flags.end(), [](float f) { return f != 0; }); }
+  };
+  std::shared_ptr<Remote> post_remote(uint64_t seq, ps_wire::Op op, float* data, size_t count,
+                                      const ShardUpdate* u = nullptr,
+                                      const std::pair<std::vector<float>, std::vector<float>>* init = nullptr) {
+    auto& g = *servers_;
+    const int clients = group_->num_hosts();
+    const bool lead = g.rank() == 0;  // sends the start state
+    auto out = std::make_shared<Remote>();
+    out->headers.resize(static_cast<size_t>(num_shards_));
+    out->flags.assign(static_cast<size_t>(num_shards_), 1.0f);
+    auto& works = out->works;
+    for (int s = 0; s < num_shards_; ++s) {
+      const size_t b = shard_begin(count, s), n = shard_begin(count, s + 1) - b;
+      const int server = clients + s;
+      auto& r = out->headers[static_cast<size_t>(s)];
+      r.op = op;
+      r.count = n;
+      r.replicas = static_cast<uint32_t>(group_->global().size());
+      if (u != nullptr) {
+        r.key = u->key;
+        r.set_sgd(u->sgd);
+        if (u->init) r.flags |= ps_wire::kInit;
+        if (init != nullptr && !init->second.empty()) r.flags |= ps_wire::kHasMomentum;
+      }
+      works.push_back(g.send_async(&r, sizeof(r), server, ps_wire::tag(seq, ps_wire::Leg::kRequest)));
+      if (n > 0 && op != ps_wire::Op::kGather) {
+        works.push_back(g.send_async(data + b, n * sizeof(float), server, ps_wire::tag(seq, ps_wire::Leg::kData)));
+      }
+      if (n > 0 && lead && (r.flags & ps_wire::kInit) != 0) {
+        works.push_back(g.send_async(init->first.data() + b, n * sizeof(float), server,
+                                     ps_wire::tag(seq, ps_wire::Leg::kParams)));
+        if ((r.flags & ps_wire::kHasMomentum) != 0) {
+          works.push_back(g.send_async(init->second.data() + b, n * sizeof(float), server,
+                                       ps_wire::tag(seq, ps_wire::Leg::kMomentum)));
+        }
+      }
+      // The answer lands where the sum was: the shard answers only after it has all the sums.
+      if (n > 0) {
+        works.push_back(g.recv_async(data + b, n * sizeof(float), server, ps_wire::tag(seq, ps_wire::Leg::kReply)));
+      }
+      works.push_back(g.recv_async(&out->flags[static_cast<size_t>(s)], sizeof(float), server,
+                                   ps_wire::tag(seq, ps_wire::Leg::kFlag)));
     }
-    return finite;
+    return out;
+  }
+  // post_remote, waited for; returns whether every shard's flag was set.
+  bool remote(uint64_t seq, ps_wire::Op op, float* data, size_t count, const ShardUpdate* u = nullptr,
+              const std::pair<std::vector<float>, std::vector<float>>* init = nullptr) {
+    auto r = post_remote(seq, op, data, count, u, init);
+    comm::wait_all(r->works);
+    return r->all_flags();
+  }
+
+  // Shard processes and one replica per host (no shared-memory stage, whose collectives must
+  // keep one order): a request is posted on the strategy's thread and its answer awaited on a
+  // second one, in order, so bucket i+1's pushes go out while bucket i's answers come in (both
+  // directions of every link busy). Neither thread's tasks throw (a sticky failure would leave
+  // later Works never completed): errors complete the returned Work.
+  bool pipelined() const { return shard_processes_ && group_->local().size() == 1; }
+  std::shared_ptr<comm::Work> submit_pipelined(const std::string& what, std::function<std::shared_ptr<Remote>()> post,
+                                               std::function<void(const Remote&)> then = {}) {
+    auto done = std::make_shared<comm::Work>(what);
+    queue_.submit(what + ": request", [this, done, post = std::move(post), then = std::move(then), what] {
+      try {
+        check_not_aborted();
+        std::shared_ptr<Remote> r = post();
+        answers_.submit(what + ": answer", [r, done, then] {
+          try {
+            comm::wait_all(r->works);
+            if (then) then(*r);
+            done->complete();
+          } catch (...) {
+            done->complete(std::current_exception());
+          }
+        });
+      } catch (...) {
+        done->complete(std::current_exception());
+      }
+    });
+    return done;
   }
 
   std::shared_ptr<comm::HierarchicalGroup> group_;
   const int num_shards_;
   const bool update_on_shards_;
+  const bool shard_processes_;
+  std::shared_ptr<comm::Group> servers_;  // shard processes: the leaders' and shards' group (leaders only)
   std::atomic<uint64_t> next_seq_{0};
   std::atomic<bool> aborted_{false};
   std::string reason_;
   std::map<std::pair<uint64_t, int>, ShardState> state_;  // (bucket key, shard) owned here; queue thread only
+  comm::OpQueue answers_{"ps strategy answers"};  // pipelined(): before queue_, which submits to it
   comm::OpQueue queue_;  // last: its thread stops before the members it uses go
 };
 
 }  // namespace
 
-std::unique_ptr<GradientStrategy> make_ps_strategy(std::shared_ptr<comm::HierarchicalGroup> group, int num_shards,
-                                                   bool update_on_shards) {
-  return std::make_unique<PsStrategy>(std::move(group), num_shards, update_on_shards);
+std::unique_ptr<GradientStrategy> make_ps_strategy(std::shared_ptr<comm::HierarchicalGroup> group,
+                                                   const PsOptions& options) {
+  return std::make_unique<PsStrategy>(std::move(group), options);
 }
 
 }  // namespace dsgd::strategy

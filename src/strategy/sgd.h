@@ -2,9 +2,11 @@
 // apply the optimizer (ps with update on shards, ps_async). Torch-free.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <vector>
 
 #include "strategy/strategy.h"
 
@@ -60,5 +62,36 @@ inline bool scale_and_check(float* g, size_t n, float scale) {
   }
   return non_finite == 0;
 }
+
+// What a server keeps of one shard of one bucket when it applies the optimizer itself.
+struct ShardState {
+  std::vector<float> params;
+  std::vector<float> momentum;  // empty until the first step with momentum (torch's SGD alike)
+
+  // (Re)starts from a replica's parameters and momentum (null: none yet), n floats each.
+  void start(const float* p, const float* m, size_t n) {
+    params.assign(p, p + n);
+    if (m != nullptr) {
+      momentum.assign(m, m + n);
+    } else {
+      momentum.clear();
+    }
+  }
+
+  // One step: g (n floats) holds the sum of the replicas' gradients on entry and is scaled by
+  // `scale` to their average; on exit it holds the shard's parameters, stepped, or as they were
+  // when the average is not finite (then returns false and the momentum is left alone).
+  bool step(const SgdOptions& o, float* g, size_t n, float scale) {
+    const bool finite = scale_and_check(g, n, scale);
+    if (finite) {
+      const bool first = momentum.empty();
+      if (o.momentum != 0 && first) momentum.resize(n);
+      sgd_pass(o, first, g, params.data(), momentum.data(), n);
+    } else {
+      std::copy(params.begin(), params.end(), g);
+    }
+    return finite;
+  }
+};
 
 }  // namespace dsgd::strategy

@@ -40,7 +40,7 @@ struct ShardUpdate {
   uint64_t key = 0;        // the bucket's identity, the same on every replica
   float* data = nullptr;   // in: this replica's (weighted) gradient; out: the updated parameters
   size_t count = 0;
-  SgdOptions sgd;          // this step's (schedules move lr)
+  SgdOptions sgd{};        // this step's (schedules move lr)
   // The servers keep the parameters and momentum of their slice between steps. With `init`,
   // they (re)start it from this replica's: `params` (count floats) and `momentum` (null: none
   // yet, as in a fresh torch::optim::SGD), both read only during the call.
@@ -111,8 +111,24 @@ std::unique_ptr<GradientStrategy> make_allreduce_strategy(std::shared_ptr<comm::
 // keeping the parameters and the momentum of their slices (optimizer state sharded across the
 // servers), and send back parameters instead of averages. On one host the leader owns every
 // shard. A shard whose averaged gradient is not finite skips its step (the others take theirs).
-std::unique_ptr<GradientStrategy> make_ps_strategy(std::shared_ptr<comm::HierarchicalGroup> group, int num_shards,
-                                                   bool update_on_shards = false);
+//
+// shard_processes (Ray's and TensorFlow's arrangement): shard s is a process of its own
+// (PsServer, ps_server.h) instead of a host leader; leaders reach the shards through `servers`,
+// the group of the host leaders (ranks 0..hosts-1, in leader order) and the shards (ranks
+// hosts..hosts+num_shards-1), over Gloo also on one host. The sums, divisions and SGD are the
+// same in the same order, so both placements give bit-identical results.
+struct PsOptions {
+  int num_shards = 1;
+  bool update_on_shards = false;
+  bool shard_processes = false;
+  std::shared_ptr<comm::Group> servers = nullptr;  // shard_processes: set on host leaders, null elsewhere
+};
+std::unique_ptr<GradientStrategy> make_ps_strategy(std::shared_ptr<comm::HierarchicalGroup> group,
+                                                   const PsOptions& options);
+inline std::unique_ptr<GradientStrategy> make_ps_strategy(std::shared_ptr<comm::HierarchicalGroup> group,
+                                                          int num_shards, bool update_on_shards = false) {
+  return make_ps_strategy(std::move(group), PsOptions{.num_shards = num_shards, .update_on_shards = update_on_shards});
+}
 
 // `ps_async` (TensorFlow's ParameterServerStrategy): asynchronous parameter servers. Shard s of
 // every bucket (a contiguous 1/num_shards) lives in replica owner(s) (the lowest rank of host

@@ -1,15 +1,19 @@
 // The ps strategy with ranks as threads split into pseudo-hosts: the average it computes, with
 // 1, 2 and 4 shards on 1, 2 and 4 hosts, against closed forms; every replica bit-identical;
 // many buckets in flight at once (pipelined) stay in order; abort fails what is queued; with
-// update on shards, SGD (decay, momentum, dampening, Nesterov) against its closed form.
+// update on shards, SGD (decay, momentum, dampening, Nesterov) against its closed form. Each also
+// with the shards in processes of their own (PsServer, here on threads of their own), which must
+// give bit-identical results to the shards inside the leaders.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <limits>
 #include <vector>
 
 #include "dsgd/error.h"
+#include "strategy/ps_server.h"
 #include "strategy/strategy.h"
 #include "testing/ranks.h"
 
@@ -28,12 +32,55 @@ std::shared_ptr<comm::HierarchicalGroup> make_group(std::shared_ptr<comm::Store>
   return comm::HierarchicalGroup::create(std::move(store), rank, size, o, so);
 }
 
-void check(int size, int hosts, int shards, const std::vector<int>& host_of = {},
-           std::vector<size_t> counts = {1, 3, 7, 1000, 100003, 5}) {  // fewer elements than shards, too
+// The ps strategy of `rank`; with o.shard_processes, host leaders also join the servers' group.
+std::unique_ptr<GradientStrategy> make_ps(std::shared_ptr<comm::Store> store, int rank, int size, int hosts,
+                                          PsOptions o, const std::vector<int>& host_of = {}) {
+  auto group = make_group(store, rank, size, hosts, host_of);
+  if (o.shard_processes && group->local().rank() == 0) {
+    comm::GroupOptions go;
+    go.timeout = milliseconds(10000);
+    const int me = group->leaders() != nullptr ? group->leaders()->rank() : 0;
+    o.servers = comm::Group::create(std::make_shared<comm::PrefixStore>(store, "ps/"), me, hosts + o.num_shards, go);
+  }
+  return make_ps_strategy(group, o);
+}
+
+// Shard `s` as its own process runs it (runtime/ps_server_process.cpp), until the leaders hang
+// up. The leaders check what it computed.
+void serve_shard(std::shared_ptr<comm::Store> store, int hosts, int shards, int s) {
+  comm::GroupOptions go;
+  go.timeout = milliseconds(10000);
+  std::shared_ptr<comm::Group> g =
+      comm::Group::create(std::make_shared<comm::PrefixStore>(store, "ps/"), hosts + s, hosts + shards, go);
+  PsServer server(g, hosts);
+  try {
+    server.serve();
+  } catch (const CommError&) {  // the leaders closed their groups
+  }
+}
+
+// Runs `replica(rank)` for `size` replicas and, with shard processes, `shards` servers besides.
+void run_job(int size, int hosts, int shards, bool processes, std::shared_ptr<comm::Store> store,
+             const std::function<void(int)>& replica) {
+  testing::run_ranks(size + (processes ? shards : 0), [&](int rank) {
+    if (rank >= size) {
+      serve_shard(store, hosts, shards, rank - size);
+    } else {
+      replica(rank);
+    }
+  });
+}
+
+using Buckets = std::vector<std::vector<float>>;
+
+// *out (if given) receives rank 0's results.
+void check(int size, int hosts, int shards, bool processes = false, const std::vector<int>& host_of = {},
+           std::vector<size_t> counts = {1, 3, 7, 1000, 100003, 5},  // fewer elements than shards, too
+           Buckets* out = nullptr) {
   auto store = comm::make_memory_store();
   std::vector<std::vector<std::vector<float>>> results(static_cast<size_t>(size));
-  testing::run_ranks(size, [&](int rank) {
-    auto strategy = make_ps_strategy(make_group(store, rank, size, hosts, host_of), shards);
+  run_job(size, hosts, shards, processes, store, [&](int rank) {
+    auto strategy = make_ps(store, rank, size, hosts, {.num_shards = shards, .shard_processes = processes}, host_of);
     EXPECT_EQ(strategy->name(), "ps");
     // Every bucket launched before any is waited for, as backward does.
     std::vector<std::vector<float>> buckets;
@@ -58,6 +105,7 @@ void check(int size, int hosts, int shards, const std::vector<int>& host_of = {}
           << "rank " << r << " bucket " << k;
     }
   }
+  if (out != nullptr) *out = results[0];
 }
 
 TEST(PsStrategy, OneHost) { check(3, 1, 2); }
@@ -66,19 +114,35 @@ TEST(PsStrategy, TwoHostsTwoShards) { check(4, 2, 2); }
 TEST(PsStrategy, TwoHostsFourShards) { check(4, 2, 4); }
 TEST(PsStrategy, FourHostsFourShards) { check(4, 4, 4); }
 TEST(PsStrategy, UnevenHostsThreeShards) { check(3, 2, 3); }
+TEST(PsStrategy, ShardProcessesGiveBitIdenticalAveragesToShardsInTheLeaders) {
+  Buckets in_leaders, in_processes;
+  check(4, 2, 3, false, {}, {1, 3, 7, 1000, 100003, 5}, &in_leaders);
+  check(4, 2, 3, true, {}, {1, 3, 7, 1000, 100003, 5}, &in_processes);
+  ASSERT_EQ(in_leaders.size(), in_processes.size());
+  for (size_t k = 0; k < in_leaders.size(); ++k) {
+    ASSERT_EQ(0, std::memcmp(in_leaders[k].data(), in_processes[k].data(), in_leaders[k].size() * sizeof(float)))
+        << "bucket " << k;
+  }
+}
+TEST(PsStrategy, ShardProcessesOneHostTwoShards) { check(3, 1, 2, true); }
+// One replica per host: requests and answers are pipelined across buckets (ps.cpp pipelined()).
+TEST(PsStrategy, ShardProcessesOneReplicaPerHostPipelined) { check(4, 4, 2, true); }
+TEST(PsStrategy, ShardProcessesTwoHostsOneShard) { check(4, 2, 1, true); }
+TEST(PsStrategy, ShardProcessesTwoHostsFourShards) { check(4, 2, 4, true); }
+TEST(PsStrategy, ShardProcessesUnevenHostsThreeShards) { check(3, 2, 3, true); }
 
 // Ranks 0 and 2 on one host, 1 on another (what a replacement joining host 0 gives), with
 // buckets of the MLP's size.
 TEST(PsStrategy, InterleavedHostsAndLargeBuckets) {
-  check(3, 2, 3, {0, 1, 0}, {2621440, 2621440, 590000});
+  check(3, 2, 3, false, {0, 1, 0}, {2621440, 2621440, 590000});
+  check(3, 2, 3, true, {0, 1, 0}, {2621440, 2621440, 590000});
 }
 
 // Update on shards: 4 ranks on 2 hosts, 2 shards; SGD with weight decay, momentum and
 // dampening against the closed form, step by step. Step 3 has a NaN in shard 0's half on one
 // rank: shard 0 keeps its parameters and momentum, shard 1 steps, every rank is told. The
 // momentum gathered at the end is each shard's own.
-void check_update_on_shards(bool nesterov) {
-  constexpr int kSize = 4;
+void check_update_on_shards(bool nesterov, bool processes, int kSize = 4) {
   constexpr size_t kCount = 1001;
   const SgdOptions sgd{.lr = 0.5f, .momentum = 0.9f, .dampening = 0.25f, .weight_decay = 0.1f, .nesterov = nesterov};
   auto grad = [](int rank, int step, size_t i) {
@@ -101,9 +165,9 @@ void check_update_on_shards(bool nesterov) {
   reference_step(3, kCount / 2, kCount);  // shard 1 only: shard 0 = [0, kCount / 2) saw the NaN
 
   auto store = comm::make_memory_store();
-  std::vector<std::vector<float>> params(kSize), momentum(kSize);
-  testing::run_ranks(kSize, [&](int rank) {
-    auto s = make_ps_strategy(make_group(store, rank, kSize, 2), 2, /*update_on_shards=*/true);
+  std::vector<std::vector<float>> params(static_cast<size_t>(kSize)), momentum(static_cast<size_t>(kSize));
+  run_job(kSize, 2, 2, processes, store, [&](int rank) {
+    auto s = make_ps(store, rank, kSize, 2, {.num_shards = 2, .update_on_shards = true, .shard_processes = processes});
     EXPECT_TRUE(s->updates_on_servers());
     std::vector<float> mine(kCount), start(kCount);
     for (size_t i = 0; i < kCount; ++i) start[i] = static_cast<float>(i) * 1e-3f;
@@ -113,7 +177,7 @@ void check_update_on_shards(bool nesterov) {
     for (int step = 1; step <= 3; ++step) {
       std::vector<float> data(kCount);
       for (size_t i = 0; i < kCount; ++i) data[i] = grad(rank, step, i);
-      if (step == 3 && rank == 3) data[1] = std::numeric_limits<float>::quiet_NaN();
+      if (step == 3 && rank == kSize - 1) data[1] = std::numeric_limits<float>::quiet_NaN();
       ShardUpdate u{.key = 7, .data = data.data(), .count = kCount, .sgd = sgd, .init = step == 1,
                     .params = start.data()};
       bool applied = false;
@@ -132,8 +196,11 @@ void check_update_on_shards(bool nesterov) {
     }
   }
 }
-TEST(PsStrategy, UpdateOnShardsAppliesSgdAndSkipsANonFiniteShard) { check_update_on_shards(false); }
-TEST(PsStrategy, UpdateOnShardsAppliesNesterovSgd) { check_update_on_shards(true); }
+TEST(PsStrategy, UpdateOnShardsAppliesSgdAndSkipsANonFiniteShard) { check_update_on_shards(false, false); }
+TEST(PsStrategy, UpdateOnShardsAppliesNesterovSgd) { check_update_on_shards(true, false); }
+TEST(PsStrategy, ShardProcessesUpdateOnShardsAppliesSgdAndSkipsANonFiniteShard) { check_update_on_shards(false, true); }
+TEST(PsStrategy, ShardProcessesUpdateOnShardsAppliesNesterovSgd) { check_update_on_shards(true, true); }
+TEST(PsStrategy, ShardProcessesUpdateOnShardsPipelined) { check_update_on_shards(false, true, /*kSize=*/2); }
 
 TEST(PsStrategy, UpdatesWithoutAStartAreAnErrorNotGarbage) {
   auto store = comm::make_memory_store();
@@ -155,10 +222,10 @@ TEST(PsStrategy, BadShardCountIsAConfigError) {
   });
 }
 
-TEST(PsStrategy, AbortFailsQueuedAveragesWithTheReason) {
+void check_abort(bool processes) {
   auto store = comm::make_memory_store();
-  testing::run_ranks(2, [&](int rank) {
-    auto s = make_ps_strategy(make_group(store, rank, 2, 2), 2);
+  run_job(2, 2, 2, processes, store, [&](int rank) {
+    auto s = make_ps(store, rank, 2, 2, {.num_shards = 2, .shard_processes = processes});
     std::vector<float> v(1000, 1.0f);
     s->average_async(v.data(), v.size())->wait();
     s->abort("test abort");
@@ -170,6 +237,9 @@ TEST(PsStrategy, AbortFailsQueuedAveragesWithTheReason) {
     }
   });
 }
+
+TEST(PsStrategy, AbortFailsQueuedAveragesWithTheReason) { check_abort(false); }
+TEST(PsStrategy, ShardProcessesAbortFailsQueuedAveragesWithTheReason) { check_abort(true); }
 
 }  // namespace
 }  // namespace dsgd::strategy
