@@ -38,8 +38,9 @@ class Module;
 namespace dsgd {
 
 // Makes this process a worker when the driver spawned it (or a launcher started it with
-// --dsgd-worker): serves the job, then exits the process. Otherwise returns at once. Call it
-// first thing in main().
+// --dsgd-worker), or a parameter-server shard (--dsgd-ps-server, ps_placement "processes"):
+// serves the job, then exits the process. Otherwise returns at once. Call it first thing in
+// main().
 void init(int argc, char** argv);
 
 struct TrainProgress {
@@ -58,6 +59,12 @@ struct TrainerConfig {
   // update_on_kvstore); each model's parameters must be in one torch::optim::SGD param group.
   // Checkpoints gather the momentum back, so they load under any strategy.
   bool ps_update_on_shards = false;
+  // ps: where the shards live. "workers": in the host leaders (every host serves 1/hosts of the
+  // parameters: BytePS's and MXNet's arrangement). "processes": num_ps_shards processes of
+  // their own (0 = local_hosts), Ray's and TensorFlow's arrangement: spawned by the driver in
+  // local mode (shard s on pseudo-host s % local_hosts; a lost one is respawned and the job
+  // recovers from its snapshot), started with `dsgd ps-server --shard s` in remote mode.
+  std::string ps_placement = "workers";
   // ps_async: a replica more than this many updates ahead of the slowest on a shard waits there
   // (stale synchronous parallel); -1 = never waits. Replicas report staleness_mean/_max.
   int max_staleness = 4;

@@ -23,7 +23,7 @@ class LocalProcesses {
   pid_t spawn(const std::string& binary, const std::vector<std::string>& args, const std::vector<std::string>& env);
   struct Exit {
     pid_t pid;
-    std::string what;  // "worker process 123 exited with status 1"
+    std::string what;  // "process 123 exited with status 1"
   };
   // The first child found to have ended (reaped: reported once); nullopt if all run.
   std::optional<Exit> check_exited();

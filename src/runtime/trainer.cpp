@@ -20,6 +20,7 @@
 #include "runtime/control/log.h"
 #include "runtime/malloc_tuning.h"
 #include "runtime/metrics_wire.h"
+#include "runtime/ps_server_process.h"
 #include "runtime/spawn.h"
 #include "runtime/trainer_config.h"
 #include "runtime/worker.h"
@@ -35,12 +36,15 @@ using Clock = std::chrono::steady_clock;
 void init(int argc, char** argv) {
   runtime::tune_malloc();  // before the first big allocation, in drivers and workers alike
   std::optional<runtime::WorkerArgs> args;
+  std::optional<runtime::PsServerArgs> server_args;
   try {
     args = runtime::parse_worker_args(argc, argv);
+    server_args = runtime::parse_ps_server_args(argc, argv);
   } catch (const std::exception& e) {
     std::cerr << "dsgd worker: " << e.what() << "\n";
     std::exit(2);
   }
+  if (server_args) std::exit(runtime::run_ps_server(*server_args));  // a ps shard process
   if (!args) return;
   std::exit(runtime::run_worker(*args));
 }
@@ -90,6 +94,16 @@ struct Trainer::Impl {
       pool->check_children();
       if (extra_tick) extra_tick();
     }, std::move(targets));
+  }
+
+  // Strategy ps with shard processes: tells them the generation to join (runtime/ps_server_process.h).
+  void announce_to_servers(const std::string& generation_or_state) {
+    if (runtime::ps_shard_processes(config) == 0) return;
+    try {
+      server->store()->set(runtime::kPsGenerationKey, generation_or_state);
+    } catch (const std::exception& e) {
+      control::log().warn("trainer: cannot reach the ps shards' key: {}", e.what());
+    }
   }
 
   void ensure_usable() const {
@@ -178,6 +192,8 @@ struct Trainer::Impl {
     RecoveryEvent ev;
     ev.failure = failure;
     server->abort_generation(generation);
+    announce_to_servers("pending");  // a shard started now waits for the next generation
+    pool->spawn_servers();            // replaces lost shard processes (local mode)
     // Wait until every live worker is idle (answers a ping) or known lost (exited or silent for
     // the heartbeat timeout). Survivors fail their aborted command within moments.
     std::vector<int> lost;
@@ -224,6 +240,7 @@ struct Trainer::Impl {
       for (int id : pool->newcomers()) fresh.push_back(id);
     }
     if (pool->members().empty() && fresh.empty()) fail("every worker was lost: " + failure);
+    pool->spawn_servers();  // shard processes lost meanwhile
     form_group(fresh);
     ev.workers_after = static_cast<int>(pool->members().size());
     return ev;
@@ -239,6 +256,7 @@ struct Trainer::Impl {
     server->set_world(generation, world);
     const json place = pool->placement(generation);
     if (!fresh.empty()) raw_call("setup", place, "", fresh);
+    announce_to_servers(std::to_string(generation));
     raw_call("connect", place);
     raw_call("set_state", json::object(), snapshot);
   }
@@ -392,6 +410,7 @@ Trainer::Trainer(const std::string& operator_name, TrainerConfig config) : impl_
         }
       }
     }
+    d.announce_to_servers(std::to_string(d.generation));
     d.raw_call("connect", place);
     // Start every replica from replica 0's parameters (and optimizer state).
     d.take_snapshot();
@@ -563,7 +582,10 @@ void Trainer::shutdown() {
       control::log().debug("trainer: shutdown: {}", e.what());
     }
   }
-  if (d.server) d.server->stop_workers();
+  if (d.server) {
+    d.announce_to_servers("stop");
+    d.server->stop_workers();
+  }
   if (d.pool) d.pool->stop(3000);
   d.pool.reset();
   d.server.reset();

@@ -32,6 +32,13 @@ void validate_trainer_config(const std::string& op, const TrainerConfig& c) {
           "num_ps_shards must be in 0..64 (0 = one per host), got " + std::to_string(c.num_ps_shards));
   require(!c.ps_update_on_shards || c.strategy == "ps",
           "ps_update_on_shards needs strategy ps, got '" + c.strategy + "'");
+  require(c.ps_placement == "workers" || c.ps_placement == "processes",
+          "unknown ps_placement '" + c.ps_placement + "'; use workers or processes");
+  require(c.ps_placement == "workers" || c.strategy == "ps",
+          "ps_placement processes needs strategy ps, got '" + c.strategy + "'");
+  require(c.ps_placement == "workers" || c.listen.empty() || c.num_ps_shards > 0,
+          "ps_placement processes in remote mode needs num_ps_shards > 0: as many shard processes as you start "
+          "(dsgd ps-server --shard 0..n-1)");
   require(c.local_hosts >= 1, "local_hosts must be >= 1, got " + std::to_string(c.local_hosts));
   require(c.allreduce_algo == "auto" || c.allreduce_algo == "ring" || c.allreduce_algo == "hd",
           "unknown allreduce_algo '" + c.allreduce_algo + "'; use auto, ring or hd");
@@ -68,6 +75,11 @@ void validate_trainer_config(const std::string& op, const TrainerConfig& c) {
   }
 }
 
+int ps_shard_processes(const TrainerConfig& c) {
+  if (c.strategy != "ps" || c.ps_placement != "processes") return 0;
+  return c.num_ps_shards > 0 ? c.num_ps_shards : c.local_hosts;
+}
+
 nlohmann::json job_description(const std::string& op, const TrainerConfig& c) {
   int threads = c.threads_per_worker;
   if (threads == 0 && c.listen.empty()) threads = std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / c.num_workers);
@@ -77,7 +89,8 @@ nlohmann::json job_description(const std::string& op, const TrainerConfig& c) {
   job["num_workers"] = c.num_workers;
   job["devices_per_worker"] = c.devices_per_worker;
   job["strategy"] = c.strategy;
-  job["num_ps_shards"] = c.num_ps_shards;
+  job["num_ps_shards"] = ps_shard_processes(c) > 0 ? ps_shard_processes(c) : c.num_ps_shards;
+  job["ps_placement"] = c.ps_placement;
   job["ps_update_on_shards"] = c.ps_update_on_shards;
   job["max_staleness"] = c.max_staleness;
   job["allreduce_algo"] = c.allreduce_algo;

@@ -22,4 +22,8 @@ void validate_trainer_config(const std::string& op, const TrainerConfig& c);
 // workers in local mode), generation 0.
 nlohmann::json job_description(const std::string& op, const TrainerConfig& c);
 
+// How many parameter-server shard processes the job has (strategy ps, ps_placement
+// "processes": num_ps_shards, 0 resolved to local_hosts); 0 for every other configuration.
+int ps_shard_processes(const TrainerConfig& c);
+
 }  // namespace dsgd::runtime

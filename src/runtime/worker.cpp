@@ -22,6 +22,7 @@
 #include "runtime/control/driver_service.h"
 #include "runtime/control/store_service.h"
 #include "runtime/metrics_wire.h"
+#include "runtime/ps_server_process.h"
 #include "strategy/strategy.h"
 #include "torch/replica.h"
 
@@ -91,9 +92,6 @@ std::optional<WorkerArgs> parse_worker_args(int argc, char** argv) {
   return a;
 }
 
-namespace {
-
-// The local address the kernel would use to reach `driver` (a UDP connect sends nothing).
 std::string route_address(const std::string& driver) {
   const auto colon = driver.rfind(':');
   const std::string host = driver.substr(0, colon);
@@ -122,6 +120,8 @@ std::string host_name() {
   ::gethostname(buf, sizeof(buf) - 1);
   return buf;
 }
+
+namespace {
 
 class Worker {
  public:
@@ -392,8 +392,13 @@ class Worker {
               group, shards > 0 ? shards : group->num_hosts(), job_.value("max_staleness", 4));
         } else if (strategy == "ps") {
           const int shards = job_.value("num_ps_shards", 0);
-          strategies[static_cast<size_t>(i)] = strategy::make_ps_strategy(
-              group, shards > 0 ? shards : group->num_hosts(), job_.value("ps_update_on_shards", false));
+          strategy::PsOptions po{.num_shards = shards > 0 ? shards : group->num_hosts(),
+                                 .update_on_shards = job_.value("ps_update_on_shards", false),
+                                 .shard_processes = job_.value("ps_placement", std::string("workers")) == "processes"};
+          if (po.shard_processes && group->local().rank() == 0) {
+            po.servers = join_ps_servers(store, *group, po.num_shards, go);
+          }
+          strategies[static_cast<size_t>(i)] = strategy::make_ps_strategy(group, po);
         } else {
           strategies[static_cast<size_t>(i)] =
               strategy::make_allreduce_strategy(group, job_.value("allreduce_algo", std::string("auto")));

@@ -33,6 +33,12 @@ std::optional<WorkerArgs> parse_worker_args(int argc, char** argv);
 // Serves the job; returns the process exit code (0 after a normal shutdown).
 int run_worker(const WorkerArgs& args);
 
+// The local address the kernel would use to reach `driver` (HOST:PORT): what a process binds for
+// Gloo so that its peers can reach it. A UDP connect sends nothing.
+std::string route_address(const std::string& driver);
+// This machine's host name.
+std::string host_name();
+
 // The registered worker function `name`; ConfigError if none.
 WorkerFunction find_worker_function(const std::string& name);
 bool has_worker_function(const std::string& name);

@@ -7,6 +7,7 @@
 
 #include "dsgd/error.h"
 #include "runtime/control/log.h"
+#include "runtime/trainer_config.h"
 
 namespace dsgd::runtime {
 
@@ -33,12 +34,36 @@ nlohmann::json WorkerPool::placement(int64_t generation) const {
 
 void WorkerPool::spawn_initial() {
   for (int i = 0; i < config_.num_workers; ++i) spawn_worker(i % config_.local_hosts);
+  spawn_servers();
+}
+
+void WorkerPool::spawn_servers() {
+  if (!local()) return;
+  for (auto it = servers_.begin(); it != servers_.end();) {  // reap the lost ones
+    it = children_.gone(it->first) ? servers_.erase(it) : std::next(it);
+  }
+  const std::string driver = "127.0.0.1:" + std::to_string(server_.port());
+  for (int s = 0; s < ps_shard_processes(config_); ++s) {
+    if (std::any_of(servers_.begin(), servers_.end(), [s](const auto& e) { return e.second == s; })) continue;
+    std::vector<std::string> args = {"--dsgd-ps-server", "--driver", driver, "--shard", std::to_string(s)};
+    if (config_.local_hosts > 1) {
+      args.insert(args.end(), {"--host-id", "local-host-" + std::to_string(s % config_.local_hosts)});
+    }
+    // A shard sums and steps on one core; its wait for messages is not busy.
+    servers_[children_.spawn(binary_, args, {"DSGD_TOKEN=" + token_, "DSGD_WORKER_OF=" + std::to_string(::getpid()),
+                                             "OMP_NUM_THREADS=1"})] = s;
+  }
 }
 
 bool WorkerPool::exited(pid_t pid) { return local() && children_.gone(pid); }
 
 void WorkerPool::check_children() {
   while (auto gone = children_.check_exited()) {
+    if (auto it = servers_.find(gone->pid); it != servers_.end()) {
+      const int shard = it->second;
+      servers_.erase(it);
+      throw CommError("ps shard " + std::to_string(shard) + ": " + gone->what, "ps shard");
+    }
     if (auto p = std::find(pending_.begin(), pending_.end(), gone->pid); p != pending_.end()) {
       pending_.erase(p);
       defer_replacements("replacement " + gone->what);

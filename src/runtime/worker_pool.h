@@ -40,12 +40,17 @@ class WorkerPool {
   // {"generation", "num_workers", "ranks": {id: position}}: where every member sits.
   nlohmann::json placement(int64_t generation) const;
 
-  // Local mode: num_workers workers, worker i on pseudo-host i % local_hosts.
+  // Local mode: num_workers workers, worker i on pseudo-host i % local_hosts, and the ps shard
+  // processes (spawn_servers).
   void spawn_initial();
+  // Local mode, strategy ps with shard processes: starts those not running (every one at first,
+  // a lost one during recovery); shard s on pseudo-host s % local_hosts.
+  void spawn_servers();
   // Local mode: true if process `pid` has exited (it is reaped).
   bool exited(pid_t pid);
-  // Liveness of spawned workers, checked while waiting on them. A member's exit throws CommError
-  // (the job recovers); a pending replacement's exit only defers the next attempt.
+  // Liveness of spawned workers, checked while waiting on them. A member's or a shard process's
+  // exit throws CommError (the job recovers); a pending replacement's exit only defers the next
+  // attempt.
   void check_children();
   // Local mode, below num_workers: spawns the missing workers, unless some are still pending or
   // the back-off since a failed attempt has not passed.
@@ -73,6 +78,7 @@ class WorkerPool {
   std::chrono::steady_clock::time_point pending_since_{}, next_spawn_{};
   std::chrono::milliseconds backoff_{1000};
   std::map<pid_t, int> pseudo_host_;  // local_hosts > 1: each spawned worker's pseudo-host
+  std::map<pid_t, int> servers_;      // running ps shard processes: pid -> shard
 };
 
 }  // namespace dsgd::runtime

@@ -11,12 +11,14 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <limits>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 #include <thread>
 
 #include "dsgd/error.h"
@@ -267,6 +269,25 @@ TEST(TrainerEquivalence, PsUpdateOnShardsFourShardsThreeWorkersOnTwoHosts) {
   expect_equivalent(ps_update_config(3, 2, 4, 96));
 }
 TEST(TrainerEquivalence, PsUpdateOnShardsOneHost) { expect_equivalent(ps_update_config(2, 1, 0)); }
+
+// ps with the shards in processes of their own (spawned by the driver), in both update modes.
+TrainerConfig ps_processes_config(int workers, int hosts, int shards, bool update_on_shards, int64_t batch = 64) {
+  auto c = ps_config(workers, hosts, shards, batch);
+  c.ps_placement = "processes";
+  c.ps_update_on_shards = update_on_shards;
+  return c;
+}
+TEST(TrainerEquivalence, PsShardProcessesOneShard) { expect_equivalent(ps_processes_config(2, 2, 1, false)); }
+TEST(TrainerEquivalence, PsShardProcessesTwoShards) { expect_equivalent(ps_processes_config(2, 2, 2, false)); }
+TEST(TrainerEquivalence, PsShardProcessesFourShardsThreeWorkers) {
+  expect_equivalent(ps_processes_config(3, 2, 4, false, 96));
+}
+TEST(TrainerEquivalence, PsShardProcessesOneHostDefaultShards) { expect_equivalent(ps_processes_config(2, 1, 0, false)); }
+TEST(TrainerEquivalence, PsShardProcessesUpdateOnShardsOneShard) { expect_equivalent(ps_processes_config(2, 2, 1, true)); }
+TEST(TrainerEquivalence, PsShardProcessesUpdateOnShardsTwoShards) { expect_equivalent(ps_processes_config(2, 2, 2, true)); }
+TEST(TrainerEquivalence, PsShardProcessesUpdateOnShardsFourShardsThreeWorkers) {
+  expect_equivalent(ps_processes_config(3, 2, 4, true, 96));
+}
 
 // ps_async: 2 workers on 2 pseudo-hosts, 2 shards, worker 1 sleeping 40 ms per step.
 struct SlowRun {
@@ -588,6 +609,15 @@ TEST(TrainerBadInput, ClearErrorsBeforeAnyProcessIsSpawned) {
   bad = c;
   bad.ps_update_on_shards = true;
   expect_config_error(runtime::kImageClassifier, bad, "ps_update_on_shards needs strategy ps, got 'allreduce'");
+  bad = c;
+  bad.ps_placement = "elsewhere";
+  expect_config_error(runtime::kImageClassifier, bad, "unknown ps_placement 'elsewhere'; use workers or processes");
+  bad = c;
+  bad.ps_placement = "processes";
+  expect_config_error(runtime::kImageClassifier, bad, "ps_placement processes needs strategy ps, got 'allreduce'");
+  bad.strategy = "ps";
+  bad.listen = "127.0.0.1:0";
+  expect_config_error(runtime::kImageClassifier, bad, "ps_placement processes in remote mode needs num_ps_shards > 0");
 }
 
 TEST(TrainerBadInput, UpdateOnShardsWithAnOptimizerOtherThanSgdSaysWhatItNeeds) {
@@ -712,9 +742,30 @@ TEST(TrainerFailure, WithoutRetriesAKilledWorkerFailsTrainWithinSecondsNamingIt)
   EXPECT_THROW(t.train(), Error);  // unusable after a failure, and says so
 }
 
-// Runs 40 steps with a snapshot every 10 and does `fault` to worker 1 once 15 steps are done;
-// training must finish with parameters equal to a fault-free single process.
-Results train_through_fault(TrainerConfig c, int sig, std::vector<int>* victims = nullptr, double tolerance = 1e-5) {
+// This process's children that are ps shard processes (their command line has --dsgd-ps-server).
+std::vector<int> shard_process_pids() {
+  std::vector<int> out;
+  for (const auto& e : std::filesystem::directory_iterator("/proc")) {
+    const std::string name = e.path().filename();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::ifstream stat(e.path() / "stat"), cmdline(e.path() / "cmdline");
+    std::string st((std::istreambuf_iterator<char>(stat)), {}), cmd((std::istreambuf_iterator<char>(cmdline)), {});
+    const auto close = st.rfind(')');
+    if (close == std::string::npos) continue;
+    std::istringstream fields(st.substr(close + 1));
+    std::string state;
+    int ppid = 0;
+    fields >> state >> ppid;
+    if (ppid == ::getpid() && cmd.find("--dsgd-ps-server") != std::string::npos) out.push_back(std::stoi(name));
+  }
+  return out;
+}
+
+// Runs 40 steps with a snapshot every 10 and does `fault` to worker 1 (with `shard_victim`: to
+// a ps shard process) once 15 steps are done; training must finish with parameters equal to a
+// fault-free single process.
+Results train_through_fault(TrainerConfig c, int sig, std::vector<int>* victims = nullptr, double tolerance = 1e-5,
+                            bool shard_victim = false) {
   c.checkpoint_every_steps = 10;
   c.checkpoint_max_overhead = 0;  // exactly that interval
   c.heartbeat_timeout = milliseconds(2000);
@@ -726,13 +777,25 @@ Results train_through_fault(TrainerConfig c, int sig, std::vector<int>* victims 
   };
   const Params reference = single_process(c.batch_size, 40);
   Trainer t(runtime::kImageClassifier, c);
-  victim = t.foreach_worker("replica_info")[1]["pid"].get<int>();
+  if (shard_victim) {
+    const auto shards = shard_process_pids();
+    EXPECT_EQ(shards.size(), static_cast<size_t>(c.num_ps_shards));
+    if (shards.empty()) return {};
+    victim = shards.back();
+  } else {
+    victim = t.foreach_worker("replica_info")[1]["pid"].get<int>();
+  }
   if (victims != nullptr) victims->push_back(victim);
   auto r = t.train({.num_steps = 40});
   EXPECT_TRUE(done) << "the fault was never injected";
   EXPECT_EQ(r.batch, 40);
   EXPECT_EQ(r.metrics.at("batches"), 40.0);
   EXPECT_LT(max_difference(reference, params_of(*t.get_model())), tolerance);
+  if (shard_victim) {  // replaced
+    const auto now = shard_process_pids();
+    EXPECT_EQ(now.size(), static_cast<size_t>(c.num_ps_shards)) << "the lost shard process was not replaced";
+    EXPECT_EQ(std::count(now.begin(), now.end(), victim), 0);
+  }
   if (sig == SIGSTOP) ::kill(victim, SIGKILL);  // it was evicted; do not leave it stopped
   return r;
 }
@@ -814,6 +877,19 @@ TEST(TrainerRecovery, PsUpdateOnShardsGetsALostShardsParametersAndMomentumBackFr
   auto r = train_through_fault(ps_update_config(2, 2, 2), SIGKILL);
   ASSERT_EQ(r.recoveries.size(), 1u);
   EXPECT_EQ(r.recoveries[0].workers_after, 2);
+}
+
+TEST(TrainerRecovery, PsKilledShardProcessIsRespawnedAndTheResultEqualsAFaultFreeRun) {
+  // The victim holds a shard's parameters and momentum (update on shards), found nowhere else:
+  // the driver respawns it and every replica restarts it from the last snapshot.
+  std::vector<int> victims;
+  auto r = train_through_fault(ps_processes_config(2, 2, 2, true), SIGKILL, &victims, 1e-5, /*shard_victim=*/true);
+  ASSERT_EQ(r.recoveries.size(), 1u);
+  EXPECT_EQ(r.recoveries[0].workers_after, 2);
+  EXPECT_TRUE(r.recoveries[0].lost.empty()) << "no worker was lost: " << r.recoveries[0].lost;
+  EXPECT_NE(r.recoveries[0].failure.find(std::to_string(victims.at(0))), std::string::npos)
+      << "the failure names the shard process: " << r.recoveries[0].failure;
+  std::cout << "shard recovery: " << r.recoveries[0].recovery_s << " s after: " << r.recoveries[0].failure << "\n";
 }
 
 TEST(TrainerRecovery, PsAsyncLosesAShardOwnerAndGoesOnFromTheSnapshot) {

@@ -1,6 +1,9 @@
 // The `dsgd` command line, run as a user would: help, flag errors (exit 2 with a clear message),
 // data errors (exit 1), and a short real run whose JSON summary is checked.
+#include <arpa/inet.h>
 #include <fcntl.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -142,6 +145,54 @@ TEST(Cli, TwoWorkersSaveThenOneWorkerLoadsAndContinues) {
   auto jb = nlohmann::json::parse(fb);
   // The loaded job starts where the saved one ended: its first epoch's loss is lower.
   EXPECT_LT(jb["history"][0]["train_loss"].get<double>(), ja["history"][0]["train_loss"].get<double>());
+}
+
+// A TCP port free on loopback now (the kernel's pick; a small race with other processes).
+int free_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(a);
+  int port = 0;
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0 &&
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0) {
+    port = ntohs(a.sin_port);
+  }
+  ::close(fd);
+  return port;
+}
+
+TEST(Cli, RemoteWorkersAndPsShardProcessesJoinTheDriver) {
+  // As a launcher would start them: the driver, 2 `dsgd worker` and 2 `dsgd ps-server`, each
+  // told only the driver's address and the token. Every process must exit when the job ends.
+  dsgd::testing::TempDir dir;
+  const std::string bin = DSGD_BINARY, address = "127.0.0.1:" + std::to_string(free_port());
+  const std::string join = " --driver " + address + " --token t0ken";
+  const std::string script =
+      bin + " train --listen " + address + " --token t0ken --workers 2 --strategy ps --ps-placement processes "
+      "--ps-shards 2 --ps-update-on-shards --model mlp --dataset synthetic --synthetic-samples 512 --image-size 8 "
+      "--batch-size 32 --threads 1 --epochs 1 --json-out " + dir.file("run.json") + " & sleep 1; " +
+      bin + " ps-server" + join + " --shard 1 & " + bin + " ps-server" + join + " --shard 0 & " +
+      bin + " worker" + join + " & " + bin + " worker" + join + " & wait";
+  CliRun r;
+  FILE* p = ::popen(("timeout 120 sh -c '" + script + "' 2>&1").c_str(), "r");
+  ASSERT_NE(p, nullptr);
+  std::array<char, 4096> buf;
+  size_t n;
+  while ((n = std::fread(buf.data(), 1, buf.size(), p)) > 0) r.output.append(buf.data(), n);
+  const int status = ::pclose(p);
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "a process did not exit\n" << r.output;
+  for (const char* s : {"ps shard 0: serving generation 1", "ps shard 1: serving generation 1"}) {
+    EXPECT_NE(r.output.find(s), std::string::npos) << r.output;
+  }
+  std::ifstream f(dir.file("run.json"));
+  ASSERT_TRUE(f.good()) << r.output;
+  auto j = nlohmann::json::parse(f);
+  EXPECT_EQ(j["workers"], 2);
+  EXPECT_EQ(j["strategy"], "ps");
+  EXPECT_EQ(j["steps"], 16);
+  EXPECT_GT(j["test_accuracy"].get<double>(), 0.15);  // 10 classes: it learnt
 }
 
 bool process_gone(pid_t pid) {

@@ -16,6 +16,9 @@ void add_train_command(CLI::App& app, int* exit_code);
 // `dsgd worker`: join a remote driver.
 void add_worker_command(CLI::App& app, int* exit_code);
 
+// `dsgd ps-server`: join a remote driver as a parameter-server shard process.
+void add_ps_server_command(CLI::App& app, int* exit_code);
+
 // `dsgd bench allreduce`: communication benchmarks.
 void add_bench_command(CLI::App& app, int* exit_code);
 

@@ -35,6 +35,7 @@ struct TrainFlags {
   int max_failures = 3;
   int ps_shards = 0;
   bool ps_update_on_shards = false;
+  std::string ps_placement = "workers";
   int max_staleness = 4;
   int local_hosts = 1;
   int64_t heartbeat_timeout_ms = 10000;
@@ -168,6 +169,7 @@ runtime::LocalJobResult run_with_trainer(const TrainFlags& f, ProgressPrinter* p
   c.max_failures = f.max_failures;
   c.num_ps_shards = f.ps_shards;
   c.ps_update_on_shards = f.ps_update_on_shards;
+  c.ps_placement = f.ps_placement;
   c.max_staleness = f.max_staleness;
   c.local_hosts = f.local_hosts;
   c.heartbeat_timeout = std::chrono::milliseconds(f.heartbeat_timeout_ms);
@@ -306,6 +308,11 @@ void add_train_command(CLI::App& app, int* exit_code) {
       ->capture_default_str();
   cmd->add_flag("--ps-update-on-shards", flags->ps_update_on_shards,
                 "ps: the shards apply SGD and hold its momentum (optimizer state sharded); needs SGD");
+  cmd->add_option("--ps-placement", flags->ps_placement,
+                  "ps: the shards live in the workers, or in processes of their own (--ps-shards of them; "
+                  "remote mode: start each with dsgd ps-server --shard S)")
+      ->check(CLI::IsMember({"workers", "processes"}))
+      ->capture_default_str();
   cmd->add_option("--max-staleness", flags->max_staleness,
                   "ps_async: a worker this many updates ahead of the slowest waits (-1 = never)")
       ->capture_default_str();

@@ -1,10 +1,12 @@
-// `dsgd worker`: join a driver started with `dsgd train --listen HOST:PORT` (or any program whose
-// Trainer has `listen` set) from another host. Runs the built-in operators.
+// `dsgd worker` and `dsgd ps-server`: join a driver started with `dsgd train --listen HOST:PORT`
+// (or any program whose Trainer has `listen` set) from another host, as a worker (running the
+// built-in operators) or as a parameter-server shard process (--ps-placement processes).
 #include <iostream>
 
 #include "commands.h"
 #include "dsgd/error.h"
 #include "runtime/builtin_operators.h"
+#include "runtime/ps_server_process.h"
 #include "runtime/worker.h"
 
 namespace dsgd::cli {
@@ -33,6 +35,41 @@ void add_worker_command(CLI::App& app, int* exit_code) {
     }
     runtime::register_builtin_operators();
     *exit_code = runtime::run_worker(*args);
+  });
+}
+
+void add_ps_server_command(CLI::App& app, int* exit_code) {
+  auto args = std::make_shared<runtime::PsServerArgs>();
+  CLI::App* cmd = app.add_subcommand("ps-server", "Join a training job's driver as a parameter-server shard (remote mode)");
+  cmd->footer(
+      "\nExample (driver on host A, two shard processes on host C):\n"
+      "  A$ dsgd train --workers 2 --strategy ps --ps-placement processes --ps-shards 2 --listen 0.0.0.0:29500 --token s3cret\n"
+      "  C$ dsgd ps-server --driver A:29500 --token s3cret --shard 0\n"
+      "  C$ dsgd ps-server --driver A:29500 --token s3cret --shard 1\n"
+      "The token may come from $DSGD_TOKEN instead of --token. A shard process exits when the job ends,\n"
+      "or when the driver has been unreachable for --driver-timeout-ms.");
+  cmd->add_option("--driver", args->driver, "The driver's HOST:PORT")->required();
+  cmd->add_option("--token", args->token, "The job token (default: $DSGD_TOKEN)");
+  cmd->add_option("--shard", args->shard, "Which shard this process serves: 0 .. --ps-shards - 1")
+      ->required()
+      ->check(CLI::Range(0, 63));
+  cmd->add_option("--address", args->address, "Address the workers reach this shard at (default: the one routing to the driver)");
+  cmd->add_option("--host-id", args->host_id, "Host identity (default: the host name)");
+  auto timeout_ms = std::make_shared<int64_t>(args->driver_timeout.count());
+  cmd->add_option("--driver-timeout-ms", *timeout_ms, "Exit when the driver has not answered for this long")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  cmd->callback([args, timeout_ms, exit_code] {
+    if (args->token.empty()) {
+      if (const char* t = std::getenv("DSGD_TOKEN")) args->token = t;
+    }
+    if (args->token.empty()) {
+      std::cerr << "dsgd ps-server: error: the job token is needed: --token T or $DSGD_TOKEN\n";
+      *exit_code = kExitUsage;
+      return;
+    }
+    args->driver_timeout = std::chrono::milliseconds(*timeout_ms);
+    *exit_code = runtime::run_ps_server(*args);
   });
 }
 
