@@ -24,6 +24,7 @@
 #include <mutex>
 #include <thread>
 
+#include "comm/elastic_threads.h"
 #include "comm/gloo/rendezvous.h"
 #include "comm/process.h"
 #include "comm/reduce_kernels.h"
@@ -114,13 +115,7 @@ class GlooGroup : public Group, public std::enable_shared_from_this<GlooGroup> {
     watchdog_cv_.notify_all();
     watchdog_thread_.join();
     abort_p2p();
-    // Join outside the lock: a waiter that is failing calls abort_p2p, which takes it.
-    std::list<Waiter> waiters;
-    {
-      std::lock_guard<std::mutex> lock(waiters_mutex_);
-      waiters.swap(waiters_);
-    }
-    for (auto& w : waiters) w.thread.join();
+    waiter_threads_.join();  // outside the lock: a waiter that is failing calls abort_p2p, which takes it
     if (in_flight) {
       if (size_ > 1) context_->closeConnections();  // a group of one has no transport
       collective_thread_.detach();
@@ -259,10 +254,6 @@ class GlooGroup : public Group, public std::enable_shared_from_this<GlooGroup> {
     milliseconds timeout;
     std::atomic<bool> finished{false};
   };
-  struct Waiter {
-    std::shared_ptr<P2pOp> op;
-    std::thread thread;
-  };
 
   void rendezvous(Store& store) {
     Rendezvous r = meet(store, rank_, size_, options_);
@@ -357,8 +348,9 @@ class GlooGroup : public Group, public std::enable_shared_from_this<GlooGroup> {
     }
     {
       std::lock_guard<std::mutex> lock(waiters_mutex_);
-      reap_finished_waiters();
-      waiters_.push_back({op, std::thread([this, op] { wait_p2p(*op); })});
+      std::erase_if(waiters_, [](const auto& o) { return o->finished.load(); });
+      waiters_.push_back(op);
+      waiter_threads_.run([this, op] { wait_p2p(*op); });
     }
     // An abort between the check above and the registration found no waiter to wake: wake it
     // here (Gloo keeps an abort requested before the wait for the wait).
@@ -381,18 +373,6 @@ class GlooGroup : public Group, public std::enable_shared_from_this<GlooGroup> {
       fail(op.work, translate(op.work->description(), e.what(), op.timeout, op.peer));
     }
     op.finished = true;
-  }
-
-  // Joins the waiters whose operation is over. Caller holds waiters_mutex_.
-  void reap_finished_waiters() {
-    for (auto it = waiters_.begin(); it != waiters_.end();) {
-      if (it->op->finished) {
-        it->thread.join();
-        it = waiters_.erase(it);
-      } else {
-        ++it;
-      }
-    }
   }
 
   // Makes `error` the group's error (unless one is already set) and wakes everything. Gloo
@@ -424,7 +404,7 @@ class GlooGroup : public Group, public std::enable_shared_from_this<GlooGroup> {
       bool pending = current_ != nullptr;
       if (!pending) {
         std::lock_guard<std::mutex> waiters_lock(waiters_mutex_);
-        for (const auto& w : waiters_) pending = pending || !w.op->finished;
+        for (const auto& w : waiters_) pending = pending || !w->finished;
       }
       if (!pending) continue;
       const std::string op = current_ ? current_->description() : "point-to-point";
@@ -444,11 +424,11 @@ class GlooGroup : public Group, public std::enable_shared_from_this<GlooGroup> {
   void abort_p2p() {
     std::lock_guard<std::mutex> lock(waiters_mutex_);
     for (auto& w : waiters_) {
-      if (w.op->finished) continue;
-      if (w.op->send) {
-        w.op->buffer->abortWaitSend();
+      if (w->finished) continue;
+      if (w->send) {
+        w->buffer->abortWaitSend();
       } else {
-        w.op->buffer->abortWaitRecv();
+        w->buffer->abortWaitRecv();
       }
     }
   }
@@ -536,7 +516,8 @@ class GlooGroup : public Group, public std::enable_shared_from_this<GlooGroup> {
   std::thread collective_thread_;
 
   std::mutex waiters_mutex_;
-  std::list<Waiter> waiters_;                      // guarded by waiters_mutex_; one per posted p2p op
+  std::list<std::shared_ptr<P2pOp>> waiters_;      // guarded by waiters_mutex_; posted p2p ops not yet seen done
+  ElasticThreads waiter_threads_;                  // one blocked in wait_p2p per pending op
 };
 
 // What Group::create returns: forwards to the shared GlooGroup and shuts it down when destroyed.
