@@ -17,6 +17,9 @@
 #   ps, k shards         max((h+k-2)/k, [k<h]) B/bw  (the busiest link: a shard owner's, which
 #                        takes (h-1)/k B of pushes and sends (k-1)/k B of its own, and the
 #                        reverse for pulls; or, when k < h, a non-owner's, B each way)
+#   psp, k shard processes on k hosts of their own ("psp<k>": --ps-placement processes)
+#                        max(1, h/k) B/bw         (a worker's link carries B each way; a shard's
+#                                                  h B/k)
 #   simple               h B/bw                   (every gradient in through the driver's link,
 #                                                  every average out, both ways at once)
 # Without overlap the bound is compute + communication. A second bound says what a design that
@@ -30,7 +33,8 @@
 #   bench/cluster.sh [HOSTS] [GBITS] [STEPS]    (defaults: "2 4 8" "0 0.5 1 2" 40)
 # Env: SIM_PARAMETERS (1024000), SIM_STEP_MS (52), MAX_AGGREGATE_GBITS (8: skip host counts x
 # rates above this; the box moves ~8.5 Gbit/s between namespaces in all), CONFIGS (which rows:
-# default "allreduce allreduce-no-overlap hier ps1 ps2 ps4 ps8 psh-no-overlap simple"),
+# default "allreduce allreduce-no-overlap hier ps1 ps2 ps4 ps8 psh-no-overlap psph simple"; "psph": as
+# many shard processes as hosts),
 # JSON_OUT (also write every row as JSON lines there), WRITE_DOCS=1 (replace the tables in
 # docs/BENCHMARKS.md between the cluster-tables markers, or DOC_MARKER's, and unless PLOT=0 the
 # plot docs/img/cluster-scaling.png: bench/plot_cluster.sh).
@@ -46,7 +50,7 @@ params=${SIM_PARAMETERS:-1024000}
 step_ms=${SIM_STEP_MS:-52}
 layers=${SIM_LAYERS:-32}
 max_aggregate=${MAX_AGGREGATE_GBITS:-8}
-read -r -a configs <<<"${CONFIGS:-allreduce allreduce-no-overlap hier ps1 ps2 ps4 ps8 psh-no-overlap simple}"
+read -r -a configs <<<"${CONFIGS:-allreduce allreduce-no-overlap hier ps1 ps2 ps4 ps8 psh-no-overlap psph simple}"
 per_worker_batch=32
 bucket_bytes=${BUCKET_BYTES:-1048576}  # DDP's 25 MB default, scaled by 25 like the rest
 id=$$
@@ -110,6 +114,7 @@ print(1000 * r['batch_size'] / r['samples_per_s'], r['parameters'])" "$1")
 }
 
 # run NAME HOSTS WORKERS_PER_HOST FLAGS...: one job across the cluster; sets run_ms (per step).
+# With $servers > 0, that many `dsgd ps-server` shard processes run on hosts HOSTS+1...
 run() {
   local name=$1 hosts=$2 per_host=$3
   shift 3
@@ -132,6 +137,12 @@ run() {
       workers_pids+=($!)
       pids+=($!)
     done
+  done
+  for s in $(seq 0 $((${servers:-0} - 1))); do
+    ip netns exec "$prefix-h$((hosts + 1 + s))" "$dsgd" ps-server --driver "$address" --token "bench-$id" --shard "$s" \
+      --host-id "server-$s" >>"$out.workers" 2>&1 &
+    workers_pids+=($!)
+    pids+=($!)
   done
   if ! wait "$driver"; then
     echo "cluster.sh: $name on $hosts hosts failed:" >&2
@@ -156,15 +167,19 @@ for gbit in "${rates[@]}"; do
       echo "skipping $h hosts at $gbit Gbit/s: $h x $gbit > MAX_AGGREGATE_GBITS $max_aggregate" >&2
       continue
     fi
-    make_cluster "$gbit" "$h"
+    extra=0  # hosts for shard processes
+    for c in "${configs[@]}"; do [[ "$c" == psp* ]] && extra=$h; done
+    make_cluster "$gbit" $((h + extra))
     for c in "${configs[@]}"; do
-      per_host=1 flags=()
+      per_host=1 servers=0 flags=()
       case "$c" in
       allreduce) flags=(--strategy allreduce) ;;
       allreduce-no-overlap) flags=(--strategy allreduce --no-overlap) ;;
       hier) per_host=2 flags=(--strategy allreduce) ;;
       ps[0-9]*) k=${c#ps}; ((k <= h)) || continue; flags=(--strategy ps --ps-shards "$k") ;;
       psh-no-overlap) flags=(--strategy ps --ps-shards "$h" --no-overlap) ;;
+      psp*) k=${c#psp}; [[ "$k" == h ]] && k=$h; ((k <= h)) || continue
+        servers=$k flags=(--strategy ps --ps-shards "$k" --ps-placement processes) ;;
       simple) flags=(--strategy simple) ;;
       *) echo "cluster.sh: unknown config '$c'" >&2; exit 2 ;;
       esac
@@ -186,6 +201,9 @@ def comm_ms(c, h, gbit, b):
     if gbit == 0: return 0.0  # unshaped
     bw = gbit * 1e9 / 8
     if c in ("allreduce", "allreduce-no-overlap", "hier"): t = 2 * (h - 1) / h * b / bw
+    elif c.startswith("psp"):
+        k = h if c == "psph" else int(c[3:])
+        t = max(1, h / k) * b / bw
     elif c.startswith("ps") or c == "psh-no-overlap":
         k = h if c == "psh-no-overlap" else int(c[2:])
         t = max((h + k - 2) / k, 1 if k < h else 0) * b / bw
@@ -215,7 +233,7 @@ for gbit in sorted({r["gbit"] for r in rows}):
 PY
 cat "$report"
 if [[ "${WRITE_DOCS:-0}" == 1 ]]; then
-  command="${CONFIGS:+CONFIGS=\"$CONFIGS\" }bench/cluster.sh"  # as typed, to rerun it
+  command="${BUCKET_BYTES:+BUCKET_BYTES=$BUCKET_BYTES }${CONFIGS:+CONFIGS=\"$CONFIGS\" }bench/cluster.sh"  # as typed, to rerun it
   for a in "$@"; do command+=" \"$a\""; done
   bench/write_docs.py "${DOC_MARKER:-cluster-tables}" "$report" "$command"
   if [[ "${PLOT:-1}" == 1 ]]; then bench/plot_cluster.sh "$rows" docs/img/cluster-scaling.png; fi

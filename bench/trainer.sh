@@ -9,7 +9,9 @@
 # SET ps: the MLP 784-2048-2048-10 (23 MB of gradients), 32 samples per replica, 4 MB buckets,
 #   2 workers on 2 pseudo-hosts (--local-hosts 2: the exchange between them goes over Gloo as
 #   between machines): allreduce against ps with 1 and 2 shards, pipelined and not, averaging
-#   on the shards or applying SGD there (--ps-update-on-shards), and asynchronous (ps_async).
+#   on the shards or applying SGD there (--ps-update-on-shards), and asynchronous (ps_async);
+#   shards in the workers (BytePS's placement) and in processes of their own (--ps-placement
+#   processes: Ray's), one per pseudo-host.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 steps=${1:-300}
@@ -43,7 +45,9 @@ ps)
     "ps-1shard-2hosts|$two --strategy ps --ps-shards 1"
     "ps-2shards-2hosts|$two --strategy ps --ps-shards 2"
     "ps-2shards-2hosts-no-overlap|$two --strategy ps --ps-shards 2 --no-overlap"
-    "ps-1shard-2hosts-update-on-shards|$two --strategy ps --ps-shards 1 --ps-update-on-shards"
+    "ps-1shard-2hosts-processes|$two --strategy ps --ps-shards 1 --ps-placement processes"
+    "ps-2shards-2hosts-processes|$two --strategy ps --ps-shards 2 --ps-placement processes"
+    "ps-2shards-2hosts-processes-update-on-shards|$two --strategy ps --ps-shards 2 --ps-placement processes --ps-update-on-shards"
     "ps-2shards-2hosts-update-on-shards|$two --strategy ps --ps-shards 2 --ps-update-on-shards"
     "ps_async-2shards-2hosts|$two --strategy ps_async --ps-shards 2"
     "ps-2shards-1host|--workers 2 --strategy ps --threads 1 --batch-size 64 --grad-shard-bytes 4000000 --ps-shards 2"

@@ -122,14 +122,17 @@ void serve_generation(const PsServerArgs& a, const std::shared_ptr<comm::Store>&
   std::shared_ptr<comm::Group> group = comm::Group::create(std::make_shared<comm::PrefixStore>(gen, "ps/"),
                                                            leaders + a.shard, leaders + shards, go);
   strategy::PsServer server(group, leaders);
-  control::log().info("ps shard {}: serving generation {} ({} host leader(s), {} shard(s))", a.shard, g, leaders,
-                      shards);
-  std::atomic<bool> done{false};
+  // Started by hand (remote mode), say so; spawned by the driver, the driver's output is the user's.
+  const auto level = std::getenv("DSGD_WORKER_OF") == nullptr ? spdlog::level::info : spdlog::level::debug;
+  control::log().log(level, "ps shard {}: serving generation {} ({} host leader(s), {} shard(s))", a.shard, g,
+                     leaders, shards);
+  std::atomic<bool> done{false}, moved_on{false};
   std::thread watcher([&] {
     while (!done) {
       std::this_thread::sleep_for(milliseconds(200));
       auto v = watch.generation();
       if (v && *v != std::to_string(g)) {
+        moved_on = true;
         server.abort("the job left generation " + std::to_string(g));
         return;
       }
@@ -141,8 +144,9 @@ void serve_generation(const PsServerArgs& a, const std::shared_ptr<comm::Store>&
   });
   try {
     server.serve();
-  } catch (const CommError& e) {
-    control::log().info("ps shard {}: generation {} ended: {}", a.shard, g, e.what());
+  } catch (const CommError& e) {  // the job moved on, or a leader was lost (the driver re-forms the job)
+    control::log().log(moved_on ? spdlog::level::debug : spdlog::level::warn, "ps shard {}: generation {} ended: {}",
+                       a.shard, g, e.what());
   } catch (...) {
     done = true;
     watcher.join();
