@@ -96,7 +96,9 @@ struct TrainerConfig {
   // their communication, replacements are spawned (local mode), the group is re-formed and every
   // replica restores the last in-memory snapshot, taken every checkpoint_every_steps steps.
   int max_failures = 3;                      // beyond this, train() fails listing the failures
-  int64_t checkpoint_every_steps = 50;       // in-memory snapshot interval (steps), at least
+  // In-memory snapshot interval (steps), at least; train() calls shorter than that (step())
+  // share one: a recovery restores it and trains the steps since again.
+  int64_t checkpoint_every_steps = 50;
   // Snapshots take at most about this share of training time: after a snapshot that took s
   // seconds, the next one waits for at least s / checkpoint_max_overhead seconds of training
   // (the interval in steps grows to match, for big models with fast steps). 0 = exactly every

@@ -21,6 +21,8 @@
 #include "runtime/malloc_tuning.h"
 #include "runtime/metrics_wire.h"
 #include "runtime/ps_server_process.h"
+#include "runtime/results.h"
+#include "runtime/snapshot_policy.h"
 #include "runtime/spawn.h"
 #include "runtime/trainer_config.h"
 #include "runtime/worker.h"
@@ -76,7 +78,7 @@ struct Trainer::Impl {
   int64_t parameters = 0;
   int64_t generation = 1;              // of the communication group; +1 per re-formation
   std::string snapshot;                // replica state at the last consistent point
-  double snapshot_s = 0;               // how long taking it took
+  std::unique_ptr<runtime::SnapshotPolicy> snapshots;  // when to take it; the steps since
   int failures = 0;
   std::vector<std::string> failure_log;
   std::vector<RecoveryEvent> events;   // of the current call
@@ -211,7 +213,10 @@ struct Trainer::Impl {
           json p = json::parse(w.progress.empty() ? "{}" : w.progress, nullptr, false);
           ev.lost += (ev.lost.empty() ? "" : ", ") + std::string("worker ") + std::to_string(w.index) + " (host " +
                      w.host + ", pid " + std::to_string(w.pid) + (exited ? ", exited" : ", silent") + ")";
-          if (p.is_object()) ev.rolled_back_steps = std::max(ev.rolled_back_steps, p.value("batches", int64_t{0}));
+          if (p.is_object()) {
+            ev.rolled_back_steps =
+                std::max(ev.rolled_back_steps, snapshots->pending() + p.value("batches", int64_t{0}));
+          }
         }
       }
       std::vector<int> survivors;
@@ -259,6 +264,21 @@ struct Trainer::Impl {
     announce_to_servers(std::to_string(generation));
     raw_call("connect", place);
     raw_call("set_state", json::object(), snapshot);
+    replay();
+  }
+
+  // After restoring `snapshot`: trains the steps done since it (deferred snapshots) again, so
+  // every replica is where the last train() left it. Their results were returned already.
+  void replay() {
+    const auto to = snapshots->replay_to();
+    for (int guard = 0; snapshots->pending() > 0 && guard < 1000; ++guard) {
+      const json at = json::parse(raw_call("position", json::object(), "", {pool->members().at(0)})[0].json);
+      const std::pair<int64_t, int64_t> now{at.at("epoch").get<int64_t>(), at.at("batch").get<int64_t>()};
+      if (now >= to) return;
+      // To the end of the epoch (max_batches 0), or to the batch within it.
+      const int64_t batches = now.first < to.first ? 0 : to.second - now.second;
+      raw_call("train", {{"max_batches", batches}, {"profile", false}});
+    }
   }
 
   // Between chunks, below num_workers: grow back with whoever has registered since (spawning
@@ -291,21 +311,6 @@ struct Trainer::Impl {
     }
   }
 
-  Results results_of(const std::vector<control::CommandOutcome>& outs, bool per_worker) {
-    Results r;
-    std::vector<Metrics> parts;
-    for (const auto& o : outs) {
-      const json j = json::parse(o.json);
-      parts.push_back(runtime::metrics_from_json(j.at("metrics")));
-      r.epoch = j.value("epoch", int64_t{0});
-      r.batch = j.value("batch", int64_t{0});
-      r.batches_per_epoch = j.value("batches_per_epoch", int64_t{0});
-    }
-    r.metrics = weighted_mean(parts);
-    if (per_worker) r.per_worker = parts;
-    return r;
-  }
-
   // The first member's state (models, optimizers, position). Optimizer state held on the ps
   // shards comes back into the replicas' optimizers first (a collective: every member).
   std::string read_state() {
@@ -318,8 +323,8 @@ struct Trainer::Impl {
   void take_snapshot() {
     const auto t0 = Clock::now();
     snapshot = read_state();
-    snapshot_s = std::chrono::duration<double>(Clock::now() - t0).count();
-    control::log().debug("trainer: snapshot of {} bytes in {:.3f} s", snapshot.size(), snapshot_s);
+    snapshots->taken(std::chrono::duration<double>(Clock::now() - t0).count());
+    control::log().debug("trainer: snapshot of {} bytes in {:.3f} s", snapshot.size(), snapshots->cost_s());
   }
 
   // take_snapshot, surviving a lost worker: false when it recovered instead, back to the
@@ -334,13 +339,10 @@ struct Trainer::Impl {
     }
   }
 
-  // Steps in the next chunk: checkpoint_every_steps, or more where the last snapshot (snapshot_s)
-  // would otherwise cost more than checkpoint_max_overhead of the chunk's step_s-long steps.
-  int64_t chunk_steps(double step_s) const {
-    const int64_t every = config.checkpoint_every_steps;
-    if (every == 0 || config.checkpoint_max_overhead == 0 || step_s <= 0) return every;
-    const double wanted_s = snapshot_s / config.checkpoint_max_overhead;
-    return std::max(every, static_cast<int64_t>(std::ceil(wanted_s / step_s)));
+  // Takes the snapshot SnapshotPolicy put off, before a command whose effect a replay of
+  // training would not reproduce (a worker function).
+  void flush_snapshot() {
+    if (snapshots->pending() > 0) recovering([&] { take_snapshot(); });
   }
 
   json checkpoint_header(int64_t epoch, int64_t batch) const {
@@ -378,6 +380,7 @@ Trainer::Trainer(const std::string& operator_name, TrainerConfig config) : impl_
   std::string binary;  // local mode: what the workers run
   if (c.listen.empty()) binary = c.worker_binary.empty() ? runtime::self_executable() : c.worker_binary;
   d.pool = std::make_unique<runtime::WorkerPool>(c, *d.server, binary, d.token);
+  d.snapshots = std::make_unique<runtime::SnapshotPolicy>(d.config);
 
   try {
     if (d.pool->local()) {
@@ -448,76 +451,46 @@ Results Trainer::train(const TrainOptions& options) {
                             std::chrono::duration<double>(Clock::now() - t0).count()});
     };
   }
-  // Chunks of checkpoint_every_steps (more for costly snapshots: chunk_steps), a snapshot after
-  // each: a recovery redoes at most one chunk.
-  Results total;
-  std::vector<Metrics> chunks;
-  std::vector<std::vector<Metrics>> per_worker_chunks;
+  // Chunks of checkpoint_every_steps (more for costly snapshots), a snapshot after each unless
+  // it would come too soon (runtime/snapshot_policy.h): a recovery redoes at most one interval.
+  std::vector<Results> chunks;
   double step_s = 0;  // seconds per step in the last chunk
   while (true) {
-    int64_t chunk = d.chunk_steps(step_s);
+    int64_t chunk = d.snapshots->next_chunk(step_s);
     if (options.num_steps > 0) chunk = chunk > 0 ? std::min(chunk, options.num_steps - done) : options.num_steps - done;
     // A recovery during the chunk restarts it from the snapshot (its start): results stay whole.
     const auto chunk_t0 = Clock::now();
     auto outs = d.call("train", {{"max_batches", chunk}, {"profile", options.profile}}, "", false, tick);
+    Results r = runtime::results_of_command(outs, true);
+    const int64_t batches = static_cast<int64_t>(r.metrics.count("batches") ? r.metrics.at("batches") : 0);
+    const double chunk_step_s =
+        batches > 0 ? std::chrono::duration<double>(Clock::now() - chunk_t0).count() / static_cast<double>(batches)
+                    : step_s;
     // A worker lost between the chunk's end and its snapshot: the recovery went back to the
     // chunk's start, so the chunk is done again.
-    if (!d.snapshot_or_recover()) continue;
-    Results r = d.results_of(outs, true);
-    chunks.push_back(r.metrics);
-    per_worker_chunks.push_back(r.per_worker);
-    total.epoch = r.epoch;
-    total.batch = r.batch;
-    total.batches_per_epoch = r.batches_per_epoch;
-    const int64_t batches = static_cast<int64_t>(r.metrics.count("batches") ? r.metrics.at("batches") : 0);
+    if (!d.snapshots->defer(batches, chunk_step_s, {r.epoch, r.batch}) && !d.snapshot_or_recover()) continue;
+    chunks.push_back(r);
     done += batches;
-    if (batches > 0) step_s = std::chrono::duration<double>(Clock::now() - chunk_t0).count() / static_cast<double>(batches);
+    step_s = chunk_step_s;
     const bool epoch_over = r.batch == 0;
     const bool enough = options.num_steps > 0 && done >= options.num_steps;
     d.persist_snapshot(r.epoch, r.batch, r.batches_per_epoch);
     if (epoch_over || enough || batches == 0 || chunk == 0) break;
     d.try_scale_up();
   }
-  if (chunks.size() == 1) {
-    total.metrics = chunks[0];
-  } else {
-    // Weighted by samples, except the totals.
-    total.metrics = weighted_mean(chunks);
-    double batches = 0, epoch_s = 0, skipped = 0;
-    for (const auto& m : chunks) {
-      batches += m.count("batches") ? m.at("batches") : 0;
-      epoch_s += m.count("epoch_s") ? m.at("epoch_s") : 0;
-      skipped += m.count("skipped_steps") ? m.at("skipped_steps") : 0;
-    }
-    total.metrics["batches"] = batches;
-    total.metrics["skipped_steps"] = skipped;
-    if (options.profile) total.metrics["epoch_s"] = epoch_s;
-  }
-  if (!options.reduce_results) {
-    const auto& last = per_worker_chunks.back();
-    bool same = true;
-    for (const auto& c : per_worker_chunks) same &= c.size() == last.size();
-    if (same && per_worker_chunks.size() > 1) {
-      for (size_t w = 0; w < last.size(); ++w) {
-        std::vector<Metrics> parts;
-        for (const auto& c : per_worker_chunks) parts.push_back(c[w]);
-        total.per_worker.push_back(weighted_mean(parts));
-      }
-    } else {
-      total.per_worker = last;
-    }
-  }
+  Results total = runtime::merge_chunks(chunks, options.profile, options.reduce_results);
   total.recoveries = d.events;
   return total;
 }
 
-Results Trainer::validate() { return impl_->results_of(impl_->call("validate"), false); }
+Results Trainer::validate() { return runtime::results_of_command(impl_->call("validate"), false); }
 
 Results Trainer::step() { return train({.num_steps = 1}); }
 
 std::vector<json> Trainer::foreach_worker(const std::string& name, const json& arg) {
   if (!runtime::has_worker_function(name)) runtime::find_worker_function(name);  // throws, naming it
   std::vector<json> out;
+  impl_->flush_snapshot();  // a replay of training would not redo what the function does
   for (const auto& o : impl_->call("run", {{"name", name}, {"arg", arg}})) out.push_back(json::parse(o.json).at("result"));
   return out;
 }
@@ -525,6 +498,8 @@ std::vector<json> Trainer::foreach_worker(const std::string& name, const json& a
 void Trainer::save(const std::string& path) {
   auto& d = *impl_;
   std::string state = d.recovering([&] { return d.read_state(); });
+  d.snapshot = state;  // as good as a snapshot: the state now
+  d.snapshots->reset();
   auto pickle = d.call("get_pickle", json::object(), "", true);
   auto pos = d.call("position", json::object(), "", true);
   const json p = json::parse(pos[0].json);
@@ -548,6 +523,7 @@ void Trainer::load(const std::string& path) {
   }
   impl_->call("set_state", json::object(), c.state);
   impl_->snapshot = c.state;
+  impl_->snapshots->reset();
 }
 
 std::shared_ptr<torch::nn::Module> Trainer::get_model(size_t index) {

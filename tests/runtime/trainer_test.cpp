@@ -813,6 +813,30 @@ TEST(TrainerRecovery, KilledWorkerIsReplacedAndTheResultEqualsAFaultFreeRun) {
   std::cout << "recovery: " << ev.recovery_s << " s, rolled back " << ev.rolled_back_steps << " steps\n";
 }
 
+TEST(TrainerRecovery, StepByStepSnapshotsEveryIntervalAndARecoveryReplaysTheStepsSince) {
+  // step() is a train() call of one step: its snapshot waits until an interval (10 steps) has
+  // passed, so after 24 steps the last snapshot is step 20's. A worker killed then costs a
+  // recovery that restores it and trains steps 21-24 again before step 25: the result equals
+  // a fault-free run.
+  auto c = base_config(2, "allreduce", 64);
+  c.checkpoint_every_steps = 10;
+  c.checkpoint_max_overhead = 0;
+  c.heartbeat_timeout = milliseconds(2000);
+  c.comm_timeout = milliseconds(10000);
+  const Params reference = single_process(c.batch_size, 25);
+  Trainer t(runtime::kImageClassifier, c);
+  const int victim = t.foreach_worker("replica_info")[1]["pid"].get<int>();  // a worker function takes a snapshot
+  for (int i = 0; i < 24; ++i) ASSERT_EQ(t.step().recoveries.size(), 0u);
+  ::kill(victim, SIGKILL);
+  auto r = t.step();
+  ASSERT_EQ(r.recoveries.size(), 1u);
+  // The 4 steps since the snapshot (and the victim's last reported step, counted again).
+  EXPECT_GE(r.recoveries[0].rolled_back_steps, 4);
+  EXPECT_LE(r.recoveries[0].rolled_back_steps, 5);
+  EXPECT_EQ(r.batch, 25);
+  EXPECT_LT(max_difference(reference, params_of(*t.get_model())), 1e-5);
+}
+
 TEST(TrainerRecovery, SaveSurvivesTheLossOfTheWorkerItReadsFrom) {
   // save() reads the state from the first worker: kill that one just before, and save must
   // recover and write the state training had reached.

@@ -1,0 +1,71 @@
+// When the driver snapshots the replicas' state during train(), and what a recovery must then
+// redo. train() runs in chunks of chunk_steps(); after each, the snapshot is taken, unless
+// defer() says it would come too soon (fewer steps since the last one than an interval: a short
+// train() call, a step()). Deferred steps are `pending()`; a recovery restores the snapshot and
+// trains them again up to `replay_to()`, so a lost worker still costs at most one interval.
+// Torch-free.
+//
+//   SnapshotPolicy policy(config);
+//   if (!policy.defer(batches, step_s, {epoch, batch})) { snapshot = read(); policy.taken(seconds); }
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <utility>
+
+#include "dsgd/trainer.h"
+
+namespace dsgd::runtime {
+
+class SnapshotPolicy {
+ public:
+  using Position = std::pair<int64_t, int64_t>;  // (epochs done, next batch)
+
+  explicit SnapshotPolicy(const TrainerConfig& config) : config_(config) {}
+
+  // A snapshot was just taken, in `seconds`: nothing is pending.
+  void taken(double seconds) {
+    cost_s_ = seconds;
+    pending_ = 0;
+  }
+  // The state was set from elsewhere (a load): nothing is pending.
+  void reset() { pending_ = 0; }
+
+  // Steps in the next chunk: checkpoint_every_steps, or more where the last snapshot would
+  // otherwise cost more than checkpoint_max_overhead of the chunk's step_s-long steps.
+  int64_t chunk_steps(double step_s) const {
+    const int64_t every = config_.checkpoint_every_steps;
+    if (every == 0 || config_.checkpoint_max_overhead == 0 || step_s <= 0) return every;
+    const double wanted_s = cost_s_ / config_.checkpoint_max_overhead;
+    return std::max(every, static_cast<int64_t>(std::ceil(wanted_s / step_s)));
+  }
+
+  // Steps in the next chunk of a train() call: what is left of the interval (0: no limit).
+  int64_t next_chunk(double step_s) const {
+    const int64_t interval = chunk_steps(step_s);
+    return interval == 0 ? 0 : std::max<int64_t>(1, interval - pending_);
+  }
+
+  // Whether the snapshot after a chunk of `batches` steps, ending at `at`, waits. Never with a
+  // checkpoint_dir (every snapshot goes to disk) or checkpoint_every_steps 0 (one per call).
+  bool defer(int64_t batches, double step_s, Position at) {
+    if (!config_.checkpoint_dir.empty() || config_.checkpoint_every_steps == 0) return false;
+    if (pending_ + batches >= chunk_steps(step_s)) return false;
+    pending_ += batches;
+    replay_to_ = at;
+    return true;
+  }
+
+  int64_t pending() const { return pending_; }
+  Position replay_to() const { return replay_to_; }
+  double cost_s() const { return cost_s_; }
+
+ private:
+  const TrainerConfig& config_;
+  double cost_s_ = 0;     // of the last snapshot
+  int64_t pending_ = 0;   // steps trained since the snapshot, their results returned
+  Position replay_to_{0, 0};
+};
+
+}  // namespace dsgd::runtime
