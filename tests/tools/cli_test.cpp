@@ -88,6 +88,11 @@ TEST(Cli, FlagErrorsExitWithUsageStatusAndSayWhatIsWrong) {
   expect_usage_error("train --dataset imagenet", "unknown dataset 'imagenet'");
   expect_usage_error("train --json-out /nonexistent-dir/x.json", "/nonexistent-dir does not exist");
   expect_usage_error("train --no-such-flag", "--no-such-flag");
+  expect_usage_error("train --strategy ps --ps-placement nowhere", "--ps-placement");
+  expect_usage_error("ps-server --driver 127.0.0.1:1 --token t", "--shard is required");
+  expect_usage_error("ps-server --driver 127.0.0.1:1 --token t --shard 64", "--shard");
+  expect_usage_error("ps-server --driver 127.0.0.1:1 --shard 0", "ps-server: error: the job token is needed");
+  expect_usage_error("worker --driver 127.0.0.1:1", "worker: error: the job token is needed");
 }
 
 TEST(Cli, MissingDataFailsWithTheDirectoryNamed) {

@@ -1,7 +1,9 @@
 // `dsgd worker` and `dsgd ps-server`: join a driver started with `dsgd train --listen HOST:PORT`
 // (or any program whose Trainer has `listen` set) from another host, as a worker (running the
 // built-in operators) or as a parameter-server shard process (--ps-placement processes).
+#include <cstdlib>
 #include <iostream>
+#include <string>
 
 #include "commands.h"
 #include "dsgd/error.h"
@@ -10,6 +12,20 @@
 #include "runtime/worker.h"
 
 namespace dsgd::cli {
+namespace {
+
+// --token, else $DSGD_TOKEN; without either, says so and sets the usage exit code.
+bool resolve_token(std::string& token, const char* command, int* exit_code) {
+  if (token.empty()) {
+    if (const char* t = std::getenv("DSGD_TOKEN")) token = t;
+  }
+  if (!token.empty()) return true;
+  std::cerr << "dsgd " << command << ": error: the job token is needed: --token T or $DSGD_TOKEN\n";
+  *exit_code = kExitUsage;
+  return false;
+}
+
+}  // namespace
 
 void add_worker_command(CLI::App& app, int* exit_code) {
   auto args = std::make_shared<runtime::WorkerArgs>();
@@ -25,14 +41,7 @@ void add_worker_command(CLI::App& app, int* exit_code) {
   cmd->add_option("--address", args->address, "Address peers reach this worker at (default: the one routing to the driver)");
   cmd->add_option("--host-id", args->host_id, "Host identity for shared memory (default: the host name)");
   cmd->callback([args, exit_code] {
-    if (args->token.empty()) {
-      if (const char* t = std::getenv("DSGD_TOKEN")) args->token = t;
-    }
-    if (args->token.empty()) {
-      std::cerr << "dsgd worker: error: the job token is needed: --token T or $DSGD_TOKEN\n";
-      *exit_code = kExitUsage;
-      return;
-    }
+    if (!resolve_token(args->token, "worker", exit_code)) return;
     runtime::register_builtin_operators();
     *exit_code = runtime::run_worker(*args);
   });
@@ -60,14 +69,7 @@ void add_ps_server_command(CLI::App& app, int* exit_code) {
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
   cmd->callback([args, timeout_ms, exit_code] {
-    if (args->token.empty()) {
-      if (const char* t = std::getenv("DSGD_TOKEN")) args->token = t;
-    }
-    if (args->token.empty()) {
-      std::cerr << "dsgd ps-server: error: the job token is needed: --token T or $DSGD_TOKEN\n";
-      *exit_code = kExitUsage;
-      return;
-    }
+    if (!resolve_token(args->token, "ps-server", exit_code)) return;
     args->driver_timeout = std::chrono::milliseconds(*timeout_ms);
     *exit_code = runtime::run_ps_server(*args);
   });
