@@ -48,6 +48,37 @@ TEST(Hierarchical, UnevenHosts) { check(3, 2); }  // hosts of 2 and 1 ranks
 TEST(Hierarchical, OneRankPerHost) { check(3, 3); }
 TEST(Hierarchical, OneRank) { check(1, 1); }
 
+// One rank per host: allreduce_async calls alternate between two lanes, many in flight at once,
+// of different sizes (so later ones may finish first), each with its own right answer; and
+// abort() fails both lanes.
+TEST(Hierarchical, OneRankPerHostRunsAsyncCallsOnTwoLanes) {
+  auto store = make_memory_store();
+  testing::run_ranks(3, [&](int rank) {
+    GroupOptions o;
+    o.timeout = milliseconds(5000);
+    o.host = "host" + std::to_string(rank);
+    auto h = HierarchicalGroup::create(store, rank, 3, o);
+    std::vector<std::vector<float>> bufs;
+    std::vector<std::shared_ptr<Work>> works;
+    for (size_t k = 0; k < 24; ++k) {
+      bufs.emplace_back(k % 2 == 0 ? 200003 : 17, static_cast<float>((rank + 1) * (k + 1)));
+    }
+    for (size_t k = 0; k < bufs.size(); ++k) {
+      works.push_back(h->allreduce_async(bufs[k].data(), bufs[k].size(), DataType::kFloat32, ReduceOp::kAverage));
+    }
+    for (size_t k = 0; k < bufs.size(); ++k) {
+      works[k]->wait();
+      const float expected = 2.0f * static_cast<float>(k + 1);  // (1 + 2 + 3) / 3 x (k + 1)
+      for (float x : bufs[k]) ASSERT_FLOAT_EQ(x, expected) << "call " << k;
+    }
+    h->abort("test over");
+    std::vector<float> v(10, 1.0f);
+    for (int k = 0; k < 2; ++k) {  // one call on each lane
+      EXPECT_THROW(h->allreduce_async(v.data(), v.size(), DataType::kFloat32, ReduceOp::kSum)->wait(), CommError);
+    }
+  });
+}
+
 // abort() fails an allreduce the other ranks never join at once, naming the reason, long before
 // its deadline; and stays failed.
 TEST(Hierarchical, AbortFailsTheAllreduceInFlightNamingTheReason) {

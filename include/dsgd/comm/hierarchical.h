@@ -9,10 +9,19 @@
 // over every rank) to 2(h-1)/h * B per leader for h hosts, and only leaders touch the network.
 // Errors as in Group and ShmGroup: sticky, named, every wait bounded. allreduce_async queues the
 // three stages on the group's own thread and returns a Work at once. Thread-safe. Torch-free.
+//
+// With one rank per host (no shared-memory stage), allreduce_async calls alternate between two
+// lanes, each a Gloo group with a thread of its own, so two allreduces are in flight at once and
+// one's transfer fills the other's gaps. Their Works may then complete out of call order, and
+// calls on buffers that overlap must wait for each other. Every rank must make the same
+// allreduce_async calls in the same order (so that they agree on the lanes).
 #pragma once
 
+#include <atomic>
+#include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "dsgd/comm/group.h"
 #include "dsgd/comm/shm_group.h"
@@ -54,7 +63,10 @@ class HierarchicalGroup {
   std::unique_ptr<ShmGroup> local_;
   std::unique_ptr<Group> leaders_;
   int num_hosts_ = 0;
-  std::unique_ptr<OpQueue> queue_;  // destroyed first (see the destructor)
+  std::vector<std::unique_ptr<Group>> lanes_;  // one rank per host: lanes 1.., each a group of its own
+  std::atomic<uint64_t> next_async_{0};        // allreduce_async calls so far (their lanes)
+  std::unique_ptr<OpQueue> queue_;             // lane 0; destroyed first (see the destructor)
+  std::vector<std::unique_ptr<OpQueue>> lane_queues_;
 };
 
 }  // namespace dsgd::comm
