@@ -197,9 +197,10 @@ struct Trainer::Impl {
     announce_to_servers("pending");  // a shard started now waits for the next generation
     pool->spawn_servers();            // replaces lost shard processes (local mode)
     // Wait until every live worker is idle (answers a ping) or known lost (exited or silent for
-    // the heartbeat timeout). Survivors fail their aborted command within moments.
+    // the heartbeat timeout). Survivors fail their aborted command within moments, or, where it
+    // waits in a group's formation for a process that is gone, at its comm_timeout.
     std::vector<int> lost;
-    const auto deadline = Clock::now() + config.heartbeat_timeout + milliseconds(2000);
+    const auto deadline = Clock::now() + std::max(config.heartbeat_timeout, config.comm_timeout) + milliseconds(2000);
     while (true) {
       for (const auto& w : server->workers()) {
         if (!w.alive || !pool->is_member(static_cast<int>(w.index)) ||
