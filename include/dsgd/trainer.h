@@ -71,6 +71,13 @@ struct TrainerConfig {
   std::string allreduce_algo = "auto";       // auto (shared memory within a host, Gloo across) | ring | hd
   int64_t grad_shard_bytes = 10 << 20;       // gradient bucket size
   bool overlap = true;                       // false: communicate after backward, not during
+  // > 0: communication also overlaps the next forward. This many buckets (the first layers')
+  // travel after backward, first layer first, and each bucket's optimizer step is taken when
+  // the next forward reaches its layer (the model calls dsgd::wait_for_parameters, as the
+  // built-in models do; one that does not is trained without it). The runtime steps the
+  // registered optimizers per bucket itself, so custom train_batch code sees no .grad after
+  // backward, and a non-finite bucket skips its own step only. allreduce, ps and simple.
+  int forward_overlap_buckets = 0;
   std::string nonfinite_policy = "skip";     // a NaN/inf gradient: skip the step (and warn) | error
   int64_t batch_size = 64;                   // global: split across all replicas
   std::string scheduler_step_freq = "epoch"; // batch | epoch | manual

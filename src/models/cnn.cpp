@@ -5,6 +5,7 @@
 #include <torch/nn/modules/dropout.h>
 #include <torch/nn/modules/linear.h>
 
+#include "dsgd/parameter_gate.h"
 #include "models/zoo.h"
 
 namespace dsgd::models {
@@ -25,10 +26,14 @@ class Cnn : public Classifier {
   }
 
   torch::Tensor forward(const torch::Tensor& images) override {
+    wait_for_parameters(*conv1_);
     auto x = F::relu(conv1_(images));
+    wait_for_parameters(*conv2_);
     x = F::relu(conv2_(x));
     x = dropout1_(F::max_pool2d(x, F::MaxPool2dFuncOptions(2)));
+    wait_for_parameters(*fc1_);
     x = dropout2_(F::relu(fc1_(x.flatten(1))));
+    wait_for_parameters(*fc2_);
     return fc2_(x);
   }
 

@@ -4,6 +4,7 @@
 #include <torch/nn/modules/container/modulelist.h>
 #include <torch/nn/modules/linear.h>
 
+#include "dsgd/parameter_gate.h"
 #include "models/zoo.h"
 
 namespace dsgd::models {
@@ -23,7 +24,11 @@ class Mlp : public Classifier {
 
   torch::Tensor forward(const torch::Tensor& images) override {
     auto x = images.flatten(1);
-    for (size_t i = 0; i + 1 < layers_.size(); ++i) x = torch::nn::functional::relu(layers_[i](x));
+    for (size_t i = 0; i + 1 < layers_.size(); ++i) {
+      wait_for_parameters(*layers_[i]);
+      x = torch::nn::functional::relu(layers_[i](x));
+    }
+    wait_for_parameters(*layers_.back());
     return layers_.back()(x);
   }
 

@@ -9,6 +9,7 @@
 #include <torch/nn/modules/conv.h>
 #include <torch/nn/modules/linear.h>
 
+#include "dsgd/parameter_gate.h"
 #include "models/zoo.h"
 
 namespace dsgd::models {
@@ -115,10 +116,16 @@ class ResNet : public Classifier {
   }
 
   torch::Tensor forward(const torch::Tensor& images) override {
+    wait_for_parameters(*conv1_);
+    wait_for_parameters(*bn1_);
     auto x = F::relu(bn1_(conv1_(images)));
     if (imagenet_stem_) x = F::max_pool2d(x, F::MaxPool2dFuncOptions(3).stride(2).padding(1));
-    for (auto& block : blocks_) x = block->forward(x);
+    for (auto& block : blocks_) {
+      wait_for_parameters(*block);  // a block at a time
+      x = block->forward(x);
+    }
     x = F::adaptive_avg_pool2d(x, F::AdaptiveAvgPool2dFuncOptions(1)).flatten(1);
+    wait_for_parameters(*fc_);
     return fc_(x);
   }
 

@@ -8,6 +8,7 @@
 #include <chrono>
 #include <thread>
 
+#include "dsgd/parameter_gate.h"
 #include "models/zoo.h"
 
 namespace dsgd::models {
@@ -50,7 +51,11 @@ class Simulated : public Classifier {
 
   torch::Tensor forward(const torch::Tensor& images) override {
     auto x = images.flatten(1);
-    for (const auto& w : layers_) x = SleepLayer::apply(x, w, forward_ms_, backward_ms_);
+    for (const auto& w : layers_) {
+      wait_for_parameters(w);
+      x = SleepLayer::apply(x, w, forward_ms_, backward_ms_);
+    }
+    wait_for_parameters(*head_);
     return head_(x);
   }
 

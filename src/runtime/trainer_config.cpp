@@ -42,6 +42,11 @@ void validate_trainer_config(const std::string& op, const TrainerConfig& c) {
   require(c.local_hosts >= 1, "local_hosts must be >= 1, got " + std::to_string(c.local_hosts));
   require(c.allreduce_algo == "auto" || c.allreduce_algo == "ring" || c.allreduce_algo == "hd",
           "unknown allreduce_algo '" + c.allreduce_algo + "'; use auto, ring or hd");
+  require(c.forward_overlap_buckets >= 0,
+          "forward_overlap_buckets must be >= 0 (0 = off), got " + std::to_string(c.forward_overlap_buckets));
+  require(c.forward_overlap_buckets == 0 || (c.strategy != "ps_async" && !c.ps_update_on_shards),
+          "forward_overlap_buckets needs averaged gradients (allreduce, ps, simple); under ps_async and "
+          "ps_update_on_shards the servers take the step. Set it to 0");
   require(c.grad_shard_bytes > 0, "grad_shard_bytes must be > 0, got " + std::to_string(c.grad_shard_bytes));
   const int64_t world = int64_t{c.num_workers} * c.devices_per_worker;
   require(c.batch_size >= world, "batch_size (global) must be at least the number of replicas (" +
@@ -104,6 +109,7 @@ nlohmann::json job_description(const std::string& op, const TrainerConfig& c) {
   job["comm_timeout_ms"] = c.comm_timeout.count();
   job["generation"] = 0;
   job["overlap"] = c.overlap;
+  job["forward_overlap_buckets"] = c.forward_overlap_buckets;
   job["nonfinite_policy"] = c.nonfinite_policy;
   return job;
 }

@@ -333,6 +333,7 @@ class Worker {
       o.scheduler_step_freq = job_.at("scheduler_step_freq").get<std::string>();
       o.threads = threads_per_replica_;
       o.overlap = job_.value("overlap", true);
+      o.forward_overlap_buckets = job_.value("forward_overlap_buckets", size_t{0});
       o.nonfinite = job_.value("nonfinite_policy", std::string("skip"));
       replicas_.push_back(
           std::make_unique<torch_glue::ReplicaRuntime>(make_operator(job_.at("operator").get<std::string>()), o));

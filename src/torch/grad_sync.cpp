@@ -26,13 +26,20 @@ std::vector<size_t> element_counts(const std::vector<torch::Tensor>& params) {
 }  // namespace
 
 GradSync::GradSync(std::vector<torch::Tensor> params, size_t grad_shard_bytes,
-                   std::shared_ptr<strategy::GradientStrategy> strategy, bool overlap)
+                   std::shared_ptr<strategy::GradientStrategy> strategy, bool overlap, size_t deferred_tail)
     : params_(std::move(params)),
       plan_(element_counts(params_), sizeof(float), grad_shard_bytes),
       strategy_(std::move(strategy)),
       flat_(torch::zeros({static_cast<int64_t>(plan_.total_elements())}, torch::kFloat32)),
       overlap_(overlap),
-      got_grad_(params_.size(), false) {
+      tail_(std::min(deferred_tail, plan_.buckets().size())),
+      got_grad_(params_.size(), false),
+      works_(plan_.buckets().size()),
+      gated_(params_.size(), false),
+      pending_(plan_.buckets().size()) {
+  const size_t n = plan_.buckets().size();
+  for (size_t b = 0; b < n - tail_; ++b) launch_order_.push_back(b);
+  for (size_t b = n; b > n - tail_; --b) launch_order_.push_back(b - 1);
   torch::NoGradGuard no_grad;
   for (size_t i = 0; i < params_.size(); ++i) {
     const auto& s = plan_.slot(i);
@@ -51,6 +58,7 @@ GradSync::GradSync(std::vector<torch::Tensor> params, size_t grad_shard_bytes,
 }
 
 GradSync::~GradSync() {
+  discard_pending();
   for (auto& [param, id] : hooks_) param.remove_hook(id);
 }
 
@@ -63,13 +71,26 @@ double GradSync::take_wait_seconds() {
 
 void GradSync::on_grad(size_t param, const torch::Tensor& grad) {
   std::lock_guard<std::mutex> lock(mutex_);
+  // A backward that throws here never finalizes (autograd drops its callbacks), and the
+  // replicas' sequences of buckets no longer match: later backwards fail too, not silently.
+  auto fail = [this](const std::string& message) {
+    failed_ = message;
+    throw Error(message);
+  };
+  if (!failed_.empty()) fail(failed_);
+  const size_t bucket = plan_.slot(param).bucket;
+  if (pending_[bucket]) {
+    fail("parameter " + std::to_string(param) + " was used in forward while its update from the last step was " +
+         "still pending: with forward_overlap_buckets, forward must call dsgd::wait_for_parameters on every layer " +
+         "before using it, on every path (or set forward_overlap_buckets to 0)");
+  }
+  if (got_grad_[param]) {
+    fail("parameter " + std::to_string(param) + " received two gradients in one backward; dsgd averages one " +
+         "gradient per parameter per backward (gradient accumulation is not supported)");
+  }
   if (!in_backward_) {
     in_backward_ = true;
     torch::autograd::Engine::get_default_engine().queue_callback([this] { finalize(); });
-  }
-  if (got_grad_[param]) {
-    throw Error("parameter " + std::to_string(param) + " received two gradients in one backward; dsgd averages " +
-                "one gradient per parameter per backward (gradient accumulation is not supported)");
   }
   got_grad_[param] = true;
   if (weight_ == 1.0) {
@@ -80,21 +101,75 @@ void GradSync::on_grad(size_t param, const torch::Tensor& grad) {
   // AccumulateGrad runs after this hook: with no .grad it takes `grad` as it is (no sum into
   // the old one, no copy); finalize() then makes the slot, holding the average, the .grad.
   params_[param].mutable_grad() = torch::Tensor();
-  --missing_[plan_.slot(param).bucket];
-  if (overlap_) launch_ready_locked();
+  --missing_[bucket];
+  if (overlap_) launch_ready_locked(false);
 }
 
-void GradSync::launch_ready_locked() {
+void GradSync::launch_ready_locked(bool after_backward) {
   const auto& buckets = plan_.buckets();
-  while (next_launch_ < buckets.size() && missing_[next_launch_] == 0) {
-    const auto& b = buckets[next_launch_];
+  while (next_launch_ < buckets.size()) {
+    const size_t i = launch_order_[next_launch_];
+    if (missing_[i] != 0 || (!after_backward && i >= buckets.size() - tail_)) break;  // the tail waits for the end
     if (strategy_->updates_on_servers()) {
-      launch_update_locked(next_launch_);
+      launch_update_locked(i);
     } else {
-      works_.push_back(strategy_->average_async(flat_.data_ptr<float>() + b.offset, b.count));
+      works_[i] = strategy_->average_async(flat_.data_ptr<float>() + buckets[i].offset, buckets[i].count);
     }
     ++next_launch_;
   }
+}
+
+void GradSync::wait_for(size_t param) {
+  gated_[param] = true;
+  const size_t bucket = plan_.slot(param).bucket;
+  if (pending_[bucket]) apply_pending(bucket);
+}
+
+void GradSync::flush() {
+  for (size_t i : launch_order_) {
+    if (pending_[i]) apply_pending(i);
+  }
+}
+
+void GradSync::apply_pending(size_t bucket) {
+  auto work = std::move(pending_[bucket]);
+  --num_pending_;
+  const auto t0 = std::chrono::steady_clock::now();
+  try {
+    work->wait();
+  } catch (...) {
+    discard_pending();
+    throw;
+  }
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    wait_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  }
+  torch::NoGradGuard no_grad;
+  const auto& b = plan_.buckets()[bucket];
+  const bool finite = std::isfinite(
+      flat_.narrow(0, static_cast<int64_t>(b.offset), static_cast<int64_t>(b.count)).sum().item<double>());
+  for (size_t i : b.params) params_[i].mutable_grad() = slots_[i];
+  try {
+    deferred_.apply(b.params, finite);
+  } catch (...) {
+    for (size_t i : b.params) params_[i].mutable_grad() = torch::Tensor();
+    discard_pending();
+    throw;
+  }
+  for (size_t i : b.params) params_[i].mutable_grad() = torch::Tensor();
+}
+
+void GradSync::discard_pending() {
+  for (auto& w : pending_) {
+    if (!w) continue;
+    try {
+      w->wait();  // it writes into flat_
+    } catch (...) {
+    }
+    w.reset();
+  }
+  num_pending_ = 0;
 }
 
 void GradSync::set_server_optimizer(uint32_t id, ServerOptimizer optimizer) {
@@ -146,7 +221,7 @@ void GradSync::launch_update_locked(size_t bucket) {
     throw Error("the strategy updates parameters on its servers, but this model's optimizer was not given to it "
                 "(GradSync::set_server_optimizer)");
   }
-  if (bucket == 0) {  // the step's first launch
+  if (next_launch_ == 0) {  // the step's first launch
     step_sgd_ = server_.options();
     if (init_servers_) copy_state_flat(init_params_, init_momentum_);
   }
@@ -161,7 +236,7 @@ void GradSync::launch_update_locked(size_t bucket) {
     u.params = init_params_.data_ptr<float>() + b.offset;
     if (init_momentum_.defined()) u.momentum = init_momentum_.data_ptr<float>() + b.offset;
   }
-  works_.push_back(strategy_->update_async(u, &applied_[bucket]));
+  works_[bucket] = strategy_->update_async(u, &applied_[bucket]);
 }
 
 void GradSync::drop_optimizer_momentum() {
@@ -203,6 +278,9 @@ void GradSync::gather_server_state() {
 }
 
 void GradSync::finalize() {
+  // Steps still pending from the last backward belong to parameters this forward did not use
+  // (on_grad throws for the others): taken before their slots are overwritten.
+  flush();
   std::unique_lock<std::mutex> lock(mutex_);
   // Parameters without a gradient in this backward contribute zeros.
   for (size_t i = 0; i < params_.size(); ++i) {
@@ -211,15 +289,31 @@ void GradSync::finalize() {
       --missing_[plan_.slot(i).bucket];
     }
   }
-  launch_ready_locked();
-  auto works = std::move(works_);
-  works_.clear();
+  launch_ready_locked(true);
+  bool defer = tail_ > 0 && deferred_.apply && !strategy_->updates_on_servers();
+  for (size_t i = 0; i < params_.size(); ++i) defer = defer && (!got_grad_[i] || gated_[i]);
+  std::fill(gated_.begin(), gated_.end(), false);
+  if (defer) {
+    pending_.swap(works_);
+    num_pending_ = plan_.buckets().size();
+    in_backward_ = false;
+    next_launch_ = 0;
+    std::fill(got_grad_.begin(), got_grad_.end(), false);
+    for (size_t b = 0; b < plan_.buckets().size(); ++b) missing_[b] = plan_.buckets()[b].params.size();
+    lock.unlock();
+    last_finite_ = true;  // each bucket's step checks its own
+    for (auto& p : params_) p.mutable_grad() = torch::Tensor();
+    if (deferred_.begin) deferred_.begin();
+    return;
+  }
+  std::vector<std::shared_ptr<comm::Work>> works;
+  for (size_t i : launch_order_) works.push_back(std::move(works_[i]));
   lock.unlock();
   const auto t0 = std::chrono::steady_clock::now();
   std::exception_ptr error;
   for (auto& w : works) {
     try {
-      w->wait();
+      if (w) w->wait();
     } catch (...) {
       if (!error) error = std::current_exception();
     }

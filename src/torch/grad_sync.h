@@ -21,6 +21,9 @@
 // set_server_optimizer), each bucket's gradient goes to update_async instead, and after backward
 // the parameters hold the servers' new values and .grad is left undefined, so the operator's
 // optimizer.step() skips them (the step was taken on the servers).
+//
+// With a deferred tail (Trainer's forward_overlap_buckets), communication also overlaps the
+// next forward: see set_deferred_step.
 #pragma once
 
 #include <torch/types.h>
@@ -39,8 +42,9 @@ namespace dsgd::torch_glue {
 class GradSync {
  public:
   // overlap false: buckets launch only after backward (for measuring what overlap buys).
+  // deferred_tail: see set_deferred_step (0: off).
   GradSync(std::vector<torch::Tensor> params, size_t grad_shard_bytes,
-           std::shared_ptr<strategy::GradientStrategy> strategy, bool overlap = true);
+           std::shared_ptr<strategy::GradientStrategy> strategy, bool overlap = true, size_t deferred_tail = 0);
   ~GradSync();
   GradSync(const GradSync&) = delete;
   GradSync& operator=(const GradSync&) = delete;
@@ -55,6 +59,29 @@ class GradSync {
   size_t num_buckets() const { return plan_.buckets().size(); }
   // Fails communication in flight (from any thread).
   void abort(const std::string& reason) { strategy_->abort(reason); }
+
+  // ---- the deferred step: communication overlapped with the next forward ----
+  // With deferred_tail = T > 0, the last T buckets (the first layers') are launched after
+  // backward, first layer first, the others as they fill. A backward whose forward called
+  // wait_for for every parameter that then got a gradient returns without waiting: .grad stays
+  // undefined (so the operator's optimizer.step() skips them), and each bucket's step is taken
+  // by `apply` when the next forward asks for one of its parameters (wait_for), or at the
+  // latest at flush() or at the next backward's end. Any other backward waits, as without a
+  // tail. A forward that uses a parameter whose update is still pending, without wait_for,
+  // makes the next backward throw (its result would be stale).
+  struct DeferredStep {
+    std::function<void()> begin;  // at a deferred backward's end: capture what its steps need
+    // The parameters' .grad hold their bucket's average; `finite`: no NaN or infinity in it.
+    std::function<void(const std::vector<size_t>& params, bool finite)> apply;
+  };
+  void set_deferred_step(DeferredStep step) { deferred_ = std::move(step); }
+  // Before forward uses parameter `param`: applies its bucket's pending step, waiting for it.
+  void wait_for(size_t param);
+  // Applies every pending step (in launch order).
+  void flush();
+  // Forgets pending steps after waiting for their communication (errors ignored): the
+  // parameters are about to be replaced (snapshot, checkpoint).
+  void discard_pending();
 
   // ---- update on the servers (strategy->updates_on_servers()) ----
   struct ServerOptimizer {
@@ -80,7 +107,8 @@ class GradSync {
 
  private:
   void on_grad(size_t param, const torch::Tensor& grad);
-  void launch_ready_locked();
+  void launch_ready_locked(bool after_backward);
+  void apply_pending(size_t bucket);
   void launch_update_locked(size_t bucket);
   void start_servers_now();
   void copy_state_flat(torch::Tensor& params, torch::Tensor& momentum);  // momentum undefined: not all have one
@@ -93,13 +121,20 @@ class GradSync {
   std::vector<torch::Tensor> slots_;            // flat_'s storage, one per parameter, shaped like it
   double weight_ = 1.0;
   const bool overlap_;
+  const size_t tail_;                           // deferred tail (buckets)
+  std::vector<size_t> launch_order_;            // bucket indices: the head in order, then the tail reversed
 
   std::mutex mutex_;
   bool in_backward_ = false;                    // a finalize callback is queued
+  std::string failed_;                          // why a backward threw (every later one throws it too)
   std::vector<bool> got_grad_;                  // per parameter, this backward
   std::vector<size_t> missing_;                 // per bucket
-  size_t next_launch_ = 0;                      // buckets launch in index order
-  std::vector<std::shared_ptr<comm::Work>> works_;
+  size_t next_launch_ = 0;                      // position in launch_order_
+  std::vector<std::shared_ptr<comm::Work>> works_;  // per bucket, this backward's
+  std::vector<bool> gated_;                     // per parameter: wait_for called since the last backward
+  DeferredStep deferred_;
+  std::vector<std::shared_ptr<comm::Work>> pending_;  // per bucket: a deferred step not yet applied
+  size_t num_pending_ = 0;
   double wait_s_ = 0;
   bool last_finite_ = true;
   std::vector<std::pair<torch::Tensor, unsigned>> hooks_;  // (param, hook id) to remove

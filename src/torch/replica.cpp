@@ -132,17 +132,99 @@ void ReplicaRuntime::set_info(int rank, int world_size, int worker) {
 
 void ReplicaRuntime::attach(std::shared_ptr<strategy::GradientStrategy> strategy) {
   syncs_.clear();
+  deferred_.clear();
+  gate_index_.clear();
   if (!strategy) return;
+  // The servers take the step themselves under these: nothing to defer.
+  const size_t tail = strategy->updates_on_servers() ? 0 : options_.forward_overlap_buckets;
   for (size_t m = 0; m < op_->models_.size(); ++m) {
     std::vector<torch::Tensor> params;
     for (auto& p : op_->models_[m]->parameters()) {
       if (p.requires_grad()) params.push_back(p);
     }
     if (params.empty()) continue;
-    syncs_.push_back(std::make_unique<GradSync>(params, options_.grad_shard_bytes, strategy, options_.overlap));
+    const size_t s = syncs_.size();
+    syncs_.push_back(std::make_unique<GradSync>(params, options_.grad_shard_bytes, strategy, options_.overlap, tail));
     if (strategy->updates_on_servers()) {
       syncs_.back()->set_server_optimizer(static_cast<uint32_t>(m), server_optimizer(op_->optimizers_, m, params));
     }
+    if (tail > 0) {
+      for (size_t i = 0; i < params.size(); ++i) gate_index_[params[i].unsafeGetTensorImpl()] = {s, i};
+      syncs_.back()->set_deferred_step(
+          {[this, s] { begin_deferred(s); },
+           [this, s](const std::vector<size_t>& idx, bool finite) { apply_deferred(s, idx, finite); }});
+    }
+    deferred_.push_back({params, {}, {}, false});
+  }
+}
+
+void ReplicaRuntime::wait(const torch::Tensor& parameter) {
+  const auto it = gate_index_.find(parameter.unsafeGetTensorImpl());
+  if (it != gate_index_.end()) syncs_[it->second.first]->wait_for(it->second.second);
+}
+
+void ReplicaRuntime::begin_deferred(size_t sync) {
+  auto& d = deferred_[sync];
+  d.lrs.clear();
+  for (const auto& opt : op_->optimizers_) {
+    d.lrs.emplace_back();
+    for (const auto& g : opt->param_groups()) d.lrs.back().push_back(g.options().get_lr());
+  }
+  d.where = "epoch " + std::to_string(position_.epoch + 1) + ", batch " + std::to_string(position_.batch + 1);
+  d.skipped = false;
+}
+
+void ReplicaRuntime::apply_deferred(size_t sync, const std::vector<size_t>& params, bool finite) {
+  auto& d = deferred_[sync];
+  if (!finite) {
+    if (options_.nonfinite == "error") {
+      throw Error("non-finite gradient at " + d.where + " (a NaN or infinite loss on some replica); lower the " +
+                  "learning rate, check the data, or set nonfinite_policy \"skip\"");
+    }
+    if (!d.skipped) {
+      d.skipped = true;
+      ++skipped_this_call_;
+      if (options_.info.rank == 0) {
+        std::cerr << "dsgd: warning: non-finite gradient at " << d.where << ": the buckets holding it skipped the "
+                  << "step on every replica (with forward overlap each bucket steps on its own)\n";
+      }
+    }
+    return;
+  }
+  std::unordered_map<const void*, bool> mine;
+  for (size_t i : params) mine[d.params[i].unsafeGetTensorImpl()] = true;
+  // Each optimizer holding some of these parameters steps with only theirs visible (the others'
+  // .grad hidden meanwhile), at the learning rates of the step they belong to.
+  for (size_t k = 0; k < op_->optimizers_.size(); ++k) {
+    auto& groups = op_->optimizers_[k]->param_groups();
+    bool owns = false;
+    for (const auto& g : groups) {
+      for (const auto& p : g.params()) owns = owns || mine.count(p.unsafeGetTensorImpl()) > 0;
+    }
+    if (!owns) continue;
+    std::vector<std::pair<torch::Tensor, torch::Tensor>> hidden;
+    std::vector<double> lrs;
+    for (size_t g = 0; g < groups.size(); ++g) {
+      for (auto& p : groups[g].params()) {
+        if (mine.count(p.unsafeGetTensorImpl()) == 0 && p.grad().defined()) {
+          hidden.emplace_back(p, p.grad());
+          p.mutable_grad() = torch::Tensor();
+        }
+      }
+      lrs.push_back(groups[g].options().get_lr());
+      if (k < d.lrs.size() && g < d.lrs[k].size()) groups[g].options().set_lr(d.lrs[k][g]);
+    }
+    auto restore = [&] {
+      for (size_t g = 0; g < groups.size(); ++g) groups[g].options().set_lr(lrs[g]);
+      for (auto& [p, grad] : hidden) p.mutable_grad() = grad;
+    };
+    try {
+      op_->optimizers_[k]->step();
+    } catch (...) {
+      restore();
+      throw;
+    }
+    restore();
   }
 }
 
@@ -257,7 +339,20 @@ Metrics ReplicaRuntime::train(int64_t max_batches, bool profile) {
   skipped_this_call_ = 0;
   for (auto& s : syncs_) s->take_wait_seconds();
   const auto t0 = Clock::now();
-  Metrics m = op_->train_epoch(max_batches);
+  Metrics m;
+  {
+    // The forward overlap's gate, for this thread, while the operator trains; the steps still
+    // pending at the end are taken before train() returns.
+    ParameterGate* const previous = set_thread_parameter_gate(gate_index_.empty() ? nullptr : this);
+    try {
+      m = op_->train_epoch(max_batches);
+      for (auto& s : syncs_) s->flush();
+    } catch (...) {
+      set_thread_parameter_gate(previous);
+      throw;
+    }
+    set_thread_parameter_gate(previous);
+  }
   const double epoch_s = std::chrono::duration<double>(Clock::now() - t0).count();
   const int64_t batches = taken_this_call_;
   if (position_.batch >= batches_per_epoch()) {
@@ -313,6 +408,7 @@ std::string ReplicaRuntime::save_state() const {
 }
 
 void ReplicaRuntime::load_state(const std::string& bytes) {
+  for (auto& s : syncs_) s->discard_pending();
   torch::serialize::InputArchive archive;
   std::istringstream in(bytes);
   archive.load_from(in);

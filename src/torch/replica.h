@@ -17,9 +17,11 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "dsgd/operator.h"
+#include "dsgd/parameter_gate.h"
 #include "strategy/strategy.h"
 #include "torch/grad_sync.h"
 
@@ -33,6 +35,9 @@ struct ReplicaOptions {
   std::string scheduler_step_freq = "epoch";  // batch | epoch | manual
   int threads = 1;                             // intra-op threads of this replica
   bool overlap = true;                         // launch buckets during backward
+  // > 0: this many buckets (the first layers') travel after backward and each bucket's step
+  // is taken as the next forward reaches it (dsgd/parameter_gate.h; GradSync's deferred tail).
+  size_t forward_overlap_buckets = 0;
   std::string nonfinite = "skip";              // non-finite gradients: skip (the step) | error
 };
 
@@ -41,7 +46,7 @@ struct Position {
   int64_t batch = 0;       // next global batch within it
 };
 
-class ReplicaRuntime {
+class ReplicaRuntime : private ParameterGate {
  public:
   ReplicaRuntime(std::unique_ptr<TrainingOperator> op, const ReplicaOptions& options);
   ~ReplicaRuntime();
@@ -71,7 +76,7 @@ class ReplicaRuntime {
 
   // Models, optimizers, schedules, position and the operator's extra state, as bytes.
   std::string save_state() const;
-  void load_state(const std::string& bytes);
+  void load_state(const std::string& bytes);  // drops steps still pending (forward overlap)
   // The models' named parameters and buffers ("model<i>.<name>" for i > 0).
   std::vector<std::pair<std::string, torch::Tensor>> named_tensors() const;
 
@@ -99,6 +104,18 @@ class ReplicaRuntime {
   Progress& progress() { return progress_; }
 
  private:
+  // The forward overlap: wait_for_parameters lands here during train(); each model's deferred
+  // steps are taken with the learning rates of the step they belong to.
+  void wait(const torch::Tensor& parameter) override;
+  void begin_deferred(size_t sync);
+  void apply_deferred(size_t sync, const std::vector<size_t>& params, bool finite);
+  struct DeferredState {
+    std::vector<torch::Tensor> params;        // the sync's parameters
+    std::vector<std::vector<double>> lrs;     // per optimizer, per param group, at the step's backward
+    std::string where;                        // "epoch E, batch B" of that step
+    bool skipped = false;                     // a bucket of it was not finite
+  };
+
   void start_epoch_order();
   void step_schedules_to(int64_t t);
   std::pair<int64_t, int64_t> my_part(int64_t batch) const;  // [start, end) in the order
@@ -106,6 +123,8 @@ class ReplicaRuntime {
   std::unique_ptr<TrainingOperator> op_;
   ReplicaOptions options_;
   std::vector<std::unique_ptr<GradSync>> syncs_;
+  std::vector<DeferredState> deferred_;                                 // per sync
+  std::unordered_map<const void*, std::pair<size_t, size_t>> gate_index_;  // TensorImpl -> (sync, param)
   Position position_;
   torch::Tensor order_;              // the current epoch's permutation
   int64_t order_epoch_ = -1;

@@ -3,9 +3,11 @@
 #include <torch/types.h>
 
 #include <chrono>
+#include <set>
 
 #include "dsgd/error.h"
 #include "dsgd/models.h"
+#include "dsgd/parameter_gate.h"
 
 namespace dsgd::models {
 namespace {
@@ -89,6 +91,33 @@ TEST(Models, SimulatedSleepsAndHandsOutGradientsLastLayerFirst) {
   EXPECT_EQ(order, (std::vector<std::string>{"layer4:250", "layer3:250", "layer2:250", "layer1:251"}));
   for (const auto& p : m->parameters()) EXPECT_TRUE(p.grad().defined());
   EXPECT_THROW(make_model("simulated", {.sim_parameters = 3, .sim_layers = 4}), ConfigError);
+}
+
+// The forward overlap (dsgd/parameter_gate.h) needs a model to wait for each parameter before
+// using it; a model that missed one would be trained without the overlap.
+class RecordingGate : public ParameterGate {
+ public:
+  void wait(const torch::Tensor& p) override { waited.insert(p.unsafeGetTensorImpl()); }
+  std::set<const void*> waited;
+};
+
+TEST(Models, ForwardWaitsForEveryParameter) {
+  ModelOptions small;
+  small.sim_parameters = 1000;
+  small.sim_layers = 4;
+  small.sim_step_ms = 0;
+  for (const auto& name : {"cnn", "mlp", "resnet18", "resnet50", "simulated"}) {
+    auto m = make_model(name, small);
+    RecordingGate gate;
+    ParameterGate* previous = set_thread_parameter_gate(&gate);
+    m->forward(torch::randn({2, 1, 28, 28}));
+    set_thread_parameter_gate(previous);
+    for (const auto& p : m->named_parameters()) {
+      EXPECT_TRUE(gate.waited.count(p.value().unsafeGetTensorImpl())) << name << ": " << p.key();
+    }
+  }
+  // No gate installed: nothing to wait for.
+  wait_for_parameters(*make_model("cnn"));
 }
 
 TEST(Models, UnknownNameListsKnownOnes) {

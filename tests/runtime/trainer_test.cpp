@@ -173,15 +173,17 @@ Params params_of(torch::nn::Module& m) {
 }
 
 // One process, no dsgd communication: the global batch at once.
-Params single_process(int64_t batch, int64_t steps) {
+Params single_process(int64_t batch, int64_t steps, const json& config = synthetic_config(),
+                      const std::string& scheduler_step_freq = "epoch") {
   runtime::register_builtin_operators();
   torch_glue::ReplicaOptions o;
   o.global_batch = batch;
   o.seed = 7;
   o.info.seed = 7;
   o.threads = 1;
+  o.scheduler_step_freq = scheduler_step_freq;
   torch_glue::ReplicaRuntime r(make_operator(runtime::kImageClassifier), o);
-  r.setup(synthetic_config());
+  r.setup(config);
   for (int64_t left = steps; left > 0;) {  // across epochs, as Trainer::train calls would
     const auto done = static_cast<int64_t>(r.train(left, false).at("batches"));
     if (done == 0) break;
@@ -201,7 +203,7 @@ double max_difference(const Params& a, const Params& b) {
 }
 
 void expect_equivalent(TrainerConfig config, int64_t steps = 20) {
-  const Params reference = single_process(config.batch_size, steps);
+  const Params reference = single_process(config.batch_size, steps, config.config, config.scheduler_step_freq);
   Trainer trainer(runtime::kImageClassifier, config);
   const Params before = params_of(*trainer.get_model());
   auto r = trainer.train({.num_steps = steps});
@@ -287,6 +289,38 @@ TEST(TrainerEquivalence, PsShardProcessesUpdateOnShardsOneShard) { expect_equiva
 TEST(TrainerEquivalence, PsShardProcessesUpdateOnShardsTwoShards) { expect_equivalent(ps_processes_config(2, 2, 2, true)); }
 TEST(TrainerEquivalence, PsShardProcessesUpdateOnShardsFourShardsThreeWorkers) {
   expect_equivalent(ps_processes_config(3, 2, 4, true, 96));
+}
+
+// The forward overlap: the last buckets travel after backward and each bucket's step is taken
+// as the next forward reaches its layer (the CNN has 5 buckets here).
+TEST(TrainerEquivalence, ForwardOverlapAllreduce) {
+  auto c = base_config(2, "allreduce", 64);
+  c.forward_overlap_buckets = 2;
+  expect_equivalent(c);
+}
+TEST(TrainerEquivalence, ForwardOverlapOfEveryBucketWithAPerBatchSchedule) {
+  auto c = base_config(2, "allreduce", 64);
+  c.forward_overlap_buckets = 64;  // more than there are: all of them
+  c.config["lr_decay"] = 0.9;      // a new learning rate every step: each deferred step takes its own
+  c.scheduler_step_freq = "batch";
+  expect_equivalent(c);
+}
+TEST(TrainerEquivalence, ForwardOverlapTwoReplicasInOneWorker) {
+  auto c = base_config(1, "allreduce", 64);
+  c.devices_per_worker = 2;
+  c.threads_per_worker = 2;
+  c.forward_overlap_buckets = 3;
+  expect_equivalent(c);
+}
+TEST(TrainerEquivalence, ForwardOverlapPs) {
+  auto c = ps_config(2, 2, 2);
+  c.forward_overlap_buckets = 2;
+  expect_equivalent(c);
+}
+TEST(TrainerEquivalence, ForwardOverlapPsShardProcesses) {
+  auto c = ps_processes_config(2, 2, 2, false);
+  c.forward_overlap_buckets = 2;
+  expect_equivalent(c);
 }
 
 // ps_async: 2 workers on 2 pseudo-hosts, 2 shards, worker 1 sleeping 40 ms per step.
@@ -618,6 +652,12 @@ TEST(TrainerBadInput, ClearErrorsBeforeAnyProcessIsSpawned) {
   bad.strategy = "ps";
   bad.listen = "127.0.0.1:0";
   expect_config_error(runtime::kImageClassifier, bad, "ps_placement processes in remote mode needs num_ps_shards > 0");
+  bad = c;
+  bad.forward_overlap_buckets = -1;
+  expect_config_error(runtime::kImageClassifier, bad, "forward_overlap_buckets must be >= 0 (0 = off), got -1");
+  bad.forward_overlap_buckets = 2;
+  bad.strategy = "ps_async";
+  expect_config_error(runtime::kImageClassifier, bad, "forward_overlap_buckets needs averaged gradients");
 }
 
 TEST(TrainerBadInput, UpdateOnShardsWithAnOptimizerOtherThanSgdSaysWhatItNeeds) {

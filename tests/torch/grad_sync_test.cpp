@@ -22,6 +22,7 @@ class HalfPlusOne : public strategy::GradientStrategy {
   std::string name() const override { return "half-plus-one"; }
   std::shared_ptr<comm::Work> average_async(float* data, size_t count) override {
     ++calls;
+    launched.push_back(data);
     auto w = std::make_shared<comm::Work>("test bucket");
     threads_.emplace_back([data, count, w] {
       std::this_thread::sleep_for(std::chrono::milliseconds(2));
@@ -32,6 +33,7 @@ class HalfPlusOne : public strategy::GradientStrategy {
   }
   void abort(const std::string&) override {}
   int calls = 0;
+  std::vector<const float*> launched;  // each call's data, in call order
 
  private:
   std::vector<std::thread> threads_;
@@ -156,5 +158,135 @@ TEST(GradSync, HooksSurviveLoadingTheModel) {
     expect_grads(f, expected, 1.0, "inner " + std::to_string(inner));
   }
 }
+}  // namespace
+}  // namespace dsgd::torch_glue
+
+// The deferred tail (forward overlap): communication of the last buckets overlaps the next
+// forward, whose wait_for calls take each bucket's step.
+namespace dsgd::torch_glue {
+namespace {
+
+struct DeferredFixture : Fixture {
+  // 8 floats per bucket: b's bias and weight, a's bias, a's weight (12 floats): 3 buckets.
+  static constexpr size_t kShardBytes = 32;
+  std::vector<std::vector<size_t>> applied;  // the params of each apply call, in call order
+  std::vector<std::vector<torch::Tensor>> applied_grads;
+  int begins = 0;
+  void attach(GradSync& sync) {
+    sync.set_deferred_step({[this] { ++begins; },
+                            [this](const std::vector<size_t>& idx, bool finite) {
+                              EXPECT_TRUE(finite);
+                              applied.push_back(idx);
+                              std::vector<torch::Tensor> g;
+                              for (size_t i : idx) g.push_back(params()[i].grad().clone());
+                              applied_grads.push_back(g);
+                            }});
+  }
+  void wait_all(GradSync& sync) {
+    for (size_t i = 0; i < params().size(); ++i) sync.wait_for(i);
+  }
+};
+
+std::vector<size_t> counts_of(const std::vector<torch::Tensor>& params) {
+  std::vector<size_t> c;
+  for (const auto& p : params) c.push_back(static_cast<size_t>(p.numel()));
+  return c;
+}
+
+TEST(GradSyncDeferred, TheHeadGoesInOrderThenTheTailFirstLayerFirst) {
+  torch::manual_seed(5);
+  DeferredFixture f;
+  const strategy::BucketPlan plan(counts_of(f.params()), sizeof(float), DeferredFixture::kShardBytes);
+  const size_t n = plan.buckets().size();
+  ASSERT_EQ(n, 3u);
+  GradSync sync(f.params(), DeferredFixture::kShardBytes, f.strategy, true, /*deferred_tail=*/2);
+  f.attach(sync);
+  f.loss(torch::randn({5, 4})).backward();
+  ASSERT_EQ(f.strategy->launched.size(), n);
+  const float* base = f.strategy->launched[0];  // bucket 0 starts the flat buffer
+  std::vector<size_t> order;
+  for (const float* d : f.strategy->launched) {
+    for (size_t b = 0; b < n; ++b) {
+      if (d == base + plan.buckets()[b].offset) order.push_back(b);
+    }
+  }
+  EXPECT_EQ(order, (std::vector<size_t>{0, 2, 1}));
+  sync.flush();
+}
+
+TEST(GradSyncDeferred, AGatedForwardDefersEachBucketsStepToItsWait) {
+  torch::manual_seed(6);
+  DeferredFixture f;
+  const strategy::BucketPlan plan(counts_of(f.params()), sizeof(float), DeferredFixture::kShardBytes);
+  // The steps here record gradients and leave the parameters as they are.
+  std::vector<torch::Tensor> xs;
+  std::vector<std::vector<torch::Tensor>> plain;
+  for (int step = 0; step < 3; ++step) {
+    xs.push_back(torch::randn({5, 4}));
+    plain.push_back(plain_grads(f, xs.back()));
+  }
+  GradSync sync(f.params(), DeferredFixture::kShardBytes, f.strategy, true, 1);
+  f.attach(sync);
+  for (int step = 0; step < 3; ++step) {
+    const auto& x = xs[static_cast<size_t>(step)];
+    const auto& expected = plain[static_cast<size_t>(step)];
+    f.applied.clear();
+    f.applied_grads.clear();
+    f.wait_all(sync);  // the forward's waits (nothing pending at the first step)
+    f.loss(x).backward();
+    for (const auto& p : f.params()) EXPECT_FALSE(p.grad().defined()) << "step " << step;
+    EXPECT_TRUE(f.applied.empty()) << "a step was taken before forward asked for it";
+    EXPECT_EQ(f.begins, step + 1);
+    // Waiting for parameter 0 applies its bucket only, with the strategy's result as .grad.
+    sync.wait_for(0);
+    ASSERT_EQ(f.applied.size(), 1u);
+    EXPECT_EQ(f.applied[0], plan.buckets()[plan.slot(0).bucket].params);
+    sync.flush();
+    EXPECT_EQ(f.applied.size(), plan.buckets().size());
+    for (size_t k = 0; k < f.applied.size(); ++k) {
+      for (size_t j = 0; j < f.applied[k].size(); ++j) {
+        const size_t i = f.applied[k][j];
+        EXPECT_TRUE(torch::allclose(f.applied_grads[k][j], expected[i] / 2 + 1, 1e-5, 1e-6))
+            << "step " << step << ", parameter " << i;
+      }
+    }
+    for (const auto& p : f.params()) EXPECT_FALSE(p.grad().defined()) << "a step left a .grad behind";
+  }
+}
+
+TEST(GradSyncDeferred, AForwardThatDoesNotWaitForEveryParameterIsNotDeferred) {
+  torch::manual_seed(7);
+  DeferredFixture f;
+  const auto x = torch::randn({5, 4});
+  const auto expected = plain_grads(f, x);
+  GradSync sync(f.params(), DeferredFixture::kShardBytes, f.strategy, true, 2);
+  f.attach(sync);
+  for (size_t i = 1; i < f.params().size(); ++i) sync.wait_for(i);  // parameter 0 left out
+  f.loss(x).backward();
+  EXPECT_EQ(f.begins, 0);
+  EXPECT_TRUE(f.applied.empty());
+  expect_grads(f, expected, 1.0, "undeferred backward");
+}
+
+TEST(GradSyncDeferred, UsingAParameterWhoseStepIsPendingThrows) {
+  torch::manual_seed(8);
+  DeferredFixture f;
+  GradSync sync(f.params(), DeferredFixture::kShardBytes, f.strategy, true, 2);
+  f.attach(sync);
+  f.wait_all(sync);
+  f.loss(torch::randn({5, 4})).backward();
+  ASSERT_EQ(f.begins, 1);
+  // The next forward skips its waits: its backward would average a stale model's gradient.
+  try {
+    f.loss(torch::randn({5, 4})).backward();
+    FAIL() << "expected an error";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("wait_for_parameters"), std::string::npos) << e.what();
+  }
+  // That backward never finished: the next one fails as well rather than average out of step.
+  f.wait_all(sync);
+  EXPECT_THROW(f.loss(torch::randn({5, 4})).backward(), std::exception);
+}
+
 }  // namespace
 }  // namespace dsgd::torch_glue
