@@ -34,8 +34,12 @@
 # Env: SIM_PARAMETERS (1024000), SIM_STEP_MS (52), MAX_AGGREGATE_GBITS (8: skip host counts x
 # rates above this; the box moves ~8.5 Gbit/s between namespaces in all), CONFIGS (which rows:
 # default "allreduce allreduce-no-overlap hier ps1 ps2 ps4 ps8 psh-no-overlap psph simple"; "psph": as
-# many shard processes as hosts),
-# JSON_OUT (also write every row as JSON lines there), WRITE_DOCS=1 (replace the tables in
+# many shard processes as hosts; any config with "-fwd<T>" appended also runs with
+# --forward-overlap-buckets T),
+# JSON_OUT (also write every row as JSON lines there), COMM_ALONE=1 (also measure the bound's two
+# terms on this machine: every config again with no compute, SIM_STEP_MS 0, its communication
+# as measured here; and h workers at once with no communication, the compute when h hosts'
+# workers share these 2 cores), WRITE_DOCS=1 (replace the tables in
 # docs/BENCHMARKS.md between the cluster-tables markers, or DOC_MARKER's, and unless PLOT=0 the
 # plot docs/img/cluster-scaling.png: bench/plot_cluster.sh).
 # Needs root (or CAP_NET_ADMIN) for namespaces; creates them with this script's pid in their names
@@ -102,9 +106,13 @@ make_cluster() {
   done
 }
 
-common=(--model simulated --dataset synthetic --image-size 8 --synthetic-samples 65536 --threads 1 --no-eval --quiet
-        --max-steps "$steps" --grad-shard-bytes "$bucket_bytes" --checkpoint-every 0
-        --config "{\"sim_parameters\": $params, \"sim_step_ms\": $step_ms, \"sim_layers\": $layers}")
+# Sets common, the flags of every run, for a simulated step of $1 ms.
+set_common() {
+  common=(--model simulated --dataset synthetic --image-size 8 --synthetic-samples 65536 --threads 1 --no-eval --quiet
+          --max-steps "$steps" --grad-shard-bytes "$bucket_bytes" --checkpoint-every 0
+          --config "{\"sim_parameters\": $params, \"sim_step_ms\": $1, \"sim_layers\": $layers}")
+}
+set_common "$step_ms"
 port=29600
 
 # Sets run_ms and run_parameters from the JSON summary in $1.
@@ -159,10 +167,37 @@ read_summary "$tmp/one.json"
 compute_ms=$run_ms parameters=$run_parameters
 echo "one worker alone: $compute_ms ms per step, $parameters parameters" >&2
 
+# With COMM_ALONE=1 also: h such workers at once, each alone, no communication: the compute when
+# h hosts' workers share this machine's cores (sets shared_ms).
+shared_compute() {
+  local n=$1 p=() i
+  for i in $(seq "$n"); do
+    "$dsgd" train "${common[@]}" --workers 1 --batch-size "$per_worker_batch" --json-out "$tmp/shared$i.json" \
+      >/dev/null &
+    p+=($!)
+  done
+  wait "${p[@]}"
+  shared_ms=0
+  for i in $(seq "$n"); do
+    read_summary "$tmp/shared$i.json"
+    shared_ms=$(/usr/bin/python3 -c "print(max($shared_ms, $run_ms))")
+  done
+}
+
 rows=$tmp/rows.jsonl
 : >"$rows"
+declare -A shared_by_hosts=()
 for gbit in "${rates[@]}"; do
   for h in "${host_counts[@]}"; do
+    shared=null
+    if [[ "${COMM_ALONE:-0}" == 1 ]]; then
+      if [[ -z "${shared_by_hosts[$h]:-}" ]]; then
+        shared_compute "$h"
+        shared_by_hosts[$h]=$shared_ms
+        echo "$h workers at once, each alone: $shared_ms ms per step" >&2
+      fi
+      shared=${shared_by_hosts[$h]}
+    fi
     if /usr/bin/python3 -c "import sys; sys.exit(0 if $h * $gbit > $max_aggregate else 1)"; then
       echo "skipping $h hosts at $gbit Gbit/s: $h x $gbit > MAX_AGGREGATE_GBITS $max_aggregate" >&2
       continue
@@ -171,22 +206,32 @@ for gbit in "${rates[@]}"; do
     for c in "${configs[@]}"; do [[ "$c" == psp* ]] && extra=$h; done
     make_cluster "$gbit" $((h + extra))
     for c in "${configs[@]}"; do
-      per_host=1 servers=0 flags=()
-      case "$c" in
+      per_host=1 servers=0 flags=() base=$c fwd=()
+      if [[ "$c" =~ ^(.*)-fwd([0-9]+)$ ]]; then  # any config, with the forward overlap
+        base=${BASH_REMATCH[1]} fwd=(--forward-overlap-buckets "${BASH_REMATCH[2]}")
+      fi
+      case "$base" in
       allreduce) flags=(--strategy allreduce) ;;
       allreduce-no-overlap) flags=(--strategy allreduce --no-overlap) ;;
       hier) per_host=2 flags=(--strategy allreduce) ;;
-      ps[0-9]*) k=${c#ps}; ((k <= h)) || continue; flags=(--strategy ps --ps-shards "$k") ;;
+      ps[0-9]*) k=${base#ps}; ((k <= h)) || continue; flags=(--strategy ps --ps-shards "$k") ;;
       psh-no-overlap) flags=(--strategy ps --ps-shards "$h" --no-overlap) ;;
-      psp*) k=${c#psp}; [[ "$k" == h ]] && k=$h; ((k <= h)) || continue
+      psp*) k=${base#psp}; [[ "$k" == h ]] && k=$h; ((k <= h)) || continue
         servers=$k flags=(--strategy ps --ps-shards "$k" --ps-placement processes) ;;
       simple) flags=(--strategy simple) ;;
       *) echo "cluster.sh: unknown config '$c'" >&2; exit 2 ;;
       esac
       echo "$(date +%T) $h hosts, $gbit Gbit/s: $c" >&2
-      run "$c" "$h" "$per_host" "${flags[@]}"
-      echo "{\"config\": \"$c\", \"hosts\": $h, \"gbit\": $gbit, \"step_ms\": $run_ms, \"compute_ms\": $compute_ms," \
-        "\"parameters\": $parameters, \"sim_step_ms\": $step_ms}" >>"$rows"
+      run "$c" "$h" "$per_host" "${flags[@]}" "${fwd[@]}"
+      step=$run_ms alone=null
+      if [[ "${COMM_ALONE:-0}" == 1 ]]; then  # the same job with no compute: its communication alone
+        set_common 0
+        run "$c-alone" "$h" "$per_host" "${flags[@]}" "${fwd[@]}"
+        alone=$run_ms
+        set_common "$step_ms"
+      fi
+      echo "{\"config\": \"$c\", \"hosts\": $h, \"gbit\": $gbit, \"step_ms\": $step, \"compute_ms\": $compute_ms," \
+        "\"parameters\": $parameters, \"sim_step_ms\": $step_ms, \"comm_alone_ms\": $alone, \"shared_compute_ms\": $shared}" >>"$rows"
     done
   done
 done
@@ -199,6 +244,7 @@ rows = [json.loads(l) for l in open(sys.argv[1])]
 steps, params, step_ms, layers, bucket = sys.argv[2], int(sys.argv[3]), sys.argv[4], sys.argv[5], int(sys.argv[6])
 def comm_ms(c, h, gbit, b):
     if gbit == 0: return 0.0  # unshaped
+    c = c.split("-fwd")[0]
     bw = gbit * 1e9 / 8
     if c in ("allreduce", "allreduce-no-overlap", "hier"): t = 2 * (h - 1) / h * b / bw
     elif c.startswith("psp"):
@@ -218,9 +264,11 @@ for gbit in sorted({r["gbit"] for r in rows}):
         print("\nUnshaped links: this machine's own cost (the floor under the shaped figures)\n")
     else:
         print(f"\n{gbit:g} Gbit/s links (models {25 * gbit:g} Gbit/s at full scale)\n")
+    alone = any(r.get("comm_alone_ms") is not None for r in rows)
     print("| hosts | strategy | step ms | communication ms | bound ms | step / bound | "
-          "backward-overlap bound ms | step / it | scaling efficiency |")
-    print("|---|---|---|---|---|---|---|---|---|")
+          "backward-overlap bound ms | step / it | scaling efficiency |"
+          + (" compute, h at once ms | communication alone ms | step / max(both) |" if alone else ""))
+    print("|---|---|---|---|---|---|---|---|---|" + ("---|---|---|" if alone else ""))
     for r in [r for r in rows if r["gbit"] == gbit]:
         b, t = 4 * r["parameters"], r["compute_ms"]
         comm = comm_ms(r["config"], r["hosts"], gbit, b)
@@ -228,8 +276,13 @@ for gbit in sorted({r["gbit"] for r in rows}):
             bound = bwd_bound = t + comm
         else:
             bound, bwd_bound = max(t, comm), t + max(0, comm - 2 * float(step_ms) / 3)
-        print(f"| {r['hosts']} | {r['config']} | {r['step_ms']:.1f} | {comm:.1f} | {bound:.1f} | "
-              f"{r['step_ms'] / bound:.2f} | {bwd_bound:.1f} | {r['step_ms'] / bwd_bound:.2f} | {t / r['step_ms']:.2f} |")
+        line = (f"| {r['hosts']} | {r['config']} | {r['step_ms']:.1f} | {comm:.1f} | {bound:.1f} | "
+                f"{r['step_ms'] / bound:.2f} | {bwd_bound:.1f} | {r['step_ms'] / bwd_bound:.2f} | {t / r['step_ms']:.2f} |")
+        if alone:
+            a, sc = r.get("comm_alone_ms"), r.get("shared_compute_ms") or t
+            measured = (sc + a) if "no-overlap" in r["config"] else max(sc, a)
+            line += f" {sc:.1f} | {a:.1f} | {r['step_ms'] / measured:.2f} |" if a is not None else " - | - | - |"
+        print(line)
 PY
 cat "$report"
 if [[ "${WRITE_DOCS:-0}" == 1 ]]; then
