@@ -133,7 +133,6 @@ void GradSync::flush() {
 
 void GradSync::apply_pending(size_t bucket) {
   auto work = std::move(pending_[bucket]);
-  --num_pending_;
   const auto t0 = std::chrono::steady_clock::now();
   try {
     work->wait();
@@ -169,7 +168,6 @@ void GradSync::discard_pending() {
     }
     w.reset();
   }
-  num_pending_ = 0;
 }
 
 void GradSync::set_server_optimizer(uint32_t id, ServerOptimizer optimizer) {
@@ -295,7 +293,6 @@ void GradSync::finalize() {
   std::fill(gated_.begin(), gated_.end(), false);
   if (defer) {
     pending_.swap(works_);
-    num_pending_ = plan_.buckets().size();
     in_backward_ = false;
     next_launch_ = 0;
     std::fill(got_grad_.begin(), got_grad_.end(), false);

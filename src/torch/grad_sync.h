@@ -134,7 +134,6 @@ class GradSync {
   std::vector<bool> gated_;                     // per parameter: wait_for called since the last backward
   DeferredStep deferred_;
   std::vector<std::shared_ptr<comm::Work>> pending_;  // per bucket: a deferred step not yet applied
-  size_t num_pending_ = 0;
   double wait_s_ = 0;
   bool last_finite_ = true;
   std::vector<std::pair<torch::Tensor, unsigned>> hooks_;  // (param, hook id) to remove
