@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# bench/cluster.sh, small: 2 simulated hosts on 0.5 Gbit/s links, 8 steps of allreduce, simple and
-# ps with 2 shard processes on hosts of their own (psph). Checks that the shaping holds (simple
+# bench/cluster.sh, small: 2 simulated hosts on 0.5 Gbit/s links, 8 steps of allreduce (also with
+# the forward overlap), simple and ps with 2 shard processes on hosts of their own (psph), each
+# also without compute (COMM_ALONE). Checks that the shaping holds (simple
 # cannot beat its driver's link: h B / bw; psph cannot beat a worker's: B / bw), that every row
 # is there, and that the script leaves no namespace or process behind, also when stopped midway
 # by SIGTERM. Exit 77 (skip) without the rights to make namespaces.
@@ -23,7 +24,8 @@ leftovers() {  # namespaces and processes of the cluster.sh run with pid $1
   { ip netns list | grep "dsgdc$1-" || true; pgrep -f "bench-$1" || true; }
 }
 
-JSON_OUT=$tmp/rows.jsonl CONFIGS="allreduce simple psph" "$root/bench/cluster.sh" 2 0.5 8 >"$tmp/out" 2>&1 &
+COMM_ALONE=1 JSON_OUT=$tmp/rows.jsonl CONFIGS="allreduce allreduce-fwd2 simple psph" "$root/bench/cluster.sh" 2 0.5 8 \
+  >"$tmp/out" 2>&1 &
 run=$!
 wait "$run" || { echo "FAIL: cluster.sh failed"; cat "$tmp/out"; exit 1; }
 cat "$tmp/out"
@@ -31,13 +33,19 @@ cat "$tmp/out"
 /usr/bin/python3 - "$tmp/rows.jsonl" <<'PY'
 import json, sys
 rows = {r["config"]: r for r in map(json.loads, open(sys.argv[1]))}
-assert set(rows) == {"allreduce", "simple", "psph"}, rows
+assert set(rows) == {"allreduce", "allreduce-fwd2", "simple", "psph"}, rows
 bytes_ = 4 * rows["simple"]["parameters"]
 link_ms = 1000 * 2 * bytes_ / (0.5e9 / 8)  # 2 hosts' gradients through the driver's 0.5 Gbit/s link
 assert rows["simple"]["step_ms"] > 0.9 * link_ms, (rows["simple"], link_ms)
 assert rows["psph"]["step_ms"] > 0.9 * link_ms / 2, (rows["psph"], link_ms / 2)  # B through a worker's link
 for r in rows.values():
     assert r["step_ms"] >= 0.95 * r["compute_ms"], r  # two workers are not faster per step than one
+    # COMM_ALONE: with no compute a step is the communication, shorter than with it but not
+    # shorter than the shaped links allow for simple; 2 workers at once, each alone, take a step
+    # at least.
+    assert r["comm_alone_ms"] < r["step_ms"], r
+    assert r["shared_compute_ms"] >= 0.95 * r["compute_ms"], r
+assert rows["simple"]["comm_alone_ms"] > 0.9 * link_ms, (rows["simple"], link_ms)
 print(f"PASS: simple {rows['simple']['step_ms']:.0f} ms per step >= 0.9 x {link_ms:.0f} ms on the link; "
       f"allreduce {rows['allreduce']['step_ms']:.0f} ms, ps with 2 shard processes {rows['psph']['step_ms']:.0f} ms")
 PY
