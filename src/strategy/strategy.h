@@ -7,7 +7,7 @@
 //
 // A strategy works on flat float32 buckets and knows nothing of tensors (torch-free). Every
 // replica must start the same averages in the same order (src/torch/grad_sync.h launches
-// buckets in index order for that). Results are identical on every replica, so replicas stay
+// buckets in one fixed order for that). Results are identical on every replica, so replicas stay
 // bit-identical. Thread-safe. The parameter-server strategies implement this same interface;
 // those that apply the optimizer on their servers (ps with update on shards, ps_async) take
 // gradients and give back parameters through update_async instead (see below); under ps_async

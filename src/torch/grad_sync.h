@@ -7,8 +7,8 @@
 // into its slot of a flat float32 buffer packed by strategy::BucketPlan (reverse registration
 // order), and clears .grad so AccumulateGrad takes the new gradient as it is. When a bucket's
 // last gradient arrives, the bucket goes to the strategy at once, so communication of later
-// layers overlaps backward of earlier ones. Buckets are launched in index order on every replica
-// (the strategy's ordering contract). A final autograd callback launches what is left
+// layers overlaps backward of earlier ones. Buckets are launched in one order, the same on every
+// replica (the strategy's ordering contract): index order, then a deferred tail reversed. A final autograd callback launches what is left
 // (parameters that got no gradient in this backward contribute zeros), waits for every bucket,
 // and makes each slot, now holding the average, its parameter's .grad: a tensor sharing the flat
 // buffer (c10d's gradient_as_bucket_view), so nothing is copied back. That .grad is overwritten
@@ -57,6 +57,7 @@ class GradSync {
   // Seconds backward spent waiting for communication since the last call.
   double take_wait_seconds();
   size_t num_buckets() const { return plan_.buckets().size(); }
+  const torch::Tensor& param(size_t i) const { return params_[i]; }
   // Fails communication in flight (from any thread).
   void abort(const std::string& reason) { strategy_->abort(reason); }
 

@@ -9,6 +9,7 @@
 #include <cmath>
 #include <iostream>
 #include <sstream>
+#include <unordered_set>
 
 #include "dsgd/error.h"
 
@@ -154,7 +155,7 @@ void ReplicaRuntime::attach(std::shared_ptr<strategy::GradientStrategy> strategy
           {[this, s] { begin_deferred(s); },
            [this, s](const std::vector<size_t>& idx, bool finite) { apply_deferred(s, idx, finite); }});
     }
-    deferred_.push_back({params, {}, {}, false});
+    deferred_.emplace_back();
   }
 }
 
@@ -191,8 +192,8 @@ void ReplicaRuntime::apply_deferred(size_t sync, const std::vector<size_t>& para
     }
     return;
   }
-  std::unordered_map<const void*, bool> mine;
-  for (size_t i : params) mine[d.params[i].unsafeGetTensorImpl()] = true;
+  std::unordered_set<const void*> mine;
+  for (size_t i : params) mine.insert(syncs_[sync]->param(i).unsafeGetTensorImpl());
   // Each optimizer holding some of these parameters steps with only theirs visible (the others'
   // .grad hidden meanwhile), at the learning rates of the step they belong to.
   for (size_t k = 0; k < op_->optimizers_.size(); ++k) {

@@ -110,7 +110,6 @@ class ReplicaRuntime : private ParameterGate {
   void begin_deferred(size_t sync);
   void apply_deferred(size_t sync, const std::vector<size_t>& params, bool finite);
   struct DeferredState {
-    std::vector<torch::Tensor> params;        // the sync's parameters
     std::vector<std::vector<double>> lrs;     // per optimizer, per param group, at the step's backward
     std::string where;                        // "epoch E, batch B" of that step
     bool skipped = false;                     // a bucket of it was not finite
