@@ -1,21 +1,21 @@
 // Simulated compute, for cluster benchmarks past what this machine can compute (bench/cluster.sh):
-// forward and backward sleep for a given time instead of computing, and backward hands out
-// gradients of the given size layer by layer, last layer first, as a real network's would. The
-// communication is real; the compute is a model of it, costing no CPU.
+// forward and backward sleep for a given time instead of computing (on a schedule: paced_sleep.h),
+// and backward hands out gradients of the given size layer by layer, last layer first, as a real
+// network's would. The communication is real; the compute is a model of it, costing no CPU.
 #include <torch/autograd.h>
 #include <torch/nn/modules/linear.h>
 
-#include <chrono>
-#include <thread>
-
 #include "dsgd/parameter_gate.h"
+#include "models/paced_sleep.h"
 #include "models/zoo.h"
 
 namespace dsgd::models {
 namespace {
 
+// Each thread keeps its own schedule: a worker's replicas train on threads of their own.
 void sleep_ms(double ms) {
-  if (ms > 0) std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(ms));
+  thread_local PacedSleep pace;
+  pace.sleep(ms);
 }
 
 // y = x after forward_ms; backward: dL/dx = dL/dy, and dL/dw a constant tensor (from the mean

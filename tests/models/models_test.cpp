@@ -8,6 +8,7 @@
 #include "dsgd/error.h"
 #include "dsgd/models.h"
 #include "dsgd/parameter_gate.h"
+#include "models/paced_sleep.h"
 
 namespace dsgd::models {
 namespace {
@@ -91,6 +92,45 @@ TEST(Models, SimulatedSleepsAndHandsOutGradientsLastLayerFirst) {
   EXPECT_EQ(order, (std::vector<std::string>{"layer4:250", "layer3:250", "layer2:250", "layer1:251"}));
   for (const auto& p : m->parameters()) EXPECT_TRUE(p.grad().defined());
   EXPECT_THROW(make_model("simulated", {.sim_parameters = 3, .sim_layers = 4}), ConfigError);
+}
+
+// The simulated step keeps to its length when the OS wakes its sleeps late: lateness is taken off
+// the next sleeps, up to a cap. A fake clock oversleeps by a set amount.
+TEST(Models, PacedSleepTakesLatenessOffTheNextSleeps) {
+  std::vector<double> asked;
+  double late = 0.3;
+  PacedSleep pace([&](double ms) {
+    asked.push_back(ms);
+    return ms + late;
+  });
+  pace.sleep(1.0);  // slept 1.3
+  pace.sleep(1.0);  // asks 0.7, sleeps 1.0
+  ASSERT_EQ(asked.size(), 2U);
+  EXPECT_DOUBLE_EQ(asked[0], 1.0);
+  EXPECT_DOUBLE_EQ(asked[1], 0.7);
+  EXPECT_NEAR(pace.debt_ms(), 0.3, 1e-12);  // the total is 2.3 for 2.0 asked: one lateness, not two
+
+  late = 2.5;  // more than the next sleep: it is skipped, and the debt shrinks by it
+  pace.sleep(1.0);  // asks 0.7, sleeps 3.2: debt 0.3 + 3.2 - 1 = 2.5
+  pace.sleep(1.0);  // skipped: debt 1.5
+  EXPECT_EQ(asked.size(), 3U);
+  EXPECT_NEAR(pace.debt_ms(), 1.5, 1e-12);
+
+  late = 100;  // a stall: carried over only up to the cap
+  pace.sleep(0.5);  // skipped (debt 1.5 > 0.5): debt 1.0
+  pace.sleep(2.0);  // asks 1.0, sleeps 101
+  EXPECT_EQ(asked.size(), 4U);
+  EXPECT_DOUBLE_EQ(pace.debt_ms(), PacedSleep::kMaxDebtMs);
+
+  late = -0.1;  // early wake-ups never make a later sleep longer than asked
+  PacedSleep early([&](double ms) {
+    asked.push_back(ms);
+    return ms + late;
+  });
+  early.sleep(1.0);
+  early.sleep(1.0);
+  EXPECT_DOUBLE_EQ(asked.back(), 1.0);
+  EXPECT_DOUBLE_EQ(early.debt_ms(), 0.0);
 }
 
 // The forward overlap (dsgd/parameter_gate.h) needs a model to wait for each parameter before
