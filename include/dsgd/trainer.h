@@ -128,7 +128,10 @@ struct TrainerConfig {
 
 struct TrainOptions {
   int64_t num_steps = 0;        // > 0: at most this many global batches (within the current epoch)
-  bool profile = false;         // add forward_s, backward_s, comm_wait_s, optimizer_s, epoch_s
+  // Add the seconds per batch of each phase of the default train_batch, each its own work only:
+  // forward_s, backward_s, optimizer_s (with forward_overlap_buckets, including the steps taken
+  // as forward goes), comm_wait_s (every wait for communication, wherever it fell), and epoch_s.
+  bool profile = false;
   bool reduce_results = true;   // false: also fill per_worker
 };
 

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <utility>
 #include <torch/csrc/autograd/engine.h>
 
 #include "dsgd/error.h"
@@ -62,11 +63,9 @@ GradSync::~GradSync() {
   for (auto& [param, id] : hooks_) param.remove_hook(id);
 }
 
-double GradSync::take_wait_seconds() {
+GradSync::Times GradSync::take_times() {
   std::lock_guard<std::mutex> lock(mutex_);
-  const double s = wait_s_;
-  wait_s_ = 0;
-  return s;
+  return std::exchange(times_, Times{});
 }
 
 void GradSync::on_grad(size_t param, const torch::Tensor& grad) {
@@ -140,9 +139,12 @@ void GradSync::apply_pending(size_t bucket) {
     discard_pending();
     throw;
   }
+  const auto t1 = std::chrono::steady_clock::now();
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    wait_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const double waited = std::chrono::duration<double>(t1 - t0).count();
+    times_.wait_s += waited;
+    times_.deferred_wait_s += waited;
   }
   torch::NoGradGuard no_grad;
   const auto& b = plan_.buckets()[bucket];
@@ -157,6 +159,8 @@ void GradSync::apply_pending(size_t bucket) {
     throw;
   }
   for (size_t i : b.params) params_[i].mutable_grad() = torch::Tensor();
+  std::lock_guard<std::mutex> lock(mutex_);
+  times_.deferred_step_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count();
 }
 
 void GradSync::discard_pending() {
@@ -316,7 +320,7 @@ void GradSync::finalize() {
     }
   }
   lock.lock();
-  wait_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  times_.wait_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   // Ready for the next backward whatever happened.
   in_backward_ = false;
   next_launch_ = 0;

@@ -54,8 +54,14 @@ class GradSync {
   // Whether the last averaged gradient was finite everywhere. A non-finite gradient on any
   // replica makes the average non-finite on every replica, so all of them agree on this.
   bool last_finite() const { return last_finite_; }
-  // Seconds backward spent waiting for communication since the last call.
-  double take_wait_seconds();
+  // Where time went since the last call, for profiles. `wait_s`: every wait for communication
+  // (at backward's end, and for deferred steps); `deferred_wait_s`: the part of it spent on
+  // deferred steps (in forward's wait_for, flush); `deferred_step_s`: applying them (the
+  // optimizer's work, done outside optimizer.step() with a deferred tail).
+  struct Times {
+    double wait_s = 0, deferred_wait_s = 0, deferred_step_s = 0;
+  };
+  Times take_times();
   size_t num_buckets() const { return plan_.buckets().size(); }
   const torch::Tensor& param(size_t i) const { return params_[i]; }
   // Fails communication in flight (from any thread).
@@ -135,7 +141,7 @@ class GradSync {
   std::vector<bool> gated_;                     // per parameter: wait_for called since the last backward
   DeferredStep deferred_;
   std::vector<std::shared_ptr<comm::Work>> pending_;  // per bucket: a deferred step not yet applied
-  double wait_s_ = 0;
+  Times times_;
   bool last_finite_ = true;
   std::vector<std::pair<torch::Tensor, unsigned>> hooks_;  // (param, hook id) to remove
 

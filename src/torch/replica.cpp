@@ -161,7 +161,11 @@ void ReplicaRuntime::attach(std::shared_ptr<strategy::GradientStrategy> strategy
 
 void ReplicaRuntime::wait(const torch::Tensor& parameter) {
   const auto it = gate_index_.find(parameter.unsafeGetTensorImpl());
-  if (it != gate_index_.end()) syncs_[it->second.first]->wait_for(it->second.second);
+  if (it == gate_index_.end()) return;
+  if (!profiling_) return syncs_[it->second.first]->wait_for(it->second.second);
+  const auto t0 = Clock::now();
+  syncs_[it->second.first]->wait_for(it->second.second);
+  gate_s_ += std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
 void ReplicaRuntime::begin_deferred(size_t sync) {
@@ -338,7 +342,8 @@ Metrics ReplicaRuntime::train(int64_t max_batches, bool profile) {
   phase_s_.clear();
   taken_this_call_ = 0;
   skipped_this_call_ = 0;
-  for (auto& s : syncs_) s->take_wait_seconds();
+  for (auto& s : syncs_) s->take_times();
+  gate_s_ = 0;
   const auto t0 = Clock::now();
   Metrics m;
   {
@@ -362,12 +367,25 @@ Metrics ReplicaRuntime::train(int64_t max_batches, bool profile) {
     if (options_.scheduler_step_freq == "epoch") step_schedules();
   }
   if (profile) {
-    double wait = 0;
-    for (auto& s : syncs_) wait += s->take_wait_seconds();
-    const double n = std::max<int64_t>(1, batches);
+    GradSync::Times t;
+    for (auto& s : syncs_) {
+      const auto x = s->take_times();
+      t.wait_s += x.wait_s;
+      t.deferred_wait_s += x.deferred_wait_s;
+      t.deferred_step_s += x.deferred_step_s;
+    }
+    const double n = static_cast<double>(std::max<int64_t>(1, batches));
     for (const auto& [k, v] : phase_s_) m[k] = v / n;
-    m["comm_wait_s"] = wait / n;
-    if (m.count("backward_s")) m["backward_s"] = std::max(0.0, m["backward_s"] - m["comm_wait_s"]);
+    m["comm_wait_s"] = t.wait_s / n;
+    // Each phase its own work only: backward without its wait for communication; with a forward
+    // overlap, forward without the parameter gate's waits and steps, and the deferred steps
+    // counted as the optimizer's.
+    auto less = [&m](const char* phase, double s) {
+      if (m.count(phase)) m[phase] = std::max(0.0, m[phase] - s);
+    };
+    less("backward_s", (t.wait_s - t.deferred_wait_s) / n);
+    less("forward_s", gate_s_ / n);
+    if (m.count("optimizer_s")) m["optimizer_s"] += t.deferred_step_s / n;
     m["epoch_s"] = epoch_s;
   }
   m["batches"] = static_cast<double>(batches);

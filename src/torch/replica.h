@@ -70,7 +70,8 @@ class ReplicaRuntime : private ParameterGate {
 
   // Runs the operator's train_epoch from the current position for at most max_batches batches
   // (0 = to the end of the epoch); the epoch advances when finished. Adds profile times when
-  // asked: forward_s, backward_s, comm_wait_s, optimizer_s (means per batch), epoch_s.
+  // asked: forward_s, backward_s, comm_wait_s, optimizer_s (means per batch; as
+  // TrainOptions::profile says), epoch_s.
   Metrics train(int64_t max_batches, bool profile);
   Metrics validate();
 
@@ -132,6 +133,7 @@ class ReplicaRuntime : private ParameterGate {
   int64_t skipped_this_call_ = 0;
   bool profiling_ = false;
   std::map<std::string, double> phase_s_;
+  double gate_s_ = 0;                // profiling: seconds in wait() (the forward overlap's gate)
   Progress progress_;
 };
 
