@@ -36,7 +36,9 @@
 # default "allreduce allreduce-no-overlap hier ps1 ps2 ps4 ps8 psh-no-overlap psph simple"; "psph": as
 # many shard processes as hosts; any config with "-fwd<T>" appended also runs with
 # --forward-overlap-buckets T),
-# JSON_OUT (also write every row as JSON lines there), COMM_ALONE=1 (also measure the bound's two
+# JSON_OUT (also write every row as JSON lines there), LINK_CHECK=1 (first measure what each
+# cluster's links deliver to plain TCP: every host streams to the next, and each receiver prints
+# its rate), COMM_ALONE=1 (also measure the bound's two
 # terms on this machine: every config again with no compute, SIM_STEP_MS 0, its communication
 # as measured here; and h workers at once with no communication, the compute when h hosts'
 # workers share these 2 cores), WRITE_DOCS=1 (replace the tables in
@@ -104,6 +106,33 @@ make_cluster() {
     ip netns exec "$ns" tc qdisc add dev eth0 root tbf rate "${gbit}gbit" burst "$burst" latency 20ms
     ip netns exec "$sw" tc qdisc add dev "p$i" root tbf rate "${gbit}gbit" burst "$burst" latency 20ms
   done
+}
+
+# With LINK_CHECK=1: what the links deliver to plain TCP, before any dsgd run on them. Every host
+# sends 48 MiB to the next one (a ring, so each link carries one stream each way, as allreduce's
+# ring does) and prints the rate its receiver saw.
+link_check() {
+  local gbit=$1 n=$2 i p=()
+  for i in $(seq 1 "$n"); do
+    ip netns exec "$prefix-h$i" /usr/bin/python3 -c "
+import socket, time
+s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(('198.19.1.$((i + 1))', 29599)); s.listen(1); s.settimeout(30)
+c, _ = s.accept(); c.settimeout(30); n, t0 = 0, None
+while d := c.recv(1 << 20):
+    t0 = t0 or time.time(); n += len(d)
+print(f'link check, $gbit Gbit/s: host $i received {n * 8 / (time.time() - t0) / 1e9:.3f} Gbit/s')" &
+    p+=($!) pids+=($!)
+  done
+  sleep 0.3
+  for i in $(seq 1 "$n"); do
+    ip netns exec "$prefix-h$i" /usr/bin/python3 -c "
+import socket
+c = socket.create_connection(('198.19.1.$((i % n + 2))', 29599), timeout=30)
+for _ in range(48): c.sendall(bytes(1 << 20))" &
+    p+=($!) pids+=($!)
+  done
+  wait "${p[@]}"
 }
 
 # Sets common, the flags of every run, for a simulated step of $1 ms.
@@ -174,7 +203,7 @@ shared_compute() {
   for i in $(seq "$n"); do
     "$dsgd" train "${common[@]}" --workers 1 --batch-size "$per_worker_batch" --json-out "$tmp/shared$i.json" \
       >/dev/null &
-    p+=($!)
+    p+=($!) pids+=($!)
   done
   wait "${p[@]}"
   shared_ms=0
@@ -205,6 +234,7 @@ for gbit in "${rates[@]}"; do
     extra=0  # hosts for shard processes
     for c in "${configs[@]}"; do [[ "$c" == psp* ]] && extra=$h; done
     make_cluster "$gbit" $((h + extra))
+    [[ "${LINK_CHECK:-0}" == 1 ]] && link_check "$gbit" "$h"
     for c in "${configs[@]}"; do
       per_host=1 servers=0 flags=() base=$c fwd=()
       if [[ "$c" =~ ^(.*)-fwd([0-9]+)$ ]]; then  # any config, with the forward overlap
@@ -286,7 +316,8 @@ for gbit in sorted({r["gbit"] for r in rows}):
 PY
 cat "$report"
 if [[ "${WRITE_DOCS:-0}" == 1 ]]; then
-  command="${BUCKET_BYTES:+BUCKET_BYTES=$BUCKET_BYTES }${CONFIGS:+CONFIGS=\"$CONFIGS\" }bench/cluster.sh"  # as typed, to rerun it
+  command="${COMM_ALONE:+COMM_ALONE=$COMM_ALONE }${SIM_STEP_MS:+SIM_STEP_MS=$SIM_STEP_MS }"  # as typed, to rerun it
+  command+="${BUCKET_BYTES:+BUCKET_BYTES=$BUCKET_BYTES }${CONFIGS:+CONFIGS=\"$CONFIGS\" }bench/cluster.sh"
   for a in "$@"; do command+=" \"$a\""; done
   bench/write_docs.py "${DOC_MARKER:-cluster-tables}" "$report" "$command"
   if [[ "${PLOT:-1}" == 1 ]]; then bench/plot_cluster.sh "$rows" docs/img/cluster-scaling.png; fi

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # bench/cluster.sh, small: 2 simulated hosts on 0.5 Gbit/s links, 8 steps of allreduce (also with
 # the forward overlap), simple and ps with 2 shard processes on hosts of their own (psph), each
-# also without compute (COMM_ALONE). Checks that the shaping holds (simple
-# cannot beat its driver's link: h B / bw; psph cannot beat a worker's: B / bw), that every row
-# is there, and that the script leaves no namespace or process behind, also when stopped midway
+# also without compute (COMM_ALONE), after a check of the links with plain TCP (LINK_CHECK).
+# Checks that the shaping holds (TCP gets the shaped rate; simple cannot beat its driver's link:
+# h B / bw; psph cannot beat a worker's: B / bw), that every row is there, and that the script leaves no namespace or process behind, also when stopped midway
 # by SIGTERM. Exit 77 (skip) without the rights to make namespaces.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
@@ -24,14 +24,19 @@ leftovers() {  # namespaces and processes of the cluster.sh run with pid $1
   { ip netns list | grep "dsgdc$1-" || true; pgrep -f "bench-$1" || true; }
 }
 
-COMM_ALONE=1 JSON_OUT=$tmp/rows.jsonl CONFIGS="allreduce allreduce-fwd2 simple psph" "$root/bench/cluster.sh" 2 0.5 8 \
+LINK_CHECK=1 COMM_ALONE=1 JSON_OUT=$tmp/rows.jsonl CONFIGS="allreduce allreduce-fwd2 simple psph" \
+  "$root/bench/cluster.sh" 2 0.5 8 \
   >"$tmp/out" 2>&1 &
 run=$!
 wait "$run" || { echo "FAIL: cluster.sh failed"; cat "$tmp/out"; exit 1; }
 cat "$tmp/out"
 [ -z "$(leftovers "$run")" ] || { echo "FAIL: left behind: $(leftovers "$run")"; exit 1; }
-/usr/bin/python3 - "$tmp/rows.jsonl" <<'PY'
-import json, sys
+/usr/bin/python3 - "$tmp/rows.jsonl" "$tmp/out" <<'PY'
+import json, re, sys
+# LINK_CHECK: plain TCP gets the shaped rate from each worker host to the next, not more.
+line = r"link check, 0.5 Gbit/s: host \d+ received ([0-9.]+) Gbit/s"
+rates = [float(m) for m in re.findall(line, open(sys.argv[2]).read())]
+assert len(rates) == 2 and all(0.4 < r < 0.55 for r in rates), rates
 rows = {r["config"]: r for r in map(json.loads, open(sys.argv[1]))}
 assert set(rows) == {"allreduce", "allreduce-fwd2", "simple", "psph"}, rows
 bytes_ = 4 * rows["simple"]["parameters"]
