@@ -35,7 +35,8 @@
 # rates above this; the box moves ~8.5 Gbit/s between namespaces in all), CONFIGS (which rows:
 # default "allreduce allreduce-no-overlap hier ps1 ps2 ps4 ps8 psh-no-overlap psph simple"; "psph": as
 # many shard processes as hosts; any config with "-fwd<T>" appended also runs with
-# --forward-overlap-buckets T),
+# --forward-overlap-buckets T, "-fwdauto" with auto: its choice is printed, and its step time
+# includes the trial steps),
 # JSON_OUT (also write every row as JSON lines there), LINK_CHECK=1 (first measure what each
 # cluster's links deliver to plain TCP: every host streams to the next, and each receiver prints
 # its rate), COMM_ALONE=1 (also measure the bound's two
@@ -187,6 +188,7 @@ run() {
     exit 1
   fi
   wait "${workers_pids[@]}" 2>/dev/null || true
+  grep -ho "forward_overlap_buckets auto: .*" "$out.driver" | sed "s/^/$name on $hosts hosts: /" >&2 || true
   read_summary "$out.json"
 }
 
@@ -237,7 +239,7 @@ for gbit in "${rates[@]}"; do
     [[ "${LINK_CHECK:-0}" == 1 ]] && link_check "$gbit" "$h"
     for c in "${configs[@]}"; do
       per_host=1 servers=0 flags=() base=$c fwd=()
-      if [[ "$c" =~ ^(.*)-fwd([0-9]+)$ ]]; then  # any config, with the forward overlap
+      if [[ "$c" =~ ^(.*)-fwd([0-9]+|auto)$ ]]; then  # any config, with the forward overlap
         base=${BASH_REMATCH[1]} fwd=(--forward-overlap-buckets "${BASH_REMATCH[2]}")
       fi
       case "$base" in

@@ -48,10 +48,14 @@ class SnapshotPolicy {
   }
 
   // Whether the snapshot after a chunk of `batches` steps, ending at `at`, waits. Never with a
-  // checkpoint_dir (every snapshot goes to disk) or checkpoint_every_steps 0 (one per call).
-  bool defer(int64_t batches, double step_s, Position at) {
-    if (!config_.checkpoint_dir.empty() || config_.checkpoint_every_steps == 0) return false;
-    if (pending_ + batches >= chunk_steps(step_s)) return false;
+  // checkpoint_dir (every snapshot goes to disk) or checkpoint_every_steps 0 (one per call),
+  // unless `cut_short`: the chunk ended before its interval for another reason (the forward
+  // overlap's trials, OverlapTuner) and the call goes on; its snapshot then waits for the
+  // interval's end (the call's, with checkpoint_every_steps 0).
+  bool defer(int64_t batches, double step_s, Position at, bool cut_short = false) {
+    const int64_t interval = chunk_steps(step_s);
+    if (!cut_short && (!config_.checkpoint_dir.empty() || interval == 0)) return false;
+    if (interval > 0 && pending_ + batches >= interval) return false;
     pending_ += batches;
     replay_to_ = at;
     return true;

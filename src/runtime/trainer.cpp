@@ -20,6 +20,7 @@
 #include "runtime/control/log.h"
 #include "runtime/malloc_tuning.h"
 #include "runtime/metrics_wire.h"
+#include "runtime/overlap_tuner.h"
 #include "runtime/ps_server_process.h"
 #include "runtime/results.h"
 #include "runtime/snapshot_policy.h"
@@ -79,6 +80,7 @@ struct Trainer::Impl {
   int64_t generation = 1;              // of the communication group; +1 per re-formation
   std::string snapshot;                // replica state at the last consistent point
   std::unique_ptr<runtime::SnapshotPolicy> snapshots;  // when to take it; the steps since
+  runtime::OverlapTuner overlap_tuner;                   // forward_overlap_buckets -1: T's choice
   int failures = 0;
   std::vector<std::string> failure_log;
   std::vector<RecoveryEvent> events;   // of the current call
@@ -459,23 +461,46 @@ Results Trainer::train(const TrainOptions& options) {
   while (true) {
     int64_t chunk = d.snapshots->next_chunk(step_s);
     if (options.num_steps > 0) chunk = chunk > 0 ? std::min(chunk, options.num_steps - done) : options.num_steps - done;
+    json args = {{"max_batches", chunk}, {"profile", options.profile}};
+    const bool choose_overlap = d.config.forward_overlap_buckets < 0;
+    const int64_t planned = chunk;
+    if (choose_overlap) {
+      args["max_batches"] = chunk = d.overlap_tuner.trial_chunk(chunk);
+      args["forward_overlap_buckets"] = d.overlap_tuner.next();
+    }
     // A recovery during the chunk restarts it from the snapshot (its start): results stay whole.
     const auto chunk_t0 = Clock::now();
-    auto outs = d.call("train", {{"max_batches", chunk}, {"profile", options.profile}}, "", false, tick);
+    auto outs = d.call("train", args, "", false, tick);
     Results r = runtime::results_of_command(outs, true);
     const int64_t batches = static_cast<int64_t>(r.metrics.count("batches") ? r.metrics.at("batches") : 0);
+    if (choose_overlap && d.overlap_tuner.tuning()) {
+      double steady = 0;  // the slowest worker's: every step waits for it
+      size_t buckets = 0;
+      for (const auto& o : outs) {
+        const json j = json::parse(o.json);
+        steady = std::max(steady, j.value("steady_step_s", 0.0));
+        buckets = std::max(buckets, j.value("buckets", size_t{0}));
+      }
+      d.overlap_tuner.record(batches, steady, buckets);
+      if (!d.overlap_tuner.tuning()) {
+        control::log().info("trainer: forward_overlap_buckets auto: {}", d.overlap_tuner.summary());
+      }
+    }
     const double chunk_step_s =
         batches > 0 ? std::chrono::duration<double>(Clock::now() - chunk_t0).count() / static_cast<double>(batches)
                     : step_s;
     // A worker lost between the chunk's end and its snapshot: the recovery went back to the
     // chunk's start, so the chunk is done again.
-    if (!d.snapshots->defer(batches, chunk_step_s, {r.epoch, r.batch}) && !d.snapshot_or_recover()) continue;
+    const bool call_ends = r.batch == 0 || batches == 0 || (options.num_steps > 0 && done + batches >= options.num_steps);
+    const bool cut_short = choose_overlap && !call_ends && (planned == 0 || chunk < planned);  // trials
+    const bool deferred = d.snapshots->defer(batches, chunk_step_s, {r.epoch, r.batch}, cut_short);
+    if (!deferred && !d.snapshot_or_recover()) continue;
     chunks.push_back(r);
     done += batches;
     step_s = chunk_step_s;
     const bool epoch_over = r.batch == 0;
     const bool enough = options.num_steps > 0 && done >= options.num_steps;
-    d.persist_snapshot(r.epoch, r.batch, r.batches_per_epoch);
+    if (!deferred) d.persist_snapshot(r.epoch, r.batch, r.batches_per_epoch);  // a checkpoint_dir's
     if (epoch_over || enough || batches == 0 || chunk == 0) break;
     d.try_scale_up();
   }

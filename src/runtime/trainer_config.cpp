@@ -42,8 +42,8 @@ void validate_trainer_config(const std::string& op, const TrainerConfig& c) {
   require(c.local_hosts >= 1, "local_hosts must be >= 1, got " + std::to_string(c.local_hosts));
   require(c.allreduce_algo == "auto" || c.allreduce_algo == "ring" || c.allreduce_algo == "hd",
           "unknown allreduce_algo '" + c.allreduce_algo + "'; use auto, ring or hd");
-  require(c.forward_overlap_buckets >= 0,
-          "forward_overlap_buckets must be >= 0 (0 = off), got " + std::to_string(c.forward_overlap_buckets));
+  require(c.forward_overlap_buckets >= -1, "forward_overlap_buckets must be >= 0 (0 = off) or -1 (auto), got " +
+                                               std::to_string(c.forward_overlap_buckets));
   require(c.forward_overlap_buckets == 0 || (c.strategy != "ps_async" && !c.ps_update_on_shards),
           "forward_overlap_buckets needs averaged gradients (allreduce, ps, simple); under ps_async and "
           "ps_update_on_shards the servers take the step. Set it to 0");

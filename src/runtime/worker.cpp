@@ -292,13 +292,24 @@ class Worker {
       const bool train = cmd.kind == "train";
       std::vector<Metrics> parts(static_cast<size_t>(dpw_));
       for (auto& r : replicas_) r->progress().batches = 0;
+      // forward_overlap_buckets chosen by the driver (-1 in the job): T for this call, 0 when the
+      // call names none (a replay), the same on every worker.
+      const bool chosen_overlap = job_.value("forward_overlap_buckets", int64_t{0}) < 0;
+      const size_t overlap = chosen_overlap && train ? in.value("forward_overlap_buckets", size_t{0}) : 0;
       each_replica([&](int i) {
         auto& r = *replicas_[static_cast<size_t>(i)];
+        if (chosen_overlap && train) r.set_forward_overlap_buckets(overlap);
         parts[static_cast<size_t>(i)] =
             train ? r.train(in.value("max_batches", int64_t{0}), in.value("profile", false)) : r.validate();
       });
       json out;
       out["metrics"] = metrics_to_json(weighted_mean(parts));
+      if (chosen_overlap && train) {  // for the driver's choice (trainer.cpp, OverlapTuner)
+        double steady = 0;
+        for (auto& r : replicas_) steady = std::max(steady, r->steady_step_seconds());
+        out["steady_step_s"] = steady;
+        out["buckets"] = replicas_[0]->num_buckets();
+      }
       out["epoch"] = replicas_[0]->position().epoch;
       out["batch"] = replicas_[0]->position().batch;
       out["batches_per_epoch"] = replicas_[0]->batches_per_epoch();
@@ -333,7 +344,7 @@ class Worker {
       o.scheduler_step_freq = job_.at("scheduler_step_freq").get<std::string>();
       o.threads = threads_per_replica_;
       o.overlap = job_.value("overlap", true);
-      o.forward_overlap_buckets = job_.value("forward_overlap_buckets", size_t{0});
+      o.forward_overlap_buckets = job_.value("forward_overlap_buckets", int64_t{0});
       o.nonfinite = job_.value("nonfinite_policy", std::string("skip"));
       replicas_.push_back(
           std::make_unique<torch_glue::ReplicaRuntime>(make_operator(job_.at("operator").get<std::string>()), o));

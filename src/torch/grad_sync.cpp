@@ -33,14 +33,11 @@ GradSync::GradSync(std::vector<torch::Tensor> params, size_t grad_shard_bytes,
       strategy_(std::move(strategy)),
       flat_(torch::zeros({static_cast<int64_t>(plan_.total_elements())}, torch::kFloat32)),
       overlap_(overlap),
-      tail_(std::min(deferred_tail, plan_.buckets().size())),
       got_grad_(params_.size(), false),
       works_(plan_.buckets().size()),
       gated_(params_.size(), false),
       pending_(plan_.buckets().size()) {
-  const size_t n = plan_.buckets().size();
-  for (size_t b = 0; b < n - tail_; ++b) launch_order_.push_back(b);
-  for (size_t b = n; b > n - tail_; --b) launch_order_.push_back(b - 1);
+  set_deferred_tail(deferred_tail);
   torch::NoGradGuard no_grad;
   for (size_t i = 0; i < params_.size(); ++i) {
     const auto& s = plan_.slot(i);
@@ -122,6 +119,16 @@ void GradSync::wait_for(size_t param) {
   gated_[param] = true;
   const size_t bucket = plan_.slot(param).bucket;
   if (pending_[bucket]) apply_pending(bucket);
+}
+
+void GradSync::set_deferred_tail(size_t tail) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (in_backward_ || next_launch_ != 0) throw Error("GradSync: the deferred tail cannot change during a backward");
+  const size_t n = plan_.buckets().size();
+  tail_ = std::min(tail, n);
+  launch_order_.clear();
+  for (size_t b = 0; b < n - tail_; ++b) launch_order_.push_back(b);
+  for (size_t b = n; b > n - tail_; --b) launch_order_.push_back(b - 1);
 }
 
 void GradSync::flush() {

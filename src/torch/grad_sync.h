@@ -86,6 +86,10 @@ class GradSync {
   void wait_for(size_t param);
   // Applies every pending step (in launch order).
   void flush();
+  // Changes T between backwards (the forward overlap's automatic choice tries several); every
+  // replica must change it before the same backward. Throws dsgd::Error during a backward.
+  void set_deferred_tail(size_t tail);
+  size_t deferred_tail() const { return tail_; }
   // Forgets pending steps after waiting for their communication (errors ignored): the
   // parameters are about to be replaced (snapshot, checkpoint).
   void discard_pending();
@@ -128,7 +132,7 @@ class GradSync {
   std::vector<torch::Tensor> slots_;            // flat_'s storage, one per parameter, shaped like it
   double weight_ = 1.0;
   const bool overlap_;
-  const size_t tail_;                           // deferred tail (buckets)
+  size_t tail_ = 0;                             // deferred tail (buckets)
   std::vector<size_t> launch_order_;            // bucket indices: the head in order, then the tail reversed
 
   std::mutex mutex_;

@@ -136,8 +136,10 @@ void ReplicaRuntime::attach(std::shared_ptr<strategy::GradientStrategy> strategy
   deferred_.clear();
   gate_index_.clear();
   if (!strategy) return;
-  // The servers take the step themselves under these: nothing to defer.
-  const size_t tail = strategy->updates_on_servers() ? 0 : options_.forward_overlap_buckets;
+  // The servers take the step themselves under these: nothing to defer. Chosen per call (-1):
+  // gated from the start, T 0 until set_forward_overlap_buckets.
+  const bool gated = !strategy->updates_on_servers() && options_.forward_overlap_buckets != 0;
+  const size_t tail = gated ? static_cast<size_t>(std::max<int64_t>(0, options_.forward_overlap_buckets)) : 0;
   for (size_t m = 0; m < op_->models_.size(); ++m) {
     std::vector<torch::Tensor> params;
     for (auto& p : op_->models_[m]->parameters()) {
@@ -149,7 +151,7 @@ void ReplicaRuntime::attach(std::shared_ptr<strategy::GradientStrategy> strategy
     if (strategy->updates_on_servers()) {
       syncs_.back()->set_server_optimizer(static_cast<uint32_t>(m), server_optimizer(op_->optimizers_, m, params));
     }
-    if (tail > 0) {
+    if (gated) {
       for (size_t i = 0; i < params.size(); ++i) gate_index_[params[i].unsafeGetTensorImpl()] = {s, i};
       syncs_.back()->set_deferred_step(
           {[this, s] { begin_deferred(s); },
@@ -157,6 +159,11 @@ void ReplicaRuntime::attach(std::shared_ptr<strategy::GradientStrategy> strategy
     }
     deferred_.emplace_back();
   }
+}
+
+void ReplicaRuntime::set_forward_overlap_buckets(size_t buckets) {
+  if (gate_index_.empty()) return;  // not gated: the strategy steps on its servers, or T is fixed at 0
+  for (auto& s : syncs_) s->set_deferred_tail(buckets);
 }
 
 void ReplicaRuntime::wait(const torch::Tensor& parameter) {
@@ -287,6 +294,7 @@ bool ReplicaRuntime::next_batch(Batch& batch, int64_t max_batches) {
 }
 
 void ReplicaRuntime::after_batch() {
+  batch_ends_.push_back(Clock::now());
   ++position_.batch;
   ++progress_.batches;
   if (options_.scheduler_step_freq == "batch") step_schedules();
@@ -344,6 +352,7 @@ Metrics ReplicaRuntime::train(int64_t max_batches, bool profile) {
   skipped_this_call_ = 0;
   for (auto& s : syncs_) s->take_times();
   gate_s_ = 0;
+  batch_ends_.clear();
   const auto t0 = Clock::now();
   Metrics m;
   {
@@ -361,6 +370,12 @@ Metrics ReplicaRuntime::train(int64_t max_batches, bool profile) {
   }
   const double epoch_s = std::chrono::duration<double>(Clock::now() - t0).count();
   const int64_t batches = taken_this_call_;
+  std::vector<double> gaps;
+  for (size_t i = 1; i < batch_ends_.size(); ++i) {
+    gaps.push_back(std::chrono::duration<double>(batch_ends_[i] - batch_ends_[i - 1]).count());
+  }
+  std::sort(gaps.begin(), gaps.end());
+  steady_step_s_ = gaps.empty() ? 0.0 : gaps[gaps.size() / 2];
   if (position_.batch >= batches_per_epoch()) {
     ++position_.epoch;
     position_.batch = 0;

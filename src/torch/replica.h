@@ -37,7 +37,8 @@ struct ReplicaOptions {
   bool overlap = true;                         // launch buckets during backward
   // > 0: this many buckets (the first layers') travel after backward and each bucket's step
   // is taken as the next forward reaches it (dsgd/parameter_gate.h; GradSync's deferred tail).
-  size_t forward_overlap_buckets = 0;
+  // -1: chosen per train() call (set_forward_overlap_buckets; 0 until then).
+  int64_t forward_overlap_buckets = 0;
   std::string nonfinite = "skip";              // non-finite gradients: skip (the step) | error
 };
 
@@ -73,6 +74,14 @@ class ReplicaRuntime : private ParameterGate {
   // asked: forward_s, backward_s, comm_wait_s, optimizer_s (means per batch; as
   // TrainOptions::profile says), epoch_s.
   Metrics train(int64_t max_batches, bool profile);
+  // Seconds per step of the last train() call in its steady state: the median time between the
+  // ends of consecutive batches, so neither the call's start and end nor one slow step count
+  // (0 with fewer than 2 batches).
+  double steady_step_seconds() const { return steady_step_s_; }
+  // With forward_overlap_buckets -1: T for the next train() calls (0 = off). Every replica must
+  // set the same T before the same step.
+  void set_forward_overlap_buckets(size_t buckets);
+  size_t num_buckets() const { return syncs_.empty() ? 0 : syncs_[0]->num_buckets(); }
   Metrics validate();
 
   // Models, optimizers, schedules, position and the operator's extra state, as bytes.
@@ -134,6 +143,8 @@ class ReplicaRuntime : private ParameterGate {
   bool profiling_ = false;
   std::map<std::string, double> phase_s_;
   double gate_s_ = 0;                // profiling: seconds in wait() (the forward overlap's gate)
+  std::vector<std::chrono::steady_clock::time_point> batch_ends_;  // this call's
+  double steady_step_s_ = 0;
   Progress progress_;
 };
 

@@ -312,6 +312,16 @@ TEST(TrainerEquivalence, ForwardOverlapTwoReplicasInOneWorker) {
   c.forward_overlap_buckets = 3;
   expect_equivalent(c);
 }
+// auto: the first 18 steps try T = 0, 1, 2 (of the CNN's 3 buckets at this bucket size), 6 steps
+// each, then the choice trains on; the driver names T in every command, so the replicas agree at
+// every step (checked to fail with T off by one on odd ranks).
+TEST(TrainerEquivalence, ForwardOverlapAutoTriesEachTAndStaysEquivalent) {
+  auto c = base_config(2, "allreduce", 64);
+  c.forward_overlap_buckets = -1;
+  c.config["lr_decay"] = 0.9;
+  c.scheduler_step_freq = "batch";
+  expect_equivalent(c, 36);
+}
 TEST(TrainerEquivalence, ForwardOverlapPs) {
   auto c = ps_config(2, 2, 2);
   c.forward_overlap_buckets = 2;
@@ -548,6 +558,30 @@ TEST(TrainerCheckpoint, CostlySnapshotsAreSpacedOutToTheOverheadBudget) {
   }
 }
 
+// forward_overlap_buckets auto trains its first steps in trial chunks of at most 6 steps (3 trials
+// here): their snapshots wait for the interval, so a checkpoint_dir gets no checkpoint per trial.
+TEST(TrainerCheckpoint, TheForwardOverlapsTrialChunksKeepTheCheckpointInterval) {
+  testing::TempDir dir;
+  auto c = base_config(2, "allreduce", 64);
+  c.forward_overlap_buckets = -1;
+  c.checkpoint_dir = dir.file("ckpts");
+  c.checkpoint_every_steps = 10;
+  c.checkpoint_max_overhead = 0;
+  c.checkpoint_keep = 100;
+  Trainer t(runtime::kImageClassifier, c);
+  EXPECT_EQ(t.train({.num_steps = 20}).batch, 20);
+  std::vector<std::string> names;
+  for (const auto& k : runtime::list_checkpoints(c.checkpoint_dir)) names.push_back(std::filesystem::path(k).filename());
+  // Trials of 6 steps and then the 4 left of the interval (10 steps), then 6; checkpoints at the
+  // interval and at the call's end only.
+  EXPECT_EQ(names, (std::vector<std::string>{"step-000000000010", "step-000000000020"}));
+  // Each checkpoint holds the state at its step: a job loading the first trains on as this one did.
+  Trainer b(runtime::kImageClassifier, base_config(1, "allreduce", 64));
+  b.load(runtime::list_checkpoints(c.checkpoint_dir)[0]);
+  EXPECT_EQ(b.train({.num_steps = 10}).batch, 20);
+  EXPECT_LT(max_difference(params_of(*t.get_model()), params_of(*b.get_model())), 1e-5);
+}
+
 TEST(TrainerCheckpoint, CheckpointDirKeepsTheLastKAndLoadFallsBackPastADamagedOne) {
   testing::TempDir dir;
   auto c = base_config(2, "allreduce", 64);
@@ -653,10 +687,13 @@ TEST(TrainerBadInput, ClearErrorsBeforeAnyProcessIsSpawned) {
   bad.listen = "127.0.0.1:0";
   expect_config_error(runtime::kImageClassifier, bad, "ps_placement processes in remote mode needs num_ps_shards > 0");
   bad = c;
-  bad.forward_overlap_buckets = -1;
-  expect_config_error(runtime::kImageClassifier, bad, "forward_overlap_buckets must be >= 0 (0 = off), got -1");
+  bad.forward_overlap_buckets = -2;
+  expect_config_error(runtime::kImageClassifier, bad,
+                      "forward_overlap_buckets must be >= 0 (0 = off) or -1 (auto), got -2");
   bad.forward_overlap_buckets = 2;
   bad.strategy = "ps_async";
+  expect_config_error(runtime::kImageClassifier, bad, "forward_overlap_buckets needs averaged gradients");
+  bad.forward_overlap_buckets = -1;  // auto as well
   expect_config_error(runtime::kImageClassifier, bad, "forward_overlap_buckets needs averaged gradients");
 }
 

@@ -214,6 +214,46 @@ TEST(GradSyncDeferred, TheHeadGoesInOrderThenTheTailFirstLayerFirst) {
   sync.flush();
 }
 
+// The automatic choice changes T between backwards: the launch order follows.
+TEST(GradSyncDeferred, ChangingTheTailBetweenBackwardsChangesTheOrder) {
+  torch::manual_seed(10);
+  DeferredFixture f;
+  const strategy::BucketPlan plan(counts_of(f.params()), sizeof(float), DeferredFixture::kShardBytes);
+  GradSync sync(f.params(), DeferredFixture::kShardBytes, f.strategy, true, 0);
+  f.attach(sync);
+  auto order_of_last_backward = [&] {
+    const size_t n = plan.buckets().size();
+    const float* base = nullptr;  // bucket 0's data: the lowest address launched
+    for (size_t k = f.strategy->launched.size() - n; k < f.strategy->launched.size(); ++k) {
+      if (!base || f.strategy->launched[k] < base) base = f.strategy->launched[k];
+    }
+    std::vector<size_t> order;
+    for (size_t k = f.strategy->launched.size() - n; k < f.strategy->launched.size(); ++k) {
+      for (size_t b = 0; b < n; ++b) {
+        if (f.strategy->launched[k] == base + plan.buckets()[b].offset) order.push_back(b);
+      }
+    }
+    return order;
+  };
+  f.wait_all(sync);
+  f.loss(torch::randn({5, 4})).backward();
+  EXPECT_EQ(order_of_last_backward(), (std::vector<size_t>{0, 1, 2}));
+  EXPECT_TRUE(f.applied.empty());  // T = 0: nothing deferred, though forward waited
+  sync.set_deferred_tail(2);
+  EXPECT_EQ(sync.deferred_tail(), 2u);
+  f.wait_all(sync);
+  f.loss(torch::randn({5, 4})).backward();
+  EXPECT_EQ(order_of_last_backward(), (std::vector<size_t>{0, 2, 1}));
+  EXPECT_EQ(f.begins, 1);  // deferred
+  sync.set_deferred_tail(99);  // capped at the number of buckets; pending steps stay pending
+  EXPECT_EQ(sync.deferred_tail(), 3u);
+  f.wait_all(sync);  // takes the pending steps
+  EXPECT_EQ(f.applied.size(), 3u);
+  f.loss(torch::randn({5, 4})).backward();
+  EXPECT_EQ(order_of_last_backward(), (std::vector<size_t>{2, 1, 0}));
+  sync.flush();
+}
+
 TEST(GradSyncDeferred, AGatedForwardDefersEachBucketsStepToItsWait) {
   torch::manual_seed(6);
   DeferredFixture f;

@@ -26,7 +26,7 @@ struct TrainFlags {
   std::string allreduce_algo = "auto";
   int64_t grad_shard_bytes = 10 << 20;
   bool overlap = true;
-  int forward_overlap_buckets = 0;
+  std::string forward_overlap_buckets = "0";  // a count, or "auto" (-1)
   std::string save;
   std::string load;
   std::string checkpoint_dir;
@@ -158,7 +158,7 @@ runtime::LocalJobResult run_with_trainer(const TrainFlags& f, ProgressPrinter* p
   c.allreduce_algo = f.allreduce_algo;
   c.grad_shard_bytes = f.grad_shard_bytes;
   c.overlap = f.overlap;
-  c.forward_overlap_buckets = f.forward_overlap_buckets;
+  c.forward_overlap_buckets = f.forward_overlap_buckets == "auto" ? -1 : std::stoi(f.forward_overlap_buckets);
   c.batch_size = j.batch_size;
   c.seed = j.seed;
   c.threads_per_worker = j.threads;
@@ -328,7 +328,9 @@ void add_train_command(CLI::App& app, int* exit_code) {
   cmd->add_flag("!--no-overlap", flags->overlap, "Communicate gradients after backward instead of during it");
   cmd->add_option("--forward-overlap-buckets", flags->forward_overlap_buckets,
                   "Also overlap the next forward: this many buckets (the first layers') go after backward, "
-                  "first layer first, and each is applied as forward reaches it (0 = off)")
+                  "first layer first, and each is applied as forward reaches it (0 = off; auto: tried on the "
+                  "first steps)")
+      ->check(CLI::TypeValidator<unsigned>() | CLI::IsMember({"auto"}))
       ->capture_default_str();
   cmd->add_option("--save", flags->save, "Write a checkpoint directory at the end");
   cmd->add_option("--load", flags->load,
