@@ -16,6 +16,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -55,9 +56,21 @@ class OverlapTuner {
     chosen_ = times_[best] < (1 - kMargin) * times_[0] ? candidates_[best] : 0;
     decided_ = true;
   }
-  // "T=0: 61.2 ms, T=2: 60.1 ms, ...; chose 0": what was tried, for the log.
+  // The same from the workers' answers to the train command: each names its replicas' slowest
+  // steady_step_s and its buckets (worker.cpp); every step waits for the slowest worker.
+  void record(int64_t batches, const std::vector<std::string>& worker_answers) {
+    double steady = 0;
+    size_t buckets = 0;
+    for (const auto& a : worker_answers) {
+      const auto j = nlohmann::json::parse(a);
+      steady = std::max(steady, j.value("steady_step_s", 0.0));
+      buckets = std::max(buckets, j.value("buckets", size_t{0}));
+    }
+    record(batches, steady, buckets);
+  }
+  // "forward_overlap_buckets auto: T=0: 61.2 ms, T=2: 60.1 ms, ...; chose 0", for the log.
   std::string summary() const {
-    std::string s;
+    std::string s = "forward_overlap_buckets auto: ";
     char buf[64];
     for (size_t i = 0; i < times_.size(); ++i) {
       std::snprintf(buf, sizeof buf, "%sT=%zu: %.1f ms", i ? ", " : "", candidates_[i], 1000 * times_[i]);

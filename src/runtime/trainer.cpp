@@ -474,17 +474,10 @@ Results Trainer::train(const TrainOptions& options) {
     Results r = runtime::results_of_command(outs, true);
     const int64_t batches = static_cast<int64_t>(r.metrics.count("batches") ? r.metrics.at("batches") : 0);
     if (choose_overlap && d.overlap_tuner.tuning()) {
-      double steady = 0;  // the slowest worker's: every step waits for it
-      size_t buckets = 0;
-      for (const auto& o : outs) {
-        const json j = json::parse(o.json);
-        steady = std::max(steady, j.value("steady_step_s", 0.0));
-        buckets = std::max(buckets, j.value("buckets", size_t{0}));
-      }
-      d.overlap_tuner.record(batches, steady, buckets);
-      if (!d.overlap_tuner.tuning()) {
-        control::log().info("trainer: forward_overlap_buckets auto: {}", d.overlap_tuner.summary());
-      }
+      std::vector<std::string> answers;
+      for (const auto& o : outs) answers.push_back(o.json);
+      d.overlap_tuner.record(batches, answers);
+      if (!d.overlap_tuner.tuning()) control::log().info("trainer: {}", d.overlap_tuner.summary());
     }
     const double chunk_step_s =
         batches > 0 ? std::chrono::duration<double>(Clock::now() - chunk_t0).count() / static_cast<double>(batches)
@@ -498,10 +491,8 @@ Results Trainer::train(const TrainOptions& options) {
     chunks.push_back(r);
     done += batches;
     step_s = chunk_step_s;
-    const bool epoch_over = r.batch == 0;
-    const bool enough = options.num_steps > 0 && done >= options.num_steps;
     if (!deferred) d.persist_snapshot(r.epoch, r.batch, r.batches_per_epoch);  // a checkpoint_dir's
-    if (epoch_over || enough || batches == 0 || chunk == 0) break;
+    if (call_ends || chunk == 0) break;
     d.try_scale_up();
   }
   Results total = runtime::merge_chunks(chunks, options.profile, options.reduce_results);
