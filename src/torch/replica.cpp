@@ -161,6 +161,16 @@ void ReplicaRuntime::attach(std::shared_ptr<strategy::GradientStrategy> strategy
   }
 }
 
+double ReplicaRuntime::steady_step_seconds() const {
+  std::vector<double> gaps;
+  for (size_t i = 1; i < batch_ends_.size(); ++i) {
+    gaps.push_back(std::chrono::duration<double>(batch_ends_[i] - batch_ends_[i - 1]).count());
+  }
+  if (gaps.empty()) return 0;
+  std::nth_element(gaps.begin(), gaps.begin() + static_cast<std::ptrdiff_t>(gaps.size() / 2), gaps.end());
+  return gaps[gaps.size() / 2];
+}
+
 void ReplicaRuntime::set_forward_overlap_buckets(size_t buckets) {
   if (gate_index_.empty()) return;  // not gated: the strategy steps on its servers, or T is fixed at 0
   for (auto& s : syncs_) s->set_deferred_tail(buckets);
@@ -169,10 +179,9 @@ void ReplicaRuntime::set_forward_overlap_buckets(size_t buckets) {
 void ReplicaRuntime::wait(const torch::Tensor& parameter) {
   const auto it = gate_index_.find(parameter.unsafeGetTensorImpl());
   if (it == gate_index_.end()) return;
-  if (!profiling_) return syncs_[it->second.first]->wait_for(it->second.second);
-  const auto t0 = Clock::now();
+  const auto t0 = profiling_ ? Clock::now() : Clock::time_point{};
   syncs_[it->second.first]->wait_for(it->second.second);
-  gate_s_ += std::chrono::duration<double>(Clock::now() - t0).count();
+  if (profiling_) gate_s_ += std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
 void ReplicaRuntime::begin_deferred(size_t sync) {
@@ -370,12 +379,6 @@ Metrics ReplicaRuntime::train(int64_t max_batches, bool profile) {
   }
   const double epoch_s = std::chrono::duration<double>(Clock::now() - t0).count();
   const int64_t batches = taken_this_call_;
-  std::vector<double> gaps;
-  for (size_t i = 1; i < batch_ends_.size(); ++i) {
-    gaps.push_back(std::chrono::duration<double>(batch_ends_[i] - batch_ends_[i - 1]).count());
-  }
-  std::sort(gaps.begin(), gaps.end());
-  steady_step_s_ = gaps.empty() ? 0.0 : gaps[gaps.size() / 2];
   if (position_.batch >= batches_per_epoch()) {
     ++position_.epoch;
     position_.batch = 0;

@@ -77,7 +77,7 @@ class ReplicaRuntime : private ParameterGate {
   // Seconds per step of the last train() call in its steady state: the median time between the
   // ends of consecutive batches, so neither the call's start and end nor one slow step count
   // (0 with fewer than 2 batches).
-  double steady_step_seconds() const { return steady_step_s_; }
+  double steady_step_seconds() const;
   // With forward_overlap_buckets -1: T for the next train() calls (0 = off). Every replica must
   // set the same T before the same step.
   void set_forward_overlap_buckets(size_t buckets);
@@ -144,7 +144,6 @@ class ReplicaRuntime : private ParameterGate {
   std::map<std::string, double> phase_s_;
   double gate_s_ = 0;                // profiling: seconds in wait() (the forward overlap's gate)
   std::vector<std::chrono::steady_clock::time_point> batch_ends_;  // this call's
-  double steady_step_s_ = 0;
   Progress progress_;
 };
 
