@@ -77,9 +77,10 @@ struct TrainerConfig {
   // built-in models do; one that does not is trained without it). The runtime steps the
   // registered optimizers per bucket itself, so custom train_batch code sees no .grad after
   // backward, and a non-finite bucket skips its own step only. allreduce, ps and simple.
-  // -1 (auto): train() tries T = 0, N/8, ... 3N/4 of the N buckets for 6 steps each, then keeps
-  // the fastest (0 unless another is 3% faster; logged at info level). Those steps train as usual;
-  // calls of fewer than 3 steps (step()) are not timed, and T stays 0 until the trials are done.
+  // -1 (auto): train() tries T = 0, N/8, ... 3N/4 of the N buckets for 6 steps each, then 0 and
+  // the two fastest again, and keeps the best mean (0 unless another is 3% faster; logged at info
+  // level). Those steps train as usual; calls of fewer than 3 steps (step()) are not timed, and T
+  // stays 0 until the trials are done.
   int forward_overlap_buckets = 0;
   std::string nonfinite_policy = "skip";     // a NaN/inf gradient: skip the step (and warn) | error
   int64_t batch_size = 64;                   // global: split across all replicas

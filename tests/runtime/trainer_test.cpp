@@ -312,15 +312,15 @@ TEST(TrainerEquivalence, ForwardOverlapTwoReplicasInOneWorker) {
   c.forward_overlap_buckets = 3;
   expect_equivalent(c);
 }
-// auto: the first 18 steps try T = 0, 1, 2 (of the CNN's 3 buckets at this bucket size), 6 steps
-// each, then the choice trains on; the driver names T in every command, so the replicas agree at
-// every step (checked to fail with T off by one on odd ranks).
+// auto: the first 36 steps try T = 0, 1, 2 (of the CNN's 3 buckets at this bucket size), 6 steps
+// each, in two rounds, then the choice trains on; the driver names T in every command, so the
+// replicas agree at every step (checked to fail with T off by one on odd ranks).
 TEST(TrainerEquivalence, ForwardOverlapAutoTriesEachTAndStaysEquivalent) {
   auto c = base_config(2, "allreduce", 64);
   c.forward_overlap_buckets = -1;
   c.config["lr_decay"] = 0.9;
   c.scheduler_step_freq = "batch";
-  expect_equivalent(c, 36);
+  expect_equivalent(c, 44);
 }
 TEST(TrainerEquivalence, ForwardOverlapPs) {
   auto c = ps_config(2, 2, 2);
@@ -558,7 +558,7 @@ TEST(TrainerCheckpoint, CostlySnapshotsAreSpacedOutToTheOverheadBudget) {
   }
 }
 
-// forward_overlap_buckets auto trains its first steps in trial chunks of at most 6 steps (3 trials
+// forward_overlap_buckets auto trains its first steps in trial chunks of at most 6 steps (6 trials
 // here): their snapshots wait for the interval, so a checkpoint_dir gets no checkpoint per trial.
 TEST(TrainerCheckpoint, TheForwardOverlapsTrialChunksKeepTheCheckpointInterval) {
   testing::TempDir dir;
