@@ -71,16 +71,16 @@ struct TrainerConfig {
   std::string allreduce_algo = "auto";       // auto (shared memory within a host, Gloo across) | ring | hd
   int64_t grad_shard_bytes = 10 << 20;       // gradient bucket size
   bool overlap = true;                       // false: communicate after backward, not during
-  // > 0: communication also overlaps the next forward. This many buckets (the first layers')
-  // travel after backward, first layer first, and each bucket's optimizer step is taken when
-  // the next forward reaches its layer (the model calls dsgd::wait_for_parameters, as the
-  // built-in models do; one that does not is trained without it). The runtime steps the
+  // > 0: communication also overlaps the next forward. This many buckets, spread evenly over
+  // the layers, travel after backward, first layer first, and each bucket's optimizer step is
+  // taken when the next forward reaches its layer (the model calls dsgd::wait_for_parameters, as
+  // the built-in models do; one that does not is trained without it). The runtime steps the
   // registered optimizers per bucket itself, so custom train_batch code sees no .grad after
   // backward, and a non-finite bucket skips its own step only. allreduce, ps and simple.
-  // -1 (auto): train() tries T = 0, N/8, ... 3N/4 of the N buckets for 6 steps each, then 0 and
-  // the two fastest again, and keeps the best mean (0 unless another is 3% faster; logged at info
-  // level). Those steps train as usual; calls of fewer than 3 steps (step()) are not timed, and T
-  // stays 0 until the trials are done.
+  // -1 (auto): train() tries T = 0, 3N/16, N/4, 5N/16, 3N/8 and N/2 of the N buckets for 6 steps
+  // each, then 0 and the two fastest again, and keeps the best mean (0 unless another is 3%
+  // faster; logged at info level). Those steps train as usual; calls of fewer than 3 steps
+  // (step()) are not timed, and T stays 0 until the trials are done.
   int forward_overlap_buckets = 0;
   std::string nonfinite_policy = "skip";     // a NaN/inf gradient: skip the step (and warn) | error
   int64_t batch_size = 64;                   // global: split across all replicas

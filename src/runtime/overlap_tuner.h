@@ -1,14 +1,16 @@
 // forward_overlap_buckets = -1 (auto): the driver chooses T, how many buckets travel after
 // backward while the next forward goes on. The best T depends on how communication compares with
-// compute (about half the buckets where the links are the limit, 0 where compute is), which only
-// a run can tell. So train() runs its first steps in short trial chunks, kTrialSteps each, the
-// workers timing their steady steps: a first round tries every candidate (0, N/8, N/4, ... 3N/4
-// of the N buckets), a second tries T = 0 and the first round's kFinalists fastest again, and the
-// finalist with the lowest mean of its two trials stays if it beats T = 0's mean by more than
-// kMargin, else 0. One six-step trial is a noisy reading on a shared machine (trials of close
-// candidates spread by several percent with no trend); the second round gives the candidates that
-// matter two readings each, taken close in time. The driver decides and names T in every train
-// command, so every worker uses the same T at every step, also across recoveries. Torch-free.
+// compute (about a third of the buckets where the links are the limit, 0 where compute is), which
+// only a run can tell. So train() runs its first steps in short trial chunks, kTrialSteps each,
+// the workers timing their steady steps. A first round tries every candidate: 0, 3N/16, N/4,
+// 5N/16, 3N/8 and N/2 of the N buckets (where the links are the limit the best is near N/4 to
+// N/3 in bench/overlap_model.py, and up to N/2 costs little where compute is). A second round
+// tries T = 0 and the first round's kFinalists fastest again, and the finalist with the lowest
+// mean of its two trials stays if it beats T = 0's mean by more than kMargin, else 0. One
+// six-step trial is a noisy reading on a shared machine (trials of close candidates spread by
+// several percent with no trend); the second round gives the candidates that matter two readings
+// each, taken close in time. The driver decides and names T in every train command, so every
+// worker uses the same T at every step, also across recoveries. Torch-free.
 //
 //   OverlapTuner tuner;
 //   int64_t chunk = tuner.trial_chunk(planned);        // shorter while trying
@@ -30,6 +32,7 @@ class OverlapTuner {
   static constexpr int64_t kTrialSteps = 6;  // per trial; the first step is not timed
   static constexpr double kMargin = 0.03;    // a T > 0 must beat T = 0 by this fraction
   static constexpr size_t kFinalists = 2;    // T > 0 tried again in the second round
+  static constexpr size_t kSixteenths[] = {0, 3, 4, 5, 6, 8};  // the first round's T, in N/16
 
   bool tuning() const { return !decided_; }
   // T for the next train command: the candidate on trial, or the choice.
@@ -45,8 +48,8 @@ class OverlapTuner {
   void record(int64_t batches, double steady_step_s, size_t buckets) {
     if (decided_) return;
     if (plan_.empty()) {
-      for (size_t k = 0; k <= 6; ++k) {
-        const size_t t = std::min(buckets, (k * buckets + 4) / 8);
+      for (size_t k : kSixteenths) {
+        const size_t t = std::min(buckets, (k * buckets + 8) / 16);
         if (plan_.empty() || t != plan_.back()) plan_.push_back(t);
       }
       first_round_ = plan_.size();

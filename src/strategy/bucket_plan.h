@@ -50,6 +50,20 @@ class BucketPlan {
   size_t total_ = 0;
 };
 
+// The forward overlap's schedule (Trainer's forward_overlap_buckets): which `deferred` of the
+// `buckets` buckets travel after backward, while the next forward runs, and the order every
+// replica launches them in. The deferred ones are spread evenly over buckets 1..n-1 (all n when
+// deferred >= n), not the last ones: the next forward then waits for one now and then, at a layer
+// whose bucket has just arrived, while the link carries the next deferred bucket, and the link
+// stays busy until close to forward's end. Deferring the last buckets (the first layers') would
+// leave it idle while forward runs through the layers sent during backward; on 2 to 8 hosts
+// whose links are the limit that idle time is 8-25% of a step (bench/overlap_model.py).
+struct OverlapSchedule {
+  std::vector<bool> deferred;      // per bucket
+  std::vector<size_t> launch_order;  // the others in index order, then the deferred by index descending
+};
+OverlapSchedule overlap_schedule(size_t buckets, size_t deferred);
+
 class ReadyTracker {
  public:
   explicit ReadyTracker(const BucketPlan& plan);

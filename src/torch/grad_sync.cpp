@@ -27,7 +27,7 @@ std::vector<size_t> element_counts(const std::vector<torch::Tensor>& params) {
 }  // namespace
 
 GradSync::GradSync(std::vector<torch::Tensor> params, size_t grad_shard_bytes,
-                   std::shared_ptr<strategy::GradientStrategy> strategy, bool overlap, size_t deferred_tail)
+                   std::shared_ptr<strategy::GradientStrategy> strategy, bool overlap, size_t deferred)
     : params_(std::move(params)),
       plan_(element_counts(params_), sizeof(float), grad_shard_bytes),
       strategy_(std::move(strategy)),
@@ -37,7 +37,7 @@ GradSync::GradSync(std::vector<torch::Tensor> params, size_t grad_shard_bytes,
       works_(plan_.buckets().size()),
       gated_(params_.size(), false),
       pending_(plan_.buckets().size()) {
-  set_deferred_tail(deferred_tail);
+  set_deferred_buckets(deferred);
   torch::NoGradGuard no_grad;
   for (size_t i = 0; i < params_.size(); ++i) {
     const auto& s = plan_.slot(i);
@@ -104,8 +104,8 @@ void GradSync::on_grad(size_t param, const torch::Tensor& grad) {
 void GradSync::launch_ready_locked(bool after_backward) {
   const auto& buckets = plan_.buckets();
   while (next_launch_ < buckets.size()) {
-    const size_t i = launch_order_[next_launch_];
-    if (missing_[i] != 0 || (!after_backward && i >= buckets.size() - tail_)) break;  // the tail waits for the end
+    const size_t i = schedule_.launch_order[next_launch_];
+    if (missing_[i] != 0 || (!after_backward && schedule_.deferred[i])) break;  // the deferred wait for the end
     if (strategy_->updates_on_servers()) {
       launch_update_locked(i);
     } else {
@@ -121,18 +121,15 @@ void GradSync::wait_for(size_t param) {
   if (pending_[bucket]) apply_pending(bucket);
 }
 
-void GradSync::set_deferred_tail(size_t tail) {
+void GradSync::set_deferred_buckets(size_t count) {
   std::lock_guard<std::mutex> lock(mutex_);
-  if (in_backward_ || next_launch_ != 0) throw Error("GradSync: the deferred tail cannot change during a backward");
-  const size_t n = plan_.buckets().size();
-  tail_ = std::min(tail, n);
-  launch_order_.clear();
-  for (size_t b = 0; b < n - tail_; ++b) launch_order_.push_back(b);
-  for (size_t b = n; b > n - tail_; --b) launch_order_.push_back(b - 1);
+  if (in_backward_ || next_launch_ != 0) throw Error("GradSync: the deferred buckets cannot change during a backward");
+  deferred_count_ = std::min(count, plan_.buckets().size());
+  schedule_ = strategy::overlap_schedule(plan_.buckets().size(), deferred_count_);
 }
 
 void GradSync::flush() {
-  for (size_t i : launch_order_) {
+  for (size_t i : schedule_.launch_order) {
     if (pending_[i]) apply_pending(i);
   }
 }
@@ -299,7 +296,7 @@ void GradSync::finalize() {
     }
   }
   launch_ready_locked(true);
-  bool defer = tail_ > 0 && deferred_.apply && !strategy_->updates_on_servers();
+  bool defer = deferred_count_ > 0 && deferred_.apply && !strategy_->updates_on_servers();
   for (size_t i = 0; i < params_.size(); ++i) defer = defer && (!got_grad_[i] || gated_[i]);
   std::fill(gated_.begin(), gated_.end(), false);
   if (defer) {
@@ -315,7 +312,7 @@ void GradSync::finalize() {
     return;
   }
   std::vector<std::shared_ptr<comm::Work>> works;
-  for (size_t i : launch_order_) works.push_back(std::move(works_[i]));
+  for (size_t i : schedule_.launch_order) works.push_back(std::move(works_[i]));
   lock.unlock();
   const auto t0 = std::chrono::steady_clock::now();
   std::exception_ptr error;

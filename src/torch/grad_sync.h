@@ -8,7 +8,8 @@
 // order), and clears .grad so AccumulateGrad takes the new gradient as it is. When a bucket's
 // last gradient arrives, the bucket goes to the strategy at once, so communication of later
 // layers overlaps backward of earlier ones. Buckets are launched in one order, the same on every
-// replica (the strategy's ordering contract): index order, then a deferred tail reversed. A final autograd callback launches what is left
+// replica (the strategy's ordering contract): strategy::overlap_schedule's (index order, the
+// deferred ones last). A final autograd callback launches what is left
 // (parameters that got no gradient in this backward contribute zeros), waits for every bucket,
 // and makes each slot, now holding the average, its parameter's .grad: a tensor sharing the flat
 // buffer (c10d's gradient_as_bucket_view), so nothing is copied back. That .grad is overwritten
@@ -22,7 +23,7 @@
 // the parameters hold the servers' new values and .grad is left undefined, so the operator's
 // optimizer.step() skips them (the step was taken on the servers).
 //
-// With a deferred tail (Trainer's forward_overlap_buckets), communication also overlaps the
+// With deferred buckets (Trainer's forward_overlap_buckets), communication also overlaps the
 // next forward: see set_deferred_step.
 #pragma once
 
@@ -42,9 +43,9 @@ namespace dsgd::torch_glue {
 class GradSync {
  public:
   // overlap false: buckets launch only after backward (for measuring what overlap buys).
-  // deferred_tail: see set_deferred_step (0: off).
+  // deferred: see set_deferred_step (0: off).
   GradSync(std::vector<torch::Tensor> params, size_t grad_shard_bytes,
-           std::shared_ptr<strategy::GradientStrategy> strategy, bool overlap = true, size_t deferred_tail = 0);
+           std::shared_ptr<strategy::GradientStrategy> strategy, bool overlap = true, size_t deferred = 0);
   ~GradSync();
   GradSync(const GradSync&) = delete;
   GradSync& operator=(const GradSync&) = delete;
@@ -57,7 +58,7 @@ class GradSync {
   // Where time went since the last call, for profiles. `wait_s`: every wait for communication
   // (at backward's end, and for deferred steps); `deferred_wait_s`: the part of it spent on
   // deferred steps (in forward's wait_for, flush); `deferred_step_s`: applying them (the
-  // optimizer's work, done outside optimizer.step() with a deferred tail).
+  // optimizer's work, done outside optimizer.step() with deferred buckets).
   struct Times {
     double wait_s = 0, deferred_wait_s = 0, deferred_step_s = 0;
   };
@@ -68,13 +69,13 @@ class GradSync {
   void abort(const std::string& reason) { strategy_->abort(reason); }
 
   // ---- the deferred step: communication overlapped with the next forward ----
-  // With deferred_tail = T > 0, the last T buckets (the first layers') are launched after
-  // backward, first layer first, the others as they fill. A backward whose forward called
-  // wait_for for every parameter that then got a gradient returns without waiting: .grad stays
-  // undefined (so the operator's optimizer.step() skips them), and each bucket's step is taken
-  // by `apply` when the next forward asks for one of its parameters (wait_for), or at the
-  // latest at flush() or at the next backward's end. Any other backward waits, as without a
-  // tail. A forward that uses a parameter whose update is still pending, without wait_for,
+  // With T > 0 deferred buckets, T buckets spread over the layers (strategy::overlap_schedule)
+  // are launched after backward, first layer first, the others as they fill. A backward whose
+  // forward called wait_for for every parameter that then got a gradient returns without
+  // waiting: .grad stays undefined (so the operator's optimizer.step() skips them), and each
+  // bucket's step (every bucket's, deferred or not) is taken by `apply` when the next forward
+  // asks for one of its parameters (wait_for), or at the latest at flush() or at the next
+  // backward's end. Any other backward waits, as with T = 0. A forward that uses a parameter whose update is still pending, without wait_for,
   // makes the next backward throw (its result would be stale).
   struct DeferredStep {
     std::function<void()> begin;  // at a deferred backward's end: capture what its steps need
@@ -87,9 +88,10 @@ class GradSync {
   // Applies every pending step (in launch order).
   void flush();
   // Changes T between backwards (the forward overlap's automatic choice tries several); every
-  // replica must change it before the same backward. Throws dsgd::Error during a backward.
-  void set_deferred_tail(size_t tail);
-  size_t deferred_tail() const { return tail_; }
+  // replica must change it before the same backward. Capped at the number of buckets. Throws
+  // dsgd::Error during a backward.
+  void set_deferred_buckets(size_t count);
+  size_t deferred_buckets() const { return deferred_count_; }
   // Forgets pending steps after waiting for their communication (errors ignored): the
   // parameters are about to be replaced (snapshot, checkpoint).
   void discard_pending();
@@ -132,15 +134,15 @@ class GradSync {
   std::vector<torch::Tensor> slots_;            // flat_'s storage, one per parameter, shaped like it
   double weight_ = 1.0;
   const bool overlap_;
-  size_t tail_ = 0;                             // deferred tail (buckets)
-  std::vector<size_t> launch_order_;            // bucket indices: the head in order, then the tail reversed
+  size_t deferred_count_ = 0;                   // T
+  strategy::OverlapSchedule schedule_;          // which are deferred, and the launch order
 
   std::mutex mutex_;
   bool in_backward_ = false;                    // a finalize callback is queued
   std::string failed_;                          // why a backward threw (every later one throws it too)
   std::vector<bool> got_grad_;                  // per parameter, this backward
   std::vector<size_t> missing_;                 // per bucket
-  size_t next_launch_ = 0;                      // position in launch_order_
+  size_t next_launch_ = 0;                      // position in schedule_.launch_order
   std::vector<std::shared_ptr<comm::Work>> works_;  // per bucket, this backward's
   std::vector<bool> gated_;                     // per parameter: wait_for called since the last backward
   DeferredStep deferred_;

@@ -139,7 +139,7 @@ void ReplicaRuntime::attach(std::shared_ptr<strategy::GradientStrategy> strategy
   // The servers take the step themselves under these: nothing to defer. Chosen per call (-1):
   // gated from the start, T 0 until set_forward_overlap_buckets.
   const bool gated = !strategy->updates_on_servers() && options_.forward_overlap_buckets != 0;
-  const size_t tail = gated ? static_cast<size_t>(std::max<int64_t>(0, options_.forward_overlap_buckets)) : 0;
+  const size_t deferred = gated ? static_cast<size_t>(std::max<int64_t>(0, options_.forward_overlap_buckets)) : 0;
   for (size_t m = 0; m < op_->models_.size(); ++m) {
     std::vector<torch::Tensor> params;
     for (auto& p : op_->models_[m]->parameters()) {
@@ -147,7 +147,7 @@ void ReplicaRuntime::attach(std::shared_ptr<strategy::GradientStrategy> strategy
     }
     if (params.empty()) continue;
     const size_t s = syncs_.size();
-    syncs_.push_back(std::make_unique<GradSync>(params, options_.grad_shard_bytes, strategy, options_.overlap, tail));
+    syncs_.push_back(std::make_unique<GradSync>(params, options_.grad_shard_bytes, strategy, options_.overlap, deferred));
     if (strategy->updates_on_servers()) {
       syncs_.back()->set_server_optimizer(static_cast<uint32_t>(m), server_optimizer(op_->optimizers_, m, params));
     }
@@ -173,7 +173,7 @@ double ReplicaRuntime::steady_step_seconds() const {
 
 void ReplicaRuntime::set_forward_overlap_buckets(size_t buckets) {
   if (gate_index_.empty()) return;  // not gated: the strategy steps on its servers, or T is fixed at 0
-  for (auto& s : syncs_) s->set_deferred_tail(buckets);
+  for (auto& s : syncs_) s->set_deferred_buckets(buckets);
 }
 
 void ReplicaRuntime::wait(const torch::Tensor& parameter) {

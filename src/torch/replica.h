@@ -35,8 +35,9 @@ struct ReplicaOptions {
   std::string scheduler_step_freq = "epoch";  // batch | epoch | manual
   int threads = 1;                             // intra-op threads of this replica
   bool overlap = true;                         // launch buckets during backward
-  // > 0: this many buckets (the first layers') travel after backward and each bucket's step
-  // is taken as the next forward reaches it (dsgd/parameter_gate.h; GradSync's deferred tail).
+  // > 0: this many buckets (spread over the layers) travel after backward and each bucket's
+  // step is taken as the next forward reaches it (dsgd/parameter_gate.h; GradSync's deferred
+  // buckets).
   // -1: chosen per train() call (set_forward_overlap_buckets; 0 until then).
   int64_t forward_overlap_buckets = 0;
   std::string nonfinite = "skip";              // non-finite gradients: skip (the step) | error

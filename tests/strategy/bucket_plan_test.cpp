@@ -49,6 +49,40 @@ TEST(BucketPlan, OneBucketWhenEverythingFitsAndNoneWhenNoParameters) {
   EXPECT_THROW(BucketPlan({1}, 0, 64), ConfigError);
 }
 
+// The forward overlap's schedule: T deferred buckets spread over 1..n-1, launched after the
+// others, first layer (highest index) first.
+TEST(OverlapSchedule, SpreadsTheDeferredBucketsAndLaunchesThemLastFirstLayerFirst) {
+  const auto deferred_of = [](const OverlapSchedule& s) {
+    std::vector<size_t> d;
+    for (size_t b = 0; b < s.deferred.size(); ++b) {
+      if (s.deferred[b]) d.push_back(b);
+    }
+    return d;
+  };
+  auto s = overlap_schedule(16, 4);
+  EXPECT_EQ(deferred_of(s), (std::vector<size_t>{1, 4, 8, 12}));
+  EXPECT_EQ(s.launch_order, (std::vector<size_t>{0, 2, 3, 5, 6, 7, 9, 10, 11, 13, 14, 15, 12, 8, 4, 1}));
+  EXPECT_EQ(deferred_of(overlap_schedule(16, 5)), (std::vector<size_t>{1, 4, 7, 10, 13}));
+  EXPECT_EQ(deferred_of(overlap_schedule(16, 15)).size(), 15u);  // all but bucket 0
+  EXPECT_EQ(overlap_schedule(3, 1).launch_order, (std::vector<size_t>{0, 2, 1}));
+  EXPECT_EQ(overlap_schedule(3, 3).launch_order, (std::vector<size_t>{2, 1, 0}));
+  EXPECT_EQ(overlap_schedule(3, 9).launch_order, (std::vector<size_t>{2, 1, 0}));  // more than n: all
+  EXPECT_EQ(overlap_schedule(3, 0).launch_order, (std::vector<size_t>{0, 1, 2}));
+  EXPECT_TRUE(overlap_schedule(0, 2).launch_order.empty());
+  // Every bucket launched once, for any n and T.
+  for (size_t n = 1; n <= 40; ++n) {
+    for (size_t t = 0; t <= n + 1; ++t) {
+      const auto o = overlap_schedule(n, t);
+      EXPECT_EQ(deferred_of(o).size(), std::min(t, n)) << n << " " << t;
+      auto sorted = o.launch_order;
+      std::sort(sorted.begin(), sorted.end());
+      std::vector<size_t> all(n);
+      std::iota(all.begin(), all.end(), size_t{0});
+      EXPECT_EQ(sorted, all) << n << " " << t;
+    }
+  }
+}
+
 TEST(ReadyTracker, CompletesEachBucketOnceInAnyOrder) {
   const std::vector<size_t> counts = {10, 10, 10, 10, 10, 10, 10};
   BucketPlan plan(counts, 4, 80);  // 2 parameters per bucket: {6,5} {4,3} {2,1} {0}

@@ -161,8 +161,8 @@ TEST(GradSync, HooksSurviveLoadingTheModel) {
 }  // namespace
 }  // namespace dsgd::torch_glue
 
-// The deferred tail (forward overlap): communication of the last buckets overlaps the next
-// forward, whose wait_for calls take each bucket's step.
+// Deferred buckets (forward overlap): their communication overlaps the next forward, whose
+// wait_for calls take each bucket's step.
 namespace dsgd::torch_glue {
 namespace {
 
@@ -193,13 +193,13 @@ std::vector<size_t> counts_of(const std::vector<torch::Tensor>& params) {
   return c;
 }
 
-TEST(GradSyncDeferred, TheHeadGoesInOrderThenTheTailFirstLayerFirst) {
+TEST(GradSyncDeferred, TheOthersGoInOrderThenTheDeferredFirstLayerFirst) {
   torch::manual_seed(5);
   DeferredFixture f;
   const strategy::BucketPlan plan(counts_of(f.params()), sizeof(float), DeferredFixture::kShardBytes);
   const size_t n = plan.buckets().size();
   ASSERT_EQ(n, 3u);
-  GradSync sync(f.params(), DeferredFixture::kShardBytes, f.strategy, true, /*deferred_tail=*/2);
+  GradSync sync(f.params(), DeferredFixture::kShardBytes, f.strategy, true, /*deferred=*/1);
   f.attach(sync);
   f.loss(torch::randn({5, 4})).backward();
   ASSERT_EQ(f.strategy->launched.size(), n);
@@ -215,7 +215,7 @@ TEST(GradSyncDeferred, TheHeadGoesInOrderThenTheTailFirstLayerFirst) {
 }
 
 // The automatic choice changes T between backwards: the launch order follows.
-TEST(GradSyncDeferred, ChangingTheTailBetweenBackwardsChangesTheOrder) {
+TEST(GradSyncDeferred, ChangingTheDeferredBetweenBackwardsChangesTheOrder) {
   torch::manual_seed(10);
   DeferredFixture f;
   const strategy::BucketPlan plan(counts_of(f.params()), sizeof(float), DeferredFixture::kShardBytes);
@@ -239,14 +239,14 @@ TEST(GradSyncDeferred, ChangingTheTailBetweenBackwardsChangesTheOrder) {
   f.loss(torch::randn({5, 4})).backward();
   EXPECT_EQ(order_of_last_backward(), (std::vector<size_t>{0, 1, 2}));
   EXPECT_TRUE(f.applied.empty());  // T = 0: nothing deferred, though forward waited
-  sync.set_deferred_tail(2);
-  EXPECT_EQ(sync.deferred_tail(), 2u);
+  sync.set_deferred_buckets(2);
+  EXPECT_EQ(sync.deferred_buckets(), 2u);
   f.wait_all(sync);
   f.loss(torch::randn({5, 4})).backward();
   EXPECT_EQ(order_of_last_backward(), (std::vector<size_t>{0, 2, 1}));
   EXPECT_EQ(f.begins, 1);  // deferred
-  sync.set_deferred_tail(99);  // capped at the number of buckets; pending steps stay pending
-  EXPECT_EQ(sync.deferred_tail(), 3u);
+  sync.set_deferred_buckets(99);  // capped at the number of buckets; pending steps stay pending
+  EXPECT_EQ(sync.deferred_buckets(), 3u);
   f.wait_all(sync);  // takes the pending steps
   EXPECT_EQ(f.applied.size(), 3u);
   f.loss(torch::randn({5, 4})).backward();

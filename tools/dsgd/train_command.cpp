@@ -327,8 +327,8 @@ void add_train_command(CLI::App& app, int* exit_code) {
       ->capture_default_str();
   cmd->add_flag("!--no-overlap", flags->overlap, "Communicate gradients after backward instead of during it");
   cmd->add_option("--forward-overlap-buckets", flags->forward_overlap_buckets,
-                  "Also overlap the next forward: this many buckets (the first layers') go after backward, "
-                  "first layer first, and each is applied as forward reaches it (0 = off; auto: tried on the "
+                  "Also overlap the next forward: this many buckets (spread over the layers) go after "
+                  "backward, first layer first, and each is applied as forward reaches it (0 = off; auto: tried on the "
                   "first steps)")
       ->check(CLI::TypeValidator<unsigned>() | CLI::IsMember({"auto"}))
       ->capture_default_str();
