@@ -1,7 +1,7 @@
 // dsgd/parameter_gate.h — the forward pass's side of overlapping communication with the next
 // step (Trainer's forward_overlap_buckets).
 //
-// With forward_overlap_buckets > 0, backward returns before the last buckets' averages have
+// With forward_overlap_buckets > 0, backward returns before the deferred buckets' averages have
 // arrived, and each bucket's optimizer step is taken when it lands, while the next forward
 // already runs: a model calls wait_for_parameters on each layer just before using it, and the
 // call returns once that layer's parameters hold the step's update.
