@@ -13,7 +13,7 @@ bench/cluster.sh measures the step; this says what the schedule itself allows, s
   - the next backward starts when forward ends.
 
 Two schedules of T deferred buckets: "tail", the last T (the first layers'; dsgd before
-2026-11-23), and "spread", T spread evenly over buckets 1..N-1 (dsgd now). Neither can beat
+2026-11-23), and "spread", T spread evenly over buckets 1..N-1 (dsgd now). No order can beat
 C + (fwd + bwd) / N where the links are the limit: the link idles at least while forward runs
 the last layers after their bucket arrives and backward produces its first bucket.
 

@@ -56,8 +56,9 @@ class BucketPlan {
 // deferred >= n), not the last ones: the next forward then waits for one now and then, at a layer
 // whose bucket has just arrived, while the link carries the next deferred bucket, and the link
 // stays busy until close to forward's end. Deferring the last buckets (the first layers') would
-// leave it idle while forward runs through the layers sent during backward; on 2 to 8 hosts
-// whose links are the limit that idle time is 8-25% of a step (bench/overlap_model.py).
+// leave it idle while forward runs through the layers sent during backward: on 2 to 8 hosts
+// whose links are the limit, bench/overlap_model.py puts the step at 1.08-1.24x the bound that
+// way, and at 1.04-1.09x spread.
 struct OverlapSchedule {
   std::vector<bool> deferred;      // per bucket
   std::vector<size_t> launch_order;  // the others in index order, then the deferred by index descending
