@@ -291,10 +291,15 @@ TEST(TrainerEquivalence, PsShardProcessesUpdateOnShardsFourShardsThreeWorkers) {
   expect_equivalent(ps_processes_config(3, 2, 4, true, 96));
 }
 
-// The forward overlap: the last buckets travel after backward and each bucket's step is taken
-// as the next forward reaches its layer (the CNN has 5 buckets here).
+// The forward overlap: T buckets, spread over the layers, travel after backward and each
+// bucket's step is taken as the next forward reaches its layer (the CNN has 5 buckets here).
 TEST(TrainerEquivalence, ForwardOverlapAllreduce) {
   auto c = base_config(2, "allreduce", 64);
+  c.forward_overlap_buckets = 2;
+  expect_equivalent(c);
+}
+TEST(TrainerEquivalence, ForwardOverlapSimple) {  // averaged on the driver
+  auto c = base_config(2, "simple", 64);
   c.forward_overlap_buckets = 2;
   expect_equivalent(c);
 }
