@@ -87,6 +87,8 @@ TEST(Cli, FlagErrorsExitWithUsageStatusAndSayWhatIsWrong) {
   expect_usage_error("train --workers 2 --batch-size 1", "at least the number of replicas (2)");
   expect_usage_error("train --dataset imagenet", "unknown dataset 'imagenet'");
   expect_usage_error("train --json-out /nonexistent-dir/x.json", "/nonexistent-dir does not exist");
+  expect_usage_error("train --forward-overlap-buckets 3000000000", "--forward-overlap-buckets");  // past an int
+  expect_usage_error("train --forward-overlap-buckets sometimes", "--forward-overlap-buckets");
   expect_usage_error("train --no-such-flag", "--no-such-flag");
   expect_usage_error("train --strategy ps --ps-placement nowhere", "--ps-placement");
   expect_usage_error("ps-server --driver 127.0.0.1:1 --token t", "--shard is required");

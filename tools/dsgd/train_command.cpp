@@ -3,6 +3,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <limits>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <thread>
@@ -330,7 +331,7 @@ void add_train_command(CLI::App& app, int* exit_code) {
                   "Also overlap the next forward: this many buckets (spread over the layers) go after "
                   "backward, first layer first, and each is applied as forward reaches it (0 = off; auto: tried on the "
                   "first steps)")
-      ->check(CLI::TypeValidator<unsigned>() | CLI::IsMember({"auto"}))
+      ->check(CLI::Range(0, std::numeric_limits<int>::max()) | CLI::IsMember({"auto"}))
       ->capture_default_str();
   cmd->add_option("--save", flags->save, "Write a checkpoint directory at the end");
   cmd->add_option("--load", flags->load,
