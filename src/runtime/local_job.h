@@ -10,6 +10,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -36,6 +37,10 @@ struct EpochSummary {
   double test_accuracy = -1;      // fraction in [0, 1]; -1 when not evaluated
   double samples_per_s = 0;
   double epoch_s = 0;             // training time of this epoch
+  // With `dsgd train --profile`: milliseconds per step of each phase of the default train_batch,
+  // each its own work only, mean over workers (TrainOptions::profile's keys, "_s" dropped:
+  // forward, backward, optimizer, comm_wait), and step, the whole step. Empty otherwise.
+  std::map<std::string, double> profile_ms;
 };
 
 struct LocalJobResult {
@@ -50,6 +55,7 @@ struct LocalJobResult {
   double wall_s = 0;              // everything: loading, training, evaluation
   int64_t parameters = 0;
   std::vector<EpochSummary> history;
+  std::map<std::string, double> profile_ms;  // as EpochSummary's, over the run (by steps)
 };
 
 // Receives progress; called on the training thread, so keep it cheap.

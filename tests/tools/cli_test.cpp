@@ -74,6 +74,7 @@ TEST(Cli, FlagErrorsExitWithUsageStatusAndSayWhatIsWrong) {
   expect_usage_error("train --strategy gossip", "unknown --strategy 'gossip'; known strategies: simple, allreduce, ps");
   expect_usage_error("train --workers 0", "--workers must be >= 1, got 0");
   expect_usage_error("train --workers 2 --in-process", "--in-process trains in this one process");
+  expect_usage_error("train --in-process --profile", "--in-process trains in this one process");
   expect_usage_error("train --workers 2 --devices-per-worker 0", "--devices-per-worker must be >= 1, got 0");
   expect_usage_error("train --workers 2 --grad-shard-bytes -1", "--grad-shard-bytes must be > 0, got -1");
   expect_usage_error("train --workers 2 --keep-checkpoints 0", "--keep-checkpoints must be >= 1, got 0");
@@ -125,6 +126,35 @@ TEST(Cli, ShortRunWritesJsonSummary) {
   EXPECT_GE(j["test_accuracy"].get<double>(), 0);
   EXPECT_LE(j["test_accuracy"].get<double>(), 1);
   EXPECT_LT(j["history"][1]["train_loss"].get<double>(), j["history"][0]["train_loss"].get<double>());
+}
+
+TEST(Cli, ProfileSaysWhereEachStepWentPerEpochAndOverTheRun) {
+  // The simulated model sleeps 30 ms per step, a third of it in forward and the rest in backward.
+  dsgd::testing::TempDir dir;
+  const std::string out = dir.file("run.json");
+  CliRun r = run_dsgd("train --model simulated --dataset synthetic --synthetic-samples 256 --image-size 8 "
+                      "--epochs 2 --batch-size 64 --threads 1 --no-eval --workers 2 --profile "
+                      "--config '{\"sim_parameters\": 4096, \"sim_step_ms\": 30, \"sim_layers\": 4}' "
+                      "--json-out " + out);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("epoch 2 done"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("\n  per step, mean over workers: forward "), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("dsgd train: per step, mean over workers: forward "), std::string::npos) << r.output;
+  std::ifstream f(out);
+  const auto j = nlohmann::json::parse(f);
+  ASSERT_EQ(j["history"].size(), 2u);
+  for (const auto& p : {j["profile_ms"], j["history"][0]["profile_ms"], j["history"][1]["profile_ms"]}) {
+    for (const char* k : {"forward", "backward", "optimizer", "comm_wait", "other", "step"}) {
+      ASSERT_TRUE(p.contains(k)) << k << " in " << p.dump();
+      EXPECT_GE(p[k].get<double>(), 0) << k;
+    }
+    EXPECT_GE(p["forward"].get<double>(), 8) << p.dump();    // 10 ms slept
+    EXPECT_GE(p["backward"].get<double>(), 16) << p.dump();  // 20 ms slept
+    EXPECT_LT(p["forward"].get<double>(), p["backward"].get<double>()) << p.dump();
+    const double phases = p["forward"].get<double>() + p["backward"].get<double>() + p["optimizer"].get<double>() +
+                          p["comm_wait"].get<double>() + p["other"].get<double>();
+    EXPECT_NEAR(phases, p["step"].get<double>(), 0.01) << p.dump();
+  }
 }
 
 TEST(Cli, TwoWorkersSaveThenOneWorkerLoadsAndContinues) {

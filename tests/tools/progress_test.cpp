@@ -35,7 +35,8 @@ TEST(Progress, PlainModeThrottlesLinesButAlwaysPrintsTheLastStep) {
   std::FILE* f = std::tmpfile();
   ProgressPrinter p(f, /*interactive=*/false, /*line_interval_s=*/3600);
   for (int64_t s = 1; s <= 10; ++s) p.on_batch(batch(s, 10));
-  p.on_epoch({.epoch = 1, .train_loss = 0.4, .test_loss = 0.3, .test_accuracy = 0.9, .samples_per_s = 100, .epoch_s = 5});
+  p.on_epoch({.epoch = 1, .train_loss = 0.4, .test_loss = 0.3, .test_accuracy = 0.9, .samples_per_s = 100, .epoch_s = 5,
+              .profile_ms = {}});
   const std::string out = contents(f);
   std::fclose(f);
   // The first step (interval elapsed since start) and the last one; nothing redrawn in place.
@@ -57,6 +58,21 @@ TEST(Progress, InteractiveModeRedrawsABar) {
   EXPECT_EQ(out.rfind("\r\033[K", 0), 0u) << out;
   EXPECT_NE(out.find("[############............] 3/6"), std::string::npos) << out;
   EXPECT_NE(out.find("ETA 0:09"), std::string::npos) << out;
+}
+
+TEST(Progress, AnEpochWithAProfileSaysWhereItsStepsWent) {
+  std::FILE* f = std::tmpfile();
+  ProgressPrinter p(f, /*interactive=*/false);
+  p.on_epoch({.epoch = 2, .train_loss = 0.4, .samples_per_s = 100, .epoch_s = 5,
+              .profile_ms = {{"forward", 17.26}, {"backward", 35}, {"optimizer", 0.42}, {"comm_wait", 5.08},
+                             {"other", 0.8}, {"step", 58.56}}});
+  const std::string out = contents(f);
+  std::fclose(f);
+  EXPECT_NE(out.find("epoch 2 done in 5.0 s: train loss 0.4000, 100 samples/s\n  per step, mean over workers: "
+                     "forward 17.3 ms, backward 35.0 ms, optimizer 0.4 ms, waiting for communication 5.1 ms, "
+                     "other 0.8 ms (of a 58.6 ms step)\n"),
+            std::string::npos)
+      << out;
 }
 
 }  // namespace

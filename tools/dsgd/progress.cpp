@@ -54,7 +54,30 @@ void ProgressPrinter::on_epoch(const runtime::EpochSummary& s) {
                s.epoch_s, s.train_loss, s.samples_per_s);
   if (s.test_accuracy >= 0) std::fprintf(out_, ", test loss %.4f, test accuracy %.2f%%", s.test_loss, 100 * s.test_accuracy);
   std::fputc('\n', out_);
+  if (!s.profile_ms.empty()) std::fprintf(out_, "  %s\n", describe_profile(s.profile_ms).c_str());
   std::fflush(out_);
+}
+
+std::string describe_profile(const std::map<std::string, double>& ms) {
+  static constexpr std::pair<const char*, const char*> kLabels[] = {
+      {"forward", "forward"}, {"backward", "backward"}, {"optimizer", "optimizer"},
+      {"comm_wait", "waiting for communication"}, {"other", "other"}};
+  std::string out = "per step, mean over workers:";
+  char buf[96];
+  const char* sep = " ";
+  for (const auto& [key, label] : kLabels) {
+    const auto it = ms.find(key);
+    if (it == ms.end()) continue;
+    std::snprintf(buf, sizeof(buf), "%s%s %.1f ms", sep, label, it->second);
+    out += buf;
+    sep = ", ";
+  }
+  const auto step = ms.find("step");
+  if (step != ms.end()) {
+    std::snprintf(buf, sizeof(buf), " (of a %.1f ms step)", step->second);
+    out += buf;
+  }
+  return out;
 }
 
 }  // namespace dsgd::cli

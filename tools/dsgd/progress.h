@@ -4,6 +4,8 @@
 
 #include <chrono>
 #include <cstdio>
+#include <map>
+#include <string>
 
 #include "runtime/local_job.h"
 
@@ -27,6 +29,10 @@ class ProgressPrinter : public runtime::ProgressListener {
   bool printed_ = false;   // the first step always prints (steady_clock may start at boot)
   bool bar_open_ = false;  // a bar is drawn on the current line
 };
+
+// --profile's figures, one line: "per step, mean over workers: forward 17.3 ms, backward 35.0 ms,
+// optimizer 0.4 ms, waiting for communication 5.1 ms, other 0.8 ms (of a 58.6 ms step)".
+std::string describe_profile(const std::map<std::string, double>& ms);
 
 // "1:05:09", "4:07" — for ETAs.
 std::string format_duration(double seconds);

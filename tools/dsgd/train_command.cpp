@@ -1,9 +1,11 @@
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <limits>
+#include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <thread>
@@ -49,7 +51,33 @@ struct TrainFlags {
   bool in_process = false;
   std::string json_out;
   bool quiet = false;
+  bool profile = false;
 };
+
+// The phases --profile reports: TrainOptions::profile's metric, and its key in profile_ms.
+struct Phase {
+  const char* metric;
+  const char* key;
+};
+constexpr Phase kPhases[] = {
+    {"forward_s", "forward"}, {"backward_s", "backward"}, {"optimizer_s", "optimizer"}, {"comm_wait_s", "comm_wait"}};
+
+// Milliseconds per step of each phase, over the epochs of a run, weighted by their steps.
+std::map<std::string, double> mean_profile(const std::vector<runtime::EpochSummary>& history,
+                                           const std::vector<int64_t>& steps) {
+  std::map<std::string, double> sum;
+  double n = 0;
+  for (size_t i = 0; i < history.size(); ++i) {
+    if (history[i].profile_ms.empty()) continue;
+    const auto w = static_cast<double>(steps[i]);
+    for (const auto& [k, v] : history[i].profile_ms) sum[k] += w * v;
+    n += w;
+  }
+  if (n > 0) {
+    for (auto& [k, v] : sum) v /= n;
+  }
+  return sum;
+}
 
 nlohmann::json to_json(const TrainFlags& f, const runtime::LocalJobResult& r) {
   nlohmann::json history = nlohmann::json::array();
@@ -60,29 +88,32 @@ nlohmann::json to_json(const TrainFlags& f, const runtime::LocalJobResult& r) {
                        {"test_accuracy", e.test_accuracy},
                        {"samples_per_s", e.samples_per_s},
                        {"epoch_s", e.epoch_s}});
+    if (!e.profile_ms.empty()) history.back()["profile_ms"] = e.profile_ms;
   }
-  return {{"test_accuracy", r.test_accuracy},
-          {"test_loss", r.test_loss},
-          {"train_loss", r.train_loss},
-          {"epochs", r.epochs},
-          {"steps", r.steps},
-          {"samples", r.samples},
-          {"workers", f.in_process ? 0 : f.workers},
-          {"devices_per_worker", f.devices_per_worker},
-          {"strategy", f.in_process ? "in-process" : f.strategy},
-          {"samples_per_s", r.samples_per_s},
-          {"train_s", r.train_s},
-          {"wall_s", r.wall_s},
-          {"model", f.job.model},
-          {"parameters", r.parameters},
-          {"dataset", f.job.dataset},
-          {"batch_size", f.job.batch_size},
-          {"lr", f.job.lr},
-          {"momentum", f.job.momentum},
-          {"lr_decay", f.job.lr_decay},
-          {"seed", f.job.seed},
-          {"threads", f.job.threads},
-          {"history", history}};
+  nlohmann::json j = {{"test_accuracy", r.test_accuracy},
+                      {"test_loss", r.test_loss},
+                      {"train_loss", r.train_loss},
+                      {"epochs", r.epochs},
+                      {"steps", r.steps},
+                      {"samples", r.samples},
+                      {"workers", f.in_process ? 0 : f.workers},
+                      {"devices_per_worker", f.devices_per_worker},
+                      {"strategy", f.in_process ? "in-process" : f.strategy},
+                      {"samples_per_s", r.samples_per_s},
+                      {"train_s", r.train_s},
+                      {"wall_s", r.wall_s},
+                      {"model", f.job.model},
+                      {"parameters", r.parameters},
+                      {"dataset", f.job.dataset},
+                      {"batch_size", f.job.batch_size},
+                      {"lr", f.job.lr},
+                      {"momentum", f.job.momentum},
+                      {"lr_decay", f.job.lr_decay},
+                      {"seed", f.job.seed},
+                      {"threads", f.job.threads},
+                      {"history", history}};
+  if (f.profile) j["profile_ms"] = r.profile_ms;
+  return j;
 }
 
 // Checks the output file can be written now, so a long run does not fail at its very end.
@@ -110,9 +141,9 @@ void validate_flags(TrainFlags& f) {
   }
   if (f.local_hosts < 1) throw ConfigError("--local-hosts must be >= 1, got " + std::to_string(f.local_hosts));
   if (f.in_process && (f.workers != 1 || f.devices_per_worker != 1 || !f.save.empty() || !f.load.empty() ||
-                      !f.listen.empty() || !f.checkpoint_dir.empty())) {
+                      !f.listen.empty() || !f.checkpoint_dir.empty() || f.profile)) {
     throw ConfigError("--in-process trains in this one process: it takes none of --workers, "
-                      "--devices-per-worker, --save, --load, --listen, --checkpoint-dir");
+                      "--devices-per-worker, --save, --load, --listen, --checkpoint-dir, --profile");
   }
   if (f.checkpoint_every < 0) {
     throw ConfigError("--checkpoint-every must be >= 0 (0 = once per epoch), got " + std::to_string(f.checkpoint_every));
@@ -182,6 +213,7 @@ runtime::LocalJobResult run_with_trainer(const TrainFlags& f, ProgressPrinter* p
               {"synthetic_samples", j.synthetic_samples}, {"synthetic_image_size", j.synthetic_image_size}};
   c.config.update(f.config_json);
   runtime::LocalJobResult result;
+  std::vector<int64_t> epoch_steps;  // each epoch's steps, to weigh its profile
   int64_t epoch = 1, batches_per_epoch = 0, steps_before = 0;
   double train_before = 0;
   auto train_start = std::chrono::steady_clock::now();
@@ -202,7 +234,7 @@ runtime::LocalJobResult run_with_trainer(const TrainFlags& f, ProgressPrinter* p
     const int64_t left = j.max_steps > 0 ? j.max_steps - result.steps : 0;
     if (j.max_steps > 0 && left <= 0) break;
     const auto t0 = std::chrono::steady_clock::now();
-    auto r = trainer.train({.num_steps = left});
+    auto r = trainer.train({.num_steps = left, .profile = f.profile});
     const double epoch_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     batches_per_epoch = r.batches_per_epoch;
     const int64_t batches = static_cast<int64_t>(r.metrics.at("batches"));
@@ -217,6 +249,19 @@ runtime::LocalJobResult run_with_trainer(const TrainFlags& f, ProgressPrinter* p
     e.train_loss = r.metrics.count("loss") ? r.metrics.at("loss") : 0;
     e.epoch_s = epoch_s;
     e.samples_per_s = epoch_s > 0 ? static_cast<double>(samples) / epoch_s : 0;
+    if (f.profile && batches > 0) {
+      double phases = 0;
+      for (const auto& p : kPhases) {
+        if (!r.metrics.count(p.metric)) continue;
+        e.profile_ms[p.key] = 1000 * r.metrics.at(p.metric);
+        phases += e.profile_ms[p.key];
+      }
+      e.profile_ms["step"] = 1000 * epoch_s / static_cast<double>(batches);
+      e.profile_ms["other"] = std::max(0.0, e.profile_ms["step"] - phases);
+      epoch_steps.push_back(batches);
+    } else {
+      epoch_steps.push_back(0);
+    }
     if (j.evaluate) {
       auto v = trainer.validate();
       e.test_loss = v.metrics.at("loss");
@@ -232,6 +277,7 @@ runtime::LocalJobResult run_with_trainer(const TrainFlags& f, ProgressPrinter* p
     ++epoch;
   }
   if (!f.save.empty()) trainer.save(f.save);
+  if (f.profile) result.profile_ms = mean_profile(result.history, epoch_steps);
   result.parameters = trainer.parameter_count();
   result.samples_per_s = result.train_s > 0 ? static_cast<double>(result.samples) / result.train_s : 0;
   result.wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - wall_start).count();
@@ -253,6 +299,9 @@ int run_train(TrainFlags& f) {
               << (f.in_process ? std::string("in-process") : std::to_string(f.workers) + " worker(s), " + f.strategy)
               << "\n";
     auto result = f.in_process ? runtime::run_local_job(f.job, progress.get()) : run_with_trainer(f, progress.get());
+    if (f.profile && !f.quiet && result.history.size() > 1) {
+      std::cerr << "dsgd train: " << describe_profile(result.profile_ms) << "\n";
+    }
     const auto json = to_json(f, result);
     std::cout << json.dump(2) << std::endl;
     if (!f.json_out.empty()) {
@@ -374,6 +423,9 @@ void add_train_command(CLI::App& app, int* exit_code) {
   cmd->add_flag("!--no-dropout", j.dropout, "Turn dropout layers off");
   cmd->add_option("--json-out", flags->json_out, "Also write the JSON summary to this file");
   cmd->add_flag("-q,--quiet", flags->quiet, "No progress output");
+  cmd->add_flag("--profile", flags->profile,
+                "Time each step's phases (forward, backward, optimizer, waiting for communication; ms per "
+                "step, mean over workers): on stderr after each epoch and at the end, and in the JSON summary");
   cmd->callback([flags, exit_code] { *exit_code = run_train(*flags); });
 }
 
