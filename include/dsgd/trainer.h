@@ -137,6 +137,8 @@ struct TrainOptions {
   // Add the seconds per batch of each phase of the default train_batch, each its own work only:
   // forward_s, backward_s, optimizer_s (with forward_overlap_buckets, including the steps taken
   // as forward goes), comm_wait_s (every wait for communication, wherever it fell), and epoch_s.
+  // Also snapshot_s: the driver's seconds in all, during the call, taking the snapshots a lost
+  // worker's recovery starts from (and writing them to checkpoint_dir), between chunks.
   bool profile = false;
   bool reduce_results = true;   // false: also fill per_worker
 };

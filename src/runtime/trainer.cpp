@@ -84,6 +84,7 @@ struct Trainer::Impl {
   int failures = 0;
   std::vector<std::string> failure_log;
   std::vector<RecoveryEvent> events;   // of the current call
+  double snapshot_s = 0;               // of the current call: taking snapshots, writing checkpoints
   bool broken = false;
   bool stopped = false;
   std::unique_ptr<torch_glue::ReplicaRuntime> local;  // get_model's copy
@@ -327,6 +328,7 @@ struct Trainer::Impl {
     const auto t0 = Clock::now();
     snapshot = read_state();
     snapshots->taken(std::chrono::duration<double>(Clock::now() - t0).count());
+    snapshot_s += snapshots->cost_s();
     control::log().debug("trainer: snapshot of {} bytes in {:.3f} s", snapshot.size(), snapshots->cost_s());
   }
 
@@ -356,11 +358,13 @@ struct Trainer::Impl {
   // The snapshot just taken, also on disk (TrainerConfig::checkpoint_dir), as step `step`.
   void persist_snapshot(int64_t epoch, int64_t batch, int64_t batches_per_epoch) {
     if (config.checkpoint_dir.empty()) return;
+    const auto t0 = Clock::now();
     runtime::Checkpoint c{checkpoint_header(epoch, batch), snapshot};
     auto pickle = call("get_pickle", json::object(), "", true);  // a recovery restores `snapshot`
     const auto path = runtime::write_rotating_checkpoint(config.checkpoint_dir, epoch * batches_per_epoch + batch,
                                                          config.checkpoint_keep, c, pickle[0].blob);
     control::log().debug("trainer: checkpoint {}", path);
+    snapshot_s += std::chrono::duration<double>(Clock::now() - t0).count();
   }
 };
 
@@ -440,6 +444,7 @@ Results Trainer::train(const TrainOptions& options) {
   auto& d = *impl_;
   d.ensure_usable();
   d.events.clear();
+  d.snapshot_s = 0;
   d.try_scale_up();  // lost workers replaced since the last call join now
   const auto t0 = Clock::now();
   int64_t done = 0;  // steps completed in earlier chunks of this call
@@ -496,6 +501,7 @@ Results Trainer::train(const TrainOptions& options) {
     d.try_scale_up();
   }
   Results total = runtime::merge_chunks(chunks, options.profile, options.reduce_results);
+  if (options.profile) total.metrics["snapshot_s"] = d.snapshot_s;
   total.recoveries = d.events;
   return total;
 }

@@ -133,7 +133,7 @@ TEST(Cli, ProfileSaysWhereEachStepWentPerEpochAndOverTheRun) {
   dsgd::testing::TempDir dir;
   const std::string out = dir.file("run.json");
   CliRun r = run_dsgd("train --model simulated --dataset synthetic --synthetic-samples 256 --image-size 8 "
-                      "--epochs 2 --batch-size 64 --threads 1 --no-eval --workers 2 --profile "
+                      "--epochs 2 --batch-size 64 --threads 1 --no-eval --workers 2 --checkpoint-every 0 --profile "
                       "--config '{\"sim_parameters\": 4096, \"sim_step_ms\": 30, \"sim_layers\": 4}' "
                       "--json-out " + out);
   ASSERT_EQ(r.exit_code, 0) << r.output;
@@ -144,15 +144,16 @@ TEST(Cli, ProfileSaysWhereEachStepWentPerEpochAndOverTheRun) {
   const auto j = nlohmann::json::parse(f);
   ASSERT_EQ(j["history"].size(), 2u);
   for (const auto& p : {j["profile_ms"], j["history"][0]["profile_ms"], j["history"][1]["profile_ms"]}) {
-    for (const char* k : {"forward", "backward", "optimizer", "comm_wait", "other", "step"}) {
+    for (const char* k : {"forward", "backward", "optimizer", "comm_wait", "snapshot", "other", "step"}) {
       ASSERT_TRUE(p.contains(k)) << k << " in " << p.dump();
       EXPECT_GE(p[k].get<double>(), 0) << k;
     }
     EXPECT_GE(p["forward"].get<double>(), 8) << p.dump();    // 10 ms slept
     EXPECT_GE(p["backward"].get<double>(), 16) << p.dump();  // 20 ms slept
     EXPECT_LT(p["forward"].get<double>(), p["backward"].get<double>()) << p.dump();
+    EXPECT_GT(p["snapshot"].get<double>(), 0) << p.dump();  // --checkpoint-every 0: one per call (epoch)
     const double phases = p["forward"].get<double>() + p["backward"].get<double>() + p["optimizer"].get<double>() +
-                          p["comm_wait"].get<double>() + p["other"].get<double>();
+                          p["comm_wait"].get<double>() + p["snapshot"].get<double>() + p["other"].get<double>();
     EXPECT_NEAR(phases, p["step"].get<double>(), 0.01) << p.dump();
   }
 }

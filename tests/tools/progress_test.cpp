@@ -65,12 +65,12 @@ TEST(Progress, AnEpochWithAProfileSaysWhereItsStepsWent) {
   ProgressPrinter p(f, /*interactive=*/false);
   p.on_epoch({.epoch = 2, .train_loss = 0.4, .samples_per_s = 100, .epoch_s = 5,
               .profile_ms = {{"forward", 17.26}, {"backward", 35}, {"optimizer", 0.42}, {"comm_wait", 5.08},
-                             {"other", 0.8}, {"step", 58.56}}});
+                             {"snapshot", 0.21}, {"other", 0.8}, {"step", 58.77}}});
   const std::string out = contents(f);
   std::fclose(f);
   EXPECT_NE(out.find("epoch 2 done in 5.0 s: train loss 0.4000, 100 samples/s\n  per step, mean over workers: "
                      "forward 17.3 ms, backward 35.0 ms, optimizer 0.4 ms, waiting for communication 5.1 ms, "
-                     "other 0.8 ms (of a 58.6 ms step)\n"),
+                     "the driver's snapshots 0.2 ms, other 0.8 ms (of a 58.8 ms step)\n"),
             std::string::npos)
       << out;
 }

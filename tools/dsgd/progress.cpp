@@ -61,7 +61,7 @@ void ProgressPrinter::on_epoch(const runtime::EpochSummary& s) {
 std::string describe_profile(const std::map<std::string, double>& ms) {
   static constexpr std::pair<const char*, const char*> kLabels[] = {
       {"forward", "forward"}, {"backward", "backward"}, {"optimizer", "optimizer"},
-      {"comm_wait", "waiting for communication"}, {"other", "other"}};
+      {"comm_wait", "waiting for communication"}, {"snapshot", "the driver's snapshots"}, {"other", "other"}};
   std::string out = "per step, mean over workers:";
   char buf[96];
   const char* sep = " ";

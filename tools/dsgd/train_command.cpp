@@ -256,6 +256,10 @@ runtime::LocalJobResult run_with_trainer(const TrainFlags& f, ProgressPrinter* p
         e.profile_ms[p.key] = 1000 * r.metrics.at(p.metric);
         phases += e.profile_ms[p.key];
       }
+      if (r.metrics.count("snapshot_s")) {  // the call's total, between chunks
+        e.profile_ms["snapshot"] = 1000 * r.metrics.at("snapshot_s") / static_cast<double>(batches);
+        phases += e.profile_ms["snapshot"];
+      }
       e.profile_ms["step"] = 1000 * epoch_s / static_cast<double>(batches);
       e.profile_ms["other"] = std::max(0.0, e.profile_ms["step"] - phases);
       epoch_steps.push_back(batches);
@@ -424,8 +428,9 @@ void add_train_command(CLI::App& app, int* exit_code) {
   cmd->add_option("--json-out", flags->json_out, "Also write the JSON summary to this file");
   cmd->add_flag("-q,--quiet", flags->quiet, "No progress output");
   cmd->add_flag("--profile", flags->profile,
-                "Time each step's phases (forward, backward, optimizer, waiting for communication; ms per "
-                "step, mean over workers): on stderr after each epoch and at the end, and in the JSON summary");
+                "Time each step's phases (forward, backward, optimizer, waiting for communication, and the "
+                "driver's snapshots; ms per step, mean over workers): on stderr after each epoch and at the "
+                "end, and in the JSON summary");
   cmd->callback([flags, exit_code] { *exit_code = run_train(*flags); });
 }
 
