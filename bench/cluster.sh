@@ -9,9 +9,12 @@
 # on one H100), divided by 25: 1.024M parameters and 52 ms on 1 Gbit/s. A link of g Gbit/s here
 # then models one of 25 g Gbit/s.
 #
-# For each host count and link rate: step time of every strategy, scaling efficiency (step time
-# of one worker alone over the step time here; the per-worker batch stays 32), and the analytic
-# bound, max(compute, communication), with B the gradient's bytes and bw the link's bytes/s:
+# For each host count and link rate: step time of every strategy (of the training steps: the
+# run's time less the driver's snapshot of the replicas' state after it, 8 MB from one worker to
+# the driver, which --profile times; it comes once per train() call, and each run here is one
+# short call), scaling efficiency (step time of one worker alone over the step time here; the
+# per-worker batch stays 32), and the analytic bound, max(compute, communication), with B the
+# gradient's bytes and bw the link's bytes/s:
 #   allreduce (Gloo ring among hosts; "hier": 2 workers per host, shared memory within)
 #                        2 (h-1)/h B/bw
 #   ps, k shards         max((h+k-2)/k, [k<h]) B/bw  (the busiest link: a shard owner's, which
@@ -39,10 +42,11 @@
 # includes the trial steps),
 # JSON_OUT (also write every row as JSON lines there), LINK_CHECK=1 (first measure what each
 # cluster's links deliver to plain TCP: every host streams to the next, and each receiver prints
-# its rate), COMM_ALONE=1 (also measure the bound's two
-# terms on this machine: every config again with no compute, SIM_STEP_MS 0, its communication
-# as measured here; and h workers at once with no communication, the compute when h hosts'
-# workers share these 2 cores), WRITE_DOCS=1 (replace the tables in
+# its rate), LINK_BUSY=1 (sample every link's byte counters during each run, bench/link_meter.py:
+# how busy the busiest link was, and its bytes per step over the formula's), COMM_ALONE=1 (also
+# measure the bound's two terms on this machine: every config again with no compute, SIM_STEP_MS
+# 0, its communication as measured here; and h workers at once with no communication, the
+# compute when h hosts' workers share these 2 cores), WRITE_DOCS=1 (replace the tables in
 # docs/BENCHMARKS.md between the cluster-tables markers, or DOC_MARKER's, and unless PLOT=0 the
 # plot docs/img/cluster-scaling.png: bench/plot_cluster.sh).
 # Needs root (or CAP_NET_ADMIN) for namespaces; creates them with this script's pid in their names
@@ -138,17 +142,18 @@ for _ in range(48): c.sendall(bytes(1 << 20))" &
 
 # Sets common, the flags of every run, for a simulated step of $1 ms.
 set_common() {
-  common=(--model simulated --dataset synthetic --image-size 8 --synthetic-samples 65536 --threads 1 --no-eval --quiet
+  common=(--model simulated --dataset synthetic --image-size 8 --synthetic-samples 65536 --threads 1 --no-eval --quiet --profile
           --max-steps "$steps" --grad-shard-bytes "$bucket_bytes" --checkpoint-every 0
           --config "{\"sim_parameters\": $params, \"sim_step_ms\": $1, \"sim_layers\": $layers}")
 }
 set_common "$step_ms"
 port=29600
 
-# Sets run_ms and run_parameters from the JSON summary in $1.
+# Sets run_ms (per training step: the run's time per step less its snapshots, as --profile
+# measures them) and run_parameters from the JSON summary in $1.
 read_summary() {
   read -r run_ms run_parameters < <(/usr/bin/python3 -c "import json, sys; r = json.load(open(sys.argv[1]));
-print(1000 * r['batch_size'] / r['samples_per_s'], r['parameters'])" "$1")
+p = r['profile_ms']; print(p['step'] - p['snapshot'], r['parameters'])" "$1")
 }
 
 # run NAME HOSTS WORKERS_PER_HOST FLAGS...: one job across the cluster; sets run_ms (per step).
@@ -156,8 +161,16 @@ print(1000 * r['batch_size'] / r['samples_per_s'], r['parameters'])" "$1")
 run() {
   local name=$1 hosts=$2 per_host=$3
   shift 3
-  local workers=$((hosts * per_host)) address="198.19.1.1:$port" out=$tmp/$name-$hosts
+  local workers=$((hosts * per_host)) address="198.19.1.1:$port" out=$tmp/$name-$hosts meter=
   port=$((port + 1))
+  run_busy=null
+  if [[ "${LINK_BUSY:-0}" == 1 && "$gbit" != 0 ]]; then
+    local ns=() i
+    for i in $(seq 0 $((hosts + ${servers:-0}))); do ns+=("$prefix-h$i"); done  # h0: the driver's
+    bench/link_meter.py "$gbit" "${ns[@]}" >"$out.links" &
+    meter=$!
+    pids+=("$meter")
+  fi
   ip netns exec "$prefix-h0" "$dsgd" train "${common[@]}" "$@" --workers "$workers" --listen "$address" \
     --token "bench-$id" --batch-size $((per_worker_batch * workers)) --json-out "$out.json" \
     >/dev/null 2>"$out.driver" &
@@ -188,6 +201,11 @@ run() {
     exit 1
   fi
   wait "${workers_pids[@]}" 2>/dev/null || true
+  if [[ -n "$meter" ]]; then
+    kill -TERM "$meter"
+    wait "$meter"
+    run_busy=$(/usr/bin/python3 -c "import json, sys; print(json.load(open(sys.argv[1]))['busy'] or 'null')" "$out.links")
+  fi
   grep -ho "forward_overlap_buckets auto: .*" "$out.driver" | sed "s/^/$name on $hosts hosts: /" >&2 || true
   read_summary "$out.json"
 }
@@ -255,7 +273,7 @@ for gbit in "${rates[@]}"; do
       esac
       echo "$(date +%T) $h hosts, $gbit Gbit/s: $c" >&2
       run "$c" "$h" "$per_host" "${flags[@]}" "${fwd[@]}"
-      step=$run_ms alone=null
+      step=$run_ms busy=$run_busy alone=null
       if [[ "${COMM_ALONE:-0}" == 1 ]]; then  # the same job with no compute: its communication alone
         set_common 0
         run "$c-alone" "$h" "$per_host" "${flags[@]}" "${fwd[@]}"
@@ -263,7 +281,8 @@ for gbit in "${rates[@]}"; do
         set_common "$step_ms"
       fi
       echo "{\"config\": \"$c\", \"hosts\": $h, \"gbit\": $gbit, \"step_ms\": $step, \"compute_ms\": $compute_ms," \
-        "\"parameters\": $parameters, \"sim_step_ms\": $step_ms, \"comm_alone_ms\": $alone, \"shared_compute_ms\": $shared}" >>"$rows"
+        "\"parameters\": $parameters, \"sim_step_ms\": $step_ms, \"comm_alone_ms\": $alone, \"shared_compute_ms\": $shared," \
+        "\"link_busy\": $busy}" >>"$rows"
     done
   done
 done
@@ -297,10 +316,12 @@ for gbit in sorted({r["gbit"] for r in rows}):
     else:
         print(f"\n{gbit:g} Gbit/s links (models {25 * gbit:g} Gbit/s at full scale)\n")
     alone = any(r.get("comm_alone_ms") is not None for r in rows)
+    busy = any(r.get("link_busy") is not None for r in rows if r["gbit"] == gbit)
     print("| hosts | strategy | step ms | communication ms | bound ms | step / bound | "
           "backward-overlap bound ms | step / it | scaling efficiency |"
-          + (" compute, h at once ms | communication alone ms | step / max(both) |" if alone else ""))
-    print("|---|---|---|---|---|---|---|---|---|" + ("---|---|---|" if alone else ""))
+          + (" compute, h at once ms | communication alone ms | step / max(both) |" if alone else "")
+          + (" busiest link busy | its bytes / formula's |" if busy else ""))
+    print("|---|---|---|---|---|---|---|---|---|" + ("---|---|---|" if alone else "") + ("---|---|" if busy else ""))
     for r in [r for r in rows if r["gbit"] == gbit]:
         b, t = 4 * r["parameters"], r["compute_ms"]
         comm = comm_ms(r["config"], r["hosts"], gbit, b)
@@ -314,11 +335,16 @@ for gbit in sorted({r["gbit"] for r in rows}):
             a, sc = r.get("comm_alone_ms"), r.get("shared_compute_ms") or t
             measured = (sc + a) if "no-overlap" in r["config"] else max(sc, a)
             line += f" {sc:.1f} | {a:.1f} | {r['step_ms'] / measured:.2f} |" if a is not None else " - | - | - |"
+        if busy:
+            u = r.get("link_busy")
+            # The link's bytes per step, busy x rate x step, over the formula's, rate x comm.
+            line += f" {u:.2f} | {u * r['step_ms'] / comm:.2f} |" if u is not None and comm > 0 else " - | - |"
         print(line)
 PY
 cat "$report"
 if [[ "${WRITE_DOCS:-0}" == 1 ]]; then
-  command="${COMM_ALONE:+COMM_ALONE=$COMM_ALONE }${SIM_STEP_MS:+SIM_STEP_MS=$SIM_STEP_MS }"  # as typed, to rerun it
+  command="${COMM_ALONE:+COMM_ALONE=$COMM_ALONE }${LINK_BUSY:+LINK_BUSY=$LINK_BUSY }"  # as typed, to rerun it
+  command+="${SIM_STEP_MS:+SIM_STEP_MS=$SIM_STEP_MS }"
   command+="${BUCKET_BYTES:+BUCKET_BYTES=$BUCKET_BYTES }${CONFIGS:+CONFIGS=\"$CONFIGS\" }bench/cluster.sh"
   for a in "$@"; do command+=" \"$a\""; done
   bench/write_docs.py "${DOC_MARKER:-cluster-tables}" "$report" "$command"
