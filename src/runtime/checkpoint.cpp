@@ -11,8 +11,10 @@
 #include <limits>
 #include <fstream>
 #include <sstream>
+#include <stdexcept>
 
 #include "dsgd/error.h"
+#include "runtime/json_fields.h"
 
 namespace dsgd::runtime {
 namespace {
@@ -114,22 +116,30 @@ Checkpoint read_checkpoint(const std::string& dir) {
   } catch (const std::exception&) {
     throw DataError(path, "the header is not valid JSON: not a dsgd checkpoint, or damaged");
   }
-  if (!c.header.is_object() || c.header.value("format", "") != kFormat) {
+  if (!c.header.is_object() || !c.header.contains("format") || c.header["format"] != kFormat) {
     throw DataError(path, "not a dsgd checkpoint (format field missing)");
   }
-  if (c.header.value("version", 0) != kVersion) {
-    throw DataError(path, "checkpoint version " + std::to_string(c.header.value("version", 0)) +
-                              " is not supported by this build (version " + std::to_string(kVersion) + ")");
+  int64_t version = 0, expected = 0;
+  uint32_t crc = 0;
+  try {
+    version = integer_field(c.header, "version", int64_t{0});
+    expected = integer_field(c.header, "state_bytes", int64_t{0});
+    crc = integer_field(c.header, "state_crc32", uint32_t{0});
+  } catch (const std::invalid_argument& e) {
+    throw DataError(path, std::string("damaged header: ") + e.what());
+  }
+  if (version != kVersion) {
+    throw DataError(path, "checkpoint version " + std::to_string(version) + " is not supported by this build (version " +
+                              std::to_string(kVersion) + ")");
   }
   std::ostringstream rest;
   rest << in.rdbuf();
   c.state = rest.str();
-  const size_t expected = c.header.value("state_bytes", size_t{0});
-  if (c.state.size() != expected) {
+  if (static_cast<int64_t>(c.state.size()) != expected) {
     throw DataError(path, "truncated or damaged: " + std::to_string(c.state.size()) + " state bytes, header says " +
                               std::to_string(expected));
   }
-  if (crc_of(c.state) != c.header.value("state_crc32", uint32_t{0})) {
+  if (crc_of(c.state) != crc) {
     throw DataError(path, "checksum mismatch: the file is damaged");
   }
   return c;

@@ -2,10 +2,12 @@
 
 #include <algorithm>
 #include <cmath>
+#include <stdexcept>
 #include <vector>
 
 #include "dsgd/error.h"
 #include "dsgd/model_names.h"
+#include "runtime/json_fields.h"
 
 namespace dsgd::runtime {
 namespace {
@@ -71,13 +73,15 @@ LocalJobOptions image_classifier_options(const nlohmann::json& config) {
     o.momentum = config.value("momentum", o.momentum);
     o.lr_decay = config.value("lr_decay", o.lr_decay);
     o.dropout = config.value("dropout", o.dropout);
-    o.synthetic_samples = config.value("synthetic_samples", o.synthetic_samples);
-    o.synthetic_image_size = config.value("synthetic_image_size", o.synthetic_image_size);
-    o.sim_parameters = config.value("sim_parameters", o.sim_parameters);
-    o.sim_layers = config.value("sim_layers", o.sim_layers);
+    o.synthetic_samples = integer_field(config, "synthetic_samples", o.synthetic_samples);
+    o.synthetic_image_size = integer_field(config, "synthetic_image_size", o.synthetic_image_size);
+    o.sim_parameters = integer_field(config, "sim_parameters", o.sim_parameters);
+    o.sim_layers = integer_field(config, "sim_layers", o.sim_layers);
     o.sim_step_ms = config.value("sim_step_ms", o.sim_step_ms);
   } catch (const nlohmann::json::exception& e) {
     throw ConfigError(std::string("image classifier config: a value has the wrong type: ") + e.what());
+  } catch (const std::invalid_argument& e) {
+    throw ConfigError(std::string("image classifier config: ") + e.what());
   }
   validate(o);  // the single-process job's checks and messages
   return o;

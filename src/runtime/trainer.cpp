@@ -540,7 +540,8 @@ void Trainer::load(const std::string& path) {
   } else {
     c = runtime::read_checkpoint(path);
   }
-  const std::string op = c.header.value("operator", "");
+  const auto field = c.header.find("operator");
+  const std::string op = field != c.header.end() && field->is_string() ? field->get<std::string>() : "";
   if (op != impl_->op_name) {
     throw ConfigError(path + ": the checkpoint is of operator '" + op + "', this trainer runs '" + impl_->op_name + "'");
   }

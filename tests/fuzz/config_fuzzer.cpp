@@ -1,8 +1,9 @@
 // libFuzzer target: any bytes as the `--config` JSON of `dsgd train` / the image classifier.
 // It goes through what the CLI does with it: parse_config_text, then image_classifier_options.
 // The only acceptable outcomes are valid options or a dsgd::ConfigError; anything else (a crash,
-// another exception, a sanitizer report) is a bug. It found one: '{"lr": 1e400}' escaped the
-// CLI as nlohmann's out_of_range and aborted `dsgd train`. Run with tests/fuzz/run.sh.
+// another exception, a sanitizer report) is a bug. It found two: '{"lr": 1e400}' escaped the
+// CLI as nlohmann's out_of_range and aborted `dsgd train`, and '{"synthetic_samples": 10000E020}'
+// was an unchecked float-to-integer cast (runtime/json_fields.h). Run with tests/fuzz/run.sh.
 #include <cstddef>
 #include <cstdint>
 #include <string_view>

@@ -6,6 +6,10 @@
 
 #include <filesystem>
 #include <fstream>
+#include <iterator>
+#include <nlohmann/json.hpp>
+#include <utility>
+#include <vector>
 
 #include "dsgd/error.h"
 #include "testing/temp_dir.h"
@@ -92,6 +96,40 @@ TEST(CheckpointRotation, EveryOneDamagedIsADataErrorListingThemAll) {
   }
   EXPECT_THROW(read_latest_checkpoint(dir.file("absent"), nullptr), DataError);
   EXPECT_THROW(write_rotating_checkpoint(root, 3, 0, state_of(3), ""), DataError);
+}
+
+// A header whose fields have the wrong type or an impossible value is a damaged checkpoint (a
+// DataError naming the field), never an escaped JSON exception or an unchecked float cast.
+TEST(CheckpointRotation, AHeaderWithImpossibleFieldsIsADataError) {
+  testing::TempDir dir;
+  const std::string root = dir.file("ckpts");
+  write_rotating_checkpoint(root, 1, 3, state_of(1), "");
+  const std::string file = list_checkpoints(root).at(0) + "/checkpoint.dsgd";
+  std::string header, state;
+  {
+    std::ifstream in(file, std::ios::binary);
+    std::getline(in, header);
+    state.assign(std::istreambuf_iterator<char>(in), {});
+  }
+  const auto good = nlohmann::json::parse(header);
+  const std::vector<std::pair<std::string, nlohmann::json>> bad = {
+      {"version", 1e300}, {"version", "1"}, {"state_bytes", 1e24}, {"state_bytes", 12.5}, {"state_crc32", -1},
+      {"state_crc32", 1e10}, {"format", 7}};
+  for (const auto& [field, value] : bad) {
+    auto h = good;
+    h[field] = value;
+    std::ofstream(file, std::ios::binary | std::ios::trunc) << h.dump() << "\n" << state;
+    try {
+      read_checkpoint(fs::path(file).parent_path().string());
+      ADD_FAILURE() << field << " = " << value.dump() << " loaded";
+    } catch (const DataError& e) {
+      const std::string what = e.what();
+      EXPECT_TRUE(what.find(field) != std::string::npos || what.find("not a dsgd checkpoint") != std::string::npos)
+          << field << " = " << value.dump() << ": " << what;
+    }
+  }
+  std::ofstream(file, std::ios::binary | std::ios::trunc) << good.dump() << "\n" << state;
+  EXPECT_EQ(read_checkpoint(fs::path(file).parent_path().string()).state, "state of step 1");
 }
 
 }  // namespace

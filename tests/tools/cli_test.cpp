@@ -85,6 +85,9 @@ TEST(Cli, FlagErrorsExitWithUsageStatusAndSayWhatIsWrong) {
   expect_usage_error("train --workers 2 --config '{\"lr\": \"fast\"}'", "wrong type");
   expect_usage_error("train --workers 2 --config '{\"lr\": 1e400}'", "--config is not valid JSON");  // found by fuzzing
   expect_usage_error("train --workers 2 --config '{\"lrr\": 0.1}'", "unknown image classifier config key 'lrr'");
+  expect_usage_error("train --workers 2 --config '{\"synthetic_samples\": 10000E020}'",  // found by fuzzing
+                     "'synthetic_samples' must be a whole number");
+  expect_usage_error("train --workers 2 --config '{\"sim_layers\": 3.5}'", "'sim_layers' must be a whole number");
   expect_usage_error("train --workers 2 --batch-size 1", "at least the number of replicas (2)");
   expect_usage_error("train --dataset imagenet", "unknown dataset 'imagenet'");
   expect_usage_error("train --json-out /nonexistent-dir/x.json", "/nonexistent-dir does not exist");
