@@ -1,7 +1,7 @@
 // The driver: Trainer's engine. Validates, serves the control plane, spawns or awaits workers,
-// and turns each Trainer call into commands to every worker.
+// and turns each Trainer call into commands to every worker. Snapshots and the recovery from a
+// lost worker are in runtime/trainer_recovery.cpp; the state both share, runtime/trainer_impl.h.
 #include "dsgd/trainer.h"
-
 
 #include <cmath>
 #include <cstdlib>
@@ -26,6 +26,7 @@
 #include "runtime/snapshot_policy.h"
 #include "runtime/spawn.h"
 #include "runtime/trainer_config.h"
+#include "runtime/trainer_impl.h"
 #include "runtime/worker.h"
 #include "runtime/worker_pool.h"
 #include "torch/replica.h"
@@ -65,308 +66,53 @@ std::string random_token() {
 
 }  // namespace
 
-// A failure the trainer can recover from by re-forming the job (a lost worker, a broken group).
-bool recoverable(const std::exception& e) {
-  return dynamic_cast<const CommError*>(&e) != nullptr;
+std::vector<control::CommandOutcome> Trainer::Impl::raw_call(const std::string& kind, const json& in,
+                                                             const std::string& blob, std::vector<int> targets,
+                                                             const std::function<void()>& extra_tick,
+                                                             milliseconds timeout) {
+  if (targets.empty()) targets = pool->members();
+  return server->call(kind, in.dump(), blob, timeout, [&] {
+    pool->check_children();
+    if (extra_tick) extra_tick();
+  }, std::move(targets));
 }
 
-struct Trainer::Impl {
-  std::string op_name;
-  TrainerConfig config;
-  std::string token;
-  std::unique_ptr<control::DriverServer> server;
-  std::unique_ptr<runtime::WorkerPool> pool;  // who is in the group; local mode: their processes
-  int64_t parameters = 0;
-  int64_t generation = 1;              // of the communication group; +1 per re-formation
-  std::string snapshot;                // replica state at the last consistent point
-  std::unique_ptr<runtime::SnapshotPolicy> snapshots;  // when to take it; the steps since
-  runtime::OverlapTuner overlap_tuner;                   // forward_overlap_buckets -1: T's choice
-  int failures = 0;
-  std::vector<std::string> failure_log;
-  std::vector<RecoveryEvent> events;   // of the current call
-  double snapshot_s = 0;               // of the current call: taking snapshots, writing checkpoints
-  bool broken = false;
-  bool stopped = false;
-  std::unique_ptr<torch_glue::ReplicaRuntime> local;  // get_model's copy
-
-  // One command to every member (or `targets`); any failure throws.
-  std::vector<control::CommandOutcome> raw_call(const std::string& kind, const json& in = json::object(),
-                                                const std::string& blob = "", std::vector<int> targets = {},
-                                                const std::function<void()>& extra_tick = {},
-                                                milliseconds timeout = milliseconds(0)) {
-    if (targets.empty()) targets = pool->members();
-    return server->call(kind, in.dump(), blob, timeout, [&] {
-      pool->check_children();
-      if (extra_tick) extra_tick();
-    }, std::move(targets));
+void Trainer::Impl::announce_to_servers(const std::string& generation_or_state) {
+  if (runtime::ps_shard_processes(config) == 0) return;
+  try {
+    server->store()->set(runtime::kPsGenerationKey, generation_or_state);
+  } catch (const std::exception& e) {
+    control::log().warn("trainer: cannot reach the ps shards' key: {}", e.what());
   }
+}
 
-  // Strategy ps with shard processes: tells them the generation to join (runtime/ps_server_process.h).
-  void announce_to_servers(const std::string& generation_or_state) {
-    if (runtime::ps_shard_processes(config) == 0) return;
-    try {
-      server->store()->set(runtime::kPsGenerationKey, generation_or_state);
-    } catch (const std::exception& e) {
-      control::log().warn("trainer: cannot reach the ps shards' key: {}", e.what());
-    }
+void Trainer::Impl::ensure_usable() const {
+  if (stopped) throw Error("the trainer was shut down");
+  if (broken) {
+    throw Error("the trainer is unusable after an earlier failure; create a new Trainer (or load a checkpoint into one)");
   }
+}
 
-  void ensure_usable() const {
-    if (stopped) throw Error("the trainer was shut down");
-    if (broken) {
-      throw Error("the trainer is unusable after an earlier failure; create a new Trainer (or load a checkpoint into one)");
-    }
-  }
+void Trainer::Impl::fail(const std::string& why) {
+  broken = true;
+  server->stop_workers();
+  throw Error(why);
+}
 
-  void fail(const std::string& why) {
-    broken = true;
-    server->stop_workers();
-    throw Error(why);
-  }
+std::vector<control::CommandOutcome> Trainer::Impl::call(const std::string& kind, const json& in,
+                                                         const std::string& blob, bool first_only,
+                                                         const std::function<void()>& extra_tick) {
+  return recovering([&] {
+    std::vector<int> targets;
+    if (first_only) targets = {pool->members().at(0)};
+    return raw_call(kind, in, blob, targets, extra_tick);
+  });
+}
 
-  // f(), again after each recovery from a lost worker.
-  template <typename F>
-  auto recovering(F f) {
-    ensure_usable();
-    while (true) {
-      try {
-        return f();
-      } catch (const std::exception& e) {
-        recover_or_rethrow(e);
-      }
-    }
-  }
-
-  // A command that survives lost workers: on a recoverable failure the job is re-formed from
-  // the last snapshot and the command is sent again. `first_only`: to the first live worker.
-  std::vector<control::CommandOutcome> call(const std::string& kind, const json& in = json::object(),
-                                            const std::string& blob = "", bool first_only = false,
-                                            const std::function<void()>& extra_tick = {}) {
-    return recovering([&] {
-      std::vector<int> targets;
-      if (first_only) targets = {pool->members().at(0)};
-      return raw_call(kind, in, blob, targets, extra_tick);
-    });
-  }
-
-  // Inside a catch block: a recoverable failure re-forms the job; anything else leaves the
-  // trainer broken (workers told to stop) and is rethrown.
-  void recover_or_rethrow(const std::exception& e) {
-    if (!recoverable(e)) {
-      broken = true;
-      server->stop_workers();
-      throw;
-    }
-    recover(e.what());
-  }
-
-  // The recovery protocol: abort the old generation, find and evict the lost workers, spawn
-  // replacements, re-form the group with a new generation, restore the snapshot everywhere.
-  void recover(std::string failure) {
-    while (true) {
-      const auto t0 = Clock::now();
-      failure_log.push_back(failure);
-      if (++failures > config.max_failures) {
-        std::string all;
-        for (size_t i = 0; i < failure_log.size(); ++i) all += "\n  " + std::to_string(i + 1) + ". " + failure_log[i];
-        fail("giving up after " + std::to_string(failures) + " failures (max_failures " +
-             std::to_string(config.max_failures) + "):" + all);
-      }
-      control::log().warn("trainer: {}; recovering (failure {} of at most {})", failure, failures, config.max_failures);
-      try {
-        RecoveryEvent ev = reform(failure);
-        ev.resumed_at = Clock::now();
-        ev.recovery_s = std::chrono::duration<double>(ev.resumed_at - t0).count();
-        control::log().warn("trainer: recovered in {:.2f} s with {} worker(s); lost {}", ev.recovery_s,
-                            ev.workers_after, ev.lost);
-        events.push_back(std::move(ev));
-        return;
-      } catch (const std::exception& e) {
-        if (!recoverable(e)) {
-          broken = true;
-          server->stop_workers();
-          throw;
-        }
-        // Lost another worker while re-forming: go round again (it counts as a failure).
-        failure = e.what();
-      }
-    }
-  }
-
-  RecoveryEvent reform(const std::string& failure) {
-    RecoveryEvent ev;
-    ev.failure = failure;
-    server->abort_generation(generation);
-    announce_to_servers("pending");  // a shard started now waits for the next generation
-    pool->spawn_servers();            // replaces lost shard processes (local mode)
-    // Wait until every live worker is idle (answers a ping) or known lost (exited or silent for
-    // the heartbeat timeout). Survivors fail their aborted command within moments, or, where it
-    // waits in a group's formation for a process that is gone, at its comm_timeout.
-    std::vector<int> lost;
-    const auto deadline = Clock::now() + std::max(config.heartbeat_timeout, config.comm_timeout) + milliseconds(2000);
-    while (true) {
-      for (const auto& w : server->workers()) {
-        if (!w.alive || !pool->is_member(static_cast<int>(w.index)) ||
-            std::find(lost.begin(), lost.end(), w.index) != lost.end()) {
-          continue;
-        }
-        const bool exited = pool->exited(static_cast<pid_t>(w.pid));
-        const bool silent = w.since_heartbeat_s * 1000 > static_cast<double>(config.heartbeat_timeout.count());
-        if (exited || silent) {
-          lost.push_back(static_cast<int>(w.index));
-          json p = json::parse(w.progress.empty() ? "{}" : w.progress, nullptr, false);
-          ev.lost += (ev.lost.empty() ? "" : ", ") + std::string("worker ") + std::to_string(w.index) + " (host " +
-                     w.host + ", pid " + std::to_string(w.pid) + (exited ? ", exited" : ", silent") + ")";
-          if (p.is_object()) {
-            ev.rolled_back_steps =
-                std::max(ev.rolled_back_steps, snapshots->pending() + p.value("batches", int64_t{0}));
-          }
-        }
-      }
-      std::vector<int> survivors;
-      for (int id : pool->members()) {
-        if (std::find(lost.begin(), lost.end(), id) == lost.end()) survivors.push_back(id);
-      }
-      try {
-        if (!survivors.empty()) raw_call("ping", json::object(), "", survivors, {}, milliseconds(1000));
-        break;
-      } catch (const std::exception&) {
-        if (Clock::now() > deadline) throw;
-      }
-    }
-    for (int id : lost) {
-      const auto info = server->workers().at(static_cast<size_t>(id));
-      server->evict(id, failure);
-      pool->drop(id, static_cast<pid_t>(info.pid));
-    }
-    // Replacements (local mode), awaited here for up to replacement_timeout; without them the
-    // job goes on with fewer workers and scales back up between chunks (scale_up).
-    pool->spawn_replacements();
-    std::vector<int> fresh = pool->newcomers();
-    while (pool->replacements_pending()) {
-      pool->check_children();  // a replacement that exits is dropped from pending
-      std::this_thread::sleep_for(milliseconds(20));
-      for (int id : pool->newcomers()) fresh.push_back(id);
-    }
-    if (pool->members().empty() && fresh.empty()) fail("every worker was lost: " + failure);
-    pool->spawn_servers();  // shard processes lost meanwhile
-    form_group(fresh);
-    ev.workers_after = static_cast<int>(pool->members().size());
-    return ev;
-  }
-
-  // A new generation of the group: `fresh` (registered, not yet set up) join the members, and
-  // everyone restores the snapshot.
-  void form_group(const std::vector<int>& fresh) {
-    ++generation;
-    pool->add_members(fresh);
-    const int world = static_cast<int>(pool->members().size()) * config.devices_per_worker;
-    if (config.batch_size < world) fail("too few samples per step for the re-formed job");
-    server->set_world(generation, world);
-    const json place = pool->placement(generation);
-    if (!fresh.empty()) raw_call("setup", place, "", fresh);
-    announce_to_servers(std::to_string(generation));
-    raw_call("connect", place);
-    raw_call("set_state", json::object(), snapshot);
-    replay();
-  }
-
-  // After restoring `snapshot`: trains the steps done since it (deferred snapshots) again, so
-  // every replica is where the last train() left it. Their results were returned already.
-  void replay() {
-    const auto to = snapshots->replay_to();
-    for (int guard = 0; snapshots->pending() > 0 && guard < 1000; ++guard) {
-      const json at = json::parse(raw_call("position", json::object(), "", {pool->members().at(0)})[0].json);
-      const std::pair<int64_t, int64_t> now{at.at("epoch").get<int64_t>(), at.at("batch").get<int64_t>()};
-      if (now >= to) return;
-      // To the end of the epoch (max_batches 0), or to the batch within it.
-      const int64_t batches = now.first < to.first ? 0 : to.second - now.second;
-      raw_call("train", {{"max_batches", batches}, {"profile", false}});
-    }
-  }
-
-  // Between chunks, below num_workers: grow back with whoever has registered since (spawning
-  // replacements with back-off in local mode). Returns the event, or nullopt if nothing changed.
-  std::optional<RecoveryEvent> scale_up() {
-    if (static_cast<int>(pool->members().size()) >= config.num_workers) return std::nullopt;
-    pool->spawn_replacements();
-    pool->check_children();
-    const auto fresh = pool->newcomers();
-    if (fresh.empty()) return std::nullopt;
-    const auto t0 = Clock::now();
-    RecoveryEvent ev;
-    ev.kind = "scale_up";
-    take_snapshot();  // the members' state now (a worker function may have changed it)
-    form_group(fresh);
-    ev.workers_after = static_cast<int>(pool->members().size());
-    ev.resumed_at = Clock::now();
-    ev.recovery_s = std::chrono::duration<double>(ev.resumed_at - t0).count();
-    pool->reset_backoff();
-    control::log().info("trainer: back to {} worker(s) in {:.2f} s", pool->members().size(), ev.recovery_s);
-    return ev;
-  }
-
-  // scale_up, surviving a failure on the way like any call.
-  void try_scale_up() {
-    try {
-      if (auto ev = scale_up()) events.push_back(std::move(*ev));
-    } catch (const std::exception& e) {
-      recover_or_rethrow(e);
-    }
-  }
-
-  // The first member's state (models, optimizers, position). Optimizer state held on the ps
-  // shards comes back into the replicas' optimizers first (a collective: every member).
-  std::string read_state() {
-    if (config.ps_update_on_shards || config.strategy == "ps_async") {
-      raw_call("gather_state", json{{"keep", pool->members().at(0)}});
-    }
-    return std::move(raw_call("get_state", json::object(), "", {pool->members().at(0)})[0].blob);
-  }
-
-  void take_snapshot() {
-    const auto t0 = Clock::now();
-    snapshot = read_state();
-    snapshots->taken(std::chrono::duration<double>(Clock::now() - t0).count());
-    snapshot_s += snapshots->cost_s();
-    control::log().debug("trainer: snapshot of {} bytes in {:.3f} s", snapshot.size(), snapshots->cost_s());
-  }
-
-  // take_snapshot, surviving a lost worker: false when it recovered instead, back to the
-  // previous snapshot.
-  bool snapshot_or_recover() {
-    try {
-      take_snapshot();
-      return true;
-    } catch (const std::exception& e) {
-      recover_or_rethrow(e);
-      return false;
-    }
-  }
-
-  // Takes the snapshot SnapshotPolicy put off, before a command whose effect a replay of
-  // training would not reproduce (a worker function).
-  void flush_snapshot() {
-    if (snapshots->pending() > 0) recovering([&] { take_snapshot(); });
-  }
-
-  json checkpoint_header(int64_t epoch, int64_t batch) const {
-    return {{"epoch", epoch}, {"batch", batch}, {"operator", op_name}, {"strategy", config.strategy},
-            {"num_workers", config.num_workers}, {"devices_per_worker", config.devices_per_worker}};
-  }
-
-  // The snapshot just taken, also on disk (TrainerConfig::checkpoint_dir), as step `step`.
-  void persist_snapshot(int64_t epoch, int64_t batch, int64_t batches_per_epoch) {
-    if (config.checkpoint_dir.empty()) return;
-    const auto t0 = Clock::now();
-    runtime::Checkpoint c{checkpoint_header(epoch, batch), snapshot};
-    auto pickle = call("get_pickle", json::object(), "", true);  // a recovery restores `snapshot`
-    const auto path = runtime::write_rotating_checkpoint(config.checkpoint_dir, epoch * batches_per_epoch + batch,
-                                                         config.checkpoint_keep, c, pickle[0].blob);
-    control::log().debug("trainer: checkpoint {}", path);
-    snapshot_s += std::chrono::duration<double>(Clock::now() - t0).count();
-  }
-};
+json Trainer::Impl::checkpoint_header(int64_t epoch, int64_t batch) const {
+  return {{"epoch", epoch}, {"batch", batch}, {"operator", op_name}, {"strategy", config.strategy},
+          {"num_workers", config.num_workers}, {"devices_per_worker", config.devices_per_worker}};
+}
 
 Trainer::Trainer(const std::string& operator_name, TrainerConfig config) : impl_(std::make_unique<Impl>()) {
   runtime::validate_trainer_config(operator_name, config);

@@ -1,0 +1,135 @@
+// Trainer's engine state, shared by the driver's two translation units: runtime/trainer.cpp
+// (construction, the Trainer calls, commands to the workers) and runtime/trainer_recovery.cpp
+// (snapshots, the recovery protocol, scaling back up). Private to the runtime: include it only
+// from those two.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "dsgd/trainer.h"
+#include "runtime/control/driver_service.h"
+#include "runtime/overlap_tuner.h"
+#include "runtime/snapshot_policy.h"
+#include "runtime/worker_pool.h"
+
+namespace dsgd {
+namespace torch_glue {
+class ReplicaRuntime;  // torch/replica.h; only trainer.cpp, which destroys Impl, needs it whole
+}  // namespace torch_glue
+
+struct Trainer::Impl {
+  using json = nlohmann::json;
+  using Clock = std::chrono::steady_clock;
+  using milliseconds = std::chrono::milliseconds;
+
+  std::string op_name;
+  TrainerConfig config;
+  std::string token;
+  std::unique_ptr<control::DriverServer> server;
+  std::unique_ptr<runtime::WorkerPool> pool;  // who is in the group; local mode: their processes
+  int64_t parameters = 0;
+  int64_t generation = 1;              // of the communication group; +1 per re-formation
+  std::string snapshot;                // replica state at the last consistent point
+  std::unique_ptr<runtime::SnapshotPolicy> snapshots;  // when to take it; the steps since
+  runtime::OverlapTuner overlap_tuner;                   // forward_overlap_buckets -1: T's choice
+  int failures = 0;
+  std::vector<std::string> failure_log;
+  std::vector<RecoveryEvent> events;   // of the current call
+  double snapshot_s = 0;               // of the current call: taking snapshots, writing checkpoints
+  bool broken = false;
+  bool stopped = false;
+  std::unique_ptr<torch_glue::ReplicaRuntime> local;  // get_model's copy
+
+  // One command to every member (or `targets`); any failure throws.
+  std::vector<control::CommandOutcome> raw_call(const std::string& kind, const json& in = json::object(),
+                                                const std::string& blob = "", std::vector<int> targets = {},
+                                                const std::function<void()>& extra_tick = {},
+                                                milliseconds timeout = milliseconds(0));
+
+  // Strategy ps with shard processes: tells them the generation to join (runtime/ps_server_process.h).
+  void announce_to_servers(const std::string& generation_or_state);
+
+  // Throws if the trainer was shut down or broken by an unrecoverable failure.
+  void ensure_usable() const;
+
+  // Leaves the trainer broken (workers told to stop) and throws Error(why).
+  [[noreturn]] void fail(const std::string& why);
+
+  // f(), again after each recovery from a lost worker.
+  template <typename F>
+  auto recovering(F f) {
+    ensure_usable();
+    while (true) {
+      try {
+        return f();
+      } catch (const std::exception& e) {
+        recover_or_rethrow(e);
+      }
+    }
+  }
+
+  // A command that survives lost workers: on a recoverable failure the job is re-formed from
+  // the last snapshot and the command is sent again. `first_only`: to the first live worker.
+  std::vector<control::CommandOutcome> call(const std::string& kind, const json& in = json::object(),
+                                            const std::string& blob = "", bool first_only = false,
+                                            const std::function<void()>& extra_tick = {});
+
+  // Recovery and snapshots (runtime/trainer_recovery.cpp).
+
+  // Inside a catch block: a recoverable failure re-forms the job; anything else leaves the
+  // trainer broken (workers told to stop) and is rethrown.
+  void recover_or_rethrow(const std::exception& e);
+
+  // The recovery protocol: abort the old generation, find and evict the lost workers, spawn
+  // replacements, re-form the group with a new generation, restore the snapshot everywhere.
+  void recover(std::string failure);
+
+  // One attempt of recover(): throws if another worker is lost meanwhile.
+  RecoveryEvent reform(const std::string& failure);
+
+  // A new generation of the group: `fresh` (registered, not yet set up) join the members, and
+  // everyone restores the snapshot.
+  void form_group(const std::vector<int>& fresh);
+
+  // After restoring `snapshot`: trains the steps done since it (deferred snapshots) again, so
+  // every replica is where the last train() left it. Their results were returned already.
+  void replay();
+
+  // Between chunks, below num_workers: grow back with whoever has registered since (spawning
+  // replacements with back-off in local mode). Returns the event, or nullopt if nothing changed.
+  std::optional<RecoveryEvent> scale_up();
+
+  // scale_up, surviving a failure on the way like any call.
+  void try_scale_up();
+
+  // The first member's state (models, optimizers, position). Optimizer state held on the ps
+  // shards comes back into the replicas' optimizers first (a collective: every member).
+  std::string read_state();
+
+  // `snapshot` = read_state(), timed for SnapshotPolicy and snapshot_s.
+  void take_snapshot();
+
+  // take_snapshot, surviving a lost worker: false when it recovered instead, back to the
+  // previous snapshot.
+  bool snapshot_or_recover();
+
+  // Takes the snapshot SnapshotPolicy put off, before a command whose effect a replay of
+  // training would not reproduce (a worker function).
+  void flush_snapshot();
+
+  // What a checkpoint of this job at (epoch, batch) says about itself.
+  json checkpoint_header(int64_t epoch, int64_t batch) const;
+
+  // The snapshot just taken, also on disk (TrainerConfig::checkpoint_dir), as step `step`.
+  void persist_snapshot(int64_t epoch, int64_t batch, int64_t batches_per_epoch);
+};
+
+}  // namespace dsgd

@@ -1,0 +1,215 @@
+// Trainer's snapshots and recovery: the replicas' state kept at consistent points (in memory,
+// and on disk with TrainerConfig::checkpoint_dir), the protocol that re-forms the job around a
+// lost worker and restores that state, and growing back to num_workers between chunks.
+#include <algorithm>
+#include <thread>
+
+#include "dsgd/error.h"
+#include "runtime/checkpoint.h"
+#include "runtime/control/log.h"
+#include "runtime/trainer_impl.h"
+
+namespace dsgd {
+namespace {
+
+// A failure the trainer can recover from by re-forming the job (a lost worker, a broken group).
+bool recoverable(const std::exception& e) { return dynamic_cast<const CommError*>(&e) != nullptr; }
+
+}  // namespace
+
+void Trainer::Impl::recover_or_rethrow(const std::exception& e) {
+  if (!recoverable(e)) {
+    broken = true;
+    server->stop_workers();
+    throw;
+  }
+  recover(e.what());
+}
+
+void Trainer::Impl::recover(std::string failure) {
+  while (true) {
+    const auto t0 = Clock::now();
+    failure_log.push_back(failure);
+    if (++failures > config.max_failures) {
+      std::string all;
+      for (size_t i = 0; i < failure_log.size(); ++i) all += "\n  " + std::to_string(i + 1) + ". " + failure_log[i];
+      fail("giving up after " + std::to_string(failures) + " failures (max_failures " +
+           std::to_string(config.max_failures) + "):" + all);
+    }
+    control::log().warn("trainer: {}; recovering (failure {} of at most {})", failure, failures, config.max_failures);
+    try {
+      RecoveryEvent ev = reform(failure);
+      ev.resumed_at = Clock::now();
+      ev.recovery_s = std::chrono::duration<double>(ev.resumed_at - t0).count();
+      control::log().warn("trainer: recovered in {:.2f} s with {} worker(s); lost {}", ev.recovery_s,
+                          ev.workers_after, ev.lost);
+      events.push_back(std::move(ev));
+      return;
+    } catch (const std::exception& e) {
+      if (!recoverable(e)) {
+        broken = true;
+        server->stop_workers();
+        throw;
+      }
+      // Lost another worker while re-forming: go round again (it counts as a failure).
+      failure = e.what();
+    }
+  }
+}
+
+RecoveryEvent Trainer::Impl::reform(const std::string& failure) {
+  RecoveryEvent ev;
+  ev.failure = failure;
+  server->abort_generation(generation);
+  announce_to_servers("pending");  // a shard started now waits for the next generation
+  pool->spawn_servers();            // replaces lost shard processes (local mode)
+  // Wait until every live worker is idle (answers a ping) or known lost (exited or silent for
+  // the heartbeat timeout). Survivors fail their aborted command within moments, or, where it
+  // waits in a group's formation for a process that is gone, at its comm_timeout.
+  std::vector<int> lost;
+  const auto deadline = Clock::now() + std::max(config.heartbeat_timeout, config.comm_timeout) + milliseconds(2000);
+  while (true) {
+    for (const auto& w : server->workers()) {
+      if (!w.alive || !pool->is_member(static_cast<int>(w.index)) ||
+          std::find(lost.begin(), lost.end(), w.index) != lost.end()) {
+        continue;
+      }
+      const bool exited = pool->exited(static_cast<pid_t>(w.pid));
+      const bool silent = w.since_heartbeat_s * 1000 > static_cast<double>(config.heartbeat_timeout.count());
+      if (exited || silent) {
+        lost.push_back(static_cast<int>(w.index));
+        json p = json::parse(w.progress.empty() ? "{}" : w.progress, nullptr, false);
+        ev.lost += (ev.lost.empty() ? "" : ", ") + std::string("worker ") + std::to_string(w.index) + " (host " +
+                   w.host + ", pid " + std::to_string(w.pid) + (exited ? ", exited" : ", silent") + ")";
+        if (p.is_object()) {
+          ev.rolled_back_steps =
+              std::max(ev.rolled_back_steps, snapshots->pending() + p.value("batches", int64_t{0}));
+        }
+      }
+    }
+    std::vector<int> survivors;
+    for (int id : pool->members()) {
+      if (std::find(lost.begin(), lost.end(), id) == lost.end()) survivors.push_back(id);
+    }
+    try {
+      if (!survivors.empty()) raw_call("ping", json::object(), "", survivors, {}, milliseconds(1000));
+      break;
+    } catch (const std::exception&) {
+      if (Clock::now() > deadline) throw;
+    }
+  }
+  for (int id : lost) {
+    const auto info = server->workers().at(static_cast<size_t>(id));
+    server->evict(id, failure);
+    pool->drop(id, static_cast<pid_t>(info.pid));
+  }
+  // Replacements (local mode), awaited here for up to replacement_timeout; without them the
+  // job goes on with fewer workers and scales back up between chunks (scale_up).
+  pool->spawn_replacements();
+  std::vector<int> fresh = pool->newcomers();
+  while (pool->replacements_pending()) {
+    pool->check_children();  // a replacement that exits is dropped from pending
+    std::this_thread::sleep_for(milliseconds(20));
+    for (int id : pool->newcomers()) fresh.push_back(id);
+  }
+  if (pool->members().empty() && fresh.empty()) fail("every worker was lost: " + failure);
+  pool->spawn_servers();  // shard processes lost meanwhile
+  form_group(fresh);
+  ev.workers_after = static_cast<int>(pool->members().size());
+  return ev;
+}
+
+void Trainer::Impl::form_group(const std::vector<int>& fresh) {
+  ++generation;
+  pool->add_members(fresh);
+  const int world = static_cast<int>(pool->members().size()) * config.devices_per_worker;
+  if (config.batch_size < world) fail("too few samples per step for the re-formed job");
+  server->set_world(generation, world);
+  const json place = pool->placement(generation);
+  if (!fresh.empty()) raw_call("setup", place, "", fresh);
+  announce_to_servers(std::to_string(generation));
+  raw_call("connect", place);
+  raw_call("set_state", json::object(), snapshot);
+  replay();
+}
+
+void Trainer::Impl::replay() {
+  const auto to = snapshots->replay_to();
+  for (int guard = 0; snapshots->pending() > 0 && guard < 1000; ++guard) {
+    const json at = json::parse(raw_call("position", json::object(), "", {pool->members().at(0)})[0].json);
+    const std::pair<int64_t, int64_t> now{at.at("epoch").get<int64_t>(), at.at("batch").get<int64_t>()};
+    if (now >= to) return;
+    // To the end of the epoch (max_batches 0), or to the batch within it.
+    const int64_t batches = now.first < to.first ? 0 : to.second - now.second;
+    raw_call("train", {{"max_batches", batches}, {"profile", false}});
+  }
+}
+
+std::optional<RecoveryEvent> Trainer::Impl::scale_up() {
+  if (static_cast<int>(pool->members().size()) >= config.num_workers) return std::nullopt;
+  pool->spawn_replacements();
+  pool->check_children();
+  const auto fresh = pool->newcomers();
+  if (fresh.empty()) return std::nullopt;
+  const auto t0 = Clock::now();
+  RecoveryEvent ev;
+  ev.kind = "scale_up";
+  take_snapshot();  // the members' state now (a worker function may have changed it)
+  form_group(fresh);
+  ev.workers_after = static_cast<int>(pool->members().size());
+  ev.resumed_at = Clock::now();
+  ev.recovery_s = std::chrono::duration<double>(ev.resumed_at - t0).count();
+  pool->reset_backoff();
+  control::log().info("trainer: back to {} worker(s) in {:.2f} s", pool->members().size(), ev.recovery_s);
+  return ev;
+}
+
+void Trainer::Impl::try_scale_up() {
+  try {
+    if (auto ev = scale_up()) events.push_back(std::move(*ev));
+  } catch (const std::exception& e) {
+    recover_or_rethrow(e);
+  }
+}
+
+std::string Trainer::Impl::read_state() {
+  if (config.ps_update_on_shards || config.strategy == "ps_async") {
+    raw_call("gather_state", json{{"keep", pool->members().at(0)}});
+  }
+  return std::move(raw_call("get_state", json::object(), "", {pool->members().at(0)})[0].blob);
+}
+
+void Trainer::Impl::take_snapshot() {
+  const auto t0 = Clock::now();
+  snapshot = read_state();
+  snapshots->taken(std::chrono::duration<double>(Clock::now() - t0).count());
+  snapshot_s += snapshots->cost_s();
+  control::log().debug("trainer: snapshot of {} bytes in {:.3f} s", snapshot.size(), snapshots->cost_s());
+}
+
+bool Trainer::Impl::snapshot_or_recover() {
+  try {
+    take_snapshot();
+    return true;
+  } catch (const std::exception& e) {
+    recover_or_rethrow(e);
+    return false;
+  }
+}
+
+void Trainer::Impl::flush_snapshot() {
+  if (snapshots->pending() > 0) recovering([&] { take_snapshot(); });
+}
+
+void Trainer::Impl::persist_snapshot(int64_t epoch, int64_t batch, int64_t batches_per_epoch) {
+  if (config.checkpoint_dir.empty()) return;
+  const auto t0 = Clock::now();
+  runtime::Checkpoint c{checkpoint_header(epoch, batch), snapshot};
+  auto pickle = call("get_pickle", json::object(), "", true);  // a recovery restores `snapshot`
+  const auto path = runtime::write_rotating_checkpoint(config.checkpoint_dir, epoch * batches_per_epoch + batch,
+                                                       config.checkpoint_keep, c, pickle[0].blob);
+  control::log().debug("trainer: checkpoint {}", path);
+  snapshot_s += std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+}  // namespace dsgd
