@@ -47,7 +47,7 @@ bench-comm: build
 
 # The simulated cluster: 2, 4 and 8 hosts in network namespaces on shaped links (~20 min, root).
 bench-cluster: build
-	WRITE_DOCS=1 bench/cluster.sh
+	WRITE_DOCS=1 LINK_BUSY=1 bench/cluster.sh
 
 # The parsers' fuzz targets for FUZZ_SECONDS each (libFuzzer; what they find stays in $(BUILD)/fuzz).
 FUZZ_SECONDS ?= 300

@@ -6,8 +6,9 @@
 #   2. allreduce on one host against plain Gloo, OpenMPI and memcpy: bench/allreduce.sh 2 4,
 #      10 timed runs per size (allreduce-tables)
 #   3. the simulated cluster, reduced: 2, 4 and 8 hosts on 1 Gbit/s links, allreduce with and
-#      without overlap, ps with 2, 4 and 8 shards, simple (cluster-quick-tables); skipped, saying
-#      so, where network namespaces cannot be made. `make bench-cluster` runs the full one.
+#      without overlap, ps with 2, 4 and 8 shards, simple, the links metered (LINK_BUSY=1;
+#      cluster-quick-tables); skipped, saying so, where network namespaces cannot be made.
+#      `make bench-cluster` runs the full one.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 start=$(date +%s)
@@ -26,8 +27,8 @@ ITERS=10 WRITE_DOCS=1 bench/allreduce.sh 2 4
 echo "== make bench 3/3: the simulated cluster, reduced (~4 min)" >&2
 if ip netns add "dsgd-probe$$" 2>/dev/null; then
   ip netns del "dsgd-probe$$"
-  CONFIGS="allreduce allreduce-no-overlap ps2 ps4 ps8 simple" WRITE_DOCS=1 DOC_MARKER=cluster-quick-tables PLOT=0 \
-    bench/cluster.sh "2 4 8" 1 40
+  LINK_BUSY=1 CONFIGS="allreduce allreduce-no-overlap ps2 ps4 ps8 simple" WRITE_DOCS=1 \
+    DOC_MARKER=cluster-quick-tables PLOT=0 bench/cluster.sh "2 4 8" 1 40
 else
   echo "skipping the simulated cluster: network namespaces cannot be made here (needs root)" >&2
 fi
