@@ -82,6 +82,9 @@ struct Trainer::Impl {
                                             const std::string& blob = "", bool first_only = false,
                                             const std::function<void()>& extra_tick = {});
 
+  // What a checkpoint of this job at (epoch, batch) says about itself.
+  json checkpoint_header(int64_t epoch, int64_t batch) const;
+
   // Recovery and snapshots (runtime/trainer_recovery.cpp).
 
   // Inside a catch block: a recoverable failure re-forms the job; anything else leaves the
@@ -124,9 +127,6 @@ struct Trainer::Impl {
   // Takes the snapshot SnapshotPolicy put off, before a command whose effect a replay of
   // training would not reproduce (a worker function).
   void flush_snapshot();
-
-  // What a checkpoint of this job at (epoch, batch) says about itself.
-  json checkpoint_header(int64_t epoch, int64_t batch) const;
 
   // The snapshot just taken, also on disk (TrainerConfig::checkpoint_dir), as step `step`.
   void persist_snapshot(int64_t epoch, int64_t batch, int64_t batches_per_epoch);

@@ -1,7 +1,7 @@
 // The driver's workers: which registered workers form the current group (members, in rank
 // order) and, in local mode, the processes behind them: the job's first workers, spread over
 // pseudo-hosts, and replacements for lost ones, spawned with exponential back-off. Trainer's
-// recovery protocol (trainer.cpp) decides when; this decides who and where. Torch-free.
+// recovery protocol (trainer_recovery.cpp) decides when; this decides who and where. Torch-free.
 //
 //   WorkerPool pool(config, server, binary, token);
 //   pool.spawn_initial();                       // local mode
