@@ -48,7 +48,9 @@
 # 0, its communication as measured here; and h workers at once with no communication, the
 # compute when h hosts' workers share these 2 cores), WRITE_DOCS=1 (replace the tables in
 # docs/BENCHMARKS.md between the cluster-tables markers, or DOC_MARKER's, and unless PLOT=0 the
-# plot docs/img/cluster-scaling.png: bench/plot_cluster.sh).
+# plot docs/img/cluster-scaling.png: bench/plot_cluster.sh), KEEP_TMP=DIR (copy the run's
+# scratch files to DIR at exit: each run's JSON summary with its --profile phases, the driver's and
+# the workers' logs, the link meter's samples).
 # Needs root (or CAP_NET_ADMIN) for namespaces; creates them with this script's pid in their names
 # and removes them on any exit, also when interrupted. Addresses: 198.19.1.0/24, only inside them.
 set -euo pipefail
@@ -74,6 +76,7 @@ made=()
 cleanup() {
   for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
   for ns in "${made[@]}"; do ip netns del "$ns" 2>/dev/null || true; done
+  if [[ -n "${KEEP_TMP:-}" ]]; then cp -r "$tmp" "$KEEP_TMP" || true; fi
   rm -rf "$tmp"
 }
 trap cleanup EXIT
