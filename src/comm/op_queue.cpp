@@ -1,5 +1,6 @@
 #include "comm/op_queue.h"
 
+#include "comm/timeline.h"
 #include "dsgd/error.h"
 
 namespace dsgd::comm {
@@ -37,6 +38,7 @@ void OpQueue::run(std::string description, const std::function<void()>& op) {
       lock.unlock();
       std::exception_ptr error;
       try {
+        timeline::Span span(description);
         op();
       } catch (...) {
         error = std::current_exception();
@@ -55,6 +57,7 @@ void OpQueue::run(std::string description, const std::function<void()>& op) {
 }
 
 void OpQueue::loop() {
+  timeline::set_thread_name(name_);
   while (true) {
     Item item;
     {
@@ -71,6 +74,7 @@ void OpQueue::loop() {
     }
     std::exception_ptr error;
     try {
+      timeline::Span span(item.work->description());
       item.op();
     } catch (...) {
       error = std::current_exception();

@@ -25,6 +25,7 @@
 #include "runtime/results.h"
 #include "runtime/snapshot_policy.h"
 #include "runtime/spawn.h"
+#include "runtime/trace_file.h"
 #include "runtime/trainer_config.h"
 #include "runtime/trainer_impl.h"
 #include "runtime/worker.h"
@@ -187,6 +188,7 @@ Trainer::~Trainer() {
 
 Results Trainer::train(const TrainOptions& options) {
   if (options.num_steps < 0) throw ConfigError("num_steps must be >= 0, got " + std::to_string(options.num_steps));
+  if (!options.trace_path.empty()) runtime::check_trace_path(options.trace_path);
   auto& d = *impl_;
   d.ensure_usable();
   d.events.clear();
@@ -209,10 +211,11 @@ Results Trainer::train(const TrainOptions& options) {
   // it would come too soon (runtime/snapshot_policy.h): a recovery redoes at most one interval.
   std::vector<Results> chunks;
   double step_s = 0;  // seconds per step in the last chunk
+  runtime::TraceFile trace;
   while (true) {
     int64_t chunk = d.snapshots->next_chunk(step_s);
     if (options.num_steps > 0) chunk = chunk > 0 ? std::min(chunk, options.num_steps - done) : options.num_steps - done;
-    json args = {{"max_batches", chunk}, {"profile", options.profile}};
+    json args = {{"max_batches", chunk}, {"profile", options.profile}, {"trace", !options.trace_path.empty()}};
     const bool choose_overlap = d.config.forward_overlap_buckets < 0;
     const int64_t planned = chunk;
     if (choose_overlap) {
@@ -223,6 +226,15 @@ Results Trainer::train(const TrainOptions& options) {
     const auto chunk_t0 = Clock::now();
     auto outs = d.call("train", args, "", false, tick);
     Results r = runtime::results_of_command(outs, true);
+    if (!options.trace_path.empty()) {
+      const double offset_us = std::chrono::duration<double, std::micro>(chunk_t0 - t0).count();
+      for (size_t i = 0; i < outs.size(); ++i) {
+        const auto w = d.server->workers().at(static_cast<size_t>(d.pool->members().at(i)));
+        const std::string name =
+            "worker " + std::to_string(i) + " (host " + w.host + ", pid " + std::to_string(w.pid) + ")";
+        trace.add(static_cast<int>(i), name, json::parse(outs[i].json).value("trace", json()), offset_us);
+      }
+    }
     const int64_t batches = static_cast<int64_t>(r.metrics.count("batches") ? r.metrics.at("batches") : 0);
     if (choose_overlap && d.overlap_tuner.tuning()) {
       std::vector<std::string> answers;
@@ -248,6 +260,12 @@ Results Trainer::train(const TrainOptions& options) {
   }
   Results total = runtime::merge_chunks(chunks, options.profile, options.reduce_results);
   if (options.profile) total.metrics["snapshot_s"] = d.snapshot_s;
+  if (!options.trace_path.empty()) {
+    trace.write(options.trace_path);
+    control::log().info("trainer: trace of {} events written to {}{}", trace.num_events(), options.trace_path,
+                        trace.dropped() > 0 ? " (" + std::to_string(trace.dropped()) + " more dropped: the limit per chunk)"
+                                            : std::string());
+  }
   total.recoveries = d.events;
   return total;
 }

@@ -23,6 +23,7 @@
 #include "runtime/control/store_service.h"
 #include "runtime/metrics_wire.h"
 #include "runtime/ps_server_process.h"
+#include "runtime/trace_file.h"
 #include "strategy/strategy.h"
 #include "torch/replica.h"
 
@@ -296,13 +297,21 @@ class Worker {
       // call names none (a replay), the same on every worker.
       const bool chosen_overlap = job_.value("forward_overlap_buckets", int64_t{0}) < 0;
       const size_t overlap = chosen_overlap && train ? in.value("forward_overlap_buckets", size_t{0}) : 0;
-      each_replica([&](int i) {
-        auto& r = *replicas_[static_cast<size_t>(i)];
-        if (chosen_overlap && train) r.set_forward_overlap_buckets(overlap);
-        parts[static_cast<size_t>(i)] =
-            train ? r.train(in.value("max_batches", int64_t{0}), in.value("profile", false)) : r.validate();
-      });
+      const bool trace = train && in.value("trace", false);
+      if (trace) comm::timeline::start();
+      try {
+        each_replica([&](int i) {
+          auto& r = *replicas_[static_cast<size_t>(i)];
+          if (chosen_overlap && train) r.set_forward_overlap_buckets(overlap);
+          parts[static_cast<size_t>(i)] =
+              train ? r.train(in.value("max_batches", int64_t{0}), in.value("profile", false)) : r.validate();
+        });
+      } catch (...) {
+        if (trace) comm::timeline::stop();
+        throw;
+      }
       json out;
+      if (trace) out["trace"] = runtime::trace_json(comm::timeline::stop());
       out["metrics"] = metrics_to_json(weighted_mean(parts));
       if (chosen_overlap && train) {  // for the driver's choice (trainer.cpp, OverlapTuner)
         double steady = 0;

@@ -5,6 +5,7 @@
 #include <utility>
 #include <torch/csrc/autograd/engine.h>
 
+#include "comm/timeline.h"
 #include "dsgd/error.h"
 
 namespace dsgd::torch_glue {
@@ -106,6 +107,7 @@ void GradSync::launch_ready_locked(bool after_backward) {
   while (next_launch_ < buckets.size()) {
     const size_t i = schedule_.launch_order[next_launch_];
     if (missing_[i] != 0 || (!after_backward && schedule_.deferred[i])) break;  // the deferred wait for the end
+    comm::timeline::instant("launch", static_cast<int64_t>(i));
     if (strategy_->updates_on_servers()) {
       launch_update_locked(i);
     } else {
@@ -138,11 +140,13 @@ void GradSync::apply_pending(size_t bucket) {
   auto work = std::move(pending_[bucket]);
   const auto t0 = std::chrono::steady_clock::now();
   try {
+    comm::timeline::Span span("wait", static_cast<int64_t>(bucket));
     work->wait();
   } catch (...) {
     discard_pending();
     throw;
   }
+  comm::timeline::Span step_span("deferred step", static_cast<int64_t>(bucket));
   const auto t1 = std::chrono::steady_clock::now();
   {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -316,6 +320,7 @@ void GradSync::finalize() {
   lock.unlock();
   const auto t0 = std::chrono::steady_clock::now();
   std::exception_ptr error;
+  comm::timeline::Span span("wait for every bucket");
   for (auto& w : works) {
     try {
       if (w) w->wait();

@@ -8,6 +8,7 @@
 #include <typeindex>
 #include <unordered_map>
 
+#include "comm/timeline.h"
 #include "dsgd/error.h"
 #include "torch/replica.h"
 
@@ -153,15 +154,25 @@ Metrics TrainingOperator::train_batch(const Batch& batch) {
   auto& opt = optimizer(0);
   const bool prof = runtime_->profiling();
   auto t = Clock::now();
-  opt.zero_grad();
-  auto output = forward(batch.data);
-  auto loss_value = loss()(output, batch.target);
+  torch::Tensor output, loss_value;
+  {
+    comm::timeline::Span span("forward");
+    opt.zero_grad();
+    output = forward(batch.data);
+    loss_value = loss()(output, batch.target);
+  }
   if (prof) runtime_->add_phase("forward_s", since(t));
   t = Clock::now();
-  loss_value.backward();
+  {
+    comm::timeline::Span span("backward");
+    loss_value.backward();
+  }
   if (prof) runtime_->add_phase("backward_s", since(t));
   t = Clock::now();
-  if (check_gradients()) opt.step();  // a non-finite gradient skips the step everywhere, or throws
+  {
+    comm::timeline::Span span("optimizer");
+    if (check_gradients()) opt.step();  // a non-finite gradient skips the step everywhere, or throws
+  }
   if (prof) runtime_->add_phase("optimizer_s", since(t));
   Metrics m{{"loss", loss_value.item<double>()}, {"num_samples", static_cast<double>(batch.size())}};
   if (output.dim() == 2 && batch.target.defined() && batch.target.dim() == 1 &&

@@ -1,5 +1,7 @@
 #include "torch/replica.h"
 
+#include "comm/timeline.h"
+
 #include <ATen/Parallel.h>
 #include <torch/optim/sgd.h>
 #include <torch/serialize.h>
@@ -290,6 +292,7 @@ bool ReplicaRuntime::next_batch(Batch& batch, int64_t max_batches) {
   if (position_.batch >= batches_per_epoch()) return false;
   if (max_batches > 0 && taken_this_call_ >= max_batches) return false;
   start_epoch_order();
+  comm::timeline::Span span("next batch");
   const auto [begin, end] = my_part(position_.batch);
   const int64_t global = std::min(op_->num_train_samples(), (position_.batch + 1) * options_.global_batch) -
                          position_.batch * options_.global_batch;
@@ -363,6 +366,7 @@ Metrics ReplicaRuntime::train(int64_t max_batches, bool profile) {
   gate_s_ = 0;
   batch_ends_.clear();
   const auto t0 = Clock::now();
+  comm::timeline::set_thread_name("replica " + std::to_string(options_.info.rank));
   Metrics m;
   {
     // The forward overlap's gate, for this thread, while the operator trains; the steps still

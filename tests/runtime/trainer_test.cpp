@@ -13,8 +13,10 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cmath>
 #include <limits>
+#include <map>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -397,6 +399,71 @@ TEST(TrainerPsAsync, TrainsAndItsCheckpointLoadsUnderAllreduce) {
   b.load(dir.file("ckpt"));
   EXPECT_LT(max_difference(params_of(*a.get_model()), params_of(*b.get_model())), 1e-7);
   EXPECT_EQ(b.train({.num_steps = 1}).batch, 41);
+}
+
+// trace_path: every worker's steps, bucket launches, waits and allreduces in one Chrome trace.
+// With the forward overlap (T = 2 of the CNN's 3 buckets at this bucket size), every bucket of
+// every step is waited for and stepped once: in the next step's forward, or in the flush at the
+// call's end.
+TEST(Trainer, TraceShowsEachWorkersStepsBucketsAndAllreduces) {
+  testing::TempDir dir;
+  auto c = base_config(2, "allreduce", 64);
+  c.forward_overlap_buckets = 2;
+  Trainer trainer(runtime::kImageClassifier, c);
+  const int steps = 4;
+  const auto t0 = std::chrono::steady_clock::now();
+  trainer.train({.num_steps = steps, .trace_path = dir.file("trace.json")});
+  const double call_us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
+  const size_t buckets = 3;
+
+  const auto t = nlohmann::json::parse(std::ifstream(dir.file("trace.json")));
+  std::map<std::pair<int, int>, std::string> rows;
+  for (const auto& e : t.at("traceEvents")) {
+    if (e.at("name") == "thread_name") rows[{e.at("pid"), e.at("tid")}] = e["args"]["name"];
+  }
+  for (int w = 0; w < 2; ++w) {
+    std::map<std::string, int> count;
+    std::map<int64_t, int> waits, launches;  // per bucket
+    std::vector<std::pair<double, double>> forwards, backwards;
+    for (const auto& e : t.at("traceEvents")) {
+      if (e.at("ph") == "M" || e.at("pid") != w) continue;
+      const std::string name = e.at("name");
+      const std::string row = rows.at({w, e.at("tid")});
+      const double ts = e.at("ts");
+      EXPECT_GE(ts, 0);
+      EXPECT_LE(ts, call_us);
+      ++count[name.substr(0, name.find(" ("))];
+      if (name == "wait") ++waits[e.at("args").at("bucket").get<int64_t>()];
+      if (name == "launch") ++launches[e.at("args").at("bucket").get<int64_t>()];
+      if (name == "forward" || name == "backward" || name == "launch" || name == "wait") {
+        EXPECT_EQ(row, "replica " + std::to_string(w)) << name;
+      }
+      if (name.rfind("hierarchical allreduce", 0) == 0) {
+        EXPECT_EQ(row, "hierarchical group");
+      }
+      if (name == "forward") forwards.emplace_back(ts, ts + e.at("dur").get<double>());
+      if (name == "backward") backwards.emplace_back(ts, ts + e.at("dur").get<double>());
+    }
+    EXPECT_EQ(count["forward"], steps);
+    EXPECT_EQ(count["backward"], steps);
+    EXPECT_EQ(count["optimizer"], steps);
+    EXPECT_EQ(count["next batch"], steps);
+    EXPECT_EQ(count["launch"], static_cast<int>(steps * buckets));
+    EXPECT_EQ(count["hierarchical allreduce"], static_cast<int>(steps * buckets));
+    EXPECT_EQ(count["deferred step"], static_cast<int>(steps * buckets));
+    ASSERT_EQ(waits.size(), buckets);
+    ASSERT_EQ(launches.size(), buckets);
+    for (const auto& [bucket, n] : waits) EXPECT_EQ(n, steps) << "bucket " << bucket;
+    for (const auto& [bucket, n] : launches) EXPECT_EQ(n, steps) << "bucket " << bucket;
+    // Each step's forward ends before its backward starts, which ends before the next forward.
+    ASSERT_EQ(forwards.size(), backwards.size());
+    for (size_t i = 0; i < forwards.size(); ++i) {
+      EXPECT_LE(forwards[i].second, backwards[i].first);
+      if (i + 1 < forwards.size()) {
+        EXPECT_LE(backwards[i].second, forwards[i + 1].first);
+      }
+    }
+  }
 }
 
 TEST(Trainer, ResultsAverageOverWorkersAndForeachWorkerReachesEveryReplica) {

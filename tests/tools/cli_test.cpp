@@ -13,6 +13,7 @@
 #include <array>
 #include <chrono>
 #include <filesystem>
+#include <set>
 #include <sstream>
 #include <thread>
 #include <cstdio>
@@ -75,6 +76,8 @@ TEST(Cli, FlagErrorsExitWithUsageStatusAndSayWhatIsWrong) {
   expect_usage_error("train --workers 0", "--workers must be >= 1, got 0");
   expect_usage_error("train --workers 2 --in-process", "--in-process trains in this one process");
   expect_usage_error("train --in-process --profile", "--in-process trains in this one process");
+  expect_usage_error("train --in-process --trace t.json", "--in-process trains in this one process");
+  expect_usage_error("train --trace /nonexistent-dir/t.json", "--trace /nonexistent-dir/t.json: directory /nonexistent-dir does not exist");
   expect_usage_error("train --workers 2 --devices-per-worker 0", "--devices-per-worker must be >= 1, got 0");
   expect_usage_error("train --workers 2 --grad-shard-bytes -1", "--grad-shard-bytes must be > 0, got -1");
   expect_usage_error("train --workers 2 --keep-checkpoints 0", "--keep-checkpoints must be >= 1, got 0");
@@ -129,6 +132,27 @@ TEST(Cli, ShortRunWritesJsonSummary) {
   EXPECT_GE(j["test_accuracy"].get<double>(), 0);
   EXPECT_LE(j["test_accuracy"].get<double>(), 1);
   EXPECT_LT(j["history"][1]["train_loss"].get<double>(), j["history"][0]["train_loss"].get<double>());
+}
+
+TEST(Cli, TraceWritesOneChromeTracePerEpoch) {
+  dsgd::testing::TempDir dir;
+  CliRun r = run_dsgd("train --model mlp --dataset synthetic --synthetic-samples 256 --image-size 8 --epochs 2 "
+                      "--batch-size 32 --threads 1 --workers 2 --quiet --trace " + dir.file("run.trace.json"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_FALSE(std::filesystem::exists(dir.file("run.trace.json")));
+  for (const char* name : {"run.trace-epoch1.json", "run.trace-epoch2.json"}) {
+    std::ifstream f(dir.file(name));
+    ASSERT_TRUE(f.good()) << name;
+    const auto t = nlohmann::json::parse(f);
+    int forwards = 0;
+    std::set<int> workers;
+    for (const auto& e : t.at("traceEvents")) {
+      if (e.at("name") == "forward") ++forwards;
+      workers.insert(e.at("pid").get<int>());
+    }
+    EXPECT_EQ(forwards, 2 * 8) << name;  // 256 samples in batches of 32, on both workers
+    EXPECT_EQ(workers, (std::set<int>{0, 1})) << name;
+  }
 }
 
 TEST(Cli, ProfileSaysWhereEachStepWentPerEpochAndOverTheRun) {

@@ -52,7 +52,19 @@ struct TrainFlags {
   std::string json_out;
   bool quiet = false;
   bool profile = false;
+  std::string trace;    // Chrome trace of the training, per epoch (trace_path_of)
 };
+
+// --trace's file for one epoch: the path itself for a single epoch, else "-epoch<N>" before its
+// extension (or at its end).
+std::string trace_path_of(const std::string& path, int64_t epoch, int64_t epochs) {
+  if (path.empty() || epochs <= 1) return path;
+  const auto slash = path.find_last_of('/');
+  const auto dot = path.find_last_of('.');
+  const bool has_ext = dot != std::string::npos && (slash == std::string::npos || dot > slash + 1);
+  const std::string suffix = "-epoch" + std::to_string(epoch);
+  return has_ext ? path.substr(0, dot) + suffix + path.substr(dot) : path + suffix;
+}
 
 // The phases --profile reports: TrainOptions::profile's metric, and its key in profile_ms.
 struct Phase {
@@ -117,17 +129,17 @@ nlohmann::json to_json(const TrainFlags& f, const runtime::LocalJobResult& r) {
 }
 
 // Checks the output file can be written now, so a long run does not fail at its very end.
-void check_writable(const std::string& path) {
+void check_writable(const std::string& flag, const std::string& path) {
   namespace fs = std::filesystem;
   const fs::path p(path);
   const fs::path dir = p.has_parent_path() ? p.parent_path() : fs::path(".");
   std::error_code ec;
   if (!fs::is_directory(dir, ec)) {
-    throw ConfigError("--json-out " + path + ": directory " + dir.string() + " does not exist; create it first");
+    throw ConfigError(flag + " " + path + ": directory " + dir.string() + " does not exist; create it first");
   }
-  if (fs::is_directory(p, ec)) throw ConfigError("--json-out " + path + ": is a directory; name a file");
+  if (fs::is_directory(p, ec)) throw ConfigError(flag + " " + path + ": is a directory; name a file");
   if (::access(dir.c_str(), W_OK) != 0) {
-    throw ConfigError("--json-out " + path + ": directory " + dir.string() + " is not writable");
+    throw ConfigError(flag + " " + path + ": directory " + dir.string() + " is not writable");
   }
 }
 
@@ -141,9 +153,9 @@ void validate_flags(TrainFlags& f) {
   }
   if (f.local_hosts < 1) throw ConfigError("--local-hosts must be >= 1, got " + std::to_string(f.local_hosts));
   if (f.in_process && (f.workers != 1 || f.devices_per_worker != 1 || !f.save.empty() || !f.load.empty() ||
-                      !f.listen.empty() || !f.checkpoint_dir.empty() || f.profile)) {
+                      !f.listen.empty() || !f.checkpoint_dir.empty() || f.profile || !f.trace.empty())) {
     throw ConfigError("--in-process trains in this one process: it takes none of --workers, "
-                      "--devices-per-worker, --save, --load, --listen, --checkpoint-dir, --profile");
+                      "--devices-per-worker, --save, --load, --listen, --checkpoint-dir, --profile, --trace");
   }
   if (f.checkpoint_every < 0) {
     throw ConfigError("--checkpoint-every must be >= 0 (0 = once per epoch), got " + std::to_string(f.checkpoint_every));
@@ -176,7 +188,8 @@ void validate_flags(TrainFlags& f) {
     f.job.threads = static_cast<int>(std::max(1u, cores / static_cast<unsigned>(f.workers)));
   }
   runtime::validate(f.job);
-  if (!f.json_out.empty()) check_writable(f.json_out);
+  if (!f.json_out.empty()) check_writable("--json-out", f.json_out);
+  if (!f.trace.empty()) check_writable("--trace", f.trace);
 }
 
 // The same job through the Trainer: worker processes, the chosen strategy.
@@ -234,7 +247,7 @@ runtime::LocalJobResult run_with_trainer(const TrainFlags& f, ProgressPrinter* p
     const int64_t left = j.max_steps > 0 ? j.max_steps - result.steps : 0;
     if (j.max_steps > 0 && left <= 0) break;
     const auto t0 = std::chrono::steady_clock::now();
-    auto r = trainer.train({.num_steps = left, .profile = f.profile});
+    auto r = trainer.train({.num_steps = left, .profile = f.profile, .trace_path = trace_path_of(f.trace, epoch, j.epochs)});
     const double epoch_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     batches_per_epoch = r.batches_per_epoch;
     const int64_t batches = static_cast<int64_t>(r.metrics.at("batches"));
@@ -427,6 +440,12 @@ void add_train_command(CLI::App& app, int* exit_code) {
   cmd->add_flag("!--no-dropout", j.dropout, "Turn dropout layers off");
   cmd->add_option("--json-out", flags->json_out, "Also write the JSON summary to this file");
   cmd->add_flag("-q,--quiet", flags->quiet, "No progress output");
+  cmd->add_option("--trace", flags->trace,
+                  "Write a timeline of the training to this file, a Chrome trace (open it in ui.perfetto.dev "
+                  "or chrome://tracing): each worker's forward, backward, optimizer and waits for buckets, "
+                  "and every allreduce on its communication thread. With several epochs, one file each: "
+                  "trace.json becomes trace-epoch1.json, ...")
+      ->type_name("FILE");
   cmd->add_flag("--profile", flags->profile,
                 "Time each step's phases (forward, backward, optimizer, waiting for communication, and the "
                 "driver's snapshots; ms per step, mean over workers): on stderr after each epoch and at the "
