@@ -50,7 +50,8 @@
 # docs/BENCHMARKS.md between the cluster-tables markers, or DOC_MARKER's, and unless PLOT=0 the
 # plot docs/img/cluster-scaling.png: bench/plot_cluster.sh), KEEP_TMP=DIR (copy the run's
 # scratch files to DIR at exit: each run's JSON summary with its --profile phases, the driver's and
-# the workers' logs, the link meter's samples).
+# the workers' logs, the link meter's samples), TRACE_DIR=DIR (each run also writes its timeline,
+# `dsgd train --trace`, to DIR/CONFIG-<h>h-<g>g.json; bench/trace_gaps.py reads them).
 # Needs root (or CAP_NET_ADMIN) for namespaces; creates them with this script's pid in their names
 # and removes them on any exit, also when interrupted. Addresses: 198.19.1.0/24, only inside them.
 set -euo pipefail
@@ -174,7 +175,9 @@ run() {
     meter=$!
     pids+=("$meter")
   fi
-  ip netns exec "$prefix-h0" "$dsgd" train "${common[@]}" "$@" --workers "$workers" --listen "$address" \
+  local trace=()
+  [[ -n "${TRACE_DIR:-}" ]] && trace=(--trace "$TRACE_DIR/$name-${hosts}h-${gbit}g.json")
+  ip netns exec "$prefix-h0" "$dsgd" train "${common[@]}" "$@" "${trace[@]}" --workers "$workers" --listen "$address" \
     --token "bench-$id" --batch-size $((per_worker_batch * workers)) --json-out "$out.json" \
     >/dev/null 2>"$out.driver" &
   local driver=$!
