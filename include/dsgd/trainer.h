@@ -144,11 +144,12 @@ struct TrainOptions {
   // Non-empty: when the call returns, a timeline of it is written to this file as a Chrome trace
   // (open it in ui.perfetto.dev or chrome://tracing): each worker a process; rows for its
   // replica's thread (forward, backward, optimizer, the next batch, each wait for a bucket, each
-  // deferred step) and for each communication thread (every allreduce, push and pull, by lane);
-  // each bucket's launch an instant. Times from the driver's clock, each worker's placed at the
-  // send of each command (to about a millisecond). About 100 events per step and worker, all held
-  // in memory until the call returns: meant for calls of hundreds of steps, not whole runs (each
-  // worker keeps at most 2^20 per chunk). Off, each of those events costs one atomic load.
+  // deferred step) and for each communication thread (every allreduce, push and pull, by lane,
+  // with its bucket); each bucket's launch an instant. Times from the driver's clock, each
+  // worker's placed at the send of each command (to about a millisecond). About 100 events per
+  // step and worker, all held in memory until the call returns: meant for calls of hundreds of
+  // steps, not whole runs (each worker keeps at most 2^20 per chunk). Recording slowed a
+  // simulated-cluster step by 1-2% (docs/BENCHMARKS.md); off, each event costs one atomic load.
   std::string trace_path = {};
 };
 

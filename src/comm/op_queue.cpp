@@ -23,7 +23,7 @@ std::shared_ptr<Work> OpQueue::submit(std::string description, std::function<voi
   if (error_) {
     work->complete(error_);
   } else {
-    queue_.push_back({work, std::move(op)});
+    queue_.push_back({work, std::move(op), timeline::current_bucket()});
     cv_.notify_one();
   }
   return work;
@@ -38,7 +38,7 @@ void OpQueue::run(std::string description, const std::function<void()>& op) {
       lock.unlock();
       std::exception_ptr error;
       try {
-        timeline::Span span(description);
+        timeline::Span span(description, timeline::current_bucket());
         op();
       } catch (...) {
         error = std::current_exception();
@@ -74,7 +74,8 @@ void OpQueue::loop() {
     }
     std::exception_ptr error;
     try {
-      timeline::Span span(item.work->description());
+      timeline::BucketScope scope(item.bucket);  // what the op runs or queues in turn names it too
+      timeline::Span span(item.work->description(), item.bucket);
       item.op();
     } catch (...) {
       error = std::current_exception();

@@ -11,6 +11,7 @@
 #pragma once
 
 #include <condition_variable>
+#include <cstdint>
 #include <deque>
 #include <exception>
 #include <functional>
@@ -41,6 +42,7 @@ class OpQueue {
   struct Item {
     std::shared_ptr<Work> work;
     std::function<void()> op;
+    int64_t bucket = -1;  // the submitter's timeline::current_bucket(), for the op's span
   };
   void loop();
 

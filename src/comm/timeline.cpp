@@ -21,6 +21,8 @@ std::vector<Event> g_events;                // guarded by g_mutex
 uint64_t g_dropped = 0;                     // guarded by g_mutex
 std::map<uint32_t, std::string> g_names;    // guarded by g_mutex: thread index -> name
 
+thread_local int64_t t_bucket = -1;  // BucketScope's
+
 uint32_t this_thread() {
   thread_local const uint32_t id = g_next_thread.fetch_add(1);
   return id;
@@ -90,6 +92,10 @@ void instant(const char* name, int64_t bucket) {
   const uint64_t generation = g_generation.load();
   record({name, bucket, this_thread(), now_us(), -1}, generation);
 }
+
+BucketScope::BucketScope(int64_t bucket) : previous_(t_bucket) { t_bucket = bucket; }
+BucketScope::~BucketScope() { t_bucket = previous_; }
+int64_t current_bucket() { return t_bucket; }
 
 Span::Span(const char* name, int64_t bucket) : on_(recording()), name_(name), bucket_(bucket) {
   if (!on_) return;

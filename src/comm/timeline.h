@@ -6,6 +6,7 @@
 //   timeline::start();                               // recording from now, times from now
 //   { timeline::Span s("forward"); run_forward(); }  // a span, if recording
 //   timeline::instant("launch", bucket);
+//   { timeline::BucketScope b(bucket); queue.submit(...); }  // the queued operation's span names it
 //   auto events = timeline::stop();                  // recording stops; the events, by start
 //
 // Off (the default), a span costs one relaxed atomic load. At the bottom of the layers (comm) so
@@ -43,6 +44,21 @@ bool recording();
 // Names the calling thread in recordings (a queue's name, "replica 0"); the last name set wins.
 void set_thread_name(const std::string& name);
 void instant(const char* name, int64_t bucket = -1);
+
+// The bucket the calling thread is launching, for the spans of the operations it queues
+// (OpQueue::submit takes it along to its thread): set for its lifetime.
+class BucketScope {
+ public:
+  explicit BucketScope(int64_t bucket);
+  ~BucketScope();
+  BucketScope(const BucketScope&) = delete;
+  BucketScope& operator=(const BucketScope&) = delete;
+
+ private:
+  int64_t previous_;
+};
+// The innermost BucketScope's bucket on this thread; -1 = none.
+int64_t current_bucket();
 
 // Records [construction, destruction) as one span, if recording at construction. `name` must
 // outlive the span (a literal), or pass a std::string (copied only when recording).

@@ -108,6 +108,7 @@ void GradSync::launch_ready_locked(bool after_backward) {
     const size_t i = schedule_.launch_order[next_launch_];
     if (missing_[i] != 0 || (!after_backward && schedule_.deferred[i])) break;  // the deferred wait for the end
     comm::timeline::instant("launch", static_cast<int64_t>(i));
+    comm::timeline::BucketScope scope(static_cast<int64_t>(i));  // the strategy's operations name it
     if (strategy_->updates_on_servers()) {
       launch_update_locked(i);
     } else {

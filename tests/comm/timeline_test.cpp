@@ -6,6 +6,8 @@
 #include <chrono>
 #include <thread>
 
+#include "comm/op_queue.h"
+
 namespace dsgd::comm::timeline {
 namespace {
 
@@ -60,6 +62,30 @@ TEST(Timeline, SpansAndInstantsOnTheThreadsThatRecordedThem) {
   EXPECT_EQ(r.threads[outer->thread], "main thread");
   EXPECT_EQ(outer->thread, mark->thread);
   EXPECT_EQ(r.threads[inner->thread], "other thread");
+}
+
+TEST(Timeline, AnOperationQueuedInABucketScopeNamesTheBucket) {
+  OpQueue q("queue");
+  start();
+  {
+    BucketScope scope(4);
+    EXPECT_EQ(current_bucket(), 4);
+    {
+      BucketScope inner(9);
+      EXPECT_EQ(current_bucket(), 9);
+    }
+    EXPECT_EQ(current_bucket(), 4);
+    q.submit("op in bucket 4", [] {})->wait(std::chrono::milliseconds(5000));
+  }
+  EXPECT_EQ(current_bucket(), -1);
+  q.submit("op in none", [] {})->wait(std::chrono::milliseconds(5000));
+  const auto r = stop();
+  const Event* in = find(r, "op in bucket 4");
+  const Event* out = find(r, "op in none");
+  ASSERT_TRUE(in && out);
+  EXPECT_EQ(in->bucket, 4);
+  EXPECT_EQ(out->bucket, -1);
+  EXPECT_EQ(r.threads[in->thread], "queue");  // on the queue's thread
 }
 
 TEST(Timeline, ASpanOpenAcrossARestartIsDropped) {

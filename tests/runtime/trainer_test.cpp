@@ -423,7 +423,7 @@ TEST(Trainer, TraceShowsEachWorkersStepsBucketsAndAllreduces) {
   }
   for (int w = 0; w < 2; ++w) {
     std::map<std::string, int> count;
-    std::map<int64_t, int> waits, launches;  // per bucket
+    std::map<int64_t, int> waits, launches, allreduces;  // per bucket
     std::vector<std::pair<double, double>> forwards, backwards;
     for (const auto& e : t.at("traceEvents")) {
       if (e.at("ph") == "M" || e.at("pid") != w) continue;
@@ -435,6 +435,7 @@ TEST(Trainer, TraceShowsEachWorkersStepsBucketsAndAllreduces) {
       ++count[name.substr(0, name.find(" ("))];
       if (name == "wait") ++waits[e.at("args").at("bucket").get<int64_t>()];
       if (name == "launch") ++launches[e.at("args").at("bucket").get<int64_t>()];
+      if (name.rfind("hierarchical allreduce", 0) == 0) ++allreduces[e.at("args").at("bucket").get<int64_t>()];
       if (name == "forward" || name == "backward" || name == "launch" || name == "wait") {
         EXPECT_EQ(row, "replica " + std::to_string(w)) << name;
       }
@@ -455,6 +456,7 @@ TEST(Trainer, TraceShowsEachWorkersStepsBucketsAndAllreduces) {
     ASSERT_EQ(launches.size(), buckets);
     for (const auto& [bucket, n] : waits) EXPECT_EQ(n, steps) << "bucket " << bucket;
     for (const auto& [bucket, n] : launches) EXPECT_EQ(n, steps) << "bucket " << bucket;
+    EXPECT_EQ(allreduces, launches);  // each allreduce's span names its bucket
     // Each step's forward ends before its backward starts, which ends before the next forward.
     ASSERT_EQ(forwards.size(), backwards.size());
     for (size_t i = 0; i < forwards.size(); ++i) {
