@@ -1,7 +1,5 @@
 #include "torch/replica.h"
 
-#include "comm/timeline.h"
-
 #include <ATen/Parallel.h>
 #include <torch/optim/sgd.h>
 #include <torch/serialize.h>
@@ -13,6 +11,7 @@
 #include <sstream>
 #include <unordered_set>
 
+#include "comm/timeline.h"
 #include "dsgd/error.h"
 
 namespace dsgd::torch_glue {
