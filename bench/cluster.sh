@@ -40,7 +40,8 @@
 # many shard processes as hosts; any config with "-fwd<T>" appended also runs with
 # --forward-overlap-buckets T, "-fwdauto" with auto: its choice is printed, and its step time
 # includes the trial steps),
-# JSON_OUT (also write every row as JSON lines there), LINK_CHECK=1 (first measure what each
+# REPEATS (each config this many times, the configs interleaved: the step is the median, every
+# run's is listed; default 1), JSON_OUT (also write every row as JSON lines there), LINK_CHECK=1 (first measure what each
 # cluster's links deliver to plain TCP: every host streams to the next, and each receiver prints
 # its rate), LINK_BUSY=1 (sample every link's byte counters during each run, bench/link_meter.py:
 # how busy the busiest link was, and its bytes per step over the formula's), COMM_ALONE=1 (also
@@ -59,6 +60,7 @@ cd "$(dirname "$0")/.."
 read -r -a host_counts <<<"${1:-2 4 8}"
 read -r -a rates <<<"${2:-0 0.5 1 2}"
 steps=${3:-40}
+repeats=${REPEATS:-1}
 dsgd=$(realpath "${DSGD:-build/dsgd}")
 params=${SIM_PARAMETERS:-1024000}
 step_ms=${SIM_STEP_MS:-52}
@@ -239,6 +241,27 @@ shared_compute() {
   done
 }
 
+# config_flags CONFIG HOSTS: sets per_host, servers, flags and fwd for one config; fails (status 1)
+# for a config that does not apply to HOSTS (more shards than hosts).
+config_flags() {
+  local c=$1 h=$2 base=$1 k
+  per_host=1 servers=0 flags=() fwd=()
+  if [[ "$c" =~ ^(.*)-fwd([0-9]+|auto)$ ]]; then  # any config, with the forward overlap
+    base=${BASH_REMATCH[1]} fwd=(--forward-overlap-buckets "${BASH_REMATCH[2]}")
+  fi
+  case "$base" in
+  allreduce) flags=(--strategy allreduce) ;;
+  allreduce-no-overlap) flags=(--strategy allreduce --no-overlap) ;;
+  hier) per_host=2 flags=(--strategy allreduce) ;;
+  ps[0-9]*) k=${base#ps}; ((k <= h)) || return 1; flags=(--strategy ps --ps-shards "$k") ;;
+  psh-no-overlap) flags=(--strategy ps --ps-shards "$h" --no-overlap) ;;
+  psp*) k=${base#psp}; [[ "$k" == h ]] && k=$h; ((k <= h)) || return 1
+    servers=$k flags=(--strategy ps --ps-shards "$k" --ps-placement processes) ;;
+  simple) flags=(--strategy simple) ;;
+  *) echo "cluster.sh: unknown config '$c'" >&2; exit 2 ;;
+  esac
+}
+
 rows=$tmp/rows.jsonl
 : >"$rows"
 declare -A shared_by_hosts=()
@@ -261,35 +284,38 @@ for gbit in "${rates[@]}"; do
     for c in "${configs[@]}"; do [[ "$c" == psp* ]] && extra=$h; done
     make_cluster "$gbit" $((h + extra))
     [[ "${LINK_CHECK:-0}" == 1 ]] && link_check "$gbit" "$h"
-    for c in "${configs[@]}"; do
-      per_host=1 servers=0 flags=() base=$c fwd=()
-      if [[ "$c" =~ ^(.*)-fwd([0-9]+|auto)$ ]]; then  # any config, with the forward overlap
-        base=${BASH_REMATCH[1]} fwd=(--forward-overlap-buckets "${BASH_REMATCH[2]}")
-      fi
-      case "$base" in
-      allreduce) flags=(--strategy allreduce) ;;
-      allreduce-no-overlap) flags=(--strategy allreduce --no-overlap) ;;
-      hier) per_host=2 flags=(--strategy allreduce) ;;
-      ps[0-9]*) k=${base#ps}; ((k <= h)) || continue; flags=(--strategy ps --ps-shards "$k") ;;
-      psh-no-overlap) flags=(--strategy ps --ps-shards "$h" --no-overlap) ;;
-      psp*) k=${base#psp}; [[ "$k" == h ]] && k=$h; ((k <= h)) || continue
-        servers=$k flags=(--strategy ps --ps-shards "$k" --ps-placement processes) ;;
-      simple) flags=(--strategy simple) ;;
-      *) echo "cluster.sh: unknown config '$c'" >&2; exit 2 ;;
-      esac
-      echo "$(date +%T) $h hosts, $gbit Gbit/s: $c" >&2
-      run "$c" "$h" "$per_host" "${flags[@]}" "${fwd[@]}"
-      step=$run_ms busy=$run_busy alone=null
-      if [[ "${COMM_ALONE:-0}" == 1 ]]; then  # the same job with no compute: its communication alone
-        set_common 0
-        run "$c-alone" "$h" "$per_host" "${flags[@]}" "${fwd[@]}"
-        alone=$run_ms
-        set_common "$step_ms"
-      fi
-      echo "{\"config\": \"$c\", \"hosts\": $h, \"gbit\": $gbit, \"step_ms\": $step, \"compute_ms\": $compute_ms," \
-        "\"parameters\": $parameters, \"sim_step_ms\": $step_ms, \"comm_alone_ms\": $alone, \"shared_compute_ms\": $shared," \
-        "\"link_busy\": $busy}" >>"$rows"
+    # Each config REPEATS times, the configs interleaved (the machine is shared and noisy); a row
+    # per config with the median step and every run's.
+    declare -A runs_of=() busy_of=() alone_of=()
+    for r in $(seq "$repeats"); do
+      for c in "${configs[@]}"; do
+        config_flags "$c" "$h" || continue
+        echo "$(date +%T) $h hosts, $gbit Gbit/s: $c$( ((repeats > 1)) && echo " (run $r of $repeats)")" >&2
+        run "$c" "$h" "$per_host" "${flags[@]}" "${fwd[@]}"
+        runs_of[$c]+="$run_ms," busy_of[$c]+="$run_busy,"
+        if [[ "${COMM_ALONE:-0}" == 1 && $r == 1 ]]; then  # the same job with no compute: its communication alone
+          set_common 0
+          run "$c-alone" "$h" "$per_host" "${flags[@]}" "${fwd[@]}"
+          alone_of[$c]=$run_ms
+          set_common "$step_ms"
+        fi
+      done
     done
+    for c in "${configs[@]}"; do
+      config_flags "$c" "$h" || continue
+      /usr/bin/python3 - "$c" "$h" "$gbit" "${runs_of[$c]}" "${busy_of[$c]}" "$compute_ms" "$parameters" "$step_ms" \
+        "${alone_of[$c]:-null}" "$shared" >>"$rows" <<'PY'
+import json, statistics, sys
+c, h, gbit, runs, busy, compute, params, sim, alone, shared = sys.argv[1:]
+runs = [float(x) for x in runs.split(",") if x]
+busy = [float(x) for x in busy.split(",") if x and x != "null"]
+print(json.dumps({"config": c, "hosts": int(h), "gbit": float(gbit), "step_ms": statistics.median(runs),
+                  "step_runs_ms": runs, "compute_ms": float(compute), "parameters": int(params),
+                  "sim_step_ms": float(sim), "comm_alone_ms": json.loads(alone), "shared_compute_ms": json.loads(shared),
+                  "link_busy": statistics.median(busy) if busy else None}))
+PY
+    done
+    unset runs_of busy_of alone_of
   done
 done
 [[ -n "${JSON_OUT:-}" ]] && cp "$rows" "$JSON_OUT"
@@ -326,8 +352,11 @@ for gbit in sorted({r["gbit"] for r in rows}):
     print("| hosts | strategy | step ms | communication ms | bound ms | step / bound | "
           "backward-overlap bound ms | step / it | scaling efficiency |"
           + (" compute, h at once ms | communication alone ms | step / max(both) |" if alone else "")
-          + (" busiest link busy | its bytes / formula's |" if busy else ""))
-    print("|---|---|---|---|---|---|---|---|---|" + ("---|---|---|" if alone else "") + ("---|---|" if busy else ""))
+          + (" busiest link busy | its bytes / formula's |" if busy else "")
+          + (" runs: step ms |" if any(len(r.get("step_runs_ms", [])) > 1 for r in rows if r["gbit"] == gbit) else ""))
+    repeated = any(len(r.get("step_runs_ms", [])) > 1 for r in rows if r["gbit"] == gbit)
+    print("|---|---|---|---|---|---|---|---|---|" + ("---|---|---|" if alone else "") + ("---|---|" if busy else "")
+          + ("---|" if repeated else ""))
     for r in [r for r in rows if r["gbit"] == gbit]:
         b, t = 4 * r["parameters"], r["compute_ms"]
         comm = comm_ms(r["config"], r["hosts"], gbit, b)
@@ -345,12 +374,14 @@ for gbit in sorted({r["gbit"] for r in rows}):
             u = r.get("link_busy")
             # The link's bytes per step, busy x rate x step, over the formula's, rate x comm.
             line += f" {u:.2f} | {u * r['step_ms'] / comm:.2f} |" if u is not None and comm > 0 else " - | - |"
+        if repeated:
+            line += " " + ", ".join(f"{x:.1f}" for x in r.get("step_runs_ms", [r["step_ms"]])) + " |"
         print(line)
 PY
 cat "$report"
 if [[ "${WRITE_DOCS:-0}" == 1 ]]; then
   command="${COMM_ALONE:+COMM_ALONE=$COMM_ALONE }${LINK_BUSY:+LINK_BUSY=$LINK_BUSY }"  # as typed, to rerun it
-  command+="${SIM_STEP_MS:+SIM_STEP_MS=$SIM_STEP_MS }"
+  command+="${SIM_STEP_MS:+SIM_STEP_MS=$SIM_STEP_MS }${REPEATS:+REPEATS=$REPEATS }"
   command+="${BUCKET_BYTES:+BUCKET_BYTES=$BUCKET_BYTES }${CONFIGS:+CONFIGS=\"$CONFIGS\" }bench/cluster.sh"
   for a in "$@"; do command+=" \"$a\""; done
   bench/write_docs.py "${DOC_MARKER:-cluster-tables}" "$report" "$command"
