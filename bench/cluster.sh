@@ -41,8 +41,9 @@
 # --forward-overlap-buckets T, "-fwdauto" with auto: its choice is printed, and its step time
 # includes the trial steps),
 # REPEATS (each config this many times, the configs interleaved: the step is the median, every
-# run's is listed; default 1), JSON_OUT (also write every row as JSON lines there), LINK_CHECK=1 (first measure what each
-# cluster's links deliver to plain TCP: every host streams to the next, and each receiver prints
+# run's is listed; default 1), JSON_OUT (also write every row as JSON lines there), LINK_CHECK=1
+# (first measure what each cluster's links deliver to plain TCP: every host streams to the next,
+# and each receiver prints
 # its rate), LINK_BUSY=1 (sample every link's byte counters during each run, bench/link_meter.py:
 # how busy the busiest link was, and its bytes per step over the formula's), COMM_ALONE=1 (also
 # measure the bound's two terms on this machine: every config again with no compute, SIM_STEP_MS
