@@ -114,7 +114,8 @@ struct TrainerConfig {
   int64_t checkpoint_every_steps = 50;
   // Snapshots take at most about this share of training time: after a snapshot that took s
   // seconds, the next one waits for at least s / checkpoint_max_overhead seconds of training
-  // (the interval in steps grows to match, for big models with fast steps). 0 = exactly every
+  // (the interval in steps grows to match, for big models with fast steps); s is scaled to the
+  // state's size, which the first steps double with SGD's momentum. 0 = exactly every
   // checkpoint_every_steps. A lost worker costs at most one interval.
   double checkpoint_max_overhead = 0.02;
   // "" = snapshots stay in memory. Else every snapshot is also written to

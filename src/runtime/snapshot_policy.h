@@ -3,14 +3,19 @@
 // defer() says it would come too soon (fewer steps since the last one than an interval: a short
 // train() call, a step()). Deferred steps are `pending()`; a recovery restores the snapshot and
 // trains them again up to `replay_to()`, so a lost worker still costs at most one interval.
-// Torch-free.
+//
+// The interval follows from the last snapshot's cost, scaled to the state's size now: the
+// trainer's first snapshot, before any step, holds no optimizer state yet (momentum appears at
+// the first step: the MLP's 23 MB become 46), so after it the policy asks for the state's size
+// (wants_size) and the driver answers with resized(). Torch-free.
 //
 //   SnapshotPolicy policy(config);
-//   if (!policy.defer(batches, step_s, {epoch, batch})) { snapshot = read(); policy.taken(seconds); }
+//   if (!policy.defer(batches, step_s, {epoch, batch})) { snapshot = read(); policy.taken(seconds, snapshot.size()); }
 #pragma once
 
 #include <algorithm>
 #include <cmath>
+#include <cstddef>
 #include <cstdint>
 #include <utility>
 
@@ -24,10 +29,25 @@ class SnapshotPolicy {
 
   explicit SnapshotPolicy(const TrainerConfig& config) : config_(config) {}
 
-  // A snapshot was just taken, in `seconds`: nothing is pending.
-  void taken(double seconds) {
+  // A snapshot of `bytes` was just taken, in `seconds`: nothing is pending. `before_steps`: of a
+  // state that training has not touched yet (its size will change: wants_size).
+  void taken(double seconds, size_t bytes, bool before_steps = false) {
     cost_s_ = seconds;
+    cost_bytes_ = state_bytes_ = bytes;
+    wants_size_ = before_steps;
     pending_ = 0;
+  }
+  // The state would now serialise to `bytes`: the next snapshot's cost is predicted in proportion.
+  void resized(size_t bytes) {
+    state_bytes_ = bytes;
+    wants_size_ = false;
+  }
+  // Whether the driver should find out the state's size after the next steps (resized).
+  bool wants_size() const { return wants_size_; }
+  // The next snapshot's cost: the last one's, scaled to the state's size now.
+  double predicted_cost_s() const {
+    if (cost_bytes_ == 0) return cost_s_;
+    return cost_s_ * static_cast<double>(state_bytes_) / static_cast<double>(cost_bytes_);
   }
   // The state was set from elsewhere (a load): nothing is pending.
   void reset() { pending_ = 0; }
@@ -37,7 +57,7 @@ class SnapshotPolicy {
   int64_t chunk_steps(double step_s) const {
     const int64_t every = config_.checkpoint_every_steps;
     if (every == 0 || config_.checkpoint_max_overhead == 0 || step_s <= 0) return every;
-    const double wanted_s = cost_s_ / config_.checkpoint_max_overhead;
+    const double wanted_s = predicted_cost_s() / config_.checkpoint_max_overhead;
     return std::max(every, static_cast<int64_t>(std::ceil(wanted_s / step_s)));
   }
 
@@ -67,8 +87,11 @@ class SnapshotPolicy {
 
  private:
   const TrainerConfig& config_;
-  double cost_s_ = 0;     // of the last snapshot
-  int64_t pending_ = 0;   // steps trained since the snapshot, their results returned
+  double cost_s_ = 0;       // of the last snapshot
+  size_t cost_bytes_ = 0;   // its size
+  size_t state_bytes_ = 0;  // the state's size now, as far as known
+  bool wants_size_ = false;
+  int64_t pending_ = 0;     // steps trained since the snapshot, their results returned
   Position replay_to_{0, 0};
 };
 

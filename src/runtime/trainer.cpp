@@ -170,7 +170,7 @@ Trainer::Trainer(const std::string& operator_name, TrainerConfig config) : impl_
     d.announce_to_servers(std::to_string(d.generation));
     d.raw_call("connect", place);
     // Start every replica from replica 0's parameters (and optimizer state).
-    d.take_snapshot();
+    d.take_snapshot(/*before_steps=*/true);
     if (c.num_workers > 1 || c.devices_per_worker > 1) d.raw_call("set_state", json::object(), d.snapshot);
   } catch (...) {
     shutdown();
@@ -215,7 +215,9 @@ Results Trainer::train(const TrainOptions& options) {
   while (true) {
     int64_t chunk = d.snapshots->next_chunk(step_s);
     if (options.num_steps > 0) chunk = chunk > 0 ? std::min(chunk, options.num_steps - done) : options.num_steps - done;
-    json args = {{"max_batches", chunk}, {"profile", options.profile}, {"trace", !options.trace_path.empty()}};
+    const bool want_size = d.snapshots->wants_size();  // for the snapshot's predicted cost
+    json args = {{"max_batches", chunk}, {"profile", options.profile}, {"trace", !options.trace_path.empty()},
+                 {"state_bytes", want_size}};
     const bool choose_overlap = d.config.forward_overlap_buckets < 0;
     const int64_t planned = chunk;
     if (choose_overlap) {
@@ -236,6 +238,9 @@ Results Trainer::train(const TrainOptions& options) {
       }
     }
     const int64_t batches = static_cast<int64_t>(r.metrics.count("batches") ? r.metrics.at("batches") : 0);
+    if (want_size && batches > 0 && !outs.empty()) {
+      if (const size_t n = json::parse(outs[0].json).value("state_bytes", size_t{0}); n > 0) d.snapshots->resized(n);
+    }
     if (choose_overlap && d.overlap_tuner.tuning()) {
       std::vector<std::string> answers;
       for (const auto& o : outs) answers.push_back(o.json);
@@ -287,6 +292,7 @@ void Trainer::save(const std::string& path) {
   std::string state = d.recovering([&] { return d.read_state(); });
   d.snapshot = state;  // as good as a snapshot: the state now
   d.snapshots->reset();
+  d.snapshots->resized(state.size());
   auto pickle = d.call("get_pickle", json::object(), "", true);
   auto pos = d.call("position", json::object(), "", true);
   const json p = json::parse(pos[0].json);
@@ -312,6 +318,7 @@ void Trainer::load(const std::string& path) {
   impl_->call("set_state", json::object(), c.state);
   impl_->snapshot = c.state;
   impl_->snapshots->reset();
+  impl_->snapshots->resized(c.state.size());
 }
 
 std::shared_ptr<torch::nn::Module> Trainer::get_model(size_t index) {

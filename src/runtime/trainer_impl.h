@@ -117,8 +117,9 @@ struct Trainer::Impl {
   // shards comes back into the replicas' optimizers first (a collective: every member).
   std::string read_state();
 
-  // `snapshot` = read_state(), timed for SnapshotPolicy and snapshot_s.
-  void take_snapshot();
+  // `snapshot` = read_state(), timed for SnapshotPolicy and snapshot_s. `before_steps`: the
+  // constructor's, of a state no step has touched.
+  void take_snapshot(bool before_steps = false);
 
   // take_snapshot, surviving a lost worker: false when it recovered instead, back to the
   // previous snapshot.

@@ -179,10 +179,10 @@ std::string Trainer::Impl::read_state() {
   return std::move(raw_call("get_state", json::object(), "", {pool->members().at(0)})[0].blob);
 }
 
-void Trainer::Impl::take_snapshot() {
+void Trainer::Impl::take_snapshot(bool before_steps) {
   const auto t0 = Clock::now();
   snapshot = read_state();
-  snapshots->taken(std::chrono::duration<double>(Clock::now() - t0).count());
+  snapshots->taken(std::chrono::duration<double>(Clock::now() - t0).count(), snapshot.size(), before_steps);
   snapshot_s += snapshots->cost_s();
   control::log().debug("trainer: snapshot of {} bytes in {:.3f} s", snapshot.size(), snapshots->cost_s());
 }

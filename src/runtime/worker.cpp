@@ -319,6 +319,12 @@ class Worker {
         out["steady_step_s"] = steady;
         out["buckets"] = replicas_[0]->num_buckets();
       }
+      if (train && in.value("state_bytes", false)) {  // for the driver's snapshot schedule (SnapshotPolicy)
+        const auto t0 = std::chrono::steady_clock::now();
+        out["state_bytes"] = replicas_[0]->state_bytes();
+        control::log().debug("worker {}: state of {} bytes counted in {:.3f} s", index_, out["state_bytes"].get<size_t>(),
+                             std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+      }
       out["epoch"] = replicas_[0]->position().epoch;
       out["batch"] = replicas_[0]->position().batch;
       out["batches_per_epoch"] = replicas_[0]->batches_per_epoch();

@@ -423,6 +423,25 @@ Metrics ReplicaRuntime::train(int64_t max_batches, bool profile) {
 Metrics ReplicaRuntime::validate() { return op_->validate(); }
 
 std::string ReplicaRuntime::save_state() const {
+  // Straight into one string (an ostringstream copies the 10s of MB again as it grows and in str()).
+  std::string bytes;
+  write_state([&bytes](const void* data, size_t n) {
+    bytes.append(static_cast<const char*>(data), n);
+    return n;
+  });
+  return bytes;
+}
+
+size_t ReplicaRuntime::state_bytes() const {
+  size_t bytes = 0;
+  write_state([&bytes](const void*, size_t n) {
+    bytes += n;
+    return n;
+  });
+  return bytes;
+}
+
+void ReplicaRuntime::write_state(const std::function<size_t(const void*, size_t)>& writer) const {
   torch::serialize::OutputArchive archive;
   for (size_t i = 0; i < op_->models_.size(); ++i) {
     torch::serialize::OutputArchive sub;
@@ -438,13 +457,7 @@ std::string ReplicaRuntime::save_state() const {
   torch::serialize::OutputArchive extra;
   op_->state_dict(extra);
   archive.write("extra", extra);
-  // Straight into one string (an ostringstream copies the 10s of MB again as it grows and in str()).
-  std::string bytes;
-  archive.save_to([&bytes](const void* data, size_t n) {
-    bytes.append(static_cast<const char*>(data), n);
-    return n;
-  });
-  return bytes;
+  archive.save_to(writer);
 }
 
 void ReplicaRuntime::load_state(const std::string& bytes) {

@@ -194,6 +194,23 @@ Params single_process(int64_t batch, int64_t steps, const json& config = synthet
   return params_of(r.op().model(0));
 }
 
+// state_bytes() is save_state()'s size without the bytes: the driver's snapshot schedule scales
+// the constructor's snapshot by it once the first steps have given the optimizer its momentum.
+TEST(ReplicaState, StateBytesIsTheSizeSaveStateWritesAndGrowsWithTheMomentum) {
+  runtime::register_builtin_operators();
+  torch_glue::ReplicaOptions o;
+  o.global_batch = 32;
+  o.threads = 1;
+  torch_glue::ReplicaRuntime r(make_operator(runtime::kImageClassifier), o);
+  r.setup(synthetic_config());
+  const size_t before = r.state_bytes();
+  EXPECT_EQ(before, r.save_state().size());
+  r.train(2, false);
+  const size_t after = r.state_bytes();
+  EXPECT_EQ(after, r.save_state().size());
+  EXPECT_GT(after, before * 3 / 2) << "momentum 0.9: a buffer per parameter after the first step";
+}
+
 double max_difference(const Params& a, const Params& b) {
   EXPECT_EQ(a.size(), b.size());
   double worst = 0;

@@ -1,0 +1,75 @@
+// When the driver snapshots during train(): the interval from the checkpoint budget, scaled to
+// the state's size, and the steps a recovery replays.
+#include "runtime/snapshot_policy.h"
+
+#include <gtest/gtest.h>
+
+namespace dsgd::runtime {
+namespace {
+
+TrainerConfig budget(int64_t every, double overhead) {
+  TrainerConfig c;
+  c.checkpoint_every_steps = every;
+  c.checkpoint_max_overhead = overhead;
+  return c;
+}
+
+// 0.1 s per snapshot against a 2% budget: one per 5 s of training, 500 steps of 10 ms.
+TEST(SnapshotPolicy, SpacesSnapshotsToTheBudgetAndNeverCloserThanEvery) {
+  const TrainerConfig c = budget(50, 0.02);
+  SnapshotPolicy p(c);
+  EXPECT_EQ(p.chunk_steps(0.01), 50);  // no snapshot timed yet
+  p.taken(0.1, 1000);
+  EXPECT_EQ(p.chunk_steps(0.01), 500);
+  EXPECT_EQ(p.chunk_steps(1.0), 50);   // slow steps: every_steps is the floor
+  EXPECT_EQ(p.chunk_steps(0), 50);     // no step timed yet
+  const TrainerConfig off = budget(50, 0);
+  SnapshotPolicy q(off);
+  q.taken(0.1, 1000);
+  EXPECT_EQ(q.chunk_steps(0.01), 50);
+}
+
+// The constructor's snapshot holds no optimizer state (momentum appears at the first step), so
+// its cost, for its size, predicts the next one's once the driver tells the state's size now:
+// here twice as big, so twice the interval. A snapshot taken after steps needs no such answer.
+TEST(SnapshotPolicy, ScalesTheLastSnapshotsCostToTheStatesSizeNow) {
+  const TrainerConfig c = budget(50, 0.02);
+  SnapshotPolicy p(c);
+  p.taken(0.1, 1000, /*before_steps=*/true);
+  EXPECT_TRUE(p.wants_size());
+  EXPECT_EQ(p.chunk_steps(0.01), 500);
+  p.resized(2000);
+  EXPECT_FALSE(p.wants_size());
+  EXPECT_DOUBLE_EQ(p.predicted_cost_s(), 0.2);
+  EXPECT_EQ(p.chunk_steps(0.01), 1000);
+  // Deferred up to the scaled interval, then due.
+  EXPECT_TRUE(p.defer(600, 0.01, {0, 600}));
+  EXPECT_EQ(p.next_chunk(0.01), 400);
+  EXPECT_FALSE(p.defer(400, 0.01, {0, 1000}));
+  // The snapshot then taken is measured as it is: 0.5 s for 2000 bytes.
+  p.taken(0.5, 2000);
+  EXPECT_FALSE(p.wants_size());
+  EXPECT_DOUBLE_EQ(p.predicted_cost_s(), 0.5);
+  EXPECT_EQ(p.chunk_steps(0.01), 2500);
+}
+
+TEST(SnapshotPolicy, DeferredStepsArePendingUntilTheNextSnapshotAndReplayToTheLastChunksEnd) {
+  const TrainerConfig c = budget(10, 0);
+  SnapshotPolicy p(c);
+  EXPECT_TRUE(p.defer(4, 0.01, {0, 4}));
+  EXPECT_TRUE(p.defer(5, 0.01, {0, 9}));
+  EXPECT_EQ(p.pending(), 9);
+  EXPECT_EQ(p.replay_to(), (SnapshotPolicy::Position{0, 9}));
+  EXPECT_EQ(p.next_chunk(0.01), 1);
+  EXPECT_FALSE(p.defer(1, 0.01, {0, 10}));
+  p.taken(0.01, 100);
+  EXPECT_EQ(p.pending(), 0);
+  // With a checkpoint_dir every snapshot goes to disk: none waits.
+  TrainerConfig disk = budget(10, 0);
+  disk.checkpoint_dir = "/tmp/x";
+  SnapshotPolicy d(disk);
+  EXPECT_FALSE(d.defer(1, 0.01, {0, 1}));
+}
+
+}  // namespace
+}  // namespace dsgd::runtime
