@@ -20,6 +20,13 @@ void divide_by(void* dst, size_t count, DataType type, int divisor);
 void reduce_many(void* dst, const void* const* srcs, int num_srcs, size_t count, DataType type, ReduceOp op,
                  int divisor);
 
+// Whether every data[i] is finite (no NaN, no infinity), in one read.
+bool all_finite(const float* data, size_t count);
+
+// dst[i] += src[i] (rounding as torch's add_ does), returning whether every new dst[i] is finite:
+// a gradient's accumulation and its NaN check in one pass (torch_glue::GradCheck).
+bool add_into_finite(float* dst, const float* src, size_t count);
+
 // 16-bit conversions (round to nearest even).
 float half_to_float(uint16_t h);
 uint16_t float_to_half(float f);

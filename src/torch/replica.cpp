@@ -88,6 +88,7 @@ ReplicaRuntime::ReplicaRuntime(std::unique_ptr<TrainingOperator> op, const Repli
 
 ReplicaRuntime::~ReplicaRuntime() {
   syncs_.clear();  // hooks off before the models go
+  check_.reset();
 }
 
 void ReplicaRuntime::setup(const nlohmann::json& config) {
@@ -134,9 +135,17 @@ void ReplicaRuntime::set_info(int rank, int world_size, int worker) {
 
 void ReplicaRuntime::attach(std::shared_ptr<strategy::GradientStrategy> strategy) {
   syncs_.clear();
+  check_.reset();
   deferred_.clear();
   gate_index_.clear();
-  if (!strategy) return;
+  if (!strategy) {
+    std::vector<torch::Tensor> params;
+    for (auto& m : op_->models_) {
+      for (auto& p : m->parameters()) params.push_back(p);
+    }
+    check_ = std::make_unique<GradCheck>(std::move(params));
+    return;
+  }
   // The servers take the step themselves under these: nothing to defer. Chosen per call (-1):
   // gated from the start, T 0 until set_forward_overlap_buckets.
   const bool gated = !strategy->updates_on_servers() && options_.forward_overlap_buckets != 0;
@@ -308,6 +317,7 @@ void ReplicaRuntime::after_batch() {
   batch_ends_.push_back(Clock::now());
   ++position_.batch;
   ++progress_.batches;
+  if (check_) check_->take();  // a batch that did not ask leaves nothing for the next
   if (options_.scheduler_step_freq == "batch") step_schedules();
 }
 
@@ -326,6 +336,8 @@ bool ReplicaRuntime::check_gradients() {
   bool finite = true;
   if (!syncs_.empty()) {
     for (auto& s : syncs_) finite = finite && s->last_finite();
+  } else if (check_) {
+    finite = check_->take();  // checked as backward made them
   } else {
     // As GradSync does: one sum per gradient, one host sync (isfinite().all() per parameter
     // cost the MLP ~20% of its step).

@@ -24,6 +24,7 @@
 #include "dsgd/operator.h"
 #include "dsgd/parameter_gate.h"
 #include "strategy/strategy.h"
+#include "torch/grad_check.h"
 #include "torch/grad_sync.h"
 
 namespace dsgd::torch_glue {
@@ -60,7 +61,8 @@ class ReplicaRuntime : private ParameterGate {
   std::string signature() const;
   // A new place in a re-formed job (after a worker was lost): rank, world size, worker.
   void set_info(int rank, int world_size, int worker);
-  // Installs gradient hooks averaging through `strategy` (null: none, e.g. the driver's copy).
+  // Installs gradient hooks averaging through `strategy` (null: a lone replica, or the driver's
+  // copy; then the hooks only check each gradient for NaN, see grad_check.h).
   // A strategy that updates on its servers takes each model's SGD from its optimizers (throws
   // ConfigError where a model's parameters are not all in one torch::optim::SGD param group).
   void attach(std::shared_ptr<strategy::GradientStrategy> strategy);
@@ -140,6 +142,7 @@ class ReplicaRuntime : private ParameterGate {
   std::unique_ptr<TrainingOperator> op_;
   ReplicaOptions options_;
   std::vector<std::unique_ptr<GradSync>> syncs_;
+  std::unique_ptr<GradCheck> check_;                                    // with no strategy
   std::vector<DeferredState> deferred_;                                 // per sync
   std::unordered_map<const void*, std::pair<size_t, size_t>> gate_index_;  // TensorImpl -> (sync, param)
   Position position_;

@@ -51,5 +51,49 @@ TEST(ReduceKernels, WideTypesSumMaxAndDivide) {
   EXPECT_EQ(i, (std::vector<int64_t>{2, 3}));  // (7+1)/3, (9+1)/3: integer division
 }
 
+// Every length through the vector body and its tail, a bad value at every kind of position.
+TEST(ReduceKernels, AllFiniteFindsAnyNanOrInfinity) {
+  const float bad[] = {std::nanf(""), -std::nanf(""), INFINITY, -INFINITY};
+  for (size_t n : {1u, 7u, 8u, 9u, 37u, 1000u}) {
+    std::vector<float> v(n);
+    for (size_t i = 0; i < n; ++i) v[i] = static_cast<float>(i) - 3.5f;
+    v[0] = 3.4e38f;  // the largest floats are finite
+    v[n - 1] = -3.4e38f;
+    ASSERT_TRUE(all_finite(v.data(), n)) << n;
+    for (size_t at : {size_t{0}, n / 2, n - 1}) {
+      for (float b : bad) {
+        auto w = v;
+        w[at] = b;
+        EXPECT_FALSE(all_finite(w.data(), n)) << n << " " << b << " at " << at;
+      }
+    }
+  }
+  EXPECT_TRUE(all_finite(nullptr, 0));
+}
+
+TEST(ReduceKernels, AddIntoFiniteAddsAndChecksTheSums) {
+  for (size_t n : {1u, 9u, 37u, 1000u}) {
+    std::vector<float> dst(n), src(n);
+    for (size_t i = 0; i < n; ++i) {
+      dst[i] = 0.1f * static_cast<float>(i);
+      src[i] = 1.0f / static_cast<float>(i + 3);
+    }
+    auto expected = dst;
+    for (size_t i = 0; i < n; ++i) expected[i] += src[i];
+    ASSERT_TRUE(add_into_finite(dst.data(), src.data(), n)) << n;
+    EXPECT_EQ(dst, expected) << n;
+    for (float bad : {std::nanf(""), INFINITY}) {
+      auto d = dst, s = src;
+      s[n - 1] = bad;  // a bad value in either input, or made by the sum, is found
+      EXPECT_FALSE(add_into_finite(d.data(), s.data(), n)) << n << " " << bad;
+      d = dst;
+      d[n / 2] = bad;
+      EXPECT_FALSE(add_into_finite(d.data(), src.data(), n)) << n << " " << bad;
+    }
+  }
+  std::vector<float> big = {3e38f}, more = {3e38f};
+  EXPECT_FALSE(add_into_finite(big.data(), more.data(), 1));  // overflows to infinity
+}
+
 }  // namespace
 }  // namespace dsgd::comm

@@ -99,7 +99,8 @@ class RegressionOperator : public TrainingOperator {
 class NanOperator : public RegressionOperator {
   torch::Tensor loss(const torch::Tensor& out, const torch::Tensor& y) override {
     auto l = torch::mse_loss(out, y);
-    if (replica().rank == 1 && ++calls_ == 3) l = l * std::numeric_limits<float>::quiet_NaN();
+    // The last replica's third loss (rank 1 of 2, or a lone replica's).
+    if (replica().rank == replica().world_size - 1 && ++calls_ == 3) l = l * std::numeric_limits<float>::quiet_NaN();
     return l;
   }
   int calls_ = 0;
@@ -870,6 +871,17 @@ TEST(TrainerNonFinite, ANanOnOneReplicaSkipsTheStepEverywhere) {
   auto sums = t.foreach_worker("weight_sum");
   EXPECT_TRUE(std::isfinite(sums[0].get<double>()));
   EXPECT_EQ(sums[0], sums[1]);  // still identical replicas
+}
+
+// A lone replica has no GradSync: its gradients are checked as backward makes them (GradCheck).
+TEST(TrainerNonFinite, ALoneReplicaSkipsTheStepToo) {
+  TrainerConfig c;
+  c.num_workers = 1;
+  c.batch_size = 16;
+  Trainer t(operator_of<NanOperator>(), c);
+  auto r = t.train({.num_steps = 6});
+  EXPECT_EQ(r.metrics.at("skipped_steps"), 1.0);
+  EXPECT_TRUE(std::isfinite(t.foreach_worker("weight_sum")[0].get<double>()));
 }
 
 TEST(TrainerNonFinite, ErrorPolicyStopsNamingTheStep) {
