@@ -133,7 +133,8 @@ class TrainingOperator {
   // After backward, before the optimizer step: true if the averaged gradients are finite. If
   // not, per the job's nonfinite_policy, counts a skipped step ("skipped_steps" in the results)
   // and returns false (skip: do not step), or throws dsgd::Error naming the step (error). Every
-  // replica gets the same answer (one replica's NaN makes the average NaN everywhere).
+  // replica gets the same answer (one replica's NaN makes the average NaN everywhere). Checked
+  // as backward makes the gradients: changes made to .grad after backward are not.
   bool check_gradients();
   // Steps every registered schedule once (for scheduler_step_freq "manual"; the runtime does it
   // per batch or per epoch otherwise).
