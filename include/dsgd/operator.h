@@ -130,11 +130,11 @@ class TrainingOperator {
   // each step: it advances the sampler position and steps per-batch schedules.
   bool next_train_batch(Batch& batch, int64_t max_batches = 0);
   void after_batch();
-  // After backward, before the optimizer step: true if the averaged gradients are finite. If
+  // After backward, before the optimizer step: true if every replica's gradients are finite. If
   // not, per the job's nonfinite_policy, counts a skipped step ("skipped_steps" in the results)
   // and returns false (skip: do not step), or throws dsgd::Error naming the step (error). Every
-  // replica gets the same answer (one replica's NaN makes the average NaN everywhere). Checked
-  // as backward makes the gradients: changes made to .grad after backward are not.
+  // replica gets the same answer. Checked as backward makes the gradients: changes made to
+  // .grad after backward are not.
   bool check_gradients();
   // Steps every registered schedule once (for scheduler_step_freq "manual"; the runtime does it
   // per batch or per epoch otherwise).

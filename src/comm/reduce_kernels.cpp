@@ -53,6 +53,18 @@ DSGD_VECTORISED uint32_t max_magnitude_bits(const float* data, size_t n) {
   return worst;
 }
 
+DSGD_VECTORISED uint32_t scale_max_magnitude_bits(float* dst, const float* src, size_t n, float scale) {
+  uint32_t worst = 0;
+  for (size_t i = 0; i < n; ++i) {
+    const float v = src[i] * scale;
+    dst[i] = v;
+    uint32_t bits;
+    std::memcpy(&bits, &v, sizeof(bits));
+    worst = std::max(worst, bits & 0x7fffffffu);
+  }
+  return worst;
+}
+
 DSGD_VECTORISED uint32_t add_max_magnitude_bits(float* __restrict dst, const float* __restrict src, size_t n) {
   uint32_t worst = 0;
   for (size_t i = 0; i < n; ++i) {
@@ -96,6 +108,13 @@ void reduce_many_16(void* dst, const void* const* srcs, int num_srcs, size_t cou
 }  // namespace
 
 bool all_finite(const float* data, size_t count) { return max_magnitude_bits(data, count) < 0x7f800000u; }
+
+// For positive floats (and NaN, above every one) the order of the bits is the order of the values.
+bool copy_scaled_below(float* dst, const float* src, size_t count, float scale, float limit) {
+  uint32_t limit_bits;
+  std::memcpy(&limit_bits, &limit, sizeof(limit_bits));
+  return scale_max_magnitude_bits(dst, src, count, scale) < limit_bits;
+}
 
 bool add_into_finite(float* dst, const float* src, size_t count) {
   return add_max_magnitude_bits(dst, src, count) < 0x7f800000u;

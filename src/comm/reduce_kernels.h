@@ -23,6 +23,11 @@ void reduce_many(void* dst, const void* const* srcs, int num_srcs, size_t count,
 // Whether every data[i] is finite (no NaN, no infinity), in one read.
 bool all_finite(const float* data, size_t count);
 
+// dst[i] = src[i] * scale (in float32, as torch::mul rounds), returning whether every |dst[i]|
+// is below `limit` (> 0; NaN never is): a gradient's copy into its bucket and its check in one
+// pass (torch_glue::GradSync). dst == src is allowed.
+bool copy_scaled_below(float* dst, const float* src, size_t count, float scale, float limit);
+
 // dst[i] += src[i] (rounding as torch's add_ does), returning whether every new dst[i] is finite:
 // a gradient's accumulation and its NaN check in one pass (torch_glue::GradCheck).
 bool add_into_finite(float* dst, const float* src, size_t count);

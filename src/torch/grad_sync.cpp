@@ -2,14 +2,21 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <utility>
 #include <torch/csrc/autograd/engine.h>
 
+#include "comm/reduce_kernels.h"
 #include "comm/timeline.h"
 #include "dsgd/error.h"
 
 namespace dsgd::torch_glue {
 namespace {
+
+// Gradient values at or above this magnitude count as non-finite: below it, a sum over up to 2^16
+// replicas stays below 2^127, inside the float range, so an average can only be non-finite
+// where some replica's part failed this check.
+constexpr float kGradLimit = 0x1p111f;
 
 std::vector<size_t> element_counts(const std::vector<torch::Tensor>& params) {
   std::vector<size_t> counts;
@@ -37,7 +44,8 @@ GradSync::GradSync(std::vector<torch::Tensor> params, size_t grad_shard_bytes,
       got_grad_(params_.size(), false),
       works_(plan_.buckets().size()),
       gated_(params_.size(), false),
-      pending_(plan_.buckets().size()) {
+      pending_(plan_.buckets().size()),
+      bucket_ok_(plan_.buckets().size(), true) {
   set_deferred_buckets(deferred);
   torch::NoGradGuard no_grad;
   for (size_t i = 0; i < params_.size(); ++i) {
@@ -90,11 +98,20 @@ void GradSync::on_grad(size_t param, const torch::Tensor& grad) {
     torch::autograd::Engine::get_default_engine().queue_callback([this] { finalize(); });
   }
   got_grad_[param] = true;
-  if (weight_ == 1.0) {
-    slots_[param].copy_(grad);
+  // Copied (times the weight) and checked in one pass; the rare other gradient is copied by
+  // LibTorch, then checked in its slot.
+  auto& slot = slots_[param];
+  float* dst = slot.data_ptr<float>();
+  const size_t n = static_cast<size_t>(slot.numel());
+  bool ok;
+  if (grad.scalar_type() == torch::kFloat32 && grad.device().is_cpu() && grad.layout() == torch::kStrided &&
+      grad.is_contiguous() && grad.numel() == slot.numel()) {
+    ok = comm::copy_scaled_below(dst, grad.data_ptr<float>(), n, static_cast<float>(weight_), kGradLimit);
   } else {
-    torch::mul_out(slots_[param], grad, weight_);
+    torch::mul_out(slot, grad, weight_);
+    ok = comm::copy_scaled_below(dst, dst, n, 1.0f, kGradLimit);
   }
+  if (!ok) bucket_ok_[bucket] = false;
   // AccumulateGrad runs after this hook: with no .grad it takes `grad` as it is (no sum into
   // the old one, no copy); finalize() then makes the slot, holding the average, the .grad.
   params_[param].mutable_grad() = torch::Tensor();
@@ -110,9 +127,12 @@ void GradSync::launch_ready_locked(bool after_backward) {
     comm::timeline::instant("launch", static_cast<int64_t>(i));
     comm::timeline::BucketScope scope(static_cast<int64_t>(i));  // the strategy's operations name it
     if (strategy_->updates_on_servers()) {
-      launch_update_locked(i);
+      launch_update_locked(i);  // the servers check the averages themselves
     } else {
-      works_[i] = strategy_->average_async(flat_.data_ptr<float>() + buckets[i].offset, buckets[i].count);
+      float* data = flat_.data_ptr<float>() + buckets[i].offset;
+      // Tells every replica: the average's first element is then NaN everywhere.
+      if (!bucket_ok_[i] && buckets[i].count > 0) data[0] = std::numeric_limits<float>::quiet_NaN();
+      works_[i] = strategy_->average_async(data, buckets[i].count);
     }
     ++next_launch_;
   }
@@ -157,8 +177,7 @@ void GradSync::apply_pending(size_t bucket) {
   }
   torch::NoGradGuard no_grad;
   const auto& b = plan_.buckets()[bucket];
-  const bool finite = std::isfinite(
-      flat_.narrow(0, static_cast<int64_t>(b.offset), static_cast<int64_t>(b.count)).sum().item<double>());
+  const bool finite = average_ok(bucket);
   for (size_t i : b.params) params_[i].mutable_grad() = slots_[i];
   try {
     deferred_.apply(b.params, finite);
@@ -288,6 +307,19 @@ void GradSync::gather_server_state() {
   }
 }
 
+bool GradSync::average_ok(size_t bucket) const {
+  const auto& b = plan_.buckets()[bucket];
+  return b.count == 0 || std::isfinite(flat_.data_ptr<float>()[b.offset]);
+}
+
+void GradSync::reset_backward_locked() {
+  in_backward_ = false;
+  next_launch_ = 0;
+  std::fill(got_grad_.begin(), got_grad_.end(), false);
+  for (size_t b = 0; b < plan_.buckets().size(); ++b) missing_[b] = plan_.buckets()[b].params.size();
+  std::fill(bucket_ok_.begin(), bucket_ok_.end(), true);
+}
+
 void GradSync::finalize() {
   // Steps still pending from the last backward belong to parameters this forward did not use
   // (on_grad throws for the others): taken before their slots are overwritten.
@@ -306,10 +338,7 @@ void GradSync::finalize() {
   std::fill(gated_.begin(), gated_.end(), false);
   if (defer) {
     pending_.swap(works_);
-    in_backward_ = false;
-    next_launch_ = 0;
-    std::fill(got_grad_.begin(), got_grad_.end(), false);
-    for (size_t b = 0; b < plan_.buckets().size(); ++b) missing_[b] = plan_.buckets()[b].params.size();
+    reset_backward_locked();
     lock.unlock();
     last_finite_ = true;  // each bucket's step checks its own
     for (auto& p : params_) p.mutable_grad() = torch::Tensor();
@@ -331,11 +360,7 @@ void GradSync::finalize() {
   }
   lock.lock();
   times_.wait_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  // Ready for the next backward whatever happened.
-  in_backward_ = false;
-  next_launch_ = 0;
-  std::fill(got_grad_.begin(), got_grad_.end(), false);
-  for (size_t b = 0; b < plan_.buckets().size(); ++b) missing_[b] = plan_.buckets()[b].params.size();
+  reset_backward_locked();  // ready for the next backward whatever happened
   lock.unlock();
   if (error) std::rethrow_exception(error);
   torch::NoGradGuard no_grad;
@@ -354,9 +379,8 @@ void GradSync::finalize() {
     }
     return;
   }
-  // One reduction, no mask: a NaN or infinity anywhere makes the sum non-finite (so would a
-  // sum past 3e38, a gradient no step should take either).
-  last_finite_ = std::isfinite(flat_.sum().item<double>());
+  last_finite_ = true;
+  for (size_t b = 0; b < plan_.buckets().size(); ++b) last_finite_ = last_finite_ && average_ok(b);
   // The averages are in the slots: each slot becomes its parameter's .grad, with no copy.
   for (size_t i = 0; i < params_.size(); ++i) params_[i].mutable_grad() = slots_[i];
 }

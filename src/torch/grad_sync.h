@@ -5,7 +5,12 @@
 //
 // Each parameter's gradient hook copies the gradient (times weight(), for uneven batch splits)
 // into its slot of a flat float32 buffer packed by strategy::BucketPlan (reverse registration
-// order), and clears .grad so AccumulateGrad takes the new gradient as it is. When a bucket's
+// order), checking it in the same pass, and clears .grad so AccumulateGrad takes the new
+// gradient as it is. The check: NaN, infinity, or a magnitude of 2^111 or more (below that a
+// sum over up to 2^16 replicas cannot leave the float range). A replica whose bucket fails it
+// sets the bucket's first element to NaN before sending it, so the average's first element is
+// NaN on every replica: last_finite() reads one float per bucket, no second pass over the
+// gradients, and every replica gets the same answer. When a bucket's
 // last gradient arrives, the bucket goes to the strategy at once, so communication of later
 // layers overlaps backward of earlier ones. Buckets are launched in one order, the same on every
 // replica (the strategy's ordering contract): strategy::overlap_schedule's (index order, the
@@ -52,8 +57,9 @@ class GradSync {
 
   // This replica's share of the global batch times the number of replicas (1 when even).
   void set_weight(double weight) { weight_ = weight; }
-  // Whether the last averaged gradient was finite everywhere. A non-finite gradient on any
-  // replica makes the average non-finite on every replica, so all of them agree on this.
+  // Whether every replica's gradient of the last backward passed the check (header comment);
+  // the same answer on every replica. Where it did not, .grad holds the average with a NaN put
+  // in: skip the step.
   bool last_finite() const { return last_finite_; }
   // Where time went since the last call, for profiles. `wait_s`: every wait for communication
   // (at backward's end, and for deferred steps); `deferred_wait_s`: the part of it spent on
@@ -126,6 +132,8 @@ class GradSync {
   void start_servers_now();
   void copy_state_flat(torch::Tensor& params, torch::Tensor& momentum);  // momentum undefined: not all have one
   void finalize();
+  void reset_backward_locked();          // after a backward's end, for the next one
+  bool average_ok(size_t bucket) const;  // after its wait: no replica's part failed the check
 
   std::vector<torch::Tensor> params_;
   strategy::BucketPlan plan_;
@@ -147,6 +155,7 @@ class GradSync {
   std::vector<bool> gated_;                     // per parameter: wait_for called since the last backward
   DeferredStep deferred_;
   std::vector<std::shared_ptr<comm::Work>> pending_;  // per bucket: a deferred step not yet applied
+  std::vector<char> bucket_ok_;                 // per bucket: this backward's gradients passed the check
   Times times_;
   bool last_finite_ = true;
   std::vector<std::pair<torch::Tensor, unsigned>> hooks_;  // (param, hook id) to remove

@@ -71,6 +71,25 @@ TEST(ReduceKernels, AllFiniteFindsAnyNanOrInfinity) {
   EXPECT_TRUE(all_finite(nullptr, 0));
 }
 
+TEST(ReduceKernels, CopyScaledBelowCopiesAndComparesEveryMagnitude) {
+  for (size_t n : {1u, 9u, 37u, 1000u}) {
+    std::vector<float> src(n), dst(n);
+    for (size_t i = 0; i < n; ++i) src[i] = (i % 2 ? -1.0f : 1.0f) * static_cast<float>(i) / 8;
+    ASSERT_TRUE(copy_scaled_below(dst.data(), src.data(), n, 3.0f, 1e6f)) << n;
+    for (size_t i = 0; i < n; ++i) ASSERT_EQ(dst[i], src[i] * 3.0f) << n << " at " << i;
+    for (float bad : {std::nanf(""), INFINITY, -INFINITY, 1e6f, -2e6f}) {
+      auto s = src;
+      s[n - 1] = bad;
+      EXPECT_FALSE(copy_scaled_below(dst.data(), s.data(), n, 1.0f, 1e6f)) << n << " " << bad;
+      EXPECT_FALSE(copy_scaled_below(s.data(), s.data(), n, 1.0f, 1e6f)) << "in place, " << n << " " << bad;
+    }
+    auto s = src;
+    s[0] = 4e5f;  // below the limit, not once scaled
+    EXPECT_TRUE(copy_scaled_below(dst.data(), s.data(), n, 1.0f, 1e6f));
+    EXPECT_FALSE(copy_scaled_below(dst.data(), s.data(), n, 3.0f, 1e6f));
+  }
+}
+
 TEST(ReduceKernels, AddIntoFiniteAddsAndChecksTheSums) {
   for (size_t n : {1u, 9u, 37u, 1000u}) {
     std::vector<float> dst(n), src(n);

@@ -8,6 +8,8 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <algorithm>
+#include <cmath>
 #include <thread>
 
 namespace dsgd::torch_glue {
@@ -356,6 +358,79 @@ TEST(GradSyncDeferred, TimesSplitDeferredStepsFromBackwardsWait) {
   EXPECT_LT(t.wait_s, t.deferred_step_s);  // the steps' sleeps are not waits
   t = sync.take_times();                   // taking resets
   EXPECT_EQ(t.wait_s + t.deferred_wait_s + t.deferred_step_s, 0.0);
+}
+
+}  // namespace
+}  // namespace dsgd::torch_glue
+
+// The check as the hooks copy: what fails it on one replica reaches the others through the
+// bucket's first element, which the failing replica sends as NaN.
+namespace dsgd::torch_glue {
+namespace {
+
+// The average of this replica's part and another replica's that failed the check in call
+// `poisoned` (counted from 0): that bucket comes back with a NaN first element.
+class OtherReplicaFails : public strategy::GradientStrategy {
+ public:
+  explicit OtherReplicaFails(int poisoned) : poisoned_(poisoned) {}
+  std::string name() const override { return "other-replica-fails"; }
+  std::shared_ptr<comm::Work> average_async(float* data, size_t count) override {
+    if (calls_++ == poisoned_ && count > 0) data[0] = std::nanf("");
+    auto w = std::make_shared<comm::Work>("test bucket");
+    w->complete();
+    return w;
+  }
+  void abort(const std::string&) override {}
+
+ private:
+  const int poisoned_;
+  int calls_ = 0;
+};
+
+TEST(GradSyncCheck, AGradientTooLargeToSumSafelyCountsAsNonFinite) {
+  Fixture f;
+  GradSync sync(f.params(), 1 << 20, f.strategy);
+  const auto x = torch::randn({5, 4});
+  (f.loss(x) + (f.a->weight * 1e34f).sum()).backward();  // a.weight's gradient about 1e34 > 2^111
+  EXPECT_FALSE(sync.last_finite());
+  for (auto& p : f.params()) p.mutable_grad() = torch::Tensor();
+  (f.loss(x) + (f.a->weight * 1e32f).sum()).backward();  // large, but below the limit
+  EXPECT_TRUE(sync.last_finite());
+}
+
+TEST(GradSyncCheck, AnotherReplicasFailureIsSeenHere) {
+  Fixture f;
+  auto other = std::make_shared<OtherReplicaFails>(/*poisoned=*/1);
+  GradSync sync(f.params(), /*grad_shard_bytes=*/32, other);  // 3 buckets
+  f.loss(torch::randn({5, 4})).backward();  // finite here
+  EXPECT_FALSE(sync.last_finite());
+  for (auto& p : f.params()) p.mutable_grad() = torch::Tensor();
+  f.loss(torch::randn({5, 4})).backward();  // calls 3..5: nobody failed
+  EXPECT_TRUE(sync.last_finite());
+}
+
+// Deferred steps: each bucket's step gets its own bucket's answer. NaN in a's weight only
+// (param 0, a bucket of its own) marks that bucket's step alone.
+TEST(GradSyncCheck, EachDeferredStepGetsItsOwnBucketsAnswer) {
+  torch::manual_seed(12);
+  DeferredFixture f;
+  GradSync sync(f.params(), DeferredFixture::kShardBytes, f.strategy, true, /*deferred=*/1);
+  std::vector<std::pair<std::vector<size_t>, bool>> applied;
+  sync.set_deferred_step({[] {}, [&](const std::vector<size_t>& idx, bool finite) { applied.emplace_back(idx, finite); }});
+  const auto nan = torch::full({3, 4}, std::nanf(""));
+  for (int step = 0; step < 2; ++step) {
+    f.wait_all(sync);  // takes the last step's pending steps
+    auto loss = f.loss(torch::randn({5, 4}));
+    if (step == 0) loss = loss + (f.a->weight * nan).sum();
+    loss.backward();
+  }
+  sync.flush();
+  ASSERT_EQ(applied.size(), 6u);  // 3 buckets, 2 steps
+  for (size_t k = 0; k < applied.size(); ++k) {
+    const auto& idx = applied[k].first;
+    const bool has_a_weight = std::find(idx.begin(), idx.end(), size_t{0}) != idx.end();
+    EXPECT_EQ(applied[k].second, k >= 3 || !has_a_weight) << "apply " << k;
+  }
 }
 
 }  // namespace
