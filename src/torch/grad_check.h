@@ -1,7 +1,7 @@
 // A lone replica's NaN check, at no extra pass over memory. With more replicas GradSync checks
-// the averaged gradient; a lone replica has no average, and a second read of every .grad before
-// the optimizer step cost the MLP (23 MB of gradients) 3% of its step, more with the cache it
-// evicted.
+// each gradient as it copies it into its bucket; a lone replica has no GradSync (nothing to
+// average), and a second read of every .grad before the optimizer step cost the MLP (23 MB of
+// gradients) 3% of its step, more with the cache it evicted.
 //
 //   GradCheck check(model->parameters());
 //   optimizer.zero_grad();
