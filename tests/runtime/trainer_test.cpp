@@ -860,11 +860,16 @@ TEST(TrainerBadInput, BinaryWithoutInitIsARegistrationErrorNotAHang) {
   EXPECT_LT(Clock::now() - t1, milliseconds(5000));
 }
 
-TEST(TrainerNonFinite, ANanOnOneReplicaSkipsTheStepEverywhere) {
+// NanOperator's jobs: 16 samples per worker.
+TrainerConfig nan_config(int workers) {
   TrainerConfig c;
-  c.num_workers = 2;
-  c.batch_size = 32;
-  Trainer t(operator_of<NanOperator>(), c);
+  c.num_workers = workers;
+  c.batch_size = 16 * workers;
+  return c;
+}
+
+TEST(TrainerNonFinite, ANanOnOneReplicaSkipsTheStepEverywhere) {
+  Trainer t(operator_of<NanOperator>(), nan_config(2));
   auto r = t.train({.num_steps = 6});
   EXPECT_EQ(r.metrics.at("skipped_steps"), 1.0);
   EXPECT_TRUE(std::isnan(r.metrics.at("loss")));  // reported as it was, not hidden or lost in JSON
@@ -875,19 +880,14 @@ TEST(TrainerNonFinite, ANanOnOneReplicaSkipsTheStepEverywhere) {
 
 // A lone replica has no GradSync: its gradients are checked as backward makes them (GradCheck).
 TEST(TrainerNonFinite, ALoneReplicaSkipsTheStepToo) {
-  TrainerConfig c;
-  c.num_workers = 1;
-  c.batch_size = 16;
-  Trainer t(operator_of<NanOperator>(), c);
+  Trainer t(operator_of<NanOperator>(), nan_config(1));
   auto r = t.train({.num_steps = 6});
   EXPECT_EQ(r.metrics.at("skipped_steps"), 1.0);
   EXPECT_TRUE(std::isfinite(t.foreach_worker("weight_sum")[0].get<double>()));
 }
 
 TEST(TrainerNonFinite, ErrorPolicyStopsNamingTheStep) {
-  TrainerConfig c;
-  c.num_workers = 2;
-  c.batch_size = 32;
+  auto c = nan_config(2);
   c.nonfinite_policy = "error";
   Trainer t(operator_of<NanOperator>(), c);
   try {
