@@ -37,7 +37,7 @@ test-fast: build
 test-long: build
 	$(CTEST) -L long
 
-# Every benchmark in ~16 min, writing docs/BENCHMARKS.md: peers (PyTorch DDP, plain LibTorch),
+# Every benchmark in ~18 min, writing docs/BENCHMARKS.md: peers (PyTorch DDP, plain LibTorch),
 # allreduce on one host, and the simulated cluster reduced (bench/all.sh).
 bench: build
 	bench/all.sh

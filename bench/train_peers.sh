@@ -117,7 +117,14 @@ for name, f in (("dsgd-allreduce-2w", "tta.dsgd.json"), ("ddp-2w", "tta.ddp.json
         cells.append(f"{t:.0f} s (epoch {e})" if t is not None else "not reached")
     print(f"| {name} | {cells[0]} | {cells[1]} | {r['test_accuracy']:.4f} | {r['samples_per_s']:.0f} |")
     out["time_to_accuracy"][name] = {"history": r["history"], "test_accuracy": r["test_accuracy"],
-                                     "samples_per_s": r["samples_per_s"]}
+                                     "samples_per_s": r["samples_per_s"], "to_90": reach(r["history"], "test_accuracy", 0.90)[0]}
+d90, p90 = out["time_to_accuracy"]["dsgd-allreduce-2w"]["to_90"], out["time_to_accuracy"]["ddp-2w"]["to_90"]
+if d90 is not None and p90 is not None:
+    print(f"\nTarget for time to 90%: <= 0.9x DDP's; measured {d90 / p90:.2f}x ({d90:.0f} s against {p90:.0f} s).")
+else:
+    missing = " and ".join(n for n, t in (("dsgd", d90), ("DDP", p90)) if t is None)
+    print(f"\nTarget for time to 90%: <= 0.9x DDP's; not measurable in {epochs} epochs: {missing} did not reach 90%"
+          + (f" (dsgd after {d90:.0f} s)" if d90 is not None else "") + ".")
 if os.environ.get("RESULTS_JSON"):
     json.dump(out, open(os.environ["RESULTS_JSON"], "w"), indent=2)
 PY
