@@ -8,6 +8,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <filesystem>
 #include <thread>
 
@@ -42,14 +43,28 @@ ShmOptions small_slots() {
   return o;
 }
 
+// Where the data lies: memory of the rank's own, its slot (buffer()), or its shared region at an
+// offset (shared_buffer()).
+enum class Place { kHeap, kSlot, kShared };
+constexpr size_t kSharedOffset = 192;
+
+ShmOptions small_slots_and_shared() {
+  ShmOptions o = small_slots();
+  o.shared_bytes = 100003 * sizeof(double) + kSharedOffset;
+  return o;
+}
+
 template <typename T>
-void check_allreduce(ShmGroup& g, DataType type, bool zero_copy) {
+void check_allreduce(ShmGroup& g, DataType type, Place place) {
   const int n = g.size();
+  const bool zero_copy = place != Place::kHeap;
   for (auto op : {ReduceOp::kSum, ReduceOp::kAverage, ReduceOp::kMax}) {
     for (size_t count : {size_t{0}, size_t{1}, size_t{7}, size_t{13}, size_t{1000}, size_t{65537}, size_t{100003}}) {
-      if (zero_copy && count * sizeof(T) > g.buffer_bytes()) continue;
+      if (place == Place::kSlot && count * sizeof(T) > g.buffer_bytes()) continue;
       std::vector<T> heap(count);
-      T* v = zero_copy ? static_cast<T*>(g.buffer()) : heap.data();
+      T* v = place == Place::kSlot     ? static_cast<T*>(g.buffer())
+             : place == Place::kShared ? reinterpret_cast<T*>(static_cast<char*>(g.shared_buffer()) + kSharedOffset)
+                                       : heap.data();
       for (size_t i = 0; i < count; ++i) v[i] = static_cast<T>((g.rank() + 1) * static_cast<int>(i % 7 + 1));
       g.allreduce(v, count, type, op);
       for (size_t i = 0; i < count; ++i) {
@@ -82,11 +97,11 @@ TEST_P(ShmSizes, AllreduceSixteenBitTypesInFloat32) {
 TEST_P(ShmSizes, AllreduceEveryDtypeOpAndSizeCopyingAndZeroCopy) {
   auto store = make_memory_store();
   testing::run_ranks(GetParam(), [&](int rank) {
-    auto g = ShmGroup::create(store, rank, GetParam(), small_slots());
-    for (bool zero_copy : {false, true}) {
-      check_allreduce<float>(*g, DataType::kFloat32, zero_copy);
-      check_allreduce<double>(*g, DataType::kFloat64, zero_copy);
-      check_allreduce<int64_t>(*g, DataType::kInt64, zero_copy);
+    auto g = ShmGroup::create(store, rank, GetParam(), small_slots_and_shared());
+    for (Place place : {Place::kHeap, Place::kSlot, Place::kShared}) {
+      check_allreduce<float>(*g, DataType::kFloat32, place);
+      check_allreduce<double>(*g, DataType::kFloat64, place);
+      check_allreduce<int64_t>(*g, DataType::kInt64, place);
     }
   });
   EXPECT_EQ(dsgd_segments_in_dev_shm(), 0);
@@ -107,7 +122,69 @@ TEST_P(ShmSizes, BroadcastFromEveryRootAcrossPieces) {
   });
 }
 
+// Data living in the shared regions stays as it was through operations that use the slots.
+TEST_P(ShmSizes, SharedRegionsKeepTheirDataThroughOtherOperations) {
+  auto store = make_memory_store();
+  testing::run_ranks(GetParam(), [&](int rank) {
+    auto g = ShmGroup::create(store, rank, GetParam(), small_slots_and_shared());
+    auto* kept = static_cast<float*>(g->shared_buffer());
+    const size_t n = g->shared_buffer_bytes() / sizeof(float);
+    for (size_t i = 0; i < n; ++i) kept[i] = static_cast<float>(rank * 1000 + i % 997);
+    std::vector<float> other(100003, 1.0f);
+    g->allreduce(other.data(), other.size(), DataType::kFloat32, ReduceOp::kSum);
+    std::vector<uint8_t> bytes(200003, static_cast<uint8_t>(rank));
+    g->broadcast(bytes.data(), bytes.size(), 0);
+    g->barrier();
+    EXPECT_EQ(other[100002], static_cast<float>(g->size()));
+    for (size_t i = 0; i < n; ++i) ASSERT_EQ(kept[i], static_cast<float>(rank * 1000 + i % 997)) << i;
+  });
+}
+
 INSTANTIATE_TEST_SUITE_P(Sizes, ShmSizes, ::testing::Values(1, 2, 3, 4));
+
+// Ranks that pass different places for one allreduce would sum unrelated memory: the group
+// fails on every rank, naming the mismatch, and their data is left as it was.
+TEST(Shm, RanksAllreducingDifferentRegionsFailTheGroupInsteadOfMixingThem) {
+  for (const bool one_staged : {false, true}) {
+    auto store = make_memory_store();
+    testing::run_ranks(2, [&](int rank) {
+      auto g = ShmGroup::create(store, rank, 2, small_slots_and_shared());
+      std::vector<float> heap(100, 5.0f);
+      float* v = reinterpret_cast<float*>(static_cast<char*>(g->shared_buffer()) + 64 * rank);
+      if (one_staged && rank == 1) v = heap.data();
+      std::fill_n(v, 100, 5.0f);
+      try {
+        g->allreduce(v, 100, DataType::kFloat32, ReduceOp::kSum);
+        ADD_FAILURE() << "rank " << rank << ": the allreduce succeeded";
+      } catch (const CommError& e) {
+        EXPECT_NE(std::string(e.what()).find("same region of its shared buffer"), std::string::npos) << e.what();
+      }
+      for (int i = 0; i < 100; ++i) ASSERT_EQ(v[i], 5.0f) << "rank " << rank << " element " << i;
+    });
+  }
+}
+
+// Every rank of a host must make its segment alike: one asking for a shared region of another
+// size is told so.
+TEST(Shm, RanksWithDifferentSharedSizesGetAConfigError) {
+  auto store = make_memory_store();
+  std::atomic<int> config_errors{0};
+  testing::run_ranks(2, [&](int rank) {
+    ShmOptions o = small_slots();
+    o.timeout = milliseconds(1000);
+    o.shared_bytes = rank == 0 ? 4096 : 8192;
+    try {
+      ShmGroup::create(store, rank, 2, o);
+    } catch (const ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find("every rank of a host must pass the same ShmOptions"), std::string::npos)
+          << e.what();
+      ++config_errors;
+    } catch (const Error&) {  // rank 0 waits for a rank that gave up: its rendezvous times out
+    }
+  });
+  EXPECT_EQ(config_errors.load(), 1);
+  EXPECT_EQ(dsgd_segments_in_dev_shm(), 0);
+}
 
 TEST(Shm, AbortFromAnotherThreadUnblocksABarrier) {
   auto store = make_memory_store();

@@ -10,6 +10,9 @@
 // reduces its 1/n block across all slots (vectorised), and after a second barrier copies every
 // block out. Buffers larger than a slot go in slot-sized pieces. Data already in this rank's
 // slot (buffer()) is reduced in place: no copy in, and only the other ranks' blocks copied out.
+// So is data that lives in this rank's shared region (shared_buffer(), ShmOptions::shared_bytes),
+// which, unlike the slot, no other operation touches: gradients can stay there between steps
+// (every rank must then pass the same offset of its region; ranks that do not fail the group).
 //
 // Synchronisation: a barrier on shared atomics that spins briefly (ShmOptions::spin_us) and then
 // sleeps on a futex, so a waiting rank does not burn a core another worker computes on. Every wait
@@ -39,6 +42,7 @@ struct ShmOptions {
   size_t slot_bytes = 32 << 20;                     // per rank; larger buffers go in pieces
   std::chrono::milliseconds timeout{30000};         // deadline of creation and of each operation
   std::chrono::microseconds spin_us{50};            // busy-wait before sleeping in a barrier
+  size_t shared_bytes = 0;                          // per rank: shared_buffer()'s size (0: none)
 };
 
 class ShmGroup {
@@ -72,6 +76,13 @@ class ShmGroup {
   // allreduced without being copied in.
   virtual void* buffer() = 0;
   virtual size_t buffer_bytes() const = 0;
+
+  // This rank's shared region (ShmOptions::shared_bytes, 4096-byte aligned; null when 0): memory
+  // that only its owner writes, where data can live (a replica's gradients). An allreduce of
+  // `count` elements at offset o of it, with every rank passing offset o of its own region, reads
+  // the other ranks' regions in place: nothing copied in, (n-1)/n of the data copied out.
+  virtual void* shared_buffer() = 0;
+  virtual size_t shared_buffer_bytes() const = 0;
 
   // Fails the current and every later operation of every rank with dsgd::CommError(reason).
   // Thread-safe.

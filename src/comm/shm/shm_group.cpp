@@ -30,6 +30,8 @@ constexpr uint32_t kMagic = 0x64736764;  // "dsgd"
 constexpr size_t kAlign = 64;
 // A sleeping waiter wakes this often to check the deadline, the abort flag and peers' liveness.
 constexpr milliseconds kSleepSlice{50};
+// Header::offset of a rank whose allreduce copies through its slot (not in its shared region).
+constexpr uint64_t kStaged = ~uint64_t{0};
 
 // The segment's header. Counters sit on their own cache lines so waiting ranks do not slow the
 // ones still writing.
@@ -37,12 +39,14 @@ struct Header {
   uint32_t magic;
   uint32_t ranks;
   uint64_t slot_bytes;
+  uint64_t shared_bytes;
   alignas(kAlign) std::atomic<uint32_t> arrived;     // ranks in the current barrier episode
   alignas(kAlign) std::atomic<uint32_t> episode;     // futex word: bumped when a barrier opens
   alignas(kAlign) std::atomic<uint32_t> aborted;     // nonzero: every operation fails
   std::atomic<uint32_t> attached;                    // ranks that have mapped the segment
   std::atomic<int32_t> pids[kMaxRanks];
   std::atomic<uint32_t> rank_episode[kMaxRanks];     // last barrier episode each rank entered
+  std::atomic<uint64_t> offset[kMaxRanks];           // each rank's current allreduce: where its data is
   char abort_reason[256];
 };
 
@@ -62,9 +66,11 @@ class ShmGroupImpl : public ShmGroup {
     }
     if (options_.slot_bytes < 4096) throw ConfigError("shm group: slot_bytes must be >= 4096");
     options_.slot_bytes = round_up(options_.slot_bytes, 4096);
+    options_.shared_bytes = round_up(options_.shared_bytes, 4096);
     slot_offset_ = round_up(sizeof(Header), 4096);
+    shared_offset_ = slot_offset_ + options_.slot_bytes * static_cast<size_t>(size_);
     oversubscribed_ = size_ > static_cast<int>(::sysconf(_SC_NPROCESSORS_ONLN));
-    bytes_ = slot_offset_ + options_.slot_bytes * static_cast<size_t>(size_);
+    bytes_ = shared_offset_ + options_.shared_bytes * static_cast<size_t>(size_);
     try {
       attach(*store);
     } catch (...) {
@@ -82,6 +88,8 @@ class ShmGroupImpl : public ShmGroup {
   int size() const override { return size_; }
   void* buffer() override { return slot(rank_); }
   size_t buffer_bytes() const override { return options_.slot_bytes; }
+  void* shared_buffer() override { return options_.shared_bytes > 0 ? shared(rank_) : nullptr; }
+  size_t shared_buffer_bytes() const override { return options_.shared_bytes; }
 
   void abort(const std::string& reason) override {
     uint32_t expected = 0;
@@ -134,17 +142,24 @@ class ShmGroupImpl : public ShmGroup {
 
   void run_allreduce(const std::string& name, void* data, size_t count, DataType type, ReduceOp op,
                      Clock::time_point until) {
-    if (size_ == 1) return;  // data already holds the sum, max and average of one rank
+    if (size_ == 1 || count == 0) return;  // data already holds the sum, max and average of one rank
     const size_t es = element_size(type);
-    const size_t piece_elems = options_.slot_bytes / es;
     char* bytes = static_cast<char*>(data);
+    const char* region = shared(rank_);
+    if (options_.shared_bytes > 0 && bytes >= region && count * es <= options_.shared_bytes &&
+        static_cast<size_t>(bytes - region) <= options_.shared_bytes - count * es) {
+      run_shared_allreduce(name, static_cast<size_t>(bytes - region), count, type, op, until);
+      return;
+    }
+    const size_t piece_elems = options_.slot_bytes / es;
     const bool zero_copy = data == buffer() && count * es <= options_.slot_bytes;
-    for (size_t done = 0; done < count || (count == 0 && done == 0); done += piece_elems) {
-      if (count == 0) break;
+    header_->offset[rank_].store(kStaged, std::memory_order_relaxed);
+    for (size_t done = 0; done < count; done += piece_elems) {
       const size_t m = std::min(piece_elems, count - done);
       char* mine = slot(rank_);
       if (!zero_copy) std::memcpy(mine, bytes + done * es, m * es);
       wait_all(name, until);  // every slot holds its rank's piece
+      if (done == 0) check_offsets(name, kStaged);
       // Reduce this rank's block across all slots, into this rank's slot.
       const auto [lo, hi] = block(m, rank_, es);
       std::vector<const void*> others;
@@ -166,6 +181,48 @@ class ShmGroupImpl : public ShmGroup {
     }
   }
 
+  // Data in the shared regions, at `offset` in every rank's: reduced where it lies, and only the
+  // other ranks' blocks copied (from their regions into this rank's).
+  void run_shared_allreduce(const std::string& name, size_t offset, size_t count, DataType type, ReduceOp op,
+                            Clock::time_point until) {
+    const size_t es = element_size(type);
+    header_->offset[rank_].store(offset, std::memory_order_relaxed);
+    wait_all(name, until);  // every region holds its rank's data
+    check_offsets(name, offset);
+    char* mine = shared(rank_) + offset;
+    const auto [lo, hi] = block(count, rank_, es);
+    std::vector<const void*> others;
+    for (int r = 0; r < size_; ++r) {
+      if (r != rank_) others.push_back(shared(r) + offset + lo * es);
+    }
+    reduce_many(mine + lo * es, others.data(), static_cast<int>(others.size()), hi - lo, type, op,
+                op == ReduceOp::kAverage ? size_ : 1);
+    wait_all(name, until);  // every block is reduced
+    for (int r = 0; r < size_; ++r) {
+      const auto [rlo, rhi] = block(count, r, es);
+      if (r != rank_) std::memcpy(mine + rlo * es, shared(r) + offset + rlo * es, (rhi - rlo) * es);
+    }
+    wait_all(name, until);  // nobody reads the regions any more
+  }
+
+  // After an allreduce's first barrier: every rank's data must be where this rank's is (the same
+  // offset of the shared regions, or staged through the slots). Ranks that disagree would sum
+  // unrelated memory: fail the group instead.
+  void check_offsets(const std::string& op, uint64_t mine) {
+    for (int r = 0; r < size_; ++r) {
+      const uint64_t theirs = header_->offset[r].load(std::memory_order_relaxed);
+      if (theirs == mine) continue;
+      auto where = [](uint64_t o) {
+        return o == kStaged ? std::string("memory of its own") : "offset " + std::to_string(o) + " of its shared buffer";
+      };
+      const std::string msg = op + ": rank " + std::to_string(rank_) + " passed " + where(mine) + ", rank " +
+                              std::to_string(r) + " " + where(theirs) +
+                              " (every rank must allreduce the same region of its shared buffer, or none)";
+      abort(msg);
+      throw CommError("shm rank " + std::to_string(rank_) + ": " + msg, op);
+    }
+  }
+
   void run_broadcast(const std::string& name, void* data, size_t bytes, int root, Clock::time_point until) {
     char* p = static_cast<char*>(data);
     for (size_t done = 0; done < bytes; done += options_.slot_bytes) {
@@ -179,6 +236,9 @@ class ShmGroupImpl : public ShmGroup {
 
   char* slot(int r) const {
     return static_cast<char*>(base_) + slot_offset_ + options_.slot_bytes * static_cast<size_t>(r);
+  }
+  char* shared(int r) const {
+    return static_cast<char*>(base_) + shared_offset_ + options_.shared_bytes * static_cast<size_t>(r);
   }
 
   // Rank r's block of m elements: cache-line-aligned boundaries, the last rank takes the rest.
@@ -214,6 +274,7 @@ class ShmGroupImpl : public ShmGroup {
       header_->magic = kMagic;
       header_->ranks = static_cast<uint32_t>(size_);
       header_->slot_bytes = options_.slot_bytes;
+      header_->shared_bytes = options_.shared_bytes;
       store.set("shm/name", name_);
     } else {
       name_ = store.get("shm/name", options_.timeout);
@@ -222,10 +283,12 @@ class ShmGroupImpl : public ShmGroup {
       map(fd);
       header_ = static_cast<Header*>(base_);
       if (header_->magic != kMagic || header_->ranks != static_cast<uint32_t>(size_) ||
-          header_->slot_bytes != options_.slot_bytes) {
+          header_->slot_bytes != options_.slot_bytes || header_->shared_bytes != options_.shared_bytes) {
         throw ConfigError("shm group: segment " + name_ + " was made for " + std::to_string(header_->ranks) +
-                          " ranks of " + std::to_string(header_->slot_bytes) + " bytes; this rank expects " +
-                          std::to_string(size_) + " of " + std::to_string(options_.slot_bytes));
+                          " ranks of " + std::to_string(header_->slot_bytes) + " + " +
+                          std::to_string(header_->shared_bytes) + " shared bytes; this rank expects " +
+                          std::to_string(size_) + " of " + std::to_string(options_.slot_bytes) + " + " +
+                          std::to_string(options_.shared_bytes) + " (every rank of a host must pass the same ShmOptions)");
       }
     }
     header_->pids[rank_] = ::getpid();
@@ -314,6 +377,7 @@ class ShmGroupImpl : public ShmGroup {
   const int size_;
   ShmOptions options_;
   size_t slot_offset_ = 0;
+  size_t shared_offset_ = 0;
   size_t bytes_ = 0;
   std::string name_;
   void* base_ = nullptr;
