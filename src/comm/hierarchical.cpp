@@ -69,6 +69,16 @@ std::unique_ptr<HierarchicalGroup> HierarchicalGroup::create(std::shared_ptr<Sto
   return h;
 }
 
+void* HierarchicalGroup::take_shared(size_t bytes) {
+  if (local_->size() < 2 || local_->shared_buffer() == nullptr) return nullptr;
+  const size_t rounded = (bytes + 63) / 64 * 64;
+  size_t at = shared_taken_.load();
+  do {
+    if (rounded > local_->shared_buffer_bytes() - at) return nullptr;
+  } while (!shared_taken_.compare_exchange_weak(at, at + rounded));
+  return static_cast<char*>(local_->shared_buffer()) + at;
+}
+
 void HierarchicalGroup::abort(const std::string& reason) {
   global_->abort(reason);
   local_->abort(reason);

@@ -14,7 +14,9 @@ namespace {
 
 using std::chrono::milliseconds;
 
-void check(int size, int hosts) {
+// shared: the data lives in the host's shared memory (take_shared) where the host has several ranks.
+void check(int size, int hosts, bool shared = false) {
+  constexpr size_t kMaxCount = 100003;
   auto store = make_memory_store();
   testing::run_ranks(size, [&](int rank) {
     GroupOptions o;
@@ -22,14 +24,18 @@ void check(int size, int hosts) {
     o.host = "host" + std::to_string(rank * hosts / size);
     ShmOptions so;
     so.slot_bytes = 64 << 10;
+    if (shared) so.shared_bytes = kMaxCount * sizeof(double);
     auto h = HierarchicalGroup::create(store, rank, size, o, so);
     EXPECT_EQ(h->num_hosts(), hosts);
     EXPECT_EQ(h->leaders() != nullptr, hosts > 1 && h->local().rank() == 0);
+    auto* in_shared = static_cast<double*>(shared ? h->take_shared(kMaxCount * sizeof(double)) : nullptr);
+    EXPECT_EQ(in_shared != nullptr, shared && h->local().size() > 1);
+    std::vector<double> heap(kMaxCount);
+    double* v = in_shared != nullptr ? in_shared : heap.data();
     for (auto op : {ReduceOp::kSum, ReduceOp::kAverage, ReduceOp::kMax}) {
-      for (size_t count : {size_t{0}, size_t{1}, size_t{7}, size_t{1000}, size_t{100003}}) {
-        std::vector<double> v(count);
+      for (size_t count : {size_t{0}, size_t{1}, size_t{7}, size_t{1000}, kMaxCount}) {
         for (size_t i = 0; i < count; ++i) v[i] = (rank + 1) * static_cast<double>(i % 5 + 1);
-        h->allreduce(v.data(), count, DataType::kFloat64, op);
+        h->allreduce(v, count, DataType::kFloat64, op);
         for (size_t i = 0; i < count; ++i) {
           const double base = static_cast<double>(i % 5 + 1);
           const double sum = base * size * (size + 1) / 2;
@@ -47,6 +53,34 @@ TEST(Hierarchical, TwoHostsOfTwo) { check(4, 2); }
 TEST(Hierarchical, UnevenHosts) { check(3, 2); }  // hosts of 2 and 1 ranks
 TEST(Hierarchical, OneRankPerHost) { check(3, 3); }
 TEST(Hierarchical, OneRank) { check(1, 1); }
+TEST(Hierarchical, OneHostDataInSharedMemory) { check(3, 1, true); }
+TEST(Hierarchical, TwoHostsOfTwoDataInSharedMemory) { check(4, 2, true); }
+TEST(Hierarchical, UnevenHostsDataInSharedMemory) { check(3, 2, true); }
+
+// take_shared hands out the region in call order, 64-byte aligned, the same offsets on every
+// rank of a host, and null once it is used up.
+TEST(Hierarchical, TakeSharedGivesTheSameAlignedOffsetsOnEveryRankUntilFull) {
+  auto store = make_memory_store();
+  std::vector<std::vector<ptrdiff_t>> offsets(2);
+  testing::run_ranks(2, [&](int rank) {
+    GroupOptions o;
+    o.timeout = milliseconds(5000);
+    ShmOptions so;
+    so.shared_bytes = 8192;
+    auto h = HierarchicalGroup::create(store, rank, 2, o, so);
+    auto* base = static_cast<char*>(h->local().shared_buffer());
+    ASSERT_NE(base, nullptr);
+    for (size_t bytes : {size_t{100}, size_t{4}, size_t{4000}, size_t{3900}}) {
+      auto* p = static_cast<char*>(h->take_shared(bytes));
+      ASSERT_NE(p, nullptr) << bytes;
+      offsets[static_cast<size_t>(rank)].push_back(p - base);
+    }
+    EXPECT_EQ(h->take_shared(200), nullptr);  // 128 + 64 + 4032 + 3904 = 8128 of 8192 taken
+    EXPECT_NE(h->take_shared(64), nullptr);
+  });
+  EXPECT_EQ(offsets[0], (std::vector<ptrdiff_t>{0, 128, 192, 4224}));
+  EXPECT_EQ(offsets[0], offsets[1]);
+}
 
 // One rank per host: allreduce_async calls alternate between two lanes, many in flight at once,
 // of different sizes (so later ones may finish first), each with its own right answer; and

@@ -49,6 +49,13 @@ class HierarchicalGroup {
   // sticky, every later operation fails naming `reason`).
   void abort(const std::string& reason);
 
+  // `bytes` of this rank's shared-memory region (ShmOptions::shared_bytes) for data that lives
+  // there, such as a replica's gradients: the shared-memory stage of an allreduce of it copies
+  // nothing in. Handed out in call order, each 64-byte aligned, so the same calls on every rank of
+  // a host give the same offsets, as that stage requires. Null when this host has one rank
+  // (nothing to share) or the region has no room left: use memory of your own. Thread-safe.
+  void* take_shared(size_t bytes);
+
   Group& global() { return *global_; }
   ShmGroup& local() { return *local_; }
   // The leaders' group; null on ranks that are not their host's leader (local rank 0).
@@ -65,6 +72,7 @@ class HierarchicalGroup {
   int num_hosts_ = 0;
   std::vector<std::unique_ptr<Group>> lanes_;  // one rank per host: lanes 1.., each a group of its own
   std::atomic<uint64_t> next_async_{0};        // allreduce_async calls so far (their lanes)
+  std::atomic<size_t> shared_taken_{0};        // bytes of local_'s shared region handed out
   std::unique_ptr<OpQueue> queue_;             // lane 0; destroyed first (see the destructor)
   std::vector<std::unique_ptr<OpQueue>> lane_queues_;
 };
