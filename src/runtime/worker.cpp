@@ -410,6 +410,7 @@ class Worker {
         go.timeout = comm_timeout_;
         comm::ShmOptions so;
         so.timeout = comm_timeout_;
+        so.shared_bytes = replicas_[static_cast<size_t>(i)]->gradient_bytes();  // gradients live there
         const int rank = rank_base_ + i;
         auto group = std::shared_ptr<comm::HierarchicalGroup>(comm::HierarchicalGroup::create(store, rank, world_, go, so));
         groups_[static_cast<size_t>(i)] = group;

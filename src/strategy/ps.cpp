@@ -109,6 +109,10 @@ class PsStrategy final : public GradientStrategy {
     });
   }
 
+  float* gradient_buffer(size_t count) override {  // the host's sum then copies nothing in
+    return static_cast<float*>(group_->take_shared(count * sizeof(float)));
+  }
+
   void abort(const std::string& reason) override {
     reason_ = reason;
     aborted_ = true;

@@ -58,6 +58,10 @@ class GradientStrategy {
   virtual std::shared_ptr<comm::Work> average_async(float* data, size_t count) = 0;
   // Fails whatever is in flight or queued, from any thread.
   virtual void abort(const std::string& reason) = 0;
+  // Memory for `count` floats of gradients that this strategy averages faster where they lie
+  // (a host's shared memory: nothing copied in), or null: use memory of your own. It stays valid
+  // while the strategy lives. Every replica must ask for the same sizes in the same order.
+  virtual float* gradient_buffer(size_t /*count*/) { return nullptr; }
 
   // ---- strategies that apply the optimizer on their servers (updates_on_servers()) ----
   // They take gradients and give back parameters: update_async replaces average_async, with the

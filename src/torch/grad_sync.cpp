@@ -32,6 +32,16 @@ std::vector<size_t> element_counts(const std::vector<torch::Tensor>& params) {
   return counts;
 }
 
+// The flat buffer: the strategy's memory for gradients where it has some (zeroed, and keeping the
+// strategy, whose memory it is, alive), else a tensor of its own.
+torch::Tensor flat_buffer(const std::shared_ptr<strategy::GradientStrategy>& strategy, size_t count, bool* shared) {
+  float* p = strategy ? strategy->gradient_buffer(count) : nullptr;
+  *shared = p != nullptr;
+  if (p == nullptr) return torch::zeros({static_cast<int64_t>(count)}, torch::kFloat32);
+  std::fill_n(p, count, 0.0f);
+  return torch::from_blob(p, {static_cast<int64_t>(count)}, [keep = strategy](void*) {}, torch::kFloat32);
+}
+
 }  // namespace
 
 GradSync::GradSync(std::vector<torch::Tensor> params, size_t grad_shard_bytes,
@@ -39,7 +49,7 @@ GradSync::GradSync(std::vector<torch::Tensor> params, size_t grad_shard_bytes,
     : params_(std::move(params)),
       plan_(element_counts(params_), sizeof(float), grad_shard_bytes),
       strategy_(std::move(strategy)),
-      flat_(torch::zeros({static_cast<int64_t>(plan_.total_elements())}, torch::kFloat32)),
+      flat_(flat_buffer(strategy_, plan_.total_elements(), &flat_shared_)),
       overlap_(overlap),
       got_grad_(params_.size(), false),
       works_(plan_.buckets().size()),
@@ -67,6 +77,12 @@ GradSync::GradSync(std::vector<torch::Tensor> params, size_t grad_shard_bytes,
 GradSync::~GradSync() {
   discard_pending();
   for (auto& [param, id] : hooks_) param.remove_hook(id);
+  if (flat_shared_) {  // the strategy's memory goes with it (a re-formed group): .grad keeps a copy
+    for (auto& p : params_) {
+      auto& g = p.mutable_grad();
+      if (g.defined() && g.storage().is_alias_of(flat_.storage())) g = g.detach().clone();
+    }
+  }
 }
 
 GradSync::Times GradSync::take_times() {

@@ -21,7 +21,9 @@
 // by the next backward; keep a clone to hold on to it. The gradient of one backward is
 // averaged, whatever .grad held before it (accumulating gradients over several backwards is not
 // supported). One GradSync per model; a backward that gives none of its parameters a gradient
-// launches nothing. Parameters must be float32 and on the CPU.
+// launches nothing. Parameters must be float32 and on the CPU. The flat buffer is the strategy's
+// gradient_buffer where it offers one (a host's shared memory, which the allreduce then reads in
+// place); a .grad still sharing it when the GradSync goes is replaced by a copy.
 //
 // With a strategy that updates on its servers (ps with update on shards, ps_async; after
 // set_server_optimizer), each bucket's gradient goes to update_async instead, and after backward
@@ -138,6 +140,7 @@ class GradSync {
   std::vector<torch::Tensor> params_;
   strategy::BucketPlan plan_;
   std::shared_ptr<strategy::GradientStrategy> strategy_;
+  bool flat_shared_ = false;                    // flat_ is the strategy's gradient_buffer (before flat_)
   torch::Tensor flat_;                          // plan_.total_elements() floats
   std::vector<torch::Tensor> slots_;            // flat_'s storage, one per parameter, shaped like it
   double weight_ = 1.0;

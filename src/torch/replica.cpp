@@ -444,6 +444,18 @@ std::string ReplicaRuntime::save_state() const {
   return bytes;
 }
 
+size_t ReplicaRuntime::gradient_bytes() const {
+  size_t bytes = 0;
+  for (const auto& m : op_->models_) {  // as attach() makes a GradSync per model with trainable parameters
+    size_t floats = 0;
+    for (const auto& p : m->parameters()) {
+      if (p.requires_grad()) floats += static_cast<size_t>(p.numel());
+    }
+    bytes += (floats * sizeof(float) + 63) / 64 * 64;
+  }
+  return bytes;
+}
+
 size_t ReplicaRuntime::state_bytes() const {
   size_t bytes = 0;
   write_state([&bytes](const void*, size_t n) {

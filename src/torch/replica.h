@@ -94,6 +94,9 @@ class ReplicaRuntime : private ParameterGate {
   // 46 MB state here). The driver's snapshot schedule asks once the first steps have given the
   // optimizers their state.
   size_t state_bytes() const;
+  // The shared memory its GradSyncs will ask the strategy for: each model's trainable float32
+  // parameters, 64-byte aligned (comm::ShmOptions::shared_bytes for the replica's group).
+  size_t gradient_bytes() const;
   void load_state(const std::string& bytes);  // drops steps still pending (forward overlap)
   // The models' named parameters and buffers ("model<i>.<name>" for i > 0).
   std::vector<std::pair<std::string, torch::Tensor>> named_tensors() const;

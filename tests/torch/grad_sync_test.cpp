@@ -91,6 +91,56 @@ TEST(GradSync, EveryStepGradIsTheStrategysResultOfThatStepsGradient) {
   EXPECT_GT(f.strategy->calls, 4);
 }
 
+// HalfPlusOne with memory for gradients of its own (as a host's shared memory would be).
+class HalfPlusOneWithBuffer : public HalfPlusOne {
+ public:
+  explicit HalfPlusOneWithBuffer(size_t floats) : memory(floats, 7.0f) {}
+  float* gradient_buffer(size_t count) override {
+    requested = count;
+    return count <= memory.size() ? memory.data() : nullptr;
+  }
+  std::vector<float> memory;
+  size_t requested = 0;
+};
+
+TEST(GradSync, GradientsLiveInTheStrategysBufferAndGradKeepsACopyWhenTheSyncGoes) {
+  torch::manual_seed(7);
+  Fixture f;
+  auto strategy = std::make_shared<HalfPlusOneWithBuffer>(64);
+  const auto x = torch::randn({5, 4});
+  const auto expected = plain_grads(f, x);
+  {
+    GradSync sync(f.params(), /*grad_shard_bytes=*/32, strategy);
+    EXPECT_EQ(strategy->requested, 4 * 3 + 3 + 3 * 2 + 2);
+    for (int inner = 0; inner < 2; ++inner) {
+      for (auto& p : f.params()) p.mutable_grad() = torch::Tensor();
+      f.loss(x).backward();
+      expect_grads(f, expected, 1.0, "inner " + std::to_string(inner));
+      for (auto& p : f.params()) {  // every .grad is a view of the strategy's memory: nothing copied back
+        const auto* d = p.grad().data_ptr<float>();
+        EXPECT_TRUE(d >= strategy->memory.data() && d + p.numel() <= strategy->memory.data() + strategy->memory.size());
+      }
+    }
+    for (const auto& launched : strategy->launched) {
+      EXPECT_TRUE(launched >= strategy->memory.data() && launched < strategy->memory.data() + strategy->memory.size());
+    }
+  }
+  std::fill(strategy->memory.begin(), strategy->memory.end(), -1.0f);  // the memory is reused (a new group)
+  expect_grads(f, expected, 1.0, "after the GradSync went");
+}
+
+TEST(GradSync, AParameterWithoutAGradientContributesZerosFromTheStrategysBufferToo) {
+  Fixture f;
+  auto strategy = std::make_shared<HalfPlusOneWithBuffer>(64);  // filled with 7s
+  GradSync sync(f.params(), 1 << 20, strategy);
+  f.a->weight.sum().backward();  // only a.weight gets a gradient
+  const auto params = f.params();
+  for (size_t i = 1; i < params.size(); ++i) {
+    EXPECT_TRUE(torch::equal(params[i].grad(), torch::ones_like(params[i])))  // HalfPlusOne of 0
+        << "parameter " << i;
+  }
+}
+
 TEST(GradSync, WeightScalesTheGradientBeforeTheStrategy) {
   torch::manual_seed(2);
   Fixture f;
