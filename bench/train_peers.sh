@@ -12,7 +12,8 @@
 # 2. Time to accuracy: the CNN with 2 workers (global batch 128, lr 0.02 x 0.7 per epoch, as
 #    `make demo`), dsgd allreduce against DDP, EPOCHS epochs, test accuracy after each; training
 #    seconds (evaluation excluded) until 85% and 90%.
-# Prints markdown tables; RESULTS_JSON=FILE also writes every measurement.
+# Prints markdown tables; RESULTS_JSON=FILE also writes every measurement. WORKLOADS="cnn" runs
+# one workload only; EPOCHS 0 leaves out the time-to-accuracy pair (for repeated throughput runs).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 steps=${1:-200}
@@ -27,7 +28,9 @@ $py -c 'import torch' 2>/dev/null || { echo "train_peers: $py has no torch (scri
 
 # name|workload|command (per-worker batch: cnn 64, mlp 32)
 configs=()
-for w in cnn mlp; do
+workloads=${WORKLOADS:-cnn mlp}
+for w in $workloads; do
+  case $w in cnn | mlp) ;; *) echo "train_peers: WORKLOADS has '$w'; use cnn, mlp or both" >&2; exit 2 ;; esac
   b=64; [ "$w" = mlp ] && b=32
   common="--model $w --max-steps $steps --no-eval --quiet --momentum 0.9"
   configs+=(
@@ -42,7 +45,7 @@ for w in cnn mlp; do
   )
 done
 
-echo "train_peers: ${#configs[@]} throughput runs x $repeats, then time to accuracy ($epochs epochs x 2)" >&2
+echo "train_peers: ${#configs[@]} throughput runs x $repeats$( ((epochs > 0)) && echo ", then time to accuracy ($epochs epochs x 2)")" >&2
 for r in $(seq "$repeats"); do
   for c in "${configs[@]}"; do
     IFS='|' read -r name workload cmd <<<"$c"
@@ -55,6 +58,7 @@ for r in $(seq "$repeats"); do
   done
 done
 
+if [ "$epochs" -gt 0 ]; then
 tta_common="--model cnn --epochs $epochs --lr 0.02 --lr-decay 0.7 --momentum 0.9 --threads 1"
 OMP_NUM_THREADS=1 $dsgd train --workers 2 --strategy allreduce --batch-size 128 $tta_common --quiet \
   --json-out "$tmp/tta.dsgd.json" >/dev/null 2>"$tmp/err" || { tail -5 "$tmp/err" >&2; exit 1; }
@@ -63,6 +67,7 @@ OMP_NUM_THREADS=1 $py bench/peers/ddp_train.py --world-size 2 --batch-size 64 --
   --lr 0.02 --lr-decay 0.7 --momentum 0.9 --threads 1 --json-out "$tmp/tta.ddp.json" >/dev/null 2>"$tmp/err" ||
   { tail -5 "$tmp/err" >&2; exit 1; }
 echo "  time to accuracy: ddp done" >&2
+fi
 
 $py - "$tmp" "$steps" "$repeats" "$epochs" <<'PY'
 import glob, json, os, statistics, sys
@@ -80,6 +85,8 @@ order = ["plain-1t", "plain-2t", "dsgd-allreduce-1w", "dsgd-allreduce-2w", "dsgd
 targets = {"cnn": 1.08, "mlp": 1.4}
 out = {"steps": steps, "repeats": repeats, "throughput": {}, "time_to_accuracy": {}}
 for w, label in (("cnn", "CNN, 64 samples per worker"), ("mlp", "MLP 784-2048-2048-10, 32 samples per worker")):
+    if (w, "plain-1t") not in med:
+        continue
     print(f"\n#### Throughput: {label} ({steps} steps, median of {repeats})\n")
     print("| system | samples/s | vs plain 1 thread | vs DDP same workers | runs |")
     print("|---|---|---|---|---|")
@@ -106,6 +113,10 @@ def reach(history, key, level):
             return t, e["epoch"]
     return None, None
 
+if epochs == 0:
+    if os.environ.get("RESULTS_JSON"):
+        json.dump(out, open(os.environ["RESULTS_JSON"], "w"), indent=2)
+    sys.exit(0)
 print(f"\n#### Time to accuracy: CNN, 2 workers, global batch 128, {epochs} epochs\n")
 print("| system | 85% after (s, epoch) | 90% after (s, epoch) | final accuracy | samples/s |")
 print("|---|---|---|---|---|")
