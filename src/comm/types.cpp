@@ -1,5 +1,7 @@
 #include "dsgd/comm/types.h"
 
+#include <algorithm>
+
 #include "dsgd/error.h"
 
 namespace dsgd::comm {
@@ -42,6 +44,15 @@ std::string to_string(AllreduceAlgorithm algorithm) {
     case AllreduceAlgorithm::kHalvingDoubling: return "hd";
   }
   return "?";
+}
+
+AllreduceAlgorithm choose_allreduce_algorithm(int ranks, size_t bytes) {
+  if (ranks < 2 || (ranks & (ranks - 1)) != 0) return AllreduceAlgorithm::kRing;
+  size_t log2n = 0;
+  while ((1 << (log2n + 1)) <= ranks) ++log2n;
+  const size_t saved_steps = 2 * static_cast<size_t>(ranks - 1) - 2 * log2n;
+  const size_t max_bytes = std::max<size_t>(256 * 1024, saved_steps * 128 * 1024);
+  return bytes <= max_bytes ? AllreduceAlgorithm::kHalvingDoubling : AllreduceAlgorithm::kRing;
 }
 
 AllreduceAlgorithm parse_allreduce_algorithm(const std::string& name) {

@@ -42,8 +42,6 @@ constexpr uint8_t kP2pSlotPrefix = 0x40;
 constexpr milliseconds kLivenessInterval{100};
 // How long a dead same-host peer may take to show as exited after its sockets were reset.
 constexpr milliseconds kExitVisibleWithin{300};
-// Below this, halving-doubling's log2(n) steps beat the ring's 2(n-1) on latency.
-constexpr size_t kHalvingDoublingMaxBytes = 256 * 1024;
 
 using ReduceFn = void (*)(void*, const void*, const void*, size_t);
 
@@ -140,8 +138,7 @@ class GlooGroup : public Group, public std::enable_shared_from_this<GlooGroup> {
                                         AllreduceAlgorithm algorithm, milliseconds timeout) override {
     const size_t bytes = count * element_size(type);
     if (algorithm == AllreduceAlgorithm::kAuto) {
-      algorithm = power_of_two(size_) && bytes <= kHalvingDoublingMaxBytes ? AllreduceAlgorithm::kHalvingDoubling
-                                                                            : AllreduceAlgorithm::kRing;
+      algorithm = choose_allreduce_algorithm(size_, bytes);
     } else if (algorithm == AllreduceAlgorithm::kHalvingDoubling && !power_of_two(size_)) {
       algorithm = AllreduceAlgorithm::kRing;
     }
