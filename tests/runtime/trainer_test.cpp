@@ -943,19 +943,25 @@ std::vector<int> shard_process_pids() {
 
 // Runs 40 steps with a snapshot every 10 and does `fault` to worker 1 (with `shard_victim`: to
 // a ps shard process) once 15 steps are done; training must finish with parameters equal to a
-// fault-free single process.
-Results train_through_fault(TrainerConfig c, int sig, std::vector<int>* victims = nullptr, double tolerance = 1e-5,
+// fault-free run of the same job, to `tolerance`. (Not to a single process: 2 workers' averaged
+// gradients round differently from one batch's, and over 40 steps that drift reached 5.5e-5 on
+// one machine and stayed under 1e-5 on another.)
+Results train_through_fault(TrainerConfig c, int sig, std::vector<int>* victims = nullptr, double tolerance = 1e-7,
                             bool shard_victim = false) {
   c.checkpoint_every_steps = 10;
   c.checkpoint_max_overhead = 0;  // exactly that interval
   c.heartbeat_timeout = milliseconds(2000);
   c.comm_timeout = milliseconds(10000);
+  const Params reference = [&] {
+    Trainer clean(runtime::kImageClassifier, c);
+    EXPECT_EQ(clean.train({.num_steps = 40}).recoveries.size(), 0u);
+    return params_of(*clean.get_model());
+  }();
   std::atomic<bool> done{false};
   int victim = 0;
   c.on_progress = [&](const TrainProgress& p) {
     if (p.batches >= 15 && !done.exchange(true)) ::kill(victim, sig);
   };
-  const Params reference = single_process(c.batch_size, 40);
   Trainer t(runtime::kImageClassifier, c);
   if (shard_victim) {
     const auto shards = shard_process_pids();
@@ -970,7 +976,9 @@ Results train_through_fault(TrainerConfig c, int sig, std::vector<int>* victims 
   EXPECT_TRUE(done) << "the fault was never injected";
   EXPECT_EQ(r.batch, 40);
   EXPECT_EQ(r.metrics.at("batches"), 40.0);
-  EXPECT_LT(max_difference(reference, params_of(*t.get_model())), tolerance);
+  const double difference = max_difference(reference, params_of(*t.get_model()));
+  EXPECT_LT(difference, tolerance);
+  std::cout << "largest difference from the fault-free run: " << difference << "\n";
   if (shard_victim) {  // replaced
     const auto now = shard_process_pids();
     EXPECT_EQ(now.size(), static_cast<size_t>(c.num_ps_shards)) << "the lost shard process was not replaced";
@@ -1087,7 +1095,7 @@ TEST(TrainerRecovery, PsKilledShardProcessIsRespawnedAndTheResultEqualsAFaultFre
   // The victim holds a shard's parameters and momentum (update on shards), found nowhere else:
   // the driver respawns it and every replica restarts it from the last snapshot.
   std::vector<int> victims;
-  auto r = train_through_fault(ps_processes_config(2, 2, 2, true), SIGKILL, &victims, 1e-5, /*shard_victim=*/true);
+  auto r = train_through_fault(ps_processes_config(2, 2, 2, true), SIGKILL, &victims, 1e-7, /*shard_victim=*/true);
   ASSERT_EQ(r.recoveries.size(), 1u);
   EXPECT_EQ(r.recoveries[0].workers_after, 2);
   EXPECT_TRUE(r.recoveries[0].lost.empty()) << "no worker was lost: " << r.recoveries[0].lost;
@@ -1124,7 +1132,7 @@ TEST(TrainerRecovery, PsAsyncLosesAShardOwnerAndGoesOnFromTheSnapshot) {
 TEST(TrainerRecovery, PsSurvivesAHungWorkerOnItsOwnHost) {
   // Found by the soak: 3 workers on 3 pseudo-hosts, worker 1 stopped; its replacement joins
   // another host's shared memory.
-  auto r = train_through_fault(ps_config(3, 3, 3, 64), SIGSTOP, nullptr, 5e-5);
+  auto r = train_through_fault(ps_config(3, 3, 3, 64), SIGSTOP);
   ASSERT_EQ(r.recoveries.size(), 1u);
 }
 
@@ -1189,11 +1197,12 @@ TEST(TrainerRecovery, AfterFailedReplacementsTheJobScalesBackUpToNumWorkers) {
   EXPECT_EQ(last.epoch * last.batches_per_epoch + last.batch, steps);
   // 3, 2, then 3 replicas: the same mathematics as one process with the global batch, summed in
   // a different order at each size. The float32 rounding that leaves grows with the steps, and
-  // their number (45-60) depends on when the scale-up lands: 5.1e-5 was seen. A wrong weighting
-  // or a lost momentum moves the parameters by 3e-4 and more (the sabotaged runs of the ps tests).
+  // their number (45-70) depends on when the scale-up lands: 5.1e-5 was seen on one machine, and
+  // 2.0e-5 to 1.05e-4 on another (AVX2, 2026-11-25: 63-68 steps). A wrong weighting or a lost
+  // momentum moves the parameters by 3e-4 and more (the sabotaged runs of the ps tests).
   const double difference = max_difference(single_process(66, steps), params_of(*t.get_model()));
   std::cout << "after " << steps << " steps: " << difference << " from one process\n";
-  EXPECT_LT(difference, 1e-4);
+  EXPECT_LT(difference, 2e-4);
 }
 
 }  // namespace
