@@ -37,8 +37,9 @@
 # Env: SIM_PARAMETERS (1024000), SIM_STEP_MS (52), MAX_AGGREGATE_GBITS (8: skip host counts x
 # rates above this; the box moves ~8.5 Gbit/s between namespaces in all), CONFIGS (which rows:
 # default "allreduce allreduce-no-overlap hier ps1 ps2 ps4 ps8 psh-no-overlap psph simple"; "psph": as
-# many shard processes as hosts; any config with "-fwd<T>" appended also runs with
-# --forward-overlap-buckets T, "-fwdauto" with auto: its choice is printed, and its step time
+# many shard processes as hosts; "allreduce-ring", "allreduce-hd": one flat Gloo allreduce with
+# that algorithm (--allreduce-algo) rather than auto's choice; any config with "-fwd<T>" appended
+# also runs with --forward-overlap-buckets T, "-fwdauto" with auto: its choice is printed, and its step time
 # includes the trial steps),
 # REPEATS (each config this many times, the configs interleaved: the step is the median, every
 # run's is listed; default 1), JSON_OUT (also write every row as JSON lines there), LINK_CHECK=1
@@ -252,6 +253,7 @@ config_flags() {
   fi
   case "$base" in
   allreduce) flags=(--strategy allreduce) ;;
+  allreduce-ring | allreduce-hd) flags=(--strategy allreduce --allreduce-algo "${base#allreduce-}") ;;
   allreduce-no-overlap) flags=(--strategy allreduce --no-overlap) ;;
   hier) per_host=2 flags=(--strategy allreduce) ;;
   ps[0-9]*) k=${base#ps}; ((k <= h)) || return 1; flags=(--strategy ps --ps-shards "$k") ;;
@@ -330,7 +332,7 @@ def comm_ms(c, h, gbit, b):
     if gbit == 0: return 0.0  # unshaped
     c = c.split("-fwd")[0]
     bw = gbit * 1e9 / 8
-    if c in ("allreduce", "allreduce-no-overlap", "hier"): t = 2 * (h - 1) / h * b / bw
+    if c.startswith("allreduce") or c == "hier": t = 2 * (h - 1) / h * b / bw
     elif c.startswith("psp"):
         k = h if c == "psph" else int(c[3:])
         t = max(1, h / k) * b / bw

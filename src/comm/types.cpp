@@ -46,8 +46,11 @@ std::string to_string(AllreduceAlgorithm algorithm) {
   return "?";
 }
 
-AllreduceAlgorithm choose_allreduce_algorithm(int ranks, size_t bytes) {
-  if (ranks < 2 || (ranks & (ranks - 1)) != 0) return AllreduceAlgorithm::kRing;
+AllreduceAlgorithm resolve_allreduce_algorithm(AllreduceAlgorithm requested, int ranks, size_t bytes) {
+  const bool power_of_two = ranks > 0 && (ranks & (ranks - 1)) == 0;
+  if (requested == AllreduceAlgorithm::kHalvingDoubling && !power_of_two) return AllreduceAlgorithm::kRing;
+  if (requested != AllreduceAlgorithm::kAuto) return requested;
+  if (ranks < 2 || !power_of_two) return AllreduceAlgorithm::kRing;
   size_t log2n = 0;
   while ((1 << (log2n + 1)) <= ranks) ++log2n;
   const size_t saved_steps = 2 * static_cast<size_t>(ranks - 1) - 2 * log2n;

@@ -21,18 +21,14 @@ class AllreduceStrategy final : public GradientStrategy {
  public:
   AllreduceStrategy(std::shared_ptr<comm::HierarchicalGroup> group, std::string algorithm)
       : group_(std::move(group)), algorithm_(std::move(algorithm)) {
-    if (algorithm_ != "auto" && algorithm_ != "ring" && algorithm_ != "hd") {
-      throw ConfigError("unknown allreduce algorithm '" + algorithm_ + "'; use auto, ring or hd");
-    }
+    if (algorithm_ != "auto") flat_ = comm::parse_allreduce_algorithm(algorithm_);
   }
   std::string name() const override { return "allreduce"; }
   std::shared_ptr<comm::Work> average_async(float* data, size_t count) override {
     if (algorithm_ == "auto") {
       return group_->allreduce_async(data, count, comm::DataType::kFloat32, comm::ReduceOp::kAverage);
     }
-    return group_->global().allreduce_async(
-        data, count, comm::DataType::kFloat32, comm::ReduceOp::kAverage,
-        algorithm_ == "ring" ? comm::AllreduceAlgorithm::kRing : comm::AllreduceAlgorithm::kHalvingDoubling);
+    return group_->global().allreduce_async(data, count, comm::DataType::kFloat32, comm::ReduceOp::kAverage, flat_);
   }
   float* gradient_buffer(size_t count) override {  // the shared-memory stage then copies nothing in
     return algorithm_ == "auto" ? static_cast<float*>(group_->take_shared(count * sizeof(float))) : nullptr;
@@ -44,6 +40,7 @@ class AllreduceStrategy final : public GradientStrategy {
  private:
   std::shared_ptr<comm::HierarchicalGroup> group_;
   const std::string algorithm_;
+  comm::AllreduceAlgorithm flat_ = comm::AllreduceAlgorithm::kAuto;  // unless algorithm_ is "auto"
 };
 
 class SimpleStrategy final : public GradientStrategy {

@@ -270,20 +270,27 @@ TEST(Group, RendezvousTimesOutNamingMissingRanks) {
 }
 
 // auto: halving-doubling on power-of-two groups up to 256 KiB, or 128 KiB per dependent step it
-// saves over the ring (2(n-1) - 2 log2 n) where that is more; the ring otherwise.
+// saves over the ring (2(n-1) - 2 log2 n) where that is more; the ring otherwise. An explicit
+// halving-doubling needs a power of two; an explicit choice is otherwise kept.
 TEST(Group, AutoChoosesHalvingDoublingUpToASizeThatGrowsWithTheStepsItSaves) {
   constexpr size_t KiB = 1024;
   const auto hd = AllreduceAlgorithm::kHalvingDoubling, ring = AllreduceAlgorithm::kRing;
-  EXPECT_EQ(choose_allreduce_algorithm(2, 4), hd);
-  EXPECT_EQ(choose_allreduce_algorithm(2, 256 * KiB), hd);
-  EXPECT_EQ(choose_allreduce_algorithm(2, 256 * KiB + 1), ring);
-  EXPECT_EQ(choose_allreduce_algorithm(4, 256 * KiB), hd);  // saves 2 steps: 256 KiB still
-  EXPECT_EQ(choose_allreduce_algorithm(4, 1024 * KiB), ring);
-  EXPECT_EQ(choose_allreduce_algorithm(8, 1024 * KiB), hd);  // saves 8 steps
-  EXPECT_EQ(choose_allreduce_algorithm(8, 1024 * KiB + 1), ring);
-  EXPECT_EQ(choose_allreduce_algorithm(16, 22 * 128 * KiB), hd);  // saves 22 steps
-  EXPECT_EQ(choose_allreduce_algorithm(16, 22 * 128 * KiB + 1), ring);
-  for (int n : {1, 3, 6, 12}) EXPECT_EQ(choose_allreduce_algorithm(n, 4), ring) << n << " ranks";
+  auto resolve = [](int ranks, size_t bytes) {
+    return resolve_allreduce_algorithm(AllreduceAlgorithm::kAuto, ranks, bytes);
+  };
+  EXPECT_EQ(resolve(2, 4), hd);
+  EXPECT_EQ(resolve(2, 256 * KiB), hd);
+  EXPECT_EQ(resolve(2, 256 * KiB + 1), ring);
+  EXPECT_EQ(resolve(4, 256 * KiB), hd);  // saves 2 steps: 256 KiB still
+  EXPECT_EQ(resolve(4, 256 * KiB + 1), ring);
+  EXPECT_EQ(resolve(8, 1024 * KiB), hd);  // saves 8 steps
+  EXPECT_EQ(resolve(8, 1024 * KiB + 1), ring);
+  EXPECT_EQ(resolve(16, 22 * 128 * KiB), hd);  // saves 22 steps
+  EXPECT_EQ(resolve(16, 22 * 128 * KiB + 1), ring);
+  for (int n : {1, 3, 6, 12}) EXPECT_EQ(resolve(n, 4), ring) << n << " ranks";
+  EXPECT_EQ(resolve_allreduce_algorithm(hd, 6, 4), ring);
+  EXPECT_EQ(resolve_allreduce_algorithm(hd, 8, 64 * 1024 * KiB), hd);
+  EXPECT_EQ(resolve_allreduce_algorithm(ring, 2, 4), ring);
 }
 
 TEST(Group, BadArgumentsAreConfigErrors) {

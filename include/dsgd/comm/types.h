@@ -18,7 +18,7 @@ enum class ReduceOp : uint8_t {
 };
 
 enum class AllreduceAlgorithm : uint8_t {
-  kAuto,             // choose_allreduce_algorithm: halving-doubling for power-of-two groups up
+  kAuto,             // resolve_allreduce_algorithm: halving-doubling for power-of-two groups up
                      // to a size that grows with the steps it saves, else ring
   kRing,             // chunked ring: reduce-scatter then allgather; bandwidth-optimal
   kHalvingDoubling,  // recursive halving-doubling (Gloo's BCube, base 2): log2(n) steps;
@@ -29,11 +29,12 @@ size_t element_size(DataType type);
 std::string to_string(DataType type);
 std::string to_string(ReduceOp op);
 std::string to_string(AllreduceAlgorithm algorithm);
-// What kAuto runs for `bytes` on `ranks` ranks (kRing or kHalvingDoubling). Both move the same
-// bytes; halving-doubling takes 2 log2(n) dependent steps where the ring takes 2(n-1), so it runs
-// for power-of-two groups up to 256 KiB, or 128 KiB per step it saves if that is more (8 ranks:
-// 8 steps saved, up to 1 MiB). Past that the ring's pipelined chunks do as well or better.
-AllreduceAlgorithm choose_allreduce_algorithm(int ranks, size_t bytes);
+// What a group of `ranks` runs when asked for `requested` on `bytes`; never kAuto. kAuto: on
+// power-of-two groups halving-doubling, which moves the ring's bytes in 2 log2(n) dependent steps
+// where the ring takes 2(n-1), up to 256 KiB, or 128 KiB per step it saves if that is more (8
+// ranks: 8 steps saved, up to 1 MiB); else the ring, whose pipelined chunks do as well or better
+// past that. kHalvingDoubling on a group that is not a power of two becomes kRing.
+AllreduceAlgorithm resolve_allreduce_algorithm(AllreduceAlgorithm requested, int ranks, size_t bytes);
 // Parses "ring", "hd", "auto" (as the CLI spells them); throws dsgd::ConfigError otherwise.
 AllreduceAlgorithm parse_allreduce_algorithm(const std::string& name);
 

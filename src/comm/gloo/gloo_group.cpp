@@ -51,8 +51,6 @@ std::string this_host() {
   return buf;
 }
 
-bool power_of_two(int n) { return n > 0 && (n & (n - 1)) == 0; }
-
 template <typename T>
 void set_allreduce_buffer(gloo::AllreduceOptions& o, void* data, size_t count, ReduceOp op) {
   o.setOutput<T>(static_cast<T*>(data), count);
@@ -136,12 +134,7 @@ class GlooGroup : public Group, public std::enable_shared_from_this<GlooGroup> {
 
   std::shared_ptr<Work> allreduce_async(void* data, size_t count, DataType type, ReduceOp op,
                                         AllreduceAlgorithm algorithm, milliseconds timeout) override {
-    const size_t bytes = count * element_size(type);
-    if (algorithm == AllreduceAlgorithm::kAuto) {
-      algorithm = choose_allreduce_algorithm(size_, bytes);
-    } else if (algorithm == AllreduceAlgorithm::kHalvingDoubling && !power_of_two(size_)) {
-      algorithm = AllreduceAlgorithm::kRing;
-    }
+    algorithm = resolve_allreduce_algorithm(algorithm, size_, count * element_size(type));
     const std::string what = std::to_string(count) + " x " + to_string(type) + ", " + to_string(op) + ", " +
                              to_string(algorithm);
     return enqueue("allreduce", what, timeout, [=, this](uint32_t tag, milliseconds t) {
