@@ -39,8 +39,8 @@
 # default "allreduce allreduce-no-overlap hier ps1 ps2 ps4 ps8 psh-no-overlap psph simple"; "psph": as
 # many shard processes as hosts; "allreduce-ring", "allreduce-hd": one flat Gloo allreduce with
 # that algorithm (--allreduce-algo) rather than auto's choice; any config with "-fwd<T>" appended
-# also runs with --forward-overlap-buckets T, "-fwdauto" with auto: its choice is printed, and its step time
-# includes the trial steps),
+# also runs with --forward-overlap-buckets T, "-fwdauto" with auto: its choice is printed, and its
+# step time includes the trial steps),
 # REPEATS (each config this many times, the configs interleaved: the step is the median, every
 # run's is listed; default 1), JSON_OUT (also write every row as JSON lines there), LINK_CHECK=1
 # (first measure what each cluster's links deliver to plain TCP: every host streams to the next,

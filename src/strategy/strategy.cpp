@@ -19,19 +19,18 @@ namespace {
 
 class AllreduceStrategy final : public GradientStrategy {
  public:
-  AllreduceStrategy(std::shared_ptr<comm::HierarchicalGroup> group, std::string algorithm)
-      : group_(std::move(group)), algorithm_(std::move(algorithm)) {
-    if (algorithm_ != "auto") flat_ = comm::parse_allreduce_algorithm(algorithm_);
-  }
+  AllreduceStrategy(std::shared_ptr<comm::HierarchicalGroup> group, const std::string& algorithm)
+      : group_(std::move(group)), algorithm_(comm::parse_allreduce_algorithm(algorithm)) {}
   std::string name() const override { return "allreduce"; }
   std::shared_ptr<comm::Work> average_async(float* data, size_t count) override {
-    if (algorithm_ == "auto") {
+    if (algorithm_ == comm::AllreduceAlgorithm::kAuto) {
       return group_->allreduce_async(data, count, comm::DataType::kFloat32, comm::ReduceOp::kAverage);
     }
-    return group_->global().allreduce_async(data, count, comm::DataType::kFloat32, comm::ReduceOp::kAverage, flat_);
+    return group_->global().allreduce_async(data, count, comm::DataType::kFloat32, comm::ReduceOp::kAverage,
+                                            algorithm_);
   }
   float* gradient_buffer(size_t count) override {  // the shared-memory stage then copies nothing in
-    return algorithm_ == "auto" ? static_cast<float*>(group_->take_shared(count * sizeof(float))) : nullptr;
+    return algorithm_ == comm::AllreduceAlgorithm::kAuto ? static_cast<float*>(group_->take_shared(count * sizeof(float))) : nullptr;
   }
   void abort(const std::string& reason) override {
     group_->abort(reason);
@@ -39,8 +38,7 @@ class AllreduceStrategy final : public GradientStrategy {
 
  private:
   std::shared_ptr<comm::HierarchicalGroup> group_;
-  const std::string algorithm_;
-  comm::AllreduceAlgorithm flat_ = comm::AllreduceAlgorithm::kAuto;  // unless algorithm_ is "auto"
+  const comm::AllreduceAlgorithm algorithm_;  // kAuto: the hierarchy; else one flat Gloo allreduce
 };
 
 class SimpleStrategy final : public GradientStrategy {
