@@ -13,7 +13,8 @@
 #    `make demo`), dsgd allreduce against DDP, EPOCHS epochs, test accuracy after each; training
 #    seconds (evaluation excluded) until 85% and 90%.
 # Prints markdown tables; RESULTS_JSON=FILE also writes every measurement. WORKLOADS="cnn" runs
-# one workload only; EPOCHS 0 leaves out the time-to-accuracy pair (for repeated throughput runs).
+# one workload only; EPOCHS 0 leaves out the time-to-accuracy pair (for repeated throughput runs);
+# SYSTEMS="plain-1t dsgd-allreduce-1w" keeps only the rows named (e.g. for one ratio, repeated).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 steps=${1:-200}
@@ -44,6 +45,17 @@ for w in $workloads; do
     "ddp-2w|$w|$py bench/peers/ddp_train.py --world-size 2 --model $w --batch-size $b --max-steps $steps --no-eval --threads 1"
   )
 done
+if [ -n "${SYSTEMS:-}" ]; then
+  rows=" $(for c in "${configs[@]}"; do echo -n "${c%%|*} "; done)"
+  for want in $SYSTEMS; do
+    [[ "$rows" == *" $want "* ]] || { echo "train_peers: SYSTEMS names '$want', not a row; rows: plain-1t plain-2t dsgd-allreduce-1w dsgd-allreduce-2w dsgd-simple-1w dsgd-simple-2w ddp-1w ddp-2w" >&2; exit 2; }
+  done
+  kept=()
+  for c in "${configs[@]}"; do
+    if [[ " $SYSTEMS " == *" ${c%%|*} "* ]]; then kept+=("$c"); fi
+  done
+  configs=("${kept[@]}")
+fi
 
 echo "train_peers: ${#configs[@]} throughput runs x $repeats$( ((epochs > 0)) && echo ", then time to accuracy ($epochs epochs x 2)")" >&2
 for r in $(seq "$repeats"); do
