@@ -222,6 +222,12 @@ double max_difference(const Params& a, const Params& b) {
   return worst;
 }
 
+// Data parallelism's claim: the replicas' weighted average of their shards' gradients is the
+// global batch's gradient. In float32 they round differently from one process's single batch; on
+// an AVX2 machine 20 steps ended 2.6e-6 apart (8.3e-6 for the uneven split), a drift that depends
+// on the CPU's kernels (40 steps: 5.5e-5 on one machine, under 1e-5 on another). 5e-5 leaves room
+// for that and still fails any real error: weighting the uneven split's 32 and 31 samples alike
+// ends 4.8e-3 apart, and a lost or unaveraged gradient further.
 void expect_equivalent(TrainerConfig config, int64_t steps = 20) {
   const Params reference = single_process(config.batch_size, steps, config.config, config.scheduler_step_freq);
   Trainer trainer(runtime::kImageClassifier, config);
@@ -231,7 +237,7 @@ void expect_equivalent(TrainerConfig config, int64_t steps = 20) {
   EXPECT_EQ(r.metrics.at("num_samples"), static_cast<double>(steps * config.batch_size));
   const Params after = params_of(*trainer.get_model());
   EXPECT_GT(max_difference(before, after), 1e-3) << "training did not move the parameters";
-  EXPECT_LT(max_difference(reference, after), 1e-5);
+  EXPECT_LT(max_difference(reference, after), 5e-5);
 }
 
 TEST(TrainerEquivalence, TwoWorkersAllreduceEqualOneProcessWithTheGlobalBatch) {
@@ -1011,7 +1017,11 @@ TEST(TrainerRecovery, StepByStepSnapshotsEveryIntervalAndARecoveryReplaysTheStep
   c.checkpoint_max_overhead = 0;
   c.heartbeat_timeout = milliseconds(2000);
   c.comm_timeout = milliseconds(10000);
-  const Params reference = single_process(c.batch_size, 25);
+  const Params reference = [&] {  // a fault-free run of the same steps (see train_through_fault)
+    Trainer clean(runtime::kImageClassifier, c);
+    for (int i = 0; i < 25; ++i) EXPECT_EQ(clean.step().recoveries.size(), 0u);
+    return params_of(*clean.get_model());
+  }();
   Trainer t(runtime::kImageClassifier, c);
   const int victim = t.foreach_worker("replica_info")[1]["pid"].get<int>();  // a worker function takes a snapshot
   for (int i = 0; i < 24; ++i) ASSERT_EQ(t.step().recoveries.size(), 0u);
@@ -1022,7 +1032,7 @@ TEST(TrainerRecovery, StepByStepSnapshotsEveryIntervalAndARecoveryReplaysTheStep
   EXPECT_GE(r.recoveries[0].rolled_back_steps, 4);
   EXPECT_LE(r.recoveries[0].rolled_back_steps, 5);
   EXPECT_EQ(r.batch, 25);
-  EXPECT_LT(max_difference(reference, params_of(*t.get_model())), 1e-5);
+  EXPECT_LT(max_difference(reference, params_of(*t.get_model())), 1e-7);
 }
 
 TEST(TrainerRecovery, SaveSurvivesTheLossOfTheWorkerItReadsFrom) {
