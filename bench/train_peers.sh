@@ -46,9 +46,10 @@ for w in $workloads; do
   )
 done
 if [ -n "${SYSTEMS:-}" ]; then
-  rows=" $(for c in "${configs[@]}"; do echo -n "${c%%|*} "; done)"
+  rows=" "
+  for c in "${configs[@]}"; do [[ "$rows" == *" ${c%%|*} "* ]] || rows+="${c%%|*} "; done
   for want in $SYSTEMS; do
-    [[ "$rows" == *" $want "* ]] || { echo "train_peers: SYSTEMS names '$want', not a row; rows: plain-1t plain-2t dsgd-allreduce-1w dsgd-allreduce-2w dsgd-simple-1w dsgd-simple-2w ddp-1w ddp-2w" >&2; exit 2; }
+    [[ "$rows" == *" $want "* ]] || { echo "train_peers: SYSTEMS names '$want', not a row; rows:$rows" >&2; exit 2; }
   done
   kept=()
   for c in "${configs[@]}"; do

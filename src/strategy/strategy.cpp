@@ -30,7 +30,8 @@ class AllreduceStrategy final : public GradientStrategy {
                                             algorithm_);
   }
   float* gradient_buffer(size_t count) override {  // the shared-memory stage then copies nothing in
-    return algorithm_ == comm::AllreduceAlgorithm::kAuto ? static_cast<float*>(group_->take_shared(count * sizeof(float))) : nullptr;
+    if (algorithm_ != comm::AllreduceAlgorithm::kAuto) return nullptr;
+    return static_cast<float*>(group_->take_shared(count * sizeof(float)));
   }
   void abort(const std::string& reason) override {
     group_->abort(reason);
