@@ -15,6 +15,11 @@
 # Prints markdown tables; RESULTS_JSON=FILE also writes every measurement. WORKLOADS="cnn" runs
 # one workload only; EPOCHS 0 leaves out the time-to-accuracy pair (for repeated throughput runs);
 # SYSTEMS="plain-1t dsgd-allreduce-1w" keeps only the rows named (e.g. for one ratio, repeated).
+# The one-core rows (1 thread, 1 worker, world size 1: every process of the row, dsgd's driver
+# included) run on one and the same core, the last this script may use: left to the scheduler,
+# plain LibTorch started from a shell stayed on one core and dsgd's worker, spawned by its
+# driver, landed on either, and on this shared machine the two cores' speeds differ from minute
+# to minute. PIN=0 leaves them unpinned.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 steps=${1:-200}
@@ -58,13 +63,22 @@ if [ -n "${SYSTEMS:-}" ]; then
   configs=("${kept[@]}")
 fi
 
+pin=()
+if [ "${PIN:-1}" != 0 ]; then
+  command -v taskset >/dev/null || { echo "train_peers: taskset (util-linux) not found; PIN=0 runs unpinned" >&2; exit 1; }
+  cpu=$(taskset -pc $$ | sed 's/.*: //' | tr ',' '\n' | tail -1 | sed 's/.*-//')
+  pin=(taskset -c "$cpu")
+fi
+
 echo "train_peers: ${#configs[@]} throughput runs x $repeats$( ((epochs > 0)) && echo ", then time to accuracy ($epochs epochs x 2)")" >&2
 for r in $(seq "$repeats"); do
   for c in "${configs[@]}"; do
     IFS='|' read -r name workload cmd <<<"$c"
     out="$tmp/$workload.$name.$r.json"
+    prefix=()
+    case $name in *-1t | *-1w) prefix=("${pin[@]}") ;; esac
     # shellcheck disable=SC2086
-    if ! OMP_NUM_THREADS=1 $cmd --json-out "$out" >/dev/null 2>"$tmp/err"; then
+    if ! OMP_NUM_THREADS=1 "${prefix[@]}" $cmd --json-out "$out" >/dev/null 2>"$tmp/err"; then
       echo "train_peers: $workload $name failed:" >&2; tail -5 "$tmp/err" >&2; exit 1
     fi
     echo "  $workload $name (repeat $r): $($py -c "import json;print(round(json.load(open('$out'))['samples_per_s']))") samples/s" >&2
