@@ -110,10 +110,15 @@ class GlooGroup : public Group, public std::enable_shared_from_this<GlooGroup> {
     queue_cv_.notify_all();
     watchdog_cv_.notify_all();
     watchdog_thread_.join();
+    bool p2p_pending = false;
+    {
+      std::lock_guard<std::mutex> lock(waiters_mutex_);
+      for (const auto& w : waiters_) p2p_pending = p2p_pending || !w->finished;
+    }
+    if (in_flight || p2p_pending) close_transport();  // before the waits are woken (close_transport)
     abort_p2p();
     waiter_threads_.join();  // outside the lock: a waiter that is failing calls abort_p2p, which takes it
     if (in_flight) {
-      if (size_ > 1) context_->closeConnections();  // a group of one has no transport
       collective_thread_.detach();
     } else {
       collective_thread_.join();
@@ -356,6 +361,7 @@ class GlooGroup : public Group, public std::enable_shared_from_this<GlooGroup> {
       if (ok) {
         op.work->complete();
       } else {
+        close_transport();  // woken by an abort, which closes them too: wait until it has
         std::lock_guard<std::mutex> lock(mutex_);
         op.work->complete(error_ ? error_ : std::make_exception_ptr(CommError(op.work->description() + ": aborted")));
       }
@@ -367,7 +373,10 @@ class GlooGroup : public Group, public std::enable_shared_from_this<GlooGroup> {
 
   // Makes `error` the group's error (unless one is already set) and wakes everything. Gloo
   // cannot interrupt a collective in flight: its Work fails now, and the call itself ends at its
-  // deadline on closed connections, with nothing left to touch.
+  // deadline on closed connections, with nothing left to touch. The connections close first:
+  // until they do, Gloo may still deliver a peer's message into a pending receive's buffer,
+  // which its caller frees once the Work has failed (a live peer's answer into a freed buffer
+  // was heap corruption in a worker whose parameter-server shard process had died).
   void abort_with(std::exception_ptr error) {
     std::shared_ptr<Work> in_flight;
     {
@@ -376,9 +385,9 @@ class GlooGroup : public Group, public std::enable_shared_from_this<GlooGroup> {
       in_flight = current_;
       error = error_;
     }
+    close_transport();
     if (in_flight) in_flight->complete(error);
     abort_p2p();
-    if (size_ > 1) context_->closeConnections();  // a group of one has no transport
     queue_cv_.notify_all();
   }
 
@@ -423,10 +432,11 @@ class GlooGroup : public Group, public std::enable_shared_from_this<GlooGroup> {
     }
   }
 
-  // Records the first error (sticky) and completes `work` with it. The first error also wakes
-  // every pending point-to-point wait (closed connections do not) and closes every connection:
-  // Gloo may still deliver into buffers of operations that timed out, and the peers should
-  // learn at once that this group is finished.
+  // Records the first error (sticky) and completes `work` with it. The first error also closes
+  // every connection, then wakes every pending point-to-point wait (closed connections do not):
+  // Gloo may still deliver into buffers of operations that timed out or are woken here, which
+  // their callers free once their Works have failed, and the peers should learn at once that
+  // this group is finished. So the connections close before any Work fails.
   void fail(const std::shared_ptr<Work>& work, std::exception_ptr error) {
     bool first = false;
     {
@@ -436,11 +446,18 @@ class GlooGroup : public Group, public std::enable_shared_from_this<GlooGroup> {
         first = true;
       }
     }
+    close_transport();  // the first error closes; a later one waits until that is done
+    if (first) abort_p2p();
     work->complete(error);
-    if (first) {
-      abort_p2p();
+  }
+
+  // Closes every connection, once; a concurrent caller returns when the first is done. After
+  // it Gloo writes into no buffer of this group's, so a Work may fail and its caller free its
+  // buffer: every Work whose buffer Gloo holds fails only after this.
+  void close_transport() {
+    std::call_once(transport_closed_, [this] {
       if (size_ > 1) context_->closeConnections();  // a group of one has no transport
-    }
+    });
   }
 
   // Turns a Gloo error into a CommError or TimeoutError naming the peer at fault when it can:
@@ -493,6 +510,7 @@ class GlooGroup : public Group, public std::enable_shared_from_this<GlooGroup> {
   std::vector<std::string> hosts_;  // immutable after rendezvous
   std::vector<int> pids_;           // immutable after rendezvous
   std::shared_ptr<gloo::Context> context_;
+  std::once_flag transport_closed_;  // close_transport
 
   std::mutex mutex_;
   std::condition_variable queue_cv_;
