@@ -17,6 +17,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <algorithm>
 #include <atomic>
 #include <deque>
 #include <list>
@@ -110,12 +111,7 @@ class GlooGroup : public Group, public std::enable_shared_from_this<GlooGroup> {
     queue_cv_.notify_all();
     watchdog_cv_.notify_all();
     watchdog_thread_.join();
-    bool p2p_pending = false;
-    {
-      std::lock_guard<std::mutex> lock(waiters_mutex_);
-      for (const auto& w : waiters_) p2p_pending = p2p_pending || !w->finished;
-    }
-    if (in_flight || p2p_pending) close_transport();  // before the waits are woken (close_transport)
+    if (in_flight || p2p_pending()) close_transport();  // before the waits are woken (close_transport)
     abort_p2p();
     waiter_threads_.join();  // outside the lock: a waiter that is failing calls abort_p2p, which takes it
     if (in_flight) {
@@ -400,12 +396,7 @@ class GlooGroup : public Group, public std::enable_shared_from_this<GlooGroup> {
     while (!stopping_) {
       watchdog_cv_.wait_for(lock, kLivenessInterval);
       if (stopping_ || error_) continue;
-      bool pending = current_ != nullptr;
-      if (!pending) {
-        std::lock_guard<std::mutex> waiters_lock(waiters_mutex_);
-        for (const auto& w : waiters_) pending = pending || !w->finished;
-      }
-      if (!pending) continue;
+      if (current_ == nullptr && !p2p_pending()) continue;
       const std::string op = current_ ? current_->description() : "point-to-point";
       lock.unlock();
       for (int r = 0; r < size_; ++r) {
@@ -418,6 +409,12 @@ class GlooGroup : public Group, public std::enable_shared_from_this<GlooGroup> {
       }
       lock.lock();
     }
+  }
+
+  // Whether a posted point-to-point operation is still waiting.
+  bool p2p_pending() {
+    std::lock_guard<std::mutex> lock(waiters_mutex_);
+    return std::any_of(waiters_.begin(), waiters_.end(), [](const auto& w) { return !w->finished; });
   }
 
   void abort_p2p() {
