@@ -3,19 +3,50 @@
 
 #include <gloo/common/error.h>
 #include <gloo/rendezvous/context.h>
-#include <gloo/transport/tcp/device.h>
 #include <unistd.h>
 
+#include "comm/gloo/guarded_transport.h"
 #include "comm/gloo/store_adapter.h"
 #include "dsgd/error.h"
 
 namespace dsgd::comm {
+namespace {
+
+std::string to_hex(const PairSecret& s) {
+  static constexpr char kDigits[] = "0123456789abcdef";
+  std::string out;
+  for (uint8_t b : s) {
+    out += kDigits[b >> 4];
+    out += kDigits[b & 15];
+  }
+  return out;
+}
+
+PairSecret from_hex(const std::string& hex, int rank) {
+  PairSecret s{};
+  auto digit = [&](char c) -> int {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    throw CommError("group rendezvous: rank " + std::to_string(rank) + " published a malformed secret", "rendezvous");
+  };
+  if (hex.size() != 2 * s.size()) {
+    throw CommError("group rendezvous: rank " + std::to_string(rank) + " published a secret of " +
+                        std::to_string(hex.size()) + " characters, not " + std::to_string(2 * s.size()),
+                    "rendezvous");
+  }
+  for (size_t i = 0; i < s.size(); ++i) s[i] = static_cast<uint8_t>(digit(hex[2 * i]) * 16 + digit(hex[2 * i + 1]));
+  return s;
+}
+
+}  // namespace
 
 Rendezvous meet(Store& store, int rank, int size, const GroupOptions& options) {
   Rendezvous out;
   const std::string me = "rank/" + std::to_string(rank);
   store.set(me + "/size", std::to_string(size));
   store.set(me + "/pid", std::to_string(::getpid()));
+  // Before host (what the others wait for): the secret this rank's Gloo connections say first.
+  store.set(me + "/secret", to_hex(random_pair_secret()));
   store.set(me + "/host", options.host);
   std::vector<std::string> keys;
   for (int r = 0; r < size; ++r) keys.push_back("rank/" + std::to_string(r) + "/host");
@@ -31,6 +62,7 @@ Rendezvous meet(Store& store, int rank, int size, const GroupOptions& options) {
                            " ms (not started, crashed, or using another store or job prefix)",
                        "rendezvous");
   }
+  std::vector<PairSecret> secrets;
   for (int r = 0; r < size; ++r) {
     const std::string key = "rank/" + std::to_string(r);
     const std::string their_size = store.get(key + "/size", options.timeout);
@@ -40,14 +72,15 @@ Rendezvous meet(Store& store, int rank, int size, const GroupOptions& options) {
     }
     out.hosts.push_back(store.get(key + "/host", options.timeout));
     out.pids.push_back(std::stoi(store.get(key + "/pid", options.timeout)));
+    secrets.push_back(from_hex(store.get(key + "/secret", options.timeout), r));
   }
   if (size == 1) {
     out.context = std::make_shared<gloo::rendezvous::Context>(rank, size);
     return out;
   }
   try {
-    gloo::transport::tcp::attr attr(options.bind_address.c_str());
-    auto device = gloo::transport::tcp::CreateDevice(attr);
+    // Gloo's TCP transport behind our handshake: a stranger's connection never becomes a peer.
+    auto device = make_guarded_device(options.bind_address, rank, std::move(secrets));
     auto context = std::make_shared<gloo::rendezvous::Context>(rank, size);
     context->setTimeout(options.timeout);
     GlooStoreAdapter gloo_store(std::make_shared<PrefixStore>(std::shared_ptr<Store>(&store, [](Store*) {}), "gloo/"),

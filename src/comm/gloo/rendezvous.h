@@ -1,6 +1,8 @@
-// Rendezvous of a Gloo group: each rank publishes its size, pid and host under rank/<r>/ in the
-// store, all check that they agree on the size, connect Gloo's full mesh (the store adapter gives
-// Gloo's waits our deadline), and wait until every rank has connected, so no rank leaves while a
+// Rendezvous of a Gloo group: each rank publishes its size, pid, host and a fresh random secret
+// under rank/<r>/ in the store, all check that they agree on the size, connect Gloo's full mesh
+// behind our handshake (comm/gloo/guarded_transport.h: each connection opens with its
+// connector's secret, so a stranger's never becomes a peer; the store adapter gives Gloo's waits
+// our deadline), and wait until every rank has connected, so no rank leaves while a
 // peer is still connecting. Throws dsgd::TimeoutError naming the ranks that did not arrive,
 // dsgd::ConfigError when sizes disagree, dsgd::CommError when connecting fails.
 #pragma once
