@@ -169,6 +169,21 @@ class GuardedPair final : public tcp::Pair {
   }
 
  protected:
+  // Gloo waits 5x the timeout for a pair's first connection, for ranks that start late; every
+  // rank has published its address in the store before any pair connects (rendezvous.h), so
+  // the group's own deadline is enough.
+  void waitUntilConnected(std::unique_lock<std::mutex>& lock, bool use_timeout) override {
+    auto connected = [&] {
+      throwIfException();
+      return state_ >= CONNECTED;
+    };
+    if (!use_timeout || timeout_.count() <= 0) {
+      cv_.wait(lock, connected);
+    } else if (!cv_.wait_for(lock, timeout_, connected)) {
+      signalAndThrowException(GLOO_ERROR_MSG("rank ", rank_, " did not connect within ", timeout_.count(), " ms"));
+    }
+  }
+
   void changeState(state next) noexcept override {
     // Leaving LISTENING (the peer promoted, connecting instead, or closing): no more candidates.
     if (state_ == LISTENING && next != LISTENING) close_candidates();
