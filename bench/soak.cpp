@@ -121,6 +121,9 @@ struct Run {
   std::string lost;
   int recoveries = 0;
   double recovery_s = -1;    // fault to the next completed step
+  // Where it went: "detect" (the fault to the driver seeing it), RecoveryEvent::phases, and
+  // "first step" (the one step at the mean step time that ends recovery_s).
+  std::vector<std::pair<std::string, double>> phases;
   int64_t sample_error = 0;  // samples lost or repeated
   double max_param_diff = 0;
   bool replicas_identical = false;
@@ -130,7 +133,8 @@ struct Run {
 
 // `recovery_s`: from the fault to the next completed step, i.e. to training resumed (the
 // recovery event's resumed_at) plus one step at the job's mean step time.
-Outcome train_once(const Options& o, const Setup& s, const Fault& f, double* recovery_s) {
+Outcome train_once(const Options& o, const Setup& s, const Fault& f, double* recovery_s,
+                   std::vector<std::pair<std::string, double>>* phases = nullptr) {
   auto c = config_of(o, s);
   std::vector<pid_t> pids;
   bool hit = false;
@@ -151,7 +155,13 @@ Outcome train_once(const Options& o, const Setup& s, const Fault& f, double* rec
   if (f.signal == SIGSTOP && hit) ::kill(pids.at(static_cast<size_t>(f.victim)), SIGKILL);  // evicted; not left stopped
   for (const auto& ev : out.results.recoveries) {
     if (hit && ev.kind == "recovery" && ev.resumed_at > hit_at) {
-      *recovery_s = std::chrono::duration<double>(ev.resumed_at - hit_at).count() + train_s / static_cast<double>(o.steps);
+      const double step_s = train_s / static_cast<double>(o.steps);
+      *recovery_s = std::chrono::duration<double>(ev.resumed_at - hit_at).count() + step_s;
+      if (phases != nullptr) {
+        phases->emplace_back("detect", std::chrono::duration<double>(ev.detected_at - hit_at).count());
+        phases->insert(phases->end(), ev.phases.begin(), ev.phases.end());
+        phases->emplace_back("first step", step_s);
+      }
       break;
     }
   }
@@ -227,7 +237,7 @@ int main(int argc, char** argv) {
       }
       const auto& ref = references[key];
       double recovery_s = -1;
-      const auto got = train_once(o, run.setup, run.fault, &recovery_s);
+      const auto got = train_once(o, run.setup, run.fault, &recovery_s, &run.phases);
       run.finished = true;
       run.recoveries = static_cast<int>(got.results.recoveries.size());
       for (const auto& ev : got.results.recoveries) run.lost += (run.lost.empty() ? "" : "; ") + ev.lost;
@@ -258,6 +268,7 @@ int main(int argc, char** argv) {
   double sum_s = 0, max_s = 0, min_acc_delta = 1, max_acc_delta = -1;
   int timed = 0;
   json jruns = json::array();
+  std::vector<std::pair<std::string, double>> phase_sums;  // over the timed runs, in order of first appearance
   std::printf("| run | setup | fault | victim | at step | recovery (s) | lost/repeated samples | replicas identical | max param diff | accuracy | reference | ok |\n");
   std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|\n");
   for (size_t i = 0; i < runs.size(); ++i) {
@@ -269,6 +280,11 @@ int main(int argc, char** argv) {
       sum_s += r.recovery_s;
       max_s = std::max(max_s, r.recovery_s);
       ++timed;
+      for (const auto& [name, s] : r.phases) {
+        auto it = std::find_if(phase_sums.begin(), phase_sums.end(), [&](const auto& p) { return p.first == name; });
+        if (it == phase_sums.end()) it = phase_sums.insert(phase_sums.end(), {name, 0.0});
+        it->second += s;
+      }
     }
     if (r.finished) {
       min_acc_delta = std::min(min_acc_delta, r.accuracy - r.reference_accuracy);
@@ -279,10 +295,33 @@ int main(int argc, char** argv) {
                 sig, r.fault.victim, static_cast<long long>(r.fault.at_step), r.recovery_s,
                 static_cast<long long>(r.sample_error), r.replicas_identical ? "yes" : "NO", r.max_param_diff, r.accuracy, r.reference_accuracy,
                 r.ok ? "yes" : ("NO " + r.error).c_str());
+    json jphases = json::array();
+    for (const auto& [name, s] : r.phases) jphases.push_back({name, s});
     jruns.push_back({{"setup", r.setup.key()}, {"fault", sig}, {"victim", r.fault.victim}, {"at_step", r.fault.at_step},
-                     {"recovery_s", r.recovery_s}, {"lost", r.lost}, {"sample_error", r.sample_error}, {"replicas_identical", r.replicas_identical},
+                     {"recovery_s", r.recovery_s}, {"phases", jphases}, {"lost", r.lost}, {"sample_error", r.sample_error}, {"replicas_identical", r.replicas_identical},
                      {"max_param_diff", r.max_param_diff}, {"accuracy", r.accuracy},
                      {"reference_accuracy", r.reference_accuracy}, {"ok", r.ok}, {"error", r.error}});
+  }
+  // Where the recoveries' seconds went, per run.
+  std::printf("\n| run | recovery (s) |");
+  for (const auto& p : phase_sums) std::printf(" %s |", p.first.c_str());
+  std::printf("\n|---|---|");
+  for (size_t k = 0; k < phase_sums.size(); ++k) std::printf("---|");
+  std::printf("\n");
+  for (size_t i = 0; i < runs.size(); ++i) {
+    if (runs[i].recovery_s < 0) continue;
+    std::printf("| %zu | %.2f |", i + 1, runs[i].recovery_s);
+    for (const auto& p : phase_sums) {
+      double s = 0;
+      for (const auto& q : runs[i].phases) s += q.first == p.first ? q.second : 0;
+      std::printf(" %.2f |", s);
+    }
+    std::printf("\n");
+  }
+  if (timed > 0) {
+    std::printf("| mean | %.2f |", sum_s / timed);
+    for (const auto& p : phase_sums) std::printf(" %.2f |", p.second / timed);
+    std::printf("\n");
   }
   const double mean_s = timed > 0 ? sum_s / timed : -1;
   std::printf("\nruns %zu, faults injected %zu, recoveries %d, recovery mean %.2f s, max %.2f s, lost or repeated "

@@ -27,6 +27,7 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "dsgd/metrics.h"
@@ -163,8 +164,15 @@ struct RecoveryEvent {
   std::string lost;             // the evicted worker(s): "worker 1 (host h, pid 123, last step 310)"
   int64_t rolled_back_steps = 0;  // steps done since the snapshot, redone
   double recovery_s = 0;        // from detection to training resumed (group re-formed, state restored)
-  std::chrono::steady_clock::time_point resumed_at;  // when training resumed (this process's clock)
+  std::chrono::steady_clock::time_point detected_at;  // when the driver saw the failure (this process's clock)
+  std::chrono::steady_clock::time_point resumed_at;   // when training resumed
   int workers_after = 0;
+  // Where recovery_s went, in order, in seconds: "drain" (the old generation aborted; survivors
+  // idle, the lost known), "replace" (eviction; replacements spawned and registered), "setup"
+  // (replacements build their operator and data), "connect" (the new group forms), "restore"
+  // (every replica loads the snapshot), "replay" (the steps since the snapshot, redone). A
+  // recovery that failed part-way and went round again adds its phases again.
+  std::vector<std::pair<std::string, double>> phases;
 };
 
 struct Results {

@@ -167,8 +167,7 @@ Trainer::Trainer(const std::string& operator_name, TrainerConfig config) : impl_
         }
       }
     }
-    d.announce_to_servers(std::to_string(d.generation));
-    d.raw_call("connect", place);
+    d.connect_group();
     // Start every replica from replica 0's parameters (and optimizer state).
     d.take_snapshot(/*before_steps=*/true);
     if (c.num_workers > 1 || c.devices_per_worker > 1) d.raw_call("set_state", json::object(), d.snapshot);

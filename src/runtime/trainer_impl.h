@@ -95,12 +95,41 @@ struct Trainer::Impl {
   // replacements, re-form the group with a new generation, restore the snapshot everywhere.
   void recover(std::string failure);
 
-  // One attempt of recover(): throws if another worker is lost meanwhile.
-  RecoveryEvent reform(const std::string& failure);
+  // RecoveryEvent::phases as a recovery goes: mark(name) appends the seconds since the last mark
+  // (or since construction). Records nothing without a list.
+  using Phases = std::vector<std::pair<std::string, double>>;
+  class PhaseClock {
+   public:
+    explicit PhaseClock(Phases* phases) : phases_(phases) {}
+    void mark(const char* name) {
+      const auto now = Clock::now();
+      if (phases_ != nullptr) phases_->emplace_back(name, std::chrono::duration<double>(now - since_).count());
+      since_ = now;
+    }
+
+   private:
+    Phases* phases_;
+    Clock::time_point since_ = Clock::now();
+  };
+
+  // One attempt of recover(), its phases appended to *phases: throws if another worker is lost
+  // meanwhile.
+  RecoveryEvent reform(const std::string& failure, Phases* phases);
+
+  // Every member joins the group of the current generation ("connect"). When the formation
+  // itself fails (a connection refused, garbage from a peer, a timeout) while every member is
+  // still alive, the generation is aborted and the group formed again under the next one, at
+  // most kFormationAttempts times; then the job fails with an error naming every attempt. A
+  // member lost meanwhile is rethrown at once, for the recovery protocol.
+  static constexpr int kFormationAttempts = 3;
+  void connect_group();
+
+  // True if every member's process is known alive: not evicted, exited or silent.
+  bool members_alive();
 
   // A new generation of the group: `fresh` (registered, not yet set up) join the members, and
-  // everyone restores the snapshot.
-  void form_group(const std::vector<int>& fresh);
+  // everyone restores the snapshot. Marks its phases on *clock if given.
+  void form_group(const std::vector<int>& fresh, PhaseClock* clock = nullptr);
 
   // After restoring `snapshot`: trains the steps done since it (deferred snapshots) again, so
   // every replica is where the last train() left it. Their results were returned already.

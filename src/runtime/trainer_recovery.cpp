@@ -27,8 +27,9 @@ void Trainer::Impl::recover_or_rethrow(const std::exception& e) {
 }
 
 void Trainer::Impl::recover(std::string failure) {
+  const auto detected = Clock::now();
+  std::vector<std::pair<std::string, double>> phases;  // of every attempt
   while (true) {
-    const auto t0 = Clock::now();
     failure_log.push_back(failure);
     if (++failures > config.max_failures) {
       std::string all;
@@ -38,10 +39,14 @@ void Trainer::Impl::recover(std::string failure) {
     }
     control::log().warn("trainer: {}; recovering (failure {} of at most {})", failure, failures, config.max_failures);
     try {
-      RecoveryEvent ev = reform(failure);
+      RecoveryEvent ev = reform(failure, &phases);
+      ev.detected_at = detected;
       ev.resumed_at = Clock::now();
-      ev.recovery_s = std::chrono::duration<double>(ev.resumed_at - t0).count();
-      control::log().warn("trainer: recovered in {:.2f} s with {} worker(s); lost {}", ev.recovery_s,
+      ev.recovery_s = std::chrono::duration<double>(ev.resumed_at - detected).count();
+      ev.phases = std::move(phases);
+      std::string where;
+      for (const auto& [name, s] : ev.phases) where += fmt::format("{}{} {:.2f}", where.empty() ? "" : ", ", name, s);
+      control::log().warn("trainer: recovered in {:.2f} s ({}) with {} worker(s); lost {}", ev.recovery_s, where,
                           ev.workers_after, ev.lost);
       events.push_back(std::move(ev));
       return;
@@ -57,7 +62,8 @@ void Trainer::Impl::recover(std::string failure) {
   }
 }
 
-RecoveryEvent Trainer::Impl::reform(const std::string& failure) {
+RecoveryEvent Trainer::Impl::reform(const std::string& failure, Phases* phases) {
+  PhaseClock clock(phases);
   RecoveryEvent ev;
   ev.failure = failure;
   server->abort_generation(generation);
@@ -98,6 +104,7 @@ RecoveryEvent Trainer::Impl::reform(const std::string& failure) {
       if (Clock::now() > deadline) throw;
     }
   }
+  clock.mark("drain");
   for (int id : lost) {
     const auto info = server->workers().at(static_cast<size_t>(id));
     server->evict(id, failure);
@@ -114,12 +121,15 @@ RecoveryEvent Trainer::Impl::reform(const std::string& failure) {
   }
   if (pool->members().empty() && fresh.empty()) fail("every worker was lost: " + failure);
   pool->spawn_servers();  // shard processes lost meanwhile
-  form_group(fresh);
+  clock.mark("replace");
+  form_group(fresh, &clock);
   ev.workers_after = static_cast<int>(pool->members().size());
   return ev;
 }
 
-void Trainer::Impl::form_group(const std::vector<int>& fresh) {
+void Trainer::Impl::form_group(const std::vector<int>& fresh, PhaseClock* clock) {
+  PhaseClock none(nullptr);
+  if (clock == nullptr) clock = &none;
   ++generation;
   pool->add_members(fresh);
   const int world = static_cast<int>(pool->members().size()) * config.devices_per_worker;
@@ -127,10 +137,55 @@ void Trainer::Impl::form_group(const std::vector<int>& fresh) {
   server->set_world(generation, world);
   const json place = pool->placement(generation);
   if (!fresh.empty()) raw_call("setup", place, "", fresh);
-  announce_to_servers(std::to_string(generation));
-  raw_call("connect", place);
+  clock->mark("setup");
+  connect_group();
+  clock->mark("connect");
   raw_call("set_state", json::object(), snapshot);
+  clock->mark("restore");
   replay();
+  clock->mark("replay");
+}
+
+void Trainer::Impl::connect_group() {
+  std::string attempts;
+  for (int attempt = 1;; ++attempt) {
+    announce_to_servers(std::to_string(generation));
+    try {
+      raw_call("connect", pool->placement(generation));
+      return;
+    } catch (const CommError& e) {
+      if (!members_alive()) throw;  // a lost worker: recovery's case
+      attempts += "\n  " + std::to_string(attempt) + ". generation " + std::to_string(generation) + ": " + e.what();
+      if (attempt == kFormationAttempts) {
+        fail("the group did not form in " + std::to_string(attempt) + " attempts, every worker alive:" + attempts);
+      }
+      control::log().warn("trainer: the group of generation {} did not form: {}; forming it again as generation {}",
+                          generation, e.what(), generation + 1);
+    }
+    // The members still in the failed formation leave it at its deadline at the latest.
+    server->abort_generation(generation);
+    const auto deadline = Clock::now() + config.comm_timeout + milliseconds(2000);
+    while (true) {
+      try {
+        raw_call("ping", json::object(), "", {}, {}, milliseconds(1000));
+        break;
+      } catch (const TimeoutError&) {
+        if (Clock::now() > deadline || !members_alive()) throw;
+      }
+    }
+    ++generation;
+    server->set_world(generation, static_cast<int>(pool->members().size()) * config.devices_per_worker);
+  }
+}
+
+bool Trainer::Impl::members_alive() {
+  pool->check_children();
+  for (const auto& w : server->workers()) {
+    if (!pool->is_member(static_cast<int>(w.index))) continue;
+    const bool silent = w.since_heartbeat_s * 1000 > static_cast<double>(config.heartbeat_timeout.count());
+    if (!w.alive || silent || pool->exited(static_cast<pid_t>(w.pid))) return false;
+  }
+  return true;
 }
 
 void Trainer::Impl::replay() {
