@@ -1,14 +1,18 @@
 // Full distributed training runs (label `long`): each strategy with 2 worker processes reaches
 // the accuracy the single process does, with the demo's settings. ps puts the two workers on two
 // pseudo-hosts, so each serves a shard and the pushes and pulls cross Gloo; so does ps_async
-// (its default staleness bound, 4).
+// (its default staleness bound, 4). And the port attack of the security test through 50 group
+// formations.
 #include <gtest/gtest.h>
+#include <signal.h>
+#include <torch/nn/module.h>
 
 #include <filesystem>
 
 #include "dsgd/data.h"
 #include "dsgd/trainer.h"
 #include "runtime/builtin_operators.h"
+#include "testing/port_attacker.h"
 
 namespace dsgd {
 namespace {
@@ -40,6 +44,81 @@ TEST_P(LongTrainer, TwoWorkersReach90PercentOnFashionMnist) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Strategies, LongTrainer, ::testing::Values("allreduce", "simple", "ps", "ps_async"));
+
+// TrainerSecurity's attack (tests/runtime/trainer_security_test.cpp) on every listening port of
+// the process and its workers, through 5 jobs that each form their group once and again after
+// each of 9 kills (-9) of a worker: 50 group formations. No job fails, and each ends with the
+// parameters of the same job run quietly and fault-free.
+TEST(LongTrainerSecurity, APortScanThroughFiftyGroupFormationsLeavesEveryResultUnchanged) {
+  // Each job trains 10 calls of 40 steps; in each of the first 9 a worker is killed as soon as
+  // the call's progress shows a step done.
+  constexpr int kJobs = 5, kCalls = 10, kKills = 9, kStepsPerCall = 40;
+  TrainerConfig c;
+  c.num_workers = 2;
+  c.batch_size = 64;
+  c.seed = 7;
+  c.allreduce_algo = "ring";  // Gloo on every worker: listening ports of its own
+  c.threads_per_worker = 1;
+  c.checkpoint_every_steps = 5;
+  c.checkpoint_max_overhead = 0;
+  c.max_failures = kKills + 1;
+  c.heartbeat_timeout = std::chrono::milliseconds(2000);
+  c.comm_timeout = std::chrono::milliseconds(10000);
+  c.config = {{"model", "mlp"}, {"dataset", "synthetic"}, {"synthetic_samples", 4096}, {"lr", 0.01}};
+  auto parameters = [](Trainer& t) {
+    std::vector<torch::Tensor> out;
+    for (const auto& p : t.get_model()->parameters()) out.push_back(p.detach().clone());
+    return out;
+  };
+  std::vector<torch::Tensor> reference;
+  {
+    Trainer quiet(runtime::kImageClassifier, c);
+    for (int call = 0; call < kCalls; ++call) quiet.train({.num_steps = kStepsPerCall});
+    reference = parameters(quiet);
+  }
+  testing::PortAttacker attacker;
+  int formations = 0;
+  std::string failures;
+  for (int job = 0; job < kJobs; ++job) {
+    try {
+      int kills = 0;
+      bool armed = false;
+      c.on_progress = [&](const TrainProgress& p) {
+        if (!armed || p.batches < 1) return;
+        const auto workers = testing::children_of(::getpid());
+        if (workers.empty()) return;
+        ::kill(workers[static_cast<size_t>(kills) % workers.size()], SIGKILL);
+        ++kills;
+        armed = false;
+      };
+      Trainer t(runtime::kImageClassifier, c);
+      size_t recoveries = 0;
+      for (int call = 0; call < kCalls; ++call) {
+        armed = call < kKills;
+        recoveries += t.train({.num_steps = kStepsPerCall}).recoveries.size();
+      }
+      formations += 1 + static_cast<int>(recoveries);
+      EXPECT_EQ(kills, kKills) << "job " << job;
+      EXPECT_EQ(recoveries, static_cast<size_t>(kKills)) << "job " << job;
+      const auto got = parameters(t);
+      ASSERT_EQ(got.size(), reference.size());
+      double difference = 0;
+      for (size_t i = 0; i < got.size(); ++i) {
+        difference = std::max(difference, (got[i] - reference[i]).abs().max().item<double>());
+      }
+      EXPECT_LT(difference, 1e-7) << "job " << job << " ended away from the quiet run";
+    } catch (const std::exception& e) {
+      failures += "\n  job " + std::to_string(job) + ": " + e.what();
+    }
+  }
+  attacker.stop();
+  std::cout << formations << " group formations; " << attacker.attacks() << " attacks on " << attacker.ports()
+            << " ports, " << attacker.half_open() << " half-open connections held\n";
+  EXPECT_TRUE(failures.empty()) << "jobs failed:" << failures;
+  EXPECT_GE(formations, 50);
+  EXPECT_GT(attacker.ports(), 2u) << "the attacker saw no Gloo listener";
+  EXPECT_EQ(attacker.exposed(), 0) << "local mode listened beyond loopback";
+}
 
 }  // namespace
 }  // namespace dsgd
