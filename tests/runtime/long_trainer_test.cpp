@@ -49,7 +49,7 @@ INSTANTIATE_TEST_SUITE_P(Strategies, LongTrainer, ::testing::Values("allreduce",
 // the process and its workers, through 5 jobs that each form their group once and again after
 // each of 9 kills (-9) of a worker: 50 group formations. No job fails, and each ends with the
 // parameters of the same job run quietly and fault-free.
-TEST(LongTrainerSecurity, APortScanThroughFiftyGroupFormationsLeavesEveryResultUnchanged) {
+TEST(PortScanThroughRecoveries, FiftyGroupFormationsUnderAttackLeaveEveryResultUnchanged) {
   // Each job trains 10 calls of 40 steps; in each of the first 9 a worker is killed as soon as
   // the call's progress shows a step done.
   constexpr int kJobs = 5, kCalls = 10, kKills = 9, kStepsPerCall = 40;
