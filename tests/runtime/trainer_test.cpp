@@ -9,6 +9,7 @@
 #include <torch/optim/adam.h>
 #include <torch/optim/sgd.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -926,6 +927,44 @@ TEST(TrainerFailure, WithoutRetriesAKilledWorkerFailsTrainWithinSecondsNamingIt)
   killer.join();
   EXPECT_LT(Clock::now() - t0, milliseconds(6000));
   EXPECT_THROW(t.train(), Error);  // unusable after a failure, and says so
+}
+
+// In the worker whose pid is `arg`: no more file descriptors (the limit lowered to the lowest
+// free one), so it stays alive and answers, but cannot open a socket or a store connection.
+DSGD_REGISTER_WORKER_FUNCTION(exhaust_descriptors, [](TrainingOperator*, const json& arg) -> json {
+  if (arg.get<int>() != ::getpid()) return false;
+  const int lowest = ::dup(0);
+  ::close(lowest);
+  rlimit r{};
+  ::getrlimit(RLIMIT_NOFILE, &r);
+  r.rlim_cur = static_cast<rlim_t>(lowest);
+  return ::setrlimit(RLIMIT_NOFILE, &r) == 0;
+});
+
+TEST(TrainerFailure, AGroupThatCannotFormWithEveryWorkerAliveIsTriedThreeTimesThenNamed) {
+  // Worker 1 can open nothing, so after worker 2 is killed the new group never forms while
+  // every member is alive: three generations are tried, then train() fails listing them.
+  auto c = base_config(3, "allreduce", 60);
+  c.heartbeat_timeout = milliseconds(20000);
+  c.comm_timeout = milliseconds(2000);
+  Trainer t(runtime::kImageClassifier, c);
+  const auto info = t.foreach_worker("replica_info");
+  const int stuck = info[1]["pid"].get<int>(), victim = info[2]["pid"].get<int>();
+  const auto done = t.foreach_worker("exhaust_descriptors", stuck);
+  ASSERT_TRUE(done[1].get<bool>()) << "setrlimit failed";
+  ::kill(victim, SIGKILL);
+  try {
+    t.train({.num_steps = 5});
+    FAIL() << "the group formed although worker 1 could open no socket";
+  } catch (const Error& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("did not form in 3 attempts, every worker alive"), std::string::npos) << what;
+    for (const char* attempt : {"\n  1. generation ", "\n  2. generation ", "\n  3. generation "}) {
+      EXPECT_NE(what.find(attempt), std::string::npos) << "no attempt '" << attempt << "' in: " << what;
+    }
+    EXPECT_NE(what.find("pid " + std::to_string(stuck)), std::string::npos) << what;
+  }
+  EXPECT_THROW(t.train(), Error);  // unusable after it, and says so
 }
 
 // This process's children that are ps shard processes (their command line has --dsgd-ps-server).
