@@ -10,7 +10,6 @@
 #include <gloo/transport/pair.h>
 #include <gloo/transport/unbound_buffer.h>
 #include <gtest/gtest.h>
-#include <netinet/in.h>
 #include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -22,26 +21,13 @@
 #include <thread>
 
 #include "dsgd/comm/group.h"
+#include "testing/port_attacker.h"
 #include "testing/ranks.h"
-#include "testing/sockets.h"
 
 namespace dsgd::comm {
 namespace {
 
 using std::chrono::milliseconds;
-
-int connect_to(int port) {
-  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_port = htons(static_cast<uint16_t>(port));
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
-    ::close(fd);
-    return -1;
-  }
-  return fd;
-}
 
 int port_of(const gloo::transport::Pair& pair) {
   const std::vector<char> bytes = pair.address().bytes();
@@ -85,9 +71,9 @@ TEST(GuardedTransport, StrangersWhoArriveFirstNeverTakeAPeersPlace) {
   for (int r = 0; r < 2; ++r) {
     const int port = port_of(*pairs[static_cast<size_t>(r)]);
     const int peer = 1 - r;
-    if (const int fd = connect_to(port); fd >= 0) held.push_back(fd);  // says nothing
-    if (const int fd = connect_to(port); fd >= 0) ::close(fd);         // a port scan's probe
-    if (const int fd = connect_to(port); fd >= 0) {                    // garbage, then gone
+    if (const int fd = testing::connect_loopback(port); fd >= 0) held.push_back(fd);  // says nothing
+    if (const int fd = testing::connect_loopback(port); fd >= 0) ::close(fd);         // a port scan's probe
+    if (const int fd = testing::connect_loopback(port); fd >= 0) {                    // garbage, then gone
       std::string junk(4096, '\0');
       for (auto& c : junk) c = static_cast<char>(rng());
       (void)!::send(fd, junk.data(), junk.size(), MSG_NOSIGNAL);
@@ -99,7 +85,7 @@ TEST(GuardedTransport, StrangersWhoArriveFirstNeverTakeAPeersPlace) {
     for (const std::string& h : {hello_like(r, peer, wrong), hello_like(r, peer, secrets[static_cast<size_t>(r)]),
                                  hello_like(peer, r, secrets[static_cast<size_t>(peer)]),
                                  hello_like(r, peer, secrets[static_cast<size_t>(peer)]).substr(0, 31)}) {
-      if (const int fd = connect_to(port); fd >= 0) {
+      if (const int fd = testing::connect_loopback(port); fd >= 0) {
         ASSERT_EQ(::send(fd, h.data(), h.size(), MSG_NOSIGNAL), static_cast<ssize_t>(h.size()));
         held.push_back(fd);
       }
@@ -184,14 +170,14 @@ TEST(GuardedTransport, GroupsFormUnderAPortScanWithGarbageAndHalfOpenConnections
     while (!stop) {
       for (const auto& l : testing::listeners(::getpid())) {
         if (half_open.size() < 200) {
-          if (const int fd = connect_to(l.port); fd >= 0) half_open.push_back(fd);
+          if (const int fd = testing::connect_loopback(l.port); fd >= 0) half_open.push_back(fd);
         }
         for (auto& c : garbage) c = static_cast<char>(rng());
-        if (const int fd = connect_to(l.port); fd >= 0) {
+        if (const int fd = testing::connect_loopback(l.port); fd >= 0) {
           (void)!::send(fd, garbage.data(), garbage.size(), MSG_NOSIGNAL);
           ::close(fd);
         }
-        if (const int fd = connect_to(l.port); fd >= 0) ::close(fd);
+        if (const int fd = testing::connect_loopback(l.port); fd >= 0) ::close(fd);
         ++attacks;
       }
       std::this_thread::yield();
