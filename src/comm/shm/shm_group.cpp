@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <chrono>
 #include <cerrno>
 #include <cstring>
 #include <immintrin.h>
@@ -42,13 +43,20 @@ struct Header {
   uint64_t shared_bytes;
   alignas(kAlign) std::atomic<uint32_t> arrived;     // ranks in the current barrier episode
   alignas(kAlign) std::atomic<uint32_t> episode;     // futex word: bumped when a barrier opens
-  alignas(kAlign) std::atomic<uint32_t> aborted;     // nonzero: every operation fails
+  alignas(kAlign) std::atomic<uint32_t> aborted;     // nonzero: every operation fails (kAbort*)
   std::atomic<uint32_t> attached;                    // ranks that have mapped the segment
   std::atomic<int32_t> pids[kMaxRanks];
   std::atomic<uint32_t> rank_episode[kMaxRanks];     // last barrier episode each rank entered
   std::atomic<uint64_t> offset[kMaxRanks];           // each rank's current allreduce: where its data is
   char abort_reason[256];
 };
+
+// Header::aborted: the first rank to abort raises it to kAborting, writes abort_reason, then
+// sets kAbortReasonWritten; a reader that sees kAborting waits for the reason (briefly: a rank
+// killed in between never writes it).
+constexpr uint32_t kAborting = 1;
+constexpr uint32_t kAbortReasonWritten = 2;
+constexpr auto kAbortReasonWithin = std::chrono::milliseconds(100);
 
 size_t round_up(size_t n, size_t a) { return (n + a - 1) / a * a; }
 
@@ -93,8 +101,9 @@ class ShmGroupImpl : public ShmGroup {
 
   void abort(const std::string& reason) override {
     uint32_t expected = 0;
-    if (header_->aborted.compare_exchange_strong(expected, 1)) {
+    if (header_->aborted.compare_exchange_strong(expected, kAborting)) {
       std::snprintf(header_->abort_reason, sizeof(header_->abort_reason), "rank %d: %s", rank_, reason.c_str());
+      header_->aborted.store(kAbortReasonWritten, std::memory_order_release);
     }
     header_->episode.fetch_add(0);  // order the flag before the wake
     futex(&header_->episode, FUTEX_WAKE, INT32_MAX, nullptr);
@@ -355,12 +364,20 @@ class ShmGroupImpl : public ShmGroup {
   }
 
   void check_aborted(const std::string& op) const {
-    if (header_->aborted.load(std::memory_order_acquire) != 0) {
-      throw CommError("shm rank " + std::to_string(rank_) + ": " + op + " failed: group aborted (" +
-                          std::string(header_->abort_reason, strnlen(header_->abort_reason, sizeof(header_->abort_reason))) +
-                          "); re-form the group",
-                      op);
+    uint32_t state = header_->aborted.load(std::memory_order_acquire);
+    if (state == 0) return;
+    const auto give_up = std::chrono::steady_clock::now() + kAbortReasonWithin;
+    while (state == kAborting && std::chrono::steady_clock::now() < give_up) {
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+      state = header_->aborted.load(std::memory_order_acquire);
     }
+    const std::string reason =
+        state == kAbortReasonWritten
+            ? std::string(header_->abort_reason, strnlen(header_->abort_reason, sizeof(header_->abort_reason)))
+            : "the rank that aborted it left no reason: it died while aborting";
+    throw CommError("shm rank " + std::to_string(rank_) + ": " + op + " failed: group aborted (" + reason +
+                        "); re-form the group",
+                    op);
   }
 
   [[noreturn]] void fail_timeout(const std::string& op, uint32_t episode) {
