@@ -154,18 +154,7 @@ class GuardedPair final : public tcp::Pair {
   void candidate_readable(Candidate& c) {
     std::unique_lock<std::mutex> lock(m_, std::try_to_lock);
     if (!lock || c.fd < 0) return;  // level-triggered: a skipped event comes again
-    while (c.got < kHelloBytes) {
-      uint8_t* into = received_.data();
-      const ssize_t n = ::recv(c.fd, into, kHelloBytes - c.got, 0);
-      if (n < 0 && errno == EINTR) continue;
-      if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
-      if (n <= 0 || std::memcmp(into, expect_.data() + c.got, static_cast<size_t>(n)) != 0) {
-        close_candidate(c);  // closed, reset, or not our hello: a stranger
-        return;
-      }
-      c.got += static_cast<size_t>(n);
-    }
-    promote(c);
+    take_hello(c);
   }
 
  protected:
@@ -211,7 +200,29 @@ class GuardedPair final : public tcp::Pair {
       c.got = 0;
       c.order = ++accepted_;
       device_->registerDescriptor(fd, EPOLLIN, &c);
+      // The peer writes its hello as soon as it is connected, so it is usually here already:
+      // read it now, before a flood of strangers accepted in this same loop could push this
+      // candidate out as the oldest.
+      if (take_hello(c)) return;
     }
+  }
+
+  // m_ held. Reads what `c` has sent of its hello: a wrong byte, a close or an error drops it;
+  // the whole hello promotes it (true). Otherwise it waits for more.
+  bool take_hello(Candidate& c) {
+    while (c.got < kHelloBytes) {
+      uint8_t* into = received_.data();
+      const ssize_t n = ::recv(c.fd, into, kHelloBytes - c.got, 0);
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return false;
+      if (n <= 0 || std::memcmp(into, expect_.data() + c.got, static_cast<size_t>(n)) != 0) {
+        close_candidate(c);  // closed, reset, or not our hello: a stranger
+        return false;
+      }
+      c.got += static_cast<size_t>(n);
+    }
+    promote(c);
+    return true;
   }
 
   // A closed slot, a new one below the limit, or the oldest candidate dropped.
