@@ -30,6 +30,7 @@
 #include <utility>
 #include <vector>
 
+#include "dsgd/choice.h"
 #include "dsgd/metrics.h"
 
 namespace torch::nn {
@@ -54,7 +55,7 @@ struct TrainProgress {
 struct TrainerConfig {
   int num_workers = 1;
   int devices_per_worker = 1;                // replicas per worker process (threads on CPU)
-  std::string strategy = "allreduce";        // simple | allreduce | ps | ps_async
+  Choice<Strategy> strategy = Strategy::kAllreduce;  // simple | allreduce | ps | ps_async
   int num_ps_shards = 0;                     // ps: parameter-server shards (0 = one per host), 1..64
   // ps: the shards apply SGD themselves and hold the momentum of their slices (MXNet's
   // update_on_kvstore); each model's parameters must be in one torch::optim::SGD param group.
@@ -65,11 +66,11 @@ struct TrainerConfig {
   // their own (0 = local_hosts), Ray's and TensorFlow's arrangement: spawned by the driver in
   // local mode (shard s on pseudo-host s % local_hosts; a lost one is respawned and the job
   // recovers from its snapshot), started with `dsgd ps-server --shard s` in remote mode.
-  std::string ps_placement = "workers";
+  Choice<PsPlacement> ps_placement = PsPlacement::kWorkers;
   // ps_async: a replica more than this many updates ahead of the slowest on a shard waits there
   // (stale synchronous parallel); -1 = never waits. Replicas report staleness_mean/_max.
   int max_staleness = 4;
-  std::string allreduce_algo = "auto";       // auto (shared memory within a host, Gloo across) | ring | hd
+  Choice<AllreduceAlgo> allreduce_algo = AllreduceAlgo::kAuto;  // auto (shared memory within a host, Gloo across) | ring | hd
   int64_t grad_shard_bytes = 10 << 20;       // gradient bucket size
   bool overlap = true;                       // false: communicate after backward, not during
   // > 0: communication also overlaps the next forward. This many buckets, spread evenly over
@@ -85,9 +86,9 @@ struct TrainerConfig {
   // faster; logged at info level). Those steps train as usual; calls of fewer than 3 steps
   // (step()) are not timed, and T stays 0 until the trials are done.
   int forward_overlap_buckets = 0;
-  std::string nonfinite_policy = "skip";     // a NaN/inf gradient: skip the step (and warn) | error
+  Choice<NonfinitePolicy> nonfinite_policy = NonfinitePolicy::kSkip;  // a NaN/inf gradient: skip the step (and warn) | error
   int64_t batch_size = 64;                   // global: split across all replicas
-  std::string scheduler_step_freq = "epoch"; // batch | epoch | manual
+  Choice<SchedulerStepFreq> scheduler_step_freq = SchedulerStepFreq::kEpoch;  // batch | epoch | manual
   uint64_t seed = 1;
   nlohmann::json config = nlohmann::json::object();  // handed to every replica's setup()
   std::string initialization_hook;           // a registered worker function run before setup ("" = none)

@@ -74,18 +74,6 @@ class OverlapTuner {
     chosen_ = mean_of(plan_[best]) < (1 - kMargin) * mean_of(0) ? plan_[best] : 0;
     decided_ = true;
   }
-  // The same from the workers' answers to the train command: each names its replicas' slowest
-  // steady_step_s and its buckets (worker.cpp); every step waits for the slowest worker.
-  void record(int64_t batches, const std::vector<std::string>& worker_answers) {
-    double steady = 0;
-    size_t buckets = 0;
-    for (const auto& a : worker_answers) {
-      const auto j = nlohmann::json::parse(a);
-      steady = std::max(steady, j.value("steady_step_s", 0.0));
-      buckets = std::max(buckets, j.value("buckets", size_t{0}));
-    }
-    record(batches, steady, buckets);
-  }
   // "forward_overlap_buckets auto: T=0: 61.2 ms, T=2: 60.1 ms, ...; again: T=0: 60.8 ms, ...;
   // chose 0", for the log.
   std::string summary() const {

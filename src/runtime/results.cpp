@@ -1,20 +1,17 @@
 #include "runtime/results.h"
 
-#include <nlohmann/json.hpp>
-
-#include "runtime/metrics_wire.h"
 
 namespace dsgd::runtime {
 
-Results results_of_command(const std::vector<control::CommandOutcome>& outs, bool per_worker) {
+Results results_of_command(const std::vector<proto::CommandResult>& outs, bool per_worker) {
   Results r;
   std::vector<Metrics> parts;
   for (const auto& o : outs) {
-    const auto j = nlohmann::json::parse(o.json);
-    parts.push_back(metrics_from_json(j.at("metrics")));
-    r.epoch = j.value("epoch", int64_t{0});
-    r.batch = j.value("batch", int64_t{0});
-    r.batches_per_epoch = j.value("batches_per_epoch", int64_t{0});
+    const proto::EpochReply& e = o.epoch();
+    parts.emplace_back(e.metrics().begin(), e.metrics().end());
+    r.epoch = e.position().epoch();
+    r.batch = e.position().batch();
+    r.batches_per_epoch = e.batches_per_epoch();
   }
   r.metrics = weighted_mean(parts);
   if (per_worker) r.per_worker = parts;

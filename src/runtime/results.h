@@ -1,7 +1,7 @@
 // Trainer results from the workers' answers: one command's (every worker's metrics, weighted by
 // samples), and one train() call's (its chunks merged). Torch-free.
 //
-//   Results r = results_of_command(outcomes, /*per_worker=*/true);
+//   Results r = results_of_command(train_results, /*per_worker=*/true);   // EpochReply each
 //   Results total = merge_chunks(chunk_results, options.profile, options.reduce_results);
 #pragma once
 
@@ -14,7 +14,7 @@ namespace dsgd::runtime {
 
 // Metrics weighted by samples across workers; epoch, batch and batches_per_epoch as the
 // workers report them (the same on all). `per_worker` keeps each worker's metrics too.
-Results results_of_command(const std::vector<control::CommandOutcome>& outs, bool per_worker);
+Results results_of_command(const std::vector<proto::CommandResult>& outs, bool per_worker);
 
 // The chunks of one train() call as one result: metrics weighted by samples except the totals
 // (batches, skipped_steps, and epoch_s when profiling), summed; per-worker metrics merged the

@@ -18,8 +18,8 @@
 #include "runtime/checkpoint.h"
 #include "runtime/control/driver_service.h"
 #include "runtime/control/log.h"
+#include "runtime/job_spec.h"
 #include "runtime/malloc_tuning.h"
-#include "runtime/metrics_wire.h"
 #include "runtime/overlap_tuner.h"
 #include "runtime/ps_server_process.h"
 #include "runtime/results.h"
@@ -29,6 +29,7 @@
 #include "runtime/trainer_config.h"
 #include "runtime/trainer_impl.h"
 #include "runtime/worker.h"
+#include "runtime/worker_functions.h"
 #include "runtime/worker_pool.h"
 #include "torch/replica.h"
 
@@ -67,12 +68,11 @@ std::string random_token() {
 
 }  // namespace
 
-std::vector<control::CommandOutcome> Trainer::Impl::raw_call(const std::string& kind, const json& in,
-                                                             const std::string& blob, std::vector<int> targets,
-                                                             const std::function<void()>& extra_tick,
-                                                             milliseconds timeout) {
+std::vector<proto::CommandResult> Trainer::Impl::raw_call(const proto::Command& request, std::vector<int> targets,
+                                                          const std::function<void()>& extra_tick,
+                                                          milliseconds timeout) {
   if (targets.empty()) targets = pool->members();
-  return server->call(kind, in.dump(), blob, timeout, [&] {
+  return server->call(request, timeout, [&] {
     pool->check_children();
     if (extra_tick) extra_tick();
   }, std::move(targets));
@@ -100,18 +100,17 @@ void Trainer::Impl::fail(const std::string& why) {
   throw Error(why);
 }
 
-std::vector<control::CommandOutcome> Trainer::Impl::call(const std::string& kind, const json& in,
-                                                         const std::string& blob, bool first_only,
-                                                         const std::function<void()>& extra_tick) {
+std::vector<proto::CommandResult> Trainer::Impl::call(const proto::Command& request, bool first_only,
+                                                      const std::function<void()>& extra_tick) {
   return recovering([&] {
     std::vector<int> targets;
     if (first_only) targets = {pool->members().at(0)};
-    return raw_call(kind, in, blob, targets, extra_tick);
+    return raw_call(request, targets, extra_tick);
   });
 }
 
 json Trainer::Impl::checkpoint_header(int64_t epoch, int64_t batch) const {
-  return {{"epoch", epoch}, {"batch", batch}, {"operator", op_name}, {"strategy", config.strategy},
+  return {{"epoch", epoch}, {"batch", batch}, {"operator", op_name}, {"strategy", config.strategy.name()},
           {"num_workers", config.num_workers}, {"devices_per_worker", config.devices_per_worker}};
 }
 
@@ -127,7 +126,7 @@ Trainer::Trainer(const std::string& operator_name, TrainerConfig config) : impl_
   so.token = d.token;
   so.num_workers = c.num_workers;
   so.world_size = c.num_workers * c.devices_per_worker;
-  so.job = runtime::job_description(operator_name, c).dump();
+  so.job = runtime::make_job_spec(operator_name, c);
   so.heartbeat_timeout = c.heartbeat_timeout;
   so.reduce_timeout = c.comm_timeout;
   d.server = control::DriverServer::start(so);
@@ -148,12 +147,13 @@ Trainer::Trainer(const std::string& operator_name, TrainerConfig config) : impl_
 
     // Every replica builds its operator; all must agree on the parameters.
     d.server->set_world(d.generation, c.num_workers * c.devices_per_worker);
-    const json place = d.pool->placement(d.generation);
-    auto setups = d.raw_call("setup", place);
-    const std::string reference = json::parse(setups[0].json).at("signature").get<std::string>();
-    d.parameters = json::parse(setups[0].json).value("parameters", int64_t{0});
+    proto::Command setup;
+    *setup.mutable_setup()->mutable_placement() = d.pool->placement(d.generation);
+    auto setups = d.raw_call(setup);
+    const std::string& reference = setups[0].setup().signature();
+    d.parameters = setups[0].setup().parameters();
     for (size_t w = 1; w < setups.size(); ++w) {
-      const std::string sig = json::parse(setups[w].json).at("signature").get<std::string>();
+      const std::string& sig = setups[w].setup().signature();
       if (sig == reference) continue;
       std::istringstream a(reference), b(sig);
       std::string la, lb;
@@ -170,7 +170,7 @@ Trainer::Trainer(const std::string& operator_name, TrainerConfig config) : impl_
     d.connect_group();
     // Start every replica from replica 0's parameters (and optimizer state).
     d.take_snapshot(/*before_steps=*/true);
-    if (c.num_workers > 1 || c.devices_per_worker > 1) d.raw_call("set_state", json::object(), d.snapshot);
+    if (c.num_workers > 1 || c.devices_per_worker > 1) d.raw_call(set_state_command(d.snapshot));
   } catch (...) {
     shutdown();
     throw;
@@ -215,17 +215,21 @@ Results Trainer::train(const TrainOptions& options) {
     int64_t chunk = d.snapshots->next_chunk(step_s);
     if (options.num_steps > 0) chunk = chunk > 0 ? std::min(chunk, options.num_steps - done) : options.num_steps - done;
     const bool want_size = d.snapshots->wants_size();  // for the snapshot's predicted cost
-    json args = {{"max_batches", chunk}, {"profile", options.profile}, {"trace", !options.trace_path.empty()},
-                 {"state_bytes", want_size}};
+    proto::Command request;
+    proto::TrainRequest& args = *request.mutable_train();
+    args.set_profile(options.profile);
+    args.set_trace(!options.trace_path.empty());
+    args.set_state_bytes(want_size);
     const bool choose_overlap = d.config.forward_overlap_buckets < 0;
     const int64_t planned = chunk;
     if (choose_overlap) {
-      args["max_batches"] = chunk = d.overlap_tuner.trial_chunk(chunk);
-      args["forward_overlap_buckets"] = d.overlap_tuner.next();
+      chunk = d.overlap_tuner.trial_chunk(chunk);
+      args.set_forward_overlap_buckets(static_cast<int32_t>(d.overlap_tuner.next()));
     }
+    args.set_max_batches(chunk);
     // A recovery during the chunk restarts it from the snapshot (its start): results stay whole.
     const auto chunk_t0 = Clock::now();
-    auto outs = d.call("train", args, "", false, tick);
+    auto outs = d.call(request, false, tick);
     Results r = runtime::results_of_command(outs, true);
     if (!options.trace_path.empty()) {
       const double offset_us = std::chrono::duration<double, std::micro>(chunk_t0 - t0).count();
@@ -233,17 +237,23 @@ Results Trainer::train(const TrainOptions& options) {
         const auto w = d.server->workers().at(static_cast<size_t>(d.pool->members().at(i)));
         const std::string name =
             "worker " + std::to_string(i) + " (host " + w.host + ", pid " + std::to_string(w.pid) + ")";
-        trace.add(static_cast<int>(i), name, json::parse(outs[i].json).value("trace", json()), offset_us);
+        const std::string& events = outs[i].epoch().trace_json();
+        trace.add(static_cast<int>(i), name, events.empty() ? json() : json::parse(events), offset_us);
       }
     }
     const int64_t batches = static_cast<int64_t>(r.metrics.count("batches") ? r.metrics.at("batches") : 0);
     if (want_size && batches > 0 && !outs.empty()) {
-      if (const size_t n = json::parse(outs[0].json).value("state_bytes", size_t{0}); n > 0) d.snapshots->resized(n);
+      if (const int64_t n = outs[0].epoch().state_bytes(); n > 0) d.snapshots->resized(static_cast<size_t>(n));
     }
     if (choose_overlap && d.overlap_tuner.tuning()) {
-      std::vector<std::string> answers;
-      for (const auto& o : outs) answers.push_back(o.json);
-      d.overlap_tuner.record(batches, answers);
+      // Every step waits for the slowest worker: its replicas' slowest steady step counts.
+      double steady = 0;
+      size_t buckets = 0;
+      for (const auto& o : outs) {
+        steady = std::max(steady, o.epoch().steady_step_s());
+        buckets = std::max(buckets, static_cast<size_t>(o.epoch().buckets()));
+      }
+      d.overlap_tuner.record(batches, steady, buckets);
       if (!d.overlap_tuner.tuning()) control::log().info("trainer: {}", d.overlap_tuner.summary());
     }
     const double chunk_step_s =
@@ -274,7 +284,9 @@ Results Trainer::train(const TrainOptions& options) {
   return total;
 }
 
-Results Trainer::validate() { return runtime::results_of_command(impl_->call("validate"), false); }
+Results Trainer::validate() {
+  return runtime::results_of_command(impl_->call(command(&proto::Command::mutable_validate)), false);
+}
 
 Results Trainer::step() { return train({.num_steps = 1}); }
 
@@ -282,7 +294,10 @@ std::vector<json> Trainer::foreach_worker(const std::string& name, const json& a
   if (!runtime::has_worker_function(name)) runtime::find_worker_function(name);  // throws, naming it
   std::vector<json> out;
   impl_->flush_snapshot();  // a replay of training would not redo what the function does
-  for (const auto& o : impl_->call("run", {{"name", name}, {"arg", arg}})) out.push_back(json::parse(o.json).at("result"));
+  proto::Command run;
+  run.mutable_run()->set_name(name);
+  run.mutable_run()->set_arg_json(arg.dump());
+  for (const auto& o : impl_->call(run)) out.push_back(json::parse(o.run().result_json()));
   return out;
 }
 
@@ -292,11 +307,11 @@ void Trainer::save(const std::string& path) {
   d.snapshot = state;  // as good as a snapshot: the state now
   d.snapshots->reset();
   d.snapshots->resized(state.size());
-  auto pickle = d.call("get_pickle", json::object(), "", true);
-  auto pos = d.call("position", json::object(), "", true);
-  const json p = json::parse(pos[0].json);
-  runtime::Checkpoint c{d.checkpoint_header(p.at("epoch"), p.at("batch")), std::move(state)};
-  runtime::write_checkpoint(path, c, pickle[0].blob);
+  auto pickle = d.call(command(&proto::Command::mutable_get_pickle), true);
+  auto pos = d.call(command(&proto::Command::mutable_position), true);
+  const proto::Position& p = pos[0].position();
+  runtime::Checkpoint c{d.checkpoint_header(p.epoch(), p.batch()), std::move(state)};
+  runtime::write_checkpoint(path, c, pickle[0].pickle().pickle());
 }
 
 void Trainer::load(const std::string& path) {
@@ -314,7 +329,7 @@ void Trainer::load(const std::string& path) {
   if (op != impl_->op_name) {
     throw ConfigError(path + ": the checkpoint is of operator '" + op + "', this trainer runs '" + impl_->op_name + "'");
   }
-  impl_->call("set_state", json::object(), c.state);
+  impl_->call(set_state_command(c.state));
   impl_->snapshot = c.state;
   impl_->snapshots->reset();
   impl_->snapshots->resized(c.state.size());
@@ -322,7 +337,7 @@ void Trainer::load(const std::string& path) {
 
 std::shared_ptr<torch::nn::Module> Trainer::get_model(size_t index) {
   auto& d = *impl_;
-  auto state = d.call("get_state", json::object(), "", true);
+  auto state = d.call(command(&proto::Command::mutable_get_state), true);
   if (!d.local) {
     torch_glue::ReplicaOptions o;
     o.global_batch = d.config.batch_size;
@@ -332,7 +347,7 @@ std::shared_ptr<torch::nn::Module> Trainer::get_model(size_t index) {
     d.local = std::make_unique<torch_glue::ReplicaRuntime>(make_operator(d.op_name), o);
     d.local->setup(d.config.config);
   }
-  d.local->load_state(state[0].blob);
+  d.local->load_state(state[0].state().state());
   const auto& models = d.local->op().models();
   if (index >= models.size()) {
     throw ConfigError("get_model(" + std::to_string(index) + "): the operator registered " +
@@ -347,7 +362,7 @@ void Trainer::shutdown() {
   d.stopped = true;
   if (d.server && !d.broken) {
     try {
-      d.server->call("shutdown", "{}", "", milliseconds(5000), [&] { d.pool->check_children(); });
+      d.server->call(command(&proto::Command::mutable_shutdown), milliseconds(5000), [&] { d.pool->check_children(); });
     } catch (const std::exception& e) {
       control::log().debug("trainer: shutdown: {}", e.what());
     }

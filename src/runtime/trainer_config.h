@@ -1,12 +1,10 @@
 // Checks a TrainerConfig before a Trainer starts anything: every bad field is a ConfigError
-// that names the field, the value and what is allowed; and turns it into the job description
-// every worker receives.
+// that names the field, the value and what is allowed. (runtime/job_spec.h then turns it into
+// the job every worker receives.)
 //
 //   runtime::validate_trainer_config("image_classifier", config);   // throws ConfigError
-//   server_options.job = runtime::job_description("image_classifier", config).dump();
 #pragma once
 
-#include <nlohmann/json.hpp>
 #include <string>
 
 #include "dsgd/trainer.h"
@@ -16,11 +14,6 @@ namespace dsgd::runtime {
 // Also fails where `op` is not a registered operator (listing those that are), and where this
 // process was spawned as a worker but main() skipped dsgd::init.
 void validate_trainer_config(const std::string& op, const TrainerConfig& c);
-
-// The job as the workers read it (src/runtime/worker.cpp): the operator, its config, the
-// strategy and its options, batch, seed, timeouts, threads per worker (0 resolved to cores /
-// workers in local mode), generation 0.
-nlohmann::json job_description(const std::string& op, const TrainerConfig& c);
 
 // How many parameter-server shard processes the job has (strategy ps, ps_placement
 // "processes": num_ps_shards, 0 resolved to local_hosts); 0 for every other configuration.

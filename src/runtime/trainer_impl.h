@@ -25,6 +25,20 @@ namespace torch_glue {
 class ReplicaRuntime;  // torch/replica.h; only trainer.cpp, which destroys Impl, needs it whole
 }  // namespace torch_glue
 
+// A request without fields: command(&proto::Command::mutable_ping).
+template <typename Request>
+proto::Command command(Request* (proto::Command::*mutable_request)()) {
+  proto::Command c;
+  (c.*mutable_request)();
+  return c;
+}
+
+inline proto::Command set_state_command(const std::string& state) {
+  proto::Command c;
+  c.mutable_set_state()->set_state(state);
+  return c;
+}
+
 struct Trainer::Impl {
   using json = nlohmann::json;
   using Clock = std::chrono::steady_clock;
@@ -49,10 +63,9 @@ struct Trainer::Impl {
   std::unique_ptr<torch_glue::ReplicaRuntime> local;  // get_model's copy
 
   // One command to every member (or `targets`); any failure throws.
-  std::vector<control::CommandOutcome> raw_call(const std::string& kind, const json& in = json::object(),
-                                                const std::string& blob = "", std::vector<int> targets = {},
-                                                const std::function<void()>& extra_tick = {},
-                                                milliseconds timeout = milliseconds(0));
+  std::vector<proto::CommandResult> raw_call(const proto::Command& request, std::vector<int> targets = {},
+                                             const std::function<void()>& extra_tick = {},
+                                             milliseconds timeout = milliseconds(0));
 
   // Strategy ps with shard processes: tells them the generation to join (runtime/ps_server_process.h).
   void announce_to_servers(const std::string& generation_or_state);
@@ -78,9 +91,8 @@ struct Trainer::Impl {
 
   // A command that survives lost workers: on a recoverable failure the job is re-formed from
   // the last snapshot and the command is sent again. `first_only`: to the first live worker.
-  std::vector<control::CommandOutcome> call(const std::string& kind, const json& in = json::object(),
-                                            const std::string& blob = "", bool first_only = false,
-                                            const std::function<void()>& extra_tick = {});
+  std::vector<proto::CommandResult> call(const proto::Command& request, bool first_only = false,
+                                         const std::function<void()>& extra_tick = {});
 
   // What a checkpoint of this job at (epoch, batch) says about itself.
   json checkpoint_header(int64_t epoch, int64_t batch) const;

@@ -98,7 +98,7 @@ RecoveryEvent Trainer::Impl::reform(const std::string& failure, Phases* phases) 
       if (std::find(lost.begin(), lost.end(), id) == lost.end()) survivors.push_back(id);
     }
     try {
-      if (!survivors.empty()) raw_call("ping", json::object(), "", survivors, {}, milliseconds(1000));
+      if (!survivors.empty()) raw_call(command(&proto::Command::mutable_ping), survivors, {}, milliseconds(1000));
       break;
     } catch (const std::exception&) {
       if (Clock::now() > deadline) throw;
@@ -135,12 +135,15 @@ void Trainer::Impl::form_group(const std::vector<int>& fresh, PhaseClock* clock)
   const int world = static_cast<int>(pool->members().size()) * config.devices_per_worker;
   if (config.batch_size < world) fail("too few samples per step for the re-formed job");
   server->set_world(generation, world);
-  const json place = pool->placement(generation);
-  if (!fresh.empty()) raw_call("setup", place, "", fresh);
+  if (!fresh.empty()) {
+    proto::Command setup;
+    *setup.mutable_setup()->mutable_placement() = pool->placement(generation);
+    raw_call(setup, fresh);
+  }
   clock->mark("setup");
   connect_group();
   clock->mark("connect");
-  raw_call("set_state", json::object(), snapshot);
+  raw_call(set_state_command(snapshot));
   clock->mark("restore");
   replay();
   clock->mark("replay");
@@ -151,7 +154,9 @@ void Trainer::Impl::connect_group() {
   for (int attempt = 1;; ++attempt) {
     announce_to_servers(std::to_string(generation));
     try {
-      raw_call("connect", pool->placement(generation));
+      proto::Command connect;
+      *connect.mutable_connect()->mutable_placement() = pool->placement(generation);
+      raw_call(connect);
       return;
     } catch (const CommError& e) {
       if (!members_alive()) throw;  // a lost worker: recovery's case
@@ -167,7 +172,7 @@ void Trainer::Impl::connect_group() {
     const auto deadline = Clock::now() + config.comm_timeout + milliseconds(2000);
     while (true) {
       try {
-        raw_call("ping", json::object(), "", {}, {}, milliseconds(1000));
+        raw_call(command(&proto::Command::mutable_ping), {}, {}, milliseconds(1000));
         break;
       } catch (const TimeoutError&) {
         if (Clock::now() > deadline || !members_alive()) throw;
@@ -191,12 +196,14 @@ bool Trainer::Impl::members_alive() {
 void Trainer::Impl::replay() {
   const auto to = snapshots->replay_to();
   for (int guard = 0; snapshots->pending() > 0 && guard < 1000; ++guard) {
-    const json at = json::parse(raw_call("position", json::object(), "", {pool->members().at(0)})[0].json);
-    const std::pair<int64_t, int64_t> now{at.at("epoch").get<int64_t>(), at.at("batch").get<int64_t>()};
+    const auto at = raw_call(command(&proto::Command::mutable_position), {pool->members().at(0)})[0].position();
+    const std::pair<int64_t, int64_t> now{at.epoch(), at.batch()};
     if (now >= to) return;
     // To the end of the epoch (max_batches 0), or to the batch within it.
     const int64_t batches = now.first < to.first ? 0 : to.second - now.second;
-    raw_call("train", {{"max_batches", batches}, {"profile", false}});
+    proto::Command train;
+    train.mutable_train()->set_max_batches(batches);
+    raw_call(train);
   }
 }
 
@@ -229,9 +236,13 @@ void Trainer::Impl::try_scale_up() {
 
 std::string Trainer::Impl::read_state() {
   if (config.ps_update_on_shards || config.strategy == "ps_async") {
-    raw_call("gather_state", json{{"keep", pool->members().at(0)}});
+    proto::Command gather;
+    gather.mutable_gather_state()->set_keep(pool->members().at(0));
+    raw_call(gather);
   }
-  return std::move(raw_call("get_state", json::object(), "", {pool->members().at(0)})[0].blob);
+  return std::move(*raw_call(command(&proto::Command::mutable_get_state), {pool->members().at(0)})[0]
+                        .mutable_state()
+                        ->mutable_state());
 }
 
 void Trainer::Impl::take_snapshot(bool before_steps) {
@@ -260,9 +271,9 @@ void Trainer::Impl::persist_snapshot(int64_t epoch, int64_t batch, int64_t batch
   if (config.checkpoint_dir.empty()) return;
   const auto t0 = Clock::now();
   runtime::Checkpoint c{checkpoint_header(epoch, batch), snapshot};
-  auto pickle = call("get_pickle", json::object(), "", true);  // a recovery restores `snapshot`
+  auto pickle = call(command(&proto::Command::mutable_get_pickle), true);  // a recovery restores `snapshot`
   const auto path = runtime::write_rotating_checkpoint(config.checkpoint_dir, epoch * batches_per_epoch + batch,
-                                                       config.checkpoint_keep, c, pickle[0].blob);
+                                                       config.checkpoint_keep, c, pickle[0].pickle().pickle());
   control::log().debug("trainer: checkpoint {}", path);
   snapshot_s += std::chrono::duration<double>(Clock::now() - t0).count();
 }

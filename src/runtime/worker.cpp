@@ -12,7 +12,6 @@
 
 #include <atomic>
 #include <cstdlib>
-#include <map>
 #include <mutex>
 #include <thread>
 
@@ -21,52 +20,18 @@
 #include "dsgd/operator.h"
 #include "runtime/control/driver_service.h"
 #include "runtime/control/store_service.h"
-#include "runtime/metrics_wire.h"
+#include "runtime/job_spec.h"
 #include "runtime/ps_server_process.h"
 #include "runtime/trace_file.h"
+#include "runtime/worker_functions.h"
 #include "strategy/strategy.h"
 #include "torch/replica.h"
 
-namespace dsgd {
-
-namespace {
-struct FunctionRegistry {
-  std::mutex mutex;
-  std::map<std::string, WorkerFunction> functions;
-};
-FunctionRegistry& functions() {
-  static FunctionRegistry r;
-  return r;
-}
-}  // namespace
-
-void register_worker_function(const std::string& name, WorkerFunction fn) {
-  auto& r = functions();
-  std::lock_guard<std::mutex> lock(r.mutex);
-  r.functions[name] = std::move(fn);
-}
-
-namespace runtime {
+namespace dsgd::runtime {
 
 using json = nlohmann::json;
 using Clock = std::chrono::steady_clock;
 using std::chrono::milliseconds;
-
-bool has_worker_function(const std::string& name) {
-  auto& r = functions();
-  std::lock_guard<std::mutex> lock(r.mutex);
-  return r.functions.count(name) > 0;
-}
-
-WorkerFunction find_worker_function(const std::string& name) {
-  auto& r = functions();
-  std::lock_guard<std::mutex> lock(r.mutex);
-  auto it = r.functions.find(name);
-  if (it == r.functions.end()) {
-    throw ConfigError("no worker function '" + name + "' is registered in this binary (DSGD_REGISTER_WORKER_FUNCTION)");
-  }
-  return it->second;
-}
 
 std::optional<WorkerArgs> parse_worker_args(int argc, char** argv) {
   bool worker = false;
@@ -126,15 +91,15 @@ namespace {
 
 class Worker {
  public:
-  Worker(control::DriverClient& client, std::string token, int64_t index, json job, std::string address,
+  Worker(control::DriverClient& client, std::string token, int64_t index, proto::JobSpec job, std::string address,
          std::string host_id)
       : client_(client), token_(std::move(token)), index_(index), job_(std::move(job)), address_(std::move(address)),
         host_id_(std::move(host_id)) {
-    dpw_ = job_.at("devices_per_worker").get<int>();
-    world_ = job_.at("num_workers").get<int>() * dpw_;
-    heartbeat_timeout_ = milliseconds(job_.at("heartbeat_timeout_ms").get<int64_t>());
-    comm_timeout_ = milliseconds(job_.at("comm_timeout_ms").get<int64_t>());
-    int threads = job_.value("threads_per_worker", 0);
+    dpw_ = job_.devices_per_worker();
+    world_ = job_.num_workers() * dpw_;
+    heartbeat_timeout_ = milliseconds(job_.heartbeat_timeout_ms());
+    comm_timeout_ = milliseconds(job_.comm_timeout_ms());
+    int threads = job_.threads_per_worker();
     if (threads <= 0) threads = std::max(1u, std::thread::hardware_concurrency());
     threads_per_replica_ = std::max(1, threads / dpw_);
     at::set_num_threads(threads_per_replica_);
@@ -145,26 +110,24 @@ class Worker {
     int rc = 0;
     try {
       while (!stop_) {
-        auto cmd = client_.poll(index_, milliseconds(1000));
-        if (cmd.id == 0) continue;
+        const proto::Command cmd = client_.poll(index_, milliseconds(1000));
+        if (cmd.id() == 0) continue;
         busy_ = true;
-        std::string out_json, out_blob, error, kind;
-        bool ok = true;
+        proto::CommandResult result;
         try {
-          run(cmd, out_json, out_blob);
-        } catch (const ConfigError& e) {
-          ok = false, error = e.what(), kind = "config";
-        } catch (const TimeoutError& e) {
-          ok = false, error = e.what(), kind = "timeout";
-        } catch (const CommError& e) {
-          ok = false, error = e.what(), kind = "comm";
+          result = run(cmd);
+          result.set_ok(true);
         } catch (const std::exception& e) {
-          ok = false, error = e.what(), kind = "error";
+          result.Clear();
+          result.set_error(e.what());
+          result.set_error_kind(error_kind(e));
+          control::log().error("worker {}: {} failed: {}", index_, control::command_name(cmd), e.what());
         }
-        if (!ok) control::log().error("worker {}: {} failed: {}", index_, cmd.kind, error);
-        client_.complete(index_, cmd.id, ok, error, kind, out_json, out_blob);
+        result.set_worker(index_);
+        result.set_id(cmd.id());
+        client_.complete(result);
         busy_ = false;
-        if (cmd.kind == "shutdown") stop_ = true;
+        if (cmd.has_shutdown()) stop_ = true;
       }
     } catch (const std::exception& e) {
       control::log().error("worker {}: lost the driver at {}: {}; exiting", index_, client_.address(), e.what());
@@ -255,117 +218,146 @@ class Worker {
     }
   }
 
-  void run(const control::DriverClient::Command& cmd, std::string& out_json, std::string& out_blob) {
-    const json in = cmd.json.empty() ? json::object() : json::parse(cmd.json);
-    if (cmd.kind == "setup") {
-      place(in);
-      setup();
-      json out;
-      out["signature"] = replicas_[0]->signature();
-      int64_t parameters = 0;
-      for (const auto& m : replicas_[0]->op().models()) {
-        for (const auto& p : m->parameters()) parameters += p.requires_grad() ? p.numel() : 0;
-      }
-      out["parameters"] = parameters;
-      out_json = out.dump();
-    } else if (cmd.kind == "connect") {
-      connect(in);
-    } else if (cmd.kind == "set_state") {
-      each_replica([&](int i) { replicas_[static_cast<size_t>(i)]->load_state(cmd.blob); });
-    } else if (cmd.kind == "gather_state") {
-      // Every replica takes part; only the worker whose state is read next ("keep") keeps a copy.
-      each_replica([&](int i) { replicas_[static_cast<size_t>(i)]->gather_server_state(); });
-      if (in.value("keep", -1) != index_) {
-        for (auto& r : replicas_) r->drop_server_state_copy();
-      }
-    } else if (cmd.kind == "get_state") {
-      const auto t0 = std::chrono::steady_clock::now();
-      out_blob = replicas_.at(0)->save_state();
-      for (auto& r : replicas_) r->drop_server_state_copy();  // saved: the servers hold it
-      control::log().debug("worker {}: state of {} bytes serialised in {:.3f} s", index_, out_blob.size(),
-                           std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-    } else if (cmd.kind == "get_pickle") {
-      c10::Dict<std::string, at::Tensor> dict;
-      for (auto& [name, t] : replicas_.at(0)->named_tensors()) dict.insert(name, t.detach().clone());
-      const auto bytes = torch::pickle_save(dict);
-      out_blob.assign(bytes.begin(), bytes.end());
-    } else if (cmd.kind == "train" || cmd.kind == "validate") {
-      const bool train = cmd.kind == "train";
-      std::vector<Metrics> parts(static_cast<size_t>(dpw_));
-      for (auto& r : replicas_) r->progress().batches = 0;
-      // forward_overlap_buckets chosen by the driver (-1 in the job): T for this call, 0 when the
-      // call names none (a replay), the same on every worker.
-      const bool chosen_overlap = job_.value("forward_overlap_buckets", int64_t{0}) < 0;
-      const size_t overlap = chosen_overlap && train ? in.value("forward_overlap_buckets", size_t{0}) : 0;
-      const bool trace = train && in.value("trace", false);
-      if (trace) comm::timeline::start();
-      try {
-        each_replica([&](int i) {
-          auto& r = *replicas_[static_cast<size_t>(i)];
-          if (chosen_overlap && train) r.set_forward_overlap_buckets(overlap);
-          parts[static_cast<size_t>(i)] =
-              train ? r.train(in.value("max_batches", int64_t{0}), in.value("profile", false)) : r.validate();
-        });
-      } catch (...) {
-        if (trace) comm::timeline::stop();
-        throw;
-      }
-      json out;
-      if (trace) out["trace"] = runtime::trace_json(comm::timeline::stop());
-      out["metrics"] = metrics_to_json(weighted_mean(parts));
-      if (chosen_overlap && train) {  // for the driver's choice (trainer.cpp, OverlapTuner)
-        double steady = 0;
-        for (auto& r : replicas_) steady = std::max(steady, r->steady_step_seconds());
-        out["steady_step_s"] = steady;
-        out["buckets"] = replicas_[0]->num_buckets();
-      }
-      if (train && in.value("state_bytes", false)) {  // for the driver's snapshot schedule (SnapshotPolicy)
-        const auto t0 = std::chrono::steady_clock::now();
-        out["state_bytes"] = replicas_[0]->state_bytes();
-        control::log().debug("worker {}: state of {} bytes counted in {:.3f} s", index_, out["state_bytes"].get<size_t>(),
-                             std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-      }
-      out["epoch"] = replicas_[0]->position().epoch;
-      out["batch"] = replicas_[0]->position().batch;
-      out["batches_per_epoch"] = replicas_[0]->batches_per_epoch();
-      out_json = out.dump();
-    } else if (cmd.kind == "run") {
-      auto fn = find_worker_function(in.at("name").get<std::string>());
-      out_json = json{{"result", fn(replicas_.empty() ? nullptr : &replicas_[0]->op(), in.value("arg", json()))}}.dump();
-    } else if (cmd.kind == "position") {
-      out_json = json{{"epoch", replicas_.at(0)->position().epoch}, {"batch", replicas_.at(0)->position().batch}}.dump();
-    } else if (cmd.kind == "step_schedules") {
-      for (auto& r : replicas_) r->step_schedules();
-    } else if (cmd.kind == "ping") {
-      // idle: answered
-    } else if (cmd.kind == "shutdown") {
-      // answered by serve()
-    } else {
-      throw ConfigError("unknown command '" + cmd.kind + "' (driver and worker built from different dsgd versions?)");
+  // One command: its handler, and the reply it gives.
+  proto::CommandResult run(const proto::Command& cmd) {
+    proto::CommandResult out;
+    using C = proto::Command;
+    switch (cmd.request_case()) {
+      case C::kSetup: *out.mutable_setup() = on_setup(cmd.setup()); break;
+      case C::kConnect: connect(cmd.connect().placement()); break;
+      case C::kSetState: each_replica([&](int i) { replica(i).load_state(cmd.set_state().state()); }); break;
+      case C::kGatherState: on_gather_state(cmd.gather_state()); break;
+      case C::kGetState: *out.mutable_state() = on_get_state(); break;
+      case C::kGetPickle: *out.mutable_pickle() = on_get_pickle(); break;
+      case C::kTrain: *out.mutable_epoch() = on_epoch(&cmd.train()); break;
+      case C::kValidate: *out.mutable_epoch() = on_epoch(nullptr); break;
+      case C::kRun: *out.mutable_run() = on_run(cmd.run()); break;
+      case C::kPosition: *out.mutable_position() = position(); break;
+      case C::kStepSchedules: for (auto& r : replicas_) r->step_schedules(); break;
+      case C::kPing: break;      // idle: answered
+      case C::kShutdown: break;  // answered, then serve() stops
+      case C::REQUEST_NOT_SET:
+        throw ConfigError("a command this worker does not know (driver and worker from different dsgd versions?)");
+    }
+    if (out.reply_case() == proto::CommandResult::REPLY_NOT_SET) out.mutable_done();
+    return out;
+  }
+
+  static proto::ErrorKind error_kind(const std::exception& e) {
+    if (dynamic_cast<const ConfigError*>(&e)) return proto::ERROR_KIND_CONFIG;
+    if (dynamic_cast<const TimeoutError*>(&e)) return proto::ERROR_KIND_TIMEOUT;
+    if (dynamic_cast<const CommError*>(&e)) return proto::ERROR_KIND_COMM;
+    return proto::ERROR_KIND_OTHER;
+  }
+
+  torch_glue::ReplicaRuntime& replica(int i) { return *replicas_.at(static_cast<size_t>(i)); }
+
+  proto::Position position() {
+    proto::Position p;
+    p.set_epoch(replicas_.at(0)->position().epoch);
+    p.set_batch(replicas_.at(0)->position().batch);
+    return p;
+  }
+
+  proto::SetupReply on_setup(const proto::SetupRequest& in) {
+    place(in.placement());
+    setup();
+    proto::SetupReply out;
+    out.set_signature(replicas_[0]->signature());
+    int64_t parameters = 0;
+    for (const auto& m : replicas_[0]->op().models()) {
+      for (const auto& p : m->parameters()) parameters += p.requires_grad() ? p.numel() : 0;
+    }
+    out.set_parameters(parameters);
+    return out;
+  }
+
+  // Every replica takes part; only the worker whose state is read next ("keep") keeps a copy.
+  void on_gather_state(const proto::GatherStateRequest& in) {
+    each_replica([&](int i) { replica(i).gather_server_state(); });
+    if (in.keep() != index_) {
+      for (auto& r : replicas_) r->drop_server_state_copy();
     }
   }
 
+  proto::StateReply on_get_state() {
+    const auto t0 = Clock::now();
+    proto::StateReply out;
+    out.set_state(replicas_.at(0)->save_state());
+    for (auto& r : replicas_) r->drop_server_state_copy();  // saved: the servers hold it
+    control::log().debug("worker {}: state of {} bytes serialised in {:.3f} s", index_, out.state().size(),
+                         std::chrono::duration<double>(Clock::now() - t0).count());
+    return out;
+  }
+
+  proto::PickleReply on_get_pickle() {
+    c10::Dict<std::string, at::Tensor> dict;
+    for (auto& [name, t] : replicas_.at(0)->named_tensors()) dict.insert(name, t.detach().clone());
+    const auto bytes = torch::pickle_save(dict);
+    proto::PickleReply out;
+    out.set_pickle(std::string(bytes.begin(), bytes.end()));
+    return out;
+  }
+
+  // train (`train` set) or validate (null) on every replica.
+  proto::EpochReply on_epoch(const proto::TrainRequest* train) {
+    std::vector<Metrics> parts(static_cast<size_t>(dpw_));
+    for (auto& r : replicas_) r->progress().batches = 0;
+    // forward_overlap_buckets chosen by the driver (-1 in the job): T for this call, 0 when the
+    // call names none (a replay), the same on every worker.
+    const bool chosen_overlap = train != nullptr && job_.forward_overlap_buckets() < 0;
+    const bool trace = train != nullptr && train->trace();
+    if (trace) comm::timeline::start();
+    try {
+      each_replica([&](int i) {
+        auto& r = replica(i);
+        if (chosen_overlap) r.set_forward_overlap_buckets(static_cast<size_t>(std::max(0, train->forward_overlap_buckets())));
+        parts[static_cast<size_t>(i)] = train ? r.train(train->max_batches(), train->profile()) : r.validate();
+      });
+    } catch (...) {
+      if (trace) comm::timeline::stop();
+      throw;
+    }
+    proto::EpochReply out;
+    if (trace) out.set_trace_json(runtime::trace_json(comm::timeline::stop()).dump());
+    for (const auto& [k, v] : weighted_mean(parts)) (*out.mutable_metrics())[k] = v;
+    if (chosen_overlap) {  // for the driver's choice (trainer.cpp, OverlapTuner)
+      double steady = 0;
+      for (auto& r : replicas_) steady = std::max(steady, r->steady_step_seconds());
+      out.set_steady_step_s(steady);
+      out.set_buckets(static_cast<int64_t>(replicas_[0]->num_buckets()));
+    }
+    if (train != nullptr && train->state_bytes()) {  // for the driver's snapshot schedule (SnapshotPolicy)
+      const auto t0 = Clock::now();
+      out.set_state_bytes(static_cast<int64_t>(replicas_[0]->state_bytes()));
+      control::log().debug("worker {}: state of {} bytes counted in {:.3f} s", index_, out.state_bytes(),
+                           std::chrono::duration<double>(Clock::now() - t0).count());
+    }
+    *out.mutable_position() = position();
+    out.set_batches_per_epoch(replicas_[0]->batches_per_epoch());
+    return out;
+  }
+
+  proto::RunReply on_run(const proto::RunRequest& in) {
+    auto fn = find_worker_function(in.name());
+    const json arg = in.arg_json().empty() ? json() : json::parse(in.arg_json());
+    proto::RunReply out;
+    out.set_result_json(fn(replicas_.empty() ? nullptr : &replicas_[0]->op(), arg).dump());
+    return out;
+  }
+
   void setup() {
-    const std::string hook = job_.value("initialization_hook", "");
-    if (!hook.empty()) find_worker_function(hook)(nullptr, job_.value("config", json::object()));
+    const json config = json::parse(job_.operator_config());
+    const std::string& hook = job_.initialization_hook();
+    if (!hook.empty()) find_worker_function(hook)(nullptr, config);
     progress_source_ = nullptr;
     replicas_.clear();
     for (int i = 0; i < dpw_; ++i) {
-      torch_glue::ReplicaOptions o;
-      o.seed = job_.at("seed").get<uint64_t>();
-      o.info = {rank_base_ + i, world_, position_, i, o.seed};
-      o.global_batch = job_.at("batch_size").get<int64_t>();
-      o.grad_shard_bytes = job_.at("grad_shard_bytes").get<size_t>();
-      o.scheduler_step_freq = job_.at("scheduler_step_freq").get<std::string>();
-      o.threads = threads_per_replica_;
-      o.overlap = job_.value("overlap", true);
-      o.forward_overlap_buckets = job_.value("forward_overlap_buckets", int64_t{0});
-      o.nonfinite = job_.value("nonfinite_policy", std::string("skip"));
-      replicas_.push_back(
-          std::make_unique<torch_glue::ReplicaRuntime>(make_operator(job_.at("operator").get<std::string>()), o));
+      const ReplicaInfo info{rank_base_ + i, world_, position_, i, job_.seed()};
+      replicas_.push_back(std::make_unique<torch_glue::ReplicaRuntime>(
+          make_operator(job_.operator_name()), replica_options(job_, info, threads_per_replica_)));
     }
     // One after the other: setup draws from LibTorch's global generator (seeded per replica).
-    const json config = job_.value("config", json::object());
     for (auto& r : replicas_) r->setup(config);
     for (auto& r : replicas_) {
       if (r->signature() != replicas_[0]->signature()) {
@@ -375,19 +367,23 @@ class Worker {
     progress_source_ = replicas_[0].get();
   }
 
-  // This worker's place in the job: worker in["ranks"][my id] of in["num_workers"].
-  void place(const json& in) {
-    const int num_workers = in.value("num_workers", job_.at("num_workers").get<int>());
-    position_ = in.contains("ranks") ? in.at("ranks").at(std::to_string(index_)).get<int>() : static_cast<int>(index_);
-    world_ = num_workers * dpw_;
+  // This worker's place in the job: its position among placement's live workers.
+  void place(const proto::Placement& placement) {
+    const auto it = placement.ranks().find(index_);
+    if (it == placement.ranks().end()) {
+      throw ConfigError("worker " + std::to_string(index_) + " is not in the placement of generation " +
+                        std::to_string(placement.generation()));
+    }
+    position_ = it->second;
+    world_ = placement.num_workers() * dpw_;
     rank_base_ = position_ * dpw_;
   }
 
-  // Joins generation in["generation"] at the place in["ranks"] gives.
-  void connect(const json& in) {
-    const std::string strategy = job_.at("strategy").get<std::string>();
-    const int64_t generation = in.value("generation", int64_t{1});
-    place(in);
+  // Joins the placement's generation of the group.
+  void connect(const proto::Placement& placement) {
+    const Strategy strategy = from_proto(job_.strategy());
+    const int64_t generation = placement.generation();
+    place(placement);
     for (auto& r : replicas_) r->attach(nullptr);  // hooks off before the old strategies go
     {
       std::lock_guard<std::mutex> lock(strategies_mutex_);
@@ -399,7 +395,24 @@ class Worker {
     if (world_ == 1) return;  // one replica: nothing to average, no hooks
     std::vector<std::shared_ptr<strategy::GradientStrategy>> strategies(static_cast<size_t>(dpw_));
     groups_.assign(static_cast<size_t>(dpw_), nullptr);
-    if (strategy == "allreduce" || strategy == "ps" || strategy == "ps_async") {
+    strategy::StrategyOptions so;
+    so.kind = strategy;
+    so.allreduce_algo = from_proto(job_.allreduce_algo());
+    so.num_ps_shards = job_.num_ps_shards();
+    so.ps_update_on_shards = job_.ps_update_on_shards();
+    so.ps_placement = from_proto(job_.ps_placement());
+    so.max_staleness = job_.max_staleness();
+    if (strategy == Strategy::kSimple) {  // the driver averages: no group
+      for (int i = 0; i < dpw_; ++i) {
+        const int64_t rank = rank_base_ + i;
+        auto o = so;
+        o.central_average = [&client = client_, generation, rank, timeout = comm_timeout_](uint64_t seq, float* data,
+                                                                                            size_t count) {
+          client.average(generation, rank, seq, data, count, timeout);
+        };
+        strategies[static_cast<size_t>(i)] = strategy::make_strategy(o, nullptr);
+      }
+    } else {
       auto base = control::connect_store(client_.address(), token_);
       const std::string prefix = "gen" + std::to_string(generation) + "/";
       each_replica([&](int i) {
@@ -408,42 +421,16 @@ class Worker {
         go.bind_address = address_;
         go.host = host_id_;
         go.timeout = comm_timeout_;
-        comm::ShmOptions so;
-        so.timeout = comm_timeout_;
-        so.shared_bytes = replicas_[static_cast<size_t>(i)]->gradient_bytes();  // gradients live there
+        comm::ShmOptions sho;
+        sho.timeout = comm_timeout_;
+        sho.shared_bytes = replicas_[static_cast<size_t>(i)]->gradient_bytes();  // gradients live there
         const int rank = rank_base_ + i;
-        auto group = std::shared_ptr<comm::HierarchicalGroup>(comm::HierarchicalGroup::create(store, rank, world_, go, so));
+        auto group = std::shared_ptr<comm::HierarchicalGroup>(comm::HierarchicalGroup::create(store, rank, world_, go, sho));
         groups_[static_cast<size_t>(i)] = group;
-        if (strategy == "ps_async") {
-          const int shards = job_.value("num_ps_shards", 0);
-          strategies[static_cast<size_t>(i)] = strategy::make_ps_async_strategy(
-              group, shards > 0 ? shards : group->num_hosts(), job_.value("max_staleness", 4));
-        } else if (strategy == "ps") {
-          const int shards = job_.value("num_ps_shards", 0);
-          strategy::PsOptions po{.num_shards = shards > 0 ? shards : group->num_hosts(),
-                                 .update_on_shards = job_.value("ps_update_on_shards", false),
-                                 .shard_processes = job_.value("ps_placement", std::string("workers")) == "processes"};
-          if (po.shard_processes && group->local().rank() == 0) {
-            po.servers = join_ps_servers(store, *group, po.num_shards, go);
-          }
-          strategies[static_cast<size_t>(i)] = strategy::make_ps_strategy(group, po);
-        } else {
-          strategies[static_cast<size_t>(i)] =
-              strategy::make_allreduce_strategy(group, job_.value("allreduce_algo", std::string("auto")));
-        }
+        auto o = so;
+        o.join_ps_servers = [store, group, go](int shards) { return join_ps_servers(store, *group, shards, go); };
+        strategies[static_cast<size_t>(i)] = strategy::make_strategy(o, group);
       });
-    } else if (strategy == "simple") {
-      for (int i = 0; i < dpw_; ++i) {
-        const int64_t rank = rank_base_ + i;
-        const auto timeout = comm_timeout_;
-        auto& client = client_;
-        strategies[static_cast<size_t>(i)] = strategy::make_simple_strategy(
-            [&client, generation, rank, timeout](uint64_t seq, float* data, size_t count) {
-              client.average(generation, rank, seq, data, count, timeout);
-            });
-      }
-    } else {
-      throw ConfigError("unknown strategy '" + strategy + "'");
     }
     {
       std::lock_guard<std::mutex> lock(strategies_mutex_);
@@ -459,7 +446,7 @@ class Worker {
   control::DriverClient& client_;
   const std::string token_;
   const int64_t index_;
-  const json job_;
+  const proto::JobSpec job_;
   const std::string address_;
   const std::string host_id_;
   int dpw_ = 1;
@@ -495,16 +482,8 @@ int run_worker(const WorkerArgs& args) {
     control::log().error("worker: cannot register with the driver at {}: {}", args.driver, e.what());
     return 2;
   }
-  json job;
-  try {
-    job = json::parse(reg.job);
-  } catch (const std::exception& e) {
-    control::log().error("worker: the driver sent a malformed job spec: {}", e.what());
-    return 2;
-  }
-  Worker worker(client, args.token, reg.worker, std::move(job), address, host_id);
+  Worker worker(client, args.token, reg.worker, std::move(reg.job), address, host_id);
   return worker.serve();
 }
 
-}  // namespace runtime
-}  // namespace dsgd
+}  // namespace dsgd::runtime

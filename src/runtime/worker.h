@@ -39,8 +39,4 @@ std::string route_address(const std::string& driver);
 // This machine's host name.
 std::string host_name();
 
-// The registered worker function `name`; ConfigError if none.
-WorkerFunction find_worker_function(const std::string& name);
-bool has_worker_function(const std::string& name);
-
 }  // namespace dsgd::runtime

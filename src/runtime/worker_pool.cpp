@@ -25,11 +25,13 @@ void WorkerPool::drop(int id, pid_t pid) {
   members_.erase(std::remove(members_.begin(), members_.end(), id), members_.end());
 }
 
-nlohmann::json WorkerPool::placement(int64_t generation) const {
-  nlohmann::json ranks = nlohmann::json::object();
+proto::Placement WorkerPool::placement(int64_t generation) const {
+  proto::Placement p;
+  p.set_generation(generation);
   int i = 0;
-  for (int id : members_) ranks[std::to_string(id)] = i++;
-  return {{"generation", generation}, {"num_workers", i}, {"ranks", ranks}};
+  for (int id : members_) (*p.mutable_ranks())[id] = i++;
+  p.set_num_workers(i);
+  return p;
 }
 
 void WorkerPool::spawn_initial() {

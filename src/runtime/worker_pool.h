@@ -37,8 +37,8 @@ class WorkerPool {
   void add_members(const std::vector<int>& ids) { members_.insert(members_.end(), ids.begin(), ids.end()); }
   // Takes worker `id` out of the group; in local mode its process (`pid`) is killed.
   void drop(int id, pid_t pid);
-  // {"generation", "num_workers", "ranks": {id: position}}: where every member sits.
-  nlohmann::json placement(int64_t generation) const;
+  // Where every member sits in `generation`: its position among the members, in order.
+  proto::Placement placement(int64_t generation) const;
 
   // Local mode: num_workers workers, worker i on pseudo-host i % local_hosts, and the ps shard
   // processes (spawn_servers).

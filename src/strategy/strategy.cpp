@@ -77,4 +77,34 @@ std::unique_ptr<GradientStrategy> make_simple_strategy(CentralAverage central_av
   return std::make_unique<SimpleStrategy>(std::move(central_average));
 }
 
+std::unique_ptr<GradientStrategy> make_strategy(const StrategyOptions& o,
+                                                std::shared_ptr<comm::HierarchicalGroup> group) {
+  const Strategy kind = Choice<Strategy>(o.kind).value();
+  if (kind == Strategy::kSimple) {
+    if (!o.central_average) throw ConfigError("strategy simple needs the driver's central average");
+    return make_simple_strategy(o.central_average);
+  }
+  if (!group) throw ConfigError("strategy " + Choice<Strategy>(kind).name() + " needs a communication group");
+  const int shards = o.num_ps_shards > 0 ? o.num_ps_shards : group->num_hosts();
+  switch (kind) {
+    case Strategy::kAllreduce:
+      return make_allreduce_strategy(std::move(group), Choice<AllreduceAlgo>(o.allreduce_algo).name());
+    case Strategy::kPsAsync:
+      return make_ps_async_strategy(std::move(group), shards, o.max_staleness);
+    case Strategy::kPs: {
+      PsOptions po{.num_shards = shards,
+                   .update_on_shards = o.ps_update_on_shards,
+                   .shard_processes = o.ps_placement == PsPlacement::kProcesses};
+      if (po.shard_processes && group->local().rank() == 0) {
+        if (!o.join_ps_servers) throw ConfigError("ps_placement processes needs a way to join the shard processes");
+        po.servers = o.join_ps_servers(shards);
+      }
+      return make_ps_strategy(std::move(group), po);
+    }
+    case Strategy::kSimple:
+      break;
+  }
+  throw ConfigError("no strategy " + Choice<Strategy>(kind).name());
+}
+
 }  // namespace dsgd::strategy

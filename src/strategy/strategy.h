@@ -20,6 +20,7 @@
 #include <memory>
 #include <string>
 
+#include "dsgd/choice.h"
 #include "dsgd/comm/hierarchical.h"
 #include "dsgd/comm/work.h"
 
@@ -151,5 +152,27 @@ std::unique_ptr<GradientStrategy> make_ps_async_strategy(std::shared_ptr<comm::H
 // in order, on the strategy's own thread, so backward overlaps them as with allreduce.
 using CentralAverage = std::function<void(uint64_t seq, float* data, size_t count)>;
 std::unique_ptr<GradientStrategy> make_simple_strategy(CentralAverage central_average);
+
+// ---- the one factory the worker uses ----
+// What a job says about its strategy (TrainerConfig's fields of the same names; the worker fills
+// it from its JobSpec).
+struct StrategyOptions {
+  Strategy kind = Strategy::kAllreduce;
+  AllreduceAlgo allreduce_algo = AllreduceAlgo::kAuto;
+  int num_ps_shards = 0;                  // ps, ps_async: 0 = one per host
+  bool ps_update_on_shards = false;
+  PsPlacement ps_placement = PsPlacement::kWorkers;
+  int max_staleness = -1;                 // ps_async
+  CentralAverage central_average;         // simple: the driver's average
+  // ps with ps_placement processes, called on host leaders: joins the shard processes' group
+  // (PsOptions::servers) of this many shards.
+  std::function<std::shared_ptr<comm::Group>(int num_shards)> join_ps_servers;
+};
+
+// The strategy `options.kind` over `group` (the replica's group; unused, and may be null, for
+// simple). ConfigError for options the strategy rejects (a shard count out of range, a simple
+// strategy without its central_average).
+std::unique_ptr<GradientStrategy> make_strategy(const StrategyOptions& options,
+                                                std::shared_ptr<comm::HierarchicalGroup> group);
 
 }  // namespace dsgd::strategy

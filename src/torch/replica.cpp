@@ -208,7 +208,7 @@ void ReplicaRuntime::begin_deferred(size_t sync) {
 void ReplicaRuntime::apply_deferred(size_t sync, const std::vector<size_t>& params, bool finite) {
   auto& d = deferred_[sync];
   if (!finite) {
-    if (options_.nonfinite == "error") {
+    if (options_.nonfinite == NonfinitePolicy::kError) {
       throw Error("non-finite gradient at " + d.where + " (a NaN or infinite loss on some replica); lower the " +
                   "learning rate, check the data, or set nonfinite_policy \"skip\"");
     }
@@ -318,7 +318,7 @@ void ReplicaRuntime::after_batch() {
   ++position_.batch;
   ++progress_.batches;
   if (check_) check_->take();  // a batch that did not ask leaves nothing for the next
-  if (options_.scheduler_step_freq == "batch") step_schedules();
+  if (options_.scheduler_step_freq == SchedulerStepFreq::kBatch) step_schedules();
 }
 
 void ReplicaRuntime::step_schedules() { step_schedules_to(schedule_t_ + 1); }
@@ -352,7 +352,7 @@ bool ReplicaRuntime::check_gradients() {
   if (finite) return true;
   const std::string where = "epoch " + std::to_string(position_.epoch + 1) + ", batch " +
                             std::to_string(position_.batch + 1);
-  if (options_.nonfinite == "error") {
+  if (options_.nonfinite == NonfinitePolicy::kError) {
     throw Error("non-finite gradient at " + where + " (a NaN or infinite loss on some replica); lower the learning "
                 "rate, check the data, or set nonfinite_policy \"skip\"");
   }
@@ -397,7 +397,7 @@ Metrics ReplicaRuntime::train(int64_t max_batches, bool profile) {
   if (position_.batch >= batches_per_epoch()) {
     ++position_.epoch;
     position_.batch = 0;
-    if (options_.scheduler_step_freq == "epoch") step_schedules();
+    if (options_.scheduler_step_freq == SchedulerStepFreq::kEpoch) step_schedules();
   }
   if (profile) {
     GradSync::Times t;

@@ -21,6 +21,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "dsgd/choice.h"
 #include "dsgd/operator.h"
 #include "dsgd/parameter_gate.h"
 #include "strategy/strategy.h"
@@ -34,7 +35,7 @@ struct ReplicaOptions {
   int64_t global_batch = 64;
   uint64_t seed = 1;
   size_t grad_shard_bytes = 10u << 20;
-  std::string scheduler_step_freq = "epoch";  // batch | epoch | manual
+  Choice<SchedulerStepFreq> scheduler_step_freq = SchedulerStepFreq::kEpoch;
   int threads = 1;                             // intra-op threads of this replica
   bool overlap = true;                         // launch buckets during backward
   // > 0: this many buckets (spread over the layers) travel after backward and each bucket's
@@ -42,7 +43,7 @@ struct ReplicaOptions {
   // buckets).
   // -1: chosen per train() call (set_forward_overlap_buckets; 0 until then).
   int64_t forward_overlap_buckets = 0;
-  std::string nonfinite = "skip";              // non-finite gradients: skip (the step) | error
+  Choice<NonfinitePolicy> nonfinite = NonfinitePolicy::kSkip;  // non-finite gradients: skip the step, or fail
 };
 
 struct Position {

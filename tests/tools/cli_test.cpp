@@ -20,6 +20,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "dsgd/trainer.h"
 #include "testing/temp_dir.h"
 
 namespace {
@@ -61,6 +62,49 @@ TEST(Cli, HelpDescribesSubcommandsAndFlags) {
   CliRun version = run_dsgd("--version");
   EXPECT_EQ(version.exit_code, 0);
   EXPECT_NE(version.output.find("dsgd 0."), std::string::npos) << version.output;
+}
+
+// The value `train --help` shows as the default of `flag` ("--workers INT=1" -> "1").
+std::string help_default(const std::string& help, const std::string& flag) {
+  const auto at = help.find("  " + flag + " ");
+  if (at == std::string::npos) return "<no " + flag + ">";
+  const auto start = at + flag.size() + 3;
+  const auto end = std::min(help.find("  ", start), help.find('\n', start));  // the type ends there
+  const std::string spec = help.substr(start, end - start);                     // "INT=1"
+  const auto eq = spec.rfind('=');
+  return eq == std::string::npos ? "<no default: " + spec + ">" : spec.substr(eq + 1);
+}
+
+// The command line has no defaults of its own: each Trainer flag shows TrainerConfig's.
+TEST(Cli, TrainHelpShowsTheDefaultsOfADefaultTrainerConfig) {
+  const CliRun train = run_dsgd("train --help");
+  ASSERT_EQ(train.exit_code, 0) << train.output;
+  const dsgd::TrainerConfig c;
+  const std::vector<std::pair<std::string, std::string>> expected = {
+      {"--workers", std::to_string(c.num_workers)},
+      {"--devices-per-worker", std::to_string(c.devices_per_worker)},
+      {"--strategy", c.strategy.name()},
+      {"--ps-shards", std::to_string(c.num_ps_shards)},
+      {"--ps-placement", c.ps_placement.name()},
+      {"--max-staleness", std::to_string(c.max_staleness)},
+      {"--local-hosts", std::to_string(c.local_hosts)},
+      {"--allreduce-algo", c.allreduce_algo.name()},
+      {"--grad-shard-bytes", std::to_string(c.grad_shard_bytes)},
+      {"--forward-overlap-buckets", std::to_string(c.forward_overlap_buckets)},
+      {"--checkpoint-every", std::to_string(c.checkpoint_every_steps)},
+      {"--keep-checkpoints", std::to_string(c.checkpoint_keep)},
+      {"--max-failures", std::to_string(c.max_failures)},
+      {"--heartbeat-timeout-ms", std::to_string(c.heartbeat_timeout.count())},
+      {"--nonfinite", c.nonfinite_policy.name()},
+      {"--batch-size", std::to_string(c.batch_size)},
+      {"--seed", std::to_string(c.seed)},
+  };
+  for (const auto& [flag, value] : expected) {
+    EXPECT_EQ(help_default(train.output, flag), value) << flag << "\n" << train.output;
+  }
+  std::ostringstream overhead;
+  overhead << c.checkpoint_max_overhead;
+  EXPECT_EQ(help_default(train.output, "--checkpoint-overhead"), overhead.str());
 }
 
 TEST(Cli, FlagErrorsExitWithUsageStatusAndSayWhatIsWrong) {

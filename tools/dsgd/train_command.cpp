@@ -21,31 +21,19 @@
 namespace dsgd::cli {
 namespace {
 
+// The flags. Those of the Trainer are bound to a default TrainerConfig, so --help shows its
+// defaults; the fixed-set ones go through strings spelled as TrainerConfig's Choice fields.
 struct TrainFlags {
-  runtime::LocalJobOptions job;
-  int workers = 1;
-  int devices_per_worker = 1;
-  std::string strategy = "allreduce";
-  std::string allreduce_algo = "auto";
-  int64_t grad_shard_bytes = 10 << 20;
-  bool overlap = true;
-  std::string forward_overlap_buckets = "0";  // a count, or "auto" (-1)
+  runtime::LocalJobOptions job;           // the model, data and optimizer; also --in-process's job
+  TrainerConfig trainer;                  // the rest of the Trainer's settings
+  std::string strategy = trainer.strategy.name();
+  std::string allreduce_algo = trainer.allreduce_algo.name();
+  std::string ps_placement = trainer.ps_placement.name();
+  std::string nonfinite = trainer.nonfinite_policy.name();
+  std::string forward_overlap_buckets = std::to_string(trainer.forward_overlap_buckets);  // a count, or "auto" (-1)
+  int64_t heartbeat_timeout_ms = trainer.heartbeat_timeout.count();
   std::string save;
   std::string load;
-  std::string checkpoint_dir;
-  int64_t checkpoint_every = 50;
-  double checkpoint_overhead = 0.02;
-  int keep_checkpoints = 3;
-  int max_failures = 3;
-  int ps_shards = 0;
-  bool ps_update_on_shards = false;
-  std::string ps_placement = "workers";
-  int max_staleness = 4;
-  int local_hosts = 1;
-  int64_t heartbeat_timeout_ms = 10000;
-  std::string nonfinite = "skip";
-  std::string listen;
-  std::string token;
   std::string config;   // JSON merged into the operator's config
   nlohmann::json config_json = nlohmann::json::object();
   bool in_process = false;
@@ -108,8 +96,8 @@ nlohmann::json to_json(const TrainFlags& f, const runtime::LocalJobResult& r) {
                       {"epochs", r.epochs},
                       {"steps", r.steps},
                       {"samples", r.samples},
-                      {"workers", f.in_process ? 0 : f.workers},
-                      {"devices_per_worker", f.devices_per_worker},
+                      {"workers", f.in_process ? 0 : f.trainer.num_workers},
+                      {"devices_per_worker", f.trainer.devices_per_worker},
                       {"strategy", f.in_process ? "in-process" : f.strategy},
                       {"samples_per_s", r.samples_per_s},
                       {"train_s", r.train_s},
@@ -144,39 +132,42 @@ void check_writable(const std::string& flag, const std::string& path) {
 }
 
 void validate_flags(TrainFlags& f) {
-  if (f.workers < 1) throw ConfigError("--workers must be >= 1, got " + std::to_string(f.workers));
-  if (f.strategy != "simple" && f.strategy != "allreduce" && f.strategy != "ps" && f.strategy != "ps_async") {
-    throw ConfigError("unknown --strategy '" + f.strategy + "'; known strategies: simple, allreduce, ps, ps_async");
+  if (f.trainer.num_workers < 1) throw ConfigError("--workers must be >= 1, got " + std::to_string(f.trainer.num_workers));
+  if (!Choice<Strategy>(f.strategy).known()) {
+    throw ConfigError("unknown --strategy '" + f.strategy + "'; known strategies: " + choice_names<Strategy>(", "));
   }
-  if (f.ps_shards < 0 || f.ps_shards > 64) {
-    throw ConfigError("--ps-shards must be in 0..64 (0 = one per host), got " + std::to_string(f.ps_shards));
+  if (!Choice<AllreduceAlgo>(f.allreduce_algo).known()) {
+    throw ConfigError("unknown --allreduce-algo '" + f.allreduce_algo + "'; use " + choice_names<AllreduceAlgo>());
   }
-  if (f.local_hosts < 1) throw ConfigError("--local-hosts must be >= 1, got " + std::to_string(f.local_hosts));
-  if (f.in_process && (f.workers != 1 || f.devices_per_worker != 1 || !f.save.empty() || !f.load.empty() ||
-                      !f.listen.empty() || !f.checkpoint_dir.empty() || f.profile || !f.trace.empty())) {
+  if (f.trainer.num_ps_shards < 0 || f.trainer.num_ps_shards > 64) {
+    throw ConfigError("--ps-shards must be in 0..64 (0 = one per host), got " + std::to_string(f.trainer.num_ps_shards));
+  }
+  if (f.trainer.local_hosts < 1) throw ConfigError("--local-hosts must be >= 1, got " + std::to_string(f.trainer.local_hosts));
+  if (f.in_process && (f.trainer.num_workers != 1 || f.trainer.devices_per_worker != 1 || !f.save.empty() || !f.load.empty() ||
+                      !f.trainer.listen.empty() || !f.trainer.checkpoint_dir.empty() || f.profile || !f.trace.empty())) {
     throw ConfigError("--in-process trains in this one process: it takes none of --workers, "
                       "--devices-per-worker, --save, --load, --listen, --checkpoint-dir, --profile, --trace");
   }
-  if (f.checkpoint_every < 0) {
-    throw ConfigError("--checkpoint-every must be >= 0 (0 = once per epoch), got " + std::to_string(f.checkpoint_every));
+  if (f.trainer.checkpoint_every_steps < 0) {
+    throw ConfigError("--checkpoint-every must be >= 0 (0 = once per epoch), got " + std::to_string(f.trainer.checkpoint_every_steps));
   }
-  if (!(f.checkpoint_overhead >= 0 && f.checkpoint_overhead < 1)) {
+  if (!(f.trainer.checkpoint_max_overhead >= 0 && f.trainer.checkpoint_max_overhead < 1)) {
     throw ConfigError("--checkpoint-overhead must be in [0, 1) (0 = exactly every --checkpoint-every steps), got " +
-                      std::to_string(f.checkpoint_overhead));
+                      std::to_string(f.trainer.checkpoint_max_overhead));
   }
-  if (f.keep_checkpoints < 1) throw ConfigError("--keep-checkpoints must be >= 1, got " + std::to_string(f.keep_checkpoints));
+  if (f.trainer.checkpoint_keep < 1) throw ConfigError("--keep-checkpoints must be >= 1, got " + std::to_string(f.trainer.checkpoint_keep));
   if (f.heartbeat_timeout_ms < 100) {
     throw ConfigError("--heartbeat-timeout-ms must be >= 100, got " + std::to_string(f.heartbeat_timeout_ms));
   }
-  if (f.max_failures < 0) throw ConfigError("--max-failures must be >= 0, got " + std::to_string(f.max_failures));
-  if (f.nonfinite != "skip" && f.nonfinite != "error") {
-    throw ConfigError("unknown --nonfinite '" + f.nonfinite + "'; use skip or error");
+  if (f.trainer.max_failures < 0) throw ConfigError("--max-failures must be >= 0, got " + std::to_string(f.trainer.max_failures));
+  if (!Choice<NonfinitePolicy>(f.nonfinite).known()) {
+    throw ConfigError("unknown --nonfinite '" + f.nonfinite + "'; use " + choice_names<NonfinitePolicy>());
   }
-  if (f.devices_per_worker < 1) {
-    throw ConfigError("--devices-per-worker must be >= 1, got " + std::to_string(f.devices_per_worker));
+  if (f.trainer.devices_per_worker < 1) {
+    throw ConfigError("--devices-per-worker must be >= 1, got " + std::to_string(f.trainer.devices_per_worker));
   }
-  if (f.grad_shard_bytes <= 0) {
-    throw ConfigError("--grad-shard-bytes must be > 0, got " + std::to_string(f.grad_shard_bytes));
+  if (f.trainer.grad_shard_bytes <= 0) {
+    throw ConfigError("--grad-shard-bytes must be > 0, got " + std::to_string(f.trainer.grad_shard_bytes));
   }
   if (!f.config.empty()) {
     f.config_json = runtime::parse_config_text(f.config, "--config");
@@ -185,7 +176,7 @@ void validate_flags(TrainFlags& f) {
   }
   if (f.job.threads == 0) {
     const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
-    f.job.threads = static_cast<int>(std::max(1u, cores / static_cast<unsigned>(f.workers)));
+    f.job.threads = static_cast<int>(std::max(1u, cores / static_cast<unsigned>(f.trainer.num_workers)));
   }
   runtime::validate(f.job);
   if (!f.json_out.empty()) check_writable("--json-out", f.json_out);
@@ -196,31 +187,16 @@ void validate_flags(TrainFlags& f) {
 runtime::LocalJobResult run_with_trainer(const TrainFlags& f, ProgressPrinter* progress) {
   const auto wall_start = std::chrono::steady_clock::now();
   const auto& j = f.job;
-  TrainerConfig c;
-  c.num_workers = f.workers;
-  c.devices_per_worker = f.devices_per_worker;
+  TrainerConfig c = f.trainer;  // validated flags: the strings name known values
   c.strategy = f.strategy;
   c.allreduce_algo = f.allreduce_algo;
-  c.grad_shard_bytes = f.grad_shard_bytes;
-  c.overlap = f.overlap;
+  c.ps_placement = f.ps_placement;
+  c.nonfinite_policy = f.nonfinite;
   c.forward_overlap_buckets = f.forward_overlap_buckets == "auto" ? -1 : std::stoi(f.forward_overlap_buckets);
+  c.heartbeat_timeout = std::chrono::milliseconds(f.heartbeat_timeout_ms);
   c.batch_size = j.batch_size;
   c.seed = j.seed;
   c.threads_per_worker = j.threads;
-  c.listen = f.listen;
-  c.token = f.token;
-  c.checkpoint_dir = f.checkpoint_dir;
-  c.checkpoint_every_steps = f.checkpoint_every;
-  c.checkpoint_max_overhead = f.checkpoint_overhead;
-  c.checkpoint_keep = f.keep_checkpoints;
-  c.max_failures = f.max_failures;
-  c.num_ps_shards = f.ps_shards;
-  c.ps_update_on_shards = f.ps_update_on_shards;
-  c.ps_placement = f.ps_placement;
-  c.max_staleness = f.max_staleness;
-  c.local_hosts = f.local_hosts;
-  c.heartbeat_timeout = std::chrono::milliseconds(f.heartbeat_timeout_ms);
-  c.nonfinite_policy = f.nonfinite;
   c.config = {{"model", j.model}, {"dataset", j.dataset}, {"data_dir", j.data_dir}, {"lr", j.lr},
               {"momentum", j.momentum}, {"lr_decay", j.lr_decay}, {"dropout", j.dropout},
               {"synthetic_samples", j.synthetic_samples}, {"synthetic_image_size", j.synthetic_image_size}};
@@ -313,7 +289,7 @@ int run_train(TrainFlags& f) {
     if (!f.quiet) progress = std::make_unique<ProgressPrinter>(stderr, ::isatty(STDERR_FILENO) != 0);
     if (!f.quiet) std::cerr << "dsgd train: model " << f.job.model << ", dataset " << f.job.dataset << ", " << f.job.epochs
               << " epoch(s), batch " << f.job.batch_size << ", " << f.job.threads << " thread(s), "
-              << (f.in_process ? std::string("in-process") : std::to_string(f.workers) + " worker(s), " + f.strategy)
+              << (f.in_process ? std::string("in-process") : std::to_string(f.trainer.num_workers) + " worker(s), " + f.strategy)
               << "\n";
     auto result = f.in_process ? runtime::run_local_job(f.job, progress.get()) : run_with_trainer(f, progress.get());
     if (f.profile && !f.quiet && result.history.size() > 1) {
@@ -368,31 +344,32 @@ void add_train_command(CLI::App& app, int* exit_code) {
   j.threads = 0;
   cmd->add_option("--threads", j.threads, "LibTorch threads per worker; 0 = cores / workers")
       ->capture_default_str();
-  cmd->add_option("--workers", flags->workers, "Worker processes")->capture_default_str();
-  cmd->add_option("--devices-per-worker", flags->devices_per_worker, "Model replicas per worker process")
+  cmd->add_option("--workers", flags->trainer.num_workers, "Worker processes")->capture_default_str();
+  cmd->add_option("--devices-per-worker", flags->trainer.devices_per_worker, "Model replicas per worker process")
       ->capture_default_str();
   cmd->add_option("--strategy", flags->strategy, "Gradient synchronisation: simple, allreduce, ps or ps_async")
       ->capture_default_str();
-  cmd->add_option("--ps-shards", flags->ps_shards, "ps: parameter-server shards (0 = one per host)")
+  cmd->add_option("--ps-shards", flags->trainer.num_ps_shards, "ps: parameter-server shards (0 = one per host)")
       ->capture_default_str();
-  cmd->add_flag("--ps-update-on-shards", flags->ps_update_on_shards,
+  cmd->add_flag("--ps-update-on-shards", flags->trainer.ps_update_on_shards,
                 "ps: the shards apply SGD and hold its momentum (optimizer state sharded); needs SGD");
   cmd->add_option("--ps-placement", flags->ps_placement,
                   "ps: the shards live in the workers, or in processes of their own (--ps-shards of them; "
                   "remote mode: start each with dsgd ps-server --shard S)")
-      ->check(CLI::IsMember({"workers", "processes"}))
+      ->check(CLI::IsMember(std::vector<std::string>(ChoiceTraits<PsPlacement>::names.begin(),
+                                                     ChoiceTraits<PsPlacement>::names.end())))
       ->capture_default_str();
-  cmd->add_option("--max-staleness", flags->max_staleness,
+  cmd->add_option("--max-staleness", flags->trainer.max_staleness,
                   "ps_async: a worker this many updates ahead of the slowest waits (-1 = never)")
       ->capture_default_str();
-  cmd->add_option("--local-hosts", flags->local_hosts,
+  cmd->add_option("--local-hosts", flags->trainer.local_hosts,
                   "Spread local workers over this many pseudo-hosts (shared memory only within each)")
       ->capture_default_str();
   cmd->add_option("--allreduce-algo", flags->allreduce_algo, "auto (shared memory + Gloo), ring or hd")
       ->capture_default_str();
-  cmd->add_option("--grad-shard-bytes", flags->grad_shard_bytes, "Gradient bucket size in bytes")
+  cmd->add_option("--grad-shard-bytes", flags->trainer.grad_shard_bytes, "Gradient bucket size in bytes")
       ->capture_default_str();
-  cmd->add_flag("!--no-overlap", flags->overlap, "Communicate gradients after backward instead of during it");
+  cmd->add_flag("!--no-overlap", flags->trainer.overlap, "Communicate gradients after backward instead of during it");
   cmd->add_option("--forward-overlap-buckets", flags->forward_overlap_buckets,
                   "Also overlap the next forward: this many buckets (spread over the layers) go after "
                   "backward, first layer first, and each is applied as forward reaches it (0 = off; auto: tried on the "
@@ -402,18 +379,18 @@ void add_train_command(CLI::App& app, int* exit_code) {
   cmd->add_option("--save", flags->save, "Write a checkpoint directory at the end");
   cmd->add_option("--load", flags->load,
                   "Start from this checkpoint directory, or from the newest intact one in a --checkpoint-dir");
-  cmd->add_option("--checkpoint-dir", flags->checkpoint_dir,
+  cmd->add_option("--checkpoint-dir", flags->trainer.checkpoint_dir,
                   "Also write every --checkpoint-every snapshot here (step-N), keeping --keep-checkpoints");
-  cmd->add_option("--checkpoint-every", flags->checkpoint_every,
+  cmd->add_option("--checkpoint-every", flags->trainer.checkpoint_every_steps,
                   "Steps between snapshots, at least; a lost worker costs at most one interval (0 = once per epoch)")
       ->capture_default_str();
-  cmd->add_option("--checkpoint-overhead", flags->checkpoint_overhead,
+  cmd->add_option("--checkpoint-overhead", flags->trainer.checkpoint_max_overhead,
                   "Longer intervals where snapshots would take more than this share of training time "
                   "(0 = exactly every --checkpoint-every steps)")
       ->capture_default_str();
-  cmd->add_option("--keep-checkpoints", flags->keep_checkpoints, "Checkpoints kept in --checkpoint-dir")
+  cmd->add_option("--keep-checkpoints", flags->trainer.checkpoint_keep, "Checkpoints kept in --checkpoint-dir")
       ->capture_default_str();
-  cmd->add_option("--max-failures", flags->max_failures, "Lost workers survived before the job fails")
+  cmd->add_option("--max-failures", flags->trainer.max_failures, "Lost workers survived before the job fails")
       ->capture_default_str();
   cmd->add_option("--heartbeat-timeout-ms", flags->heartbeat_timeout_ms,
                   "A worker silent this long (hung, or its network cut) is evicted")
@@ -421,9 +398,9 @@ void add_train_command(CLI::App& app, int* exit_code) {
   cmd->add_option("--nonfinite", flags->nonfinite,
                   "A NaN/infinite gradient: skip (the step, everywhere, and warn) or error (stop)")
       ->capture_default_str();
-  cmd->add_option("--listen", flags->listen,
+  cmd->add_option("--listen", flags->trainer.listen,
                   "HOST:PORT: wait for --workers workers started elsewhere (`dsgd worker`) instead of spawning");
-  cmd->add_option("--token", flags->token, "Job token for --listen (default: random, printed)");
+  cmd->add_option("--token", flags->trainer.token, "Job token for --listen (default: random, printed)");
   cmd->add_option("--config", flags->config,
                   "JSON object merged into the operator's config (keys: model, dataset, data_dir, lr, momentum, "
                   "lr_decay, dropout, synthetic_samples, synthetic_image_size; for --model simulated: sim_parameters, "

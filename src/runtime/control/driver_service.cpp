@@ -20,16 +20,11 @@ namespace {
 using Clock = std::chrono::steady_clock;
 using std::chrono::milliseconds;
 
-struct Result {
-  bool ok = false;
-  std::string error, error_kind, json, blob;
-};
-
 struct WorkerState {
   WorkerInfo info;
   Clock::time_point last_heartbeat;
   std::deque<proto::Command> queue;
-  std::map<uint64_t, Result> results;
+  std::map<uint64_t, proto::CommandResult> results;
 };
 
 // The simple strategy's averages in progress, by sequence number.
@@ -41,13 +36,15 @@ struct Average {
   bool done = false;
 };
 
-[[noreturn]] void throw_worker_error(const WorkerInfo& w, const std::string& kind, const Result& r) {
+[[noreturn]] void throw_worker_error(const WorkerInfo& w, const std::string& kind, const proto::CommandResult& r) {
   const std::string msg = "worker " + std::to_string(w.index) + " (host " + w.host + ", pid " + std::to_string(w.pid) +
-                          ") failed '" + kind + "': " + r.error;
-  if (r.error_kind == "config") throw ConfigError(msg);
-  if (r.error_kind == "timeout") throw TimeoutError(msg, kind, static_cast<int>(w.index), w.host);
-  if (r.error_kind == "comm") throw CommError(msg, kind, static_cast<int>(w.index), w.host);
-  throw Error(msg);
+                          ") failed '" + kind + "': " + r.error();
+  switch (r.error_kind()) {
+    case proto::ERROR_KIND_CONFIG: throw ConfigError(msg);
+    case proto::ERROR_KIND_TIMEOUT: throw TimeoutError(msg, kind, static_cast<int>(w.index), w.host);
+    case proto::ERROR_KIND_COMM: throw CommError(msg, kind, static_cast<int>(w.index), w.host);
+    default: throw Error(msg);
+  }
 }
 
 class DriverServerImpl final : public DriverServer, public proto::Driver::Service {
@@ -145,9 +142,9 @@ class DriverServerImpl final : public DriverServer, public proto::Driver::Servic
     return out;
   }
 
-  std::vector<CommandOutcome> call(const std::string& kind, const std::string& json, const std::string& blob,
-                                   milliseconds timeout, const std::function<void()>& on_tick,
-                                   std::vector<int> targets) override {
+  std::vector<proto::CommandResult> call(const proto::Command& request, milliseconds timeout,
+                                         const std::function<void()>& on_tick, std::vector<int> targets) override {
+    const std::string kind = command_name(request);
     std::unique_lock<std::mutex> lock(mutex_);
     if (targets.empty()) {
       for (size_t i = 0; i < workers_.size(); ++i) {
@@ -156,11 +153,8 @@ class DriverServerImpl final : public DriverServer, public proto::Driver::Servic
     }
     const uint64_t id = next_id_++;
     for (int t : targets) {
-      proto::Command c;
+      proto::Command c = request;
       c.set_id(id);
-      c.set_kind(kind);
-      c.set_json(json);
-      c.set_blob(blob);
       workers_.at(static_cast<size_t>(t)).queue.push_back(std::move(c));
     }
     cv_.notify_all();
@@ -176,8 +170,8 @@ class DriverServerImpl final : public DriverServer, public proto::Driver::Servic
         }
         auto it = w.results.find(id);
         if (it == w.results.end()) continue;
-        if (!it->second.ok) {
-          Result r = it->second;
+        if (!it->second.ok()) {
+          proto::CommandResult r = std::move(it->second);
           w.results.erase(it);
           throw_worker_error(w.info, kind, r);
         }
@@ -207,11 +201,11 @@ class DriverServerImpl final : public DriverServer, public proto::Driver::Servic
         lock.lock();
       }
     }
-    std::vector<CommandOutcome> out;
+    std::vector<proto::CommandResult> out;
     for (int t : targets) {
       auto& w = workers_[static_cast<size_t>(t)];
       auto it = w.results.find(id);
-      out.push_back({std::move(it->second.json), std::move(it->second.blob)});
+      out.push_back(std::move(it->second));
       w.results.erase(it);
     }
     return out;
@@ -238,7 +232,7 @@ class DriverServerImpl final : public DriverServer, public proto::Driver::Servic
     log().debug("driver: worker {} registered from {} ({}), pid {}", w.info.index, w.info.host, w.info.address,
                   w.info.pid);
     reply->set_worker(w.info.index);
-    reply->set_job(options_.job);
+    *reply->mutable_job() = options_.job;
     workers_.push_back(std::move(w));
     cv_.notify_all();
     return grpc::Status::OK;
@@ -265,7 +259,7 @@ class DriverServerImpl final : public DriverServer, public proto::Driver::Servic
     auto* w = live(req->worker());
     if (w == nullptr) return {grpc::StatusCode::NOT_FOUND, "unknown or evicted worker " + std::to_string(req->worker())};
     w->last_heartbeat = Clock::now();
-    w->results[req->id()] = Result{req->ok(), req->error(), req->error_kind(), req->json(), req->blob()};
+    w->results[req->id()] = *req;
     cv_.notify_all();
     return grpc::Status::OK;
   }
@@ -383,6 +377,12 @@ class DriverServerImpl final : public DriverServer, public proto::Driver::Servic
 
 }  // namespace
 
+std::string command_name(const proto::Command& command) {
+  const auto* oneof = proto::Command::descriptor()->FindOneofByName("request");
+  const auto* field = proto::Command::GetReflection()->GetOneofFieldDescriptor(command, oneof);
+  return field != nullptr ? field->name() : "none";
+}
+
 std::unique_ptr<DriverServer> DriverServer::start(const DriverServerOptions& options) {
   return std::make_unique<DriverServerImpl>(options);
 }
@@ -422,7 +422,7 @@ DriverClient::Registration DriverClient::register_worker(const std::string& host
   }
 }
 
-DriverClient::Command DriverClient::poll(int64_t worker, milliseconds wait) {
+proto::Command DriverClient::poll(int64_t worker, milliseconds wait) {
   proto::PollRequest req;
   req.set_worker(worker);
   req.set_wait_ms(wait.count());
@@ -431,19 +431,10 @@ DriverClient::Command DriverClient::poll(int64_t worker, milliseconds wait) {
   proto::Command reply;
   const grpc::Status s = impl_->stub->Poll(&ctx, req, &reply);
   if (!s.ok()) raise(s, "driver at " + address_ + ": poll", address_);
-  return {reply.id(), reply.kind(), reply.json(), reply.blob()};
+  return reply;
 }
 
-void DriverClient::complete(int64_t worker, uint64_t id, bool ok, const std::string& error,
-                            const std::string& error_kind, const std::string& json, const std::string& blob) {
-  proto::CommandResult req;
-  req.set_worker(worker);
-  req.set_id(id);
-  req.set_ok(ok);
-  req.set_error(error);
-  req.set_error_kind(error_kind);
-  req.set_json(json);
-  req.set_blob(blob);
+void DriverClient::complete(const proto::CommandResult& req) {
   grpc::ClientContext ctx;
   prepare(ctx, token_, milliseconds(60000));
   proto::Empty reply;

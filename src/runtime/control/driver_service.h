@@ -4,9 +4,11 @@
 //
 //   auto server = DriverServer::start({.listen = "127.0.0.1:0", .token = t, .num_workers = 2, .job = spec});
 //   server->wait_registered(60s, check_children);
-//   auto results = server->call_all("train", R"({"max_batches":0})", "", timeout, on_tick);
+//   proto::Command train;
+//   train.mutable_train()->set_max_batches(10);
+//   std::vector<proto::CommandResult> results = server->call(train, timeout, on_tick);
 //
-// Workers pull commands; call_all queues one per worker and waits for every result. It fails
+// Workers pull commands; call queues one per worker and waits for every result. It fails
 // fast, naming the worker (index, host, pid), when a worker reports an error, misses heartbeats
 // for heartbeat_timeout, or `on_tick` (called every ~100 ms: the driver's own liveness checks
 // and progress display) throws. Torch-free; thread-safe.
@@ -20,6 +22,7 @@
 #include <vector>
 
 #include "dsgd/comm/store.h"
+#include "dsgd/control.pb.h"
 
 namespace dsgd::control {
 
@@ -29,7 +32,7 @@ struct DriverServerOptions {
   int num_workers = 1;
   int world_size = 1;                       // replicas at the start (the simple strategy's averages
                                             // take it from each call's generation afterwards)
-  std::string job;                          // the job spec (JSON) handed to each worker at registration
+  proto::JobSpec job;                       // handed to each worker at registration
   std::chrono::milliseconds heartbeat_timeout{10000};
   std::chrono::milliseconds reduce_timeout{60000};
 };
@@ -45,10 +48,8 @@ struct WorkerInfo {
   bool alive = true;                        // false once evicted
 };
 
-struct CommandOutcome {
-  std::string json;
-  std::string blob;
-};
+// The request's name as the proto spells it ("train", "set_state"): for messages and logs.
+std::string command_name(const proto::Command& command);
 
 class DriverServer {
  public:
@@ -73,12 +74,13 @@ class DriverServer {
   virtual void abort_generation(int64_t generation) = 0;
   // The number of replicas of `generation` (the simple strategy's averages wait for them all).
   virtual void set_world(int64_t generation, int world) = 0;
-  // Sends command `kind` to `targets` (ids; empty: every live worker) and returns their outcomes
-  // in that order. Throws dsgd::Error naming the worker on its failure, CommError when a worker is lost,
-  // TimeoutError after `timeout` (zero: none; heartbeats still bound the wait).
-  virtual std::vector<CommandOutcome> call(const std::string& kind, const std::string& json, const std::string& blob,
-                                           std::chrono::milliseconds timeout, const std::function<void()>& on_tick,
-                                           std::vector<int> targets = {}) = 0;
+  // Sends `request` to `targets` (ids; empty: every live worker) and returns their results (ok,
+  // with the request's reply) in that order. Throws the worker's error as dsgd's type, naming
+  // the worker; CommError when a worker is lost, TimeoutError after `timeout` (zero: none;
+  // heartbeats still bound the wait).
+  virtual std::vector<proto::CommandResult> call(const proto::Command& request, std::chrono::milliseconds timeout,
+                                                 const std::function<void()>& on_tick,
+                                                 std::vector<int> targets = {}) = 0;
   // From now on heartbeats tell every worker to exit.
   virtual void stop_workers() = 0;
   virtual int64_t rejected_calls() const = 0;
@@ -91,19 +93,15 @@ class DriverClient {
   ~DriverClient();
   struct Registration {
     int64_t worker = -1;
-    std::string job;
+    proto::JobSpec job;
   };
   // Retries until the driver answers or `timeout` passes.
   Registration register_worker(const std::string& host, const std::string& address, int64_t pid,
                                int64_t spawn_index, std::chrono::milliseconds timeout);
-  struct Command {
-    uint64_t id = 0;
-    std::string kind, json, blob;
-  };
   // Long poll; id 0 when nothing came within `wait`.
-  Command poll(int64_t worker, std::chrono::milliseconds wait);
-  void complete(int64_t worker, uint64_t id, bool ok, const std::string& error, const std::string& error_kind,
-                const std::string& json, const std::string& blob);
+  proto::Command poll(int64_t worker, std::chrono::milliseconds wait);
+  // The result of a polled command (its worker and id set).
+  void complete(const proto::CommandResult& result);
   struct Beat {
     bool stop = false;
     int64_t abort_generation = 0;

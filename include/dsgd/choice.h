@@ -1,0 +1,119 @@
+// dsgd/choice.h — the fields of TrainerConfig that take one of a fixed set of values.
+//
+//   dsgd::TrainerConfig c;
+//   c.strategy = "ps";                            // as on the command line and in --config JSON
+//   if (c.strategy == dsgd::Strategy::kPs) ...    // or switch (c.strategy.value())
+//   std::cout << c.strategy;                      // "ps"
+//
+// A Choice<E> holds an enum value, or the spelling it was given when that names none: a bad
+// spelling is kept, not thrown at assignment, so that the Trainer's constructor reports it with
+// every other bad field (ConfigError: "unknown strategy 'x'; use simple, allreduce, ps or
+// ps_async"). value() of an unknown spelling throws that same error. The enums' numbers are
+// those of the job contract (proto/dsgd/control.proto); 0 is never a value.
+#pragma once
+
+#include <array>
+#include <ostream>
+#include <string>
+#include <string_view>
+
+#include "dsgd/error.h"
+
+namespace dsgd {
+
+// How replicas combine their gradients each step.
+enum class Strategy { kSimple = 1, kAllreduce = 2, kPs = 3, kPsAsync = 4 };
+// Strategy ps: where the parameter-server shards live.
+enum class PsPlacement { kWorkers = 1, kProcesses = 2 };
+// Strategy allreduce: auto (shared memory within a host, Gloo across), ring or halving-doubling.
+enum class AllreduceAlgo { kAuto = 1, kRing = 2, kHalvingDoubling = 3 };
+// A NaN or infinite gradient: skip that step everywhere (and warn), or fail.
+enum class NonfinitePolicy { kSkip = 1, kError = 2 };
+// When the registered learning-rate schedules step: after every batch, every epoch, or only
+// when the operator steps them.
+enum class SchedulerStepFreq { kBatch = 1, kEpoch = 2, kManual = 3 };
+
+// The field's name and the spelling of each value (index = enum value - 1).
+template <typename E>
+struct ChoiceTraits;
+template <>
+struct ChoiceTraits<Strategy> {
+  static constexpr std::string_view field = "strategy";
+  static constexpr std::array<std::string_view, 4> names = {"simple", "allreduce", "ps", "ps_async"};
+};
+template <>
+struct ChoiceTraits<PsPlacement> {
+  static constexpr std::string_view field = "ps_placement";
+  static constexpr std::array<std::string_view, 2> names = {"workers", "processes"};
+};
+template <>
+struct ChoiceTraits<AllreduceAlgo> {
+  static constexpr std::string_view field = "allreduce_algo";
+  static constexpr std::array<std::string_view, 3> names = {"auto", "ring", "hd"};
+};
+template <>
+struct ChoiceTraits<NonfinitePolicy> {
+  static constexpr std::string_view field = "nonfinite_policy";
+  static constexpr std::array<std::string_view, 2> names = {"skip", "error"};
+};
+template <>
+struct ChoiceTraits<SchedulerStepFreq> {
+  static constexpr std::string_view field = "scheduler_step_freq";
+  static constexpr std::array<std::string_view, 3> names = {"batch", "epoch", "manual"};
+};
+
+// "a, b or c": the spellings of E, for messages and --help.
+template <typename E>
+std::string choice_names(std::string_view last_separator = " or ") {
+  std::string out;
+  const auto& names = ChoiceTraits<E>::names;
+  for (size_t i = 0; i < names.size(); ++i) {
+    if (i > 0) out += i + 1 == names.size() ? std::string(last_separator) : std::string(", ");
+    out += names[i];
+  }
+  return out;
+}
+
+template <typename E>
+class Choice {
+ public:
+  Choice(E value) : value_(value) {}  // NOLINT: implicit, as an enum field would be
+  Choice(std::string_view name) : name_(name) {  // NOLINT: implicit, for c.strategy = "ps"
+    const auto& names = ChoiceTraits<E>::names;
+    for (size_t i = 0; i < names.size(); ++i) {
+      if (names[i] == name) value_ = static_cast<E>(i + 1);
+    }
+  }
+  Choice(const char* name) : Choice(std::string_view(name)) {}          // NOLINT
+  Choice(const std::string& name) : Choice(std::string_view(name)) {}   // NOLINT
+
+  // False for a spelling that names no value.
+  bool known() const { return static_cast<int>(value_) != 0; }
+  // The value; ConfigError for an unknown spelling.
+  E value() const {
+    if (!known()) {
+      throw ConfigError("unknown " + std::string(ChoiceTraits<E>::field) + " '" + name_ + "'; use " + choice_names<E>());
+    }
+    return value_;
+  }
+  // The spelling: the value's, or the unknown one given.
+  std::string name() const {
+    return known() ? std::string(ChoiceTraits<E>::names[static_cast<size_t>(value_) - 1]) : name_;
+  }
+
+  // Code written when these fields were strings keeps compiling.
+  operator std::string() const { return name(); }  // NOLINT: implicit
+
+  friend bool operator==(const Choice& a, const Choice& b) { return a.name() == b.name(); }
+  friend bool operator==(const Choice& a, const std::string& b) { return a.name() == b; }
+  friend bool operator==(const Choice& a, E b) { return a.known() && a.value_ == b; }
+  friend bool operator==(const Choice& a, std::string_view b) { return a.name() == b; }
+  friend bool operator==(const Choice& a, const char* b) { return a.name() == b; }
+  friend std::ostream& operator<<(std::ostream& out, const Choice& c) { return out << c.name(); }
+
+ private:
+  E value_{};         // 0 where the spelling names none
+  std::string name_;  // the spelling given, kept where it names no value
+};
+
+}  // namespace dsgd

@@ -1,0 +1,101 @@
+#include "runtime/job_spec.h"
+
+#include <algorithm>
+#include <thread>
+
+#include "dsgd/error.h"
+#include "runtime/trainer_config.h"
+#include "torch/replica.h"
+
+namespace dsgd::runtime {
+namespace {
+
+// dsgd's enums and the proto's share their numbers (1.. in the order of ChoiceTraits::names).
+template <typename P, typename E>
+P to_wire(E e) {
+  return static_cast<P>(static_cast<int>(e));
+}
+
+template <typename E, typename P>
+E from_wire(P p, bool (*valid)(int)) {
+  const int n = static_cast<int>(p);
+  if (n <= 0 || n > static_cast<int>(ChoiceTraits<E>::names.size()) || !valid(n)) {
+    throw ConfigError("the job spec's " + std::string(ChoiceTraits<E>::field) + " is " + std::to_string(n) +
+                      ", which this build does not know: are the driver and this process from different dsgd "
+                      "versions?");
+  }
+  return static_cast<E>(n);
+}
+
+static_assert(static_cast<int>(Strategy::kPsAsync) == proto::STRATEGY_PS_ASYNC);
+static_assert(static_cast<int>(Strategy::kSimple) == proto::STRATEGY_SIMPLE);
+static_assert(static_cast<int>(PsPlacement::kProcesses) == proto::PS_PLACEMENT_PROCESSES);
+static_assert(static_cast<int>(AllreduceAlgo::kHalvingDoubling) == proto::ALLREDUCE_ALGO_HD);
+static_assert(static_cast<int>(AllreduceAlgo::kRing) == proto::ALLREDUCE_ALGO_RING);
+static_assert(static_cast<int>(NonfinitePolicy::kError) == proto::NONFINITE_POLICY_ERROR);
+static_assert(static_cast<int>(SchedulerStepFreq::kManual) == proto::SCHEDULER_STEP_FREQ_MANUAL);
+static_assert(static_cast<int>(SchedulerStepFreq::kBatch) == proto::SCHEDULER_STEP_FREQ_BATCH);
+
+}  // namespace
+
+proto::Strategy to_proto(Strategy s) { return to_wire<proto::Strategy>(s); }
+proto::PsPlacement to_proto(PsPlacement p) { return to_wire<proto::PsPlacement>(p); }
+proto::AllreduceAlgo to_proto(AllreduceAlgo a) { return to_wire<proto::AllreduceAlgo>(a); }
+proto::NonfinitePolicy to_proto(NonfinitePolicy n) { return to_wire<proto::NonfinitePolicy>(n); }
+proto::SchedulerStepFreq to_proto(SchedulerStepFreq f) { return to_wire<proto::SchedulerStepFreq>(f); }
+Strategy from_proto(proto::Strategy s) { return from_wire<Strategy>(s, proto::Strategy_IsValid); }
+PsPlacement from_proto(proto::PsPlacement p) { return from_wire<PsPlacement>(p, proto::PsPlacement_IsValid); }
+AllreduceAlgo from_proto(proto::AllreduceAlgo a) { return from_wire<AllreduceAlgo>(a, proto::AllreduceAlgo_IsValid); }
+NonfinitePolicy from_proto(proto::NonfinitePolicy n) {
+  return from_wire<NonfinitePolicy>(n, proto::NonfinitePolicy_IsValid);
+}
+SchedulerStepFreq from_proto(proto::SchedulerStepFreq f) {
+  return from_wire<SchedulerStepFreq>(f, proto::SchedulerStepFreq_IsValid);
+}
+
+proto::JobSpec make_job_spec(const std::string& op, const TrainerConfig& c) {
+  int threads = c.threads_per_worker;
+  if (threads == 0 && c.listen.empty()) {
+    threads = std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / c.num_workers);
+  }
+  proto::JobSpec s;
+  s.set_operator_name(op);
+  s.set_operator_config(c.config.dump());
+  s.set_num_workers(c.num_workers);
+  s.set_devices_per_worker(c.devices_per_worker);
+  s.set_batch_size(c.batch_size);
+  s.set_seed(c.seed);
+  s.set_scheduler_step_freq(to_proto(c.scheduler_step_freq.value()));
+  s.set_nonfinite_policy(to_proto(c.nonfinite_policy.value()));
+  s.set_initialization_hook(c.initialization_hook);
+  s.set_threads_per_worker(threads);
+  s.set_strategy(to_proto(c.strategy.value()));
+  s.set_allreduce_algo(to_proto(c.allreduce_algo.value()));
+  s.set_grad_shard_bytes(c.grad_shard_bytes);
+  s.set_overlap(c.overlap);
+  s.set_forward_overlap_buckets(c.forward_overlap_buckets);
+  const int shard_processes = ps_shard_processes(c);
+  s.set_num_ps_shards(shard_processes > 0 ? shard_processes : c.num_ps_shards);
+  s.set_ps_placement(to_proto(c.ps_placement.value()));
+  s.set_ps_update_on_shards(c.ps_update_on_shards);
+  s.set_max_staleness(c.max_staleness);
+  s.set_heartbeat_timeout_ms(c.heartbeat_timeout.count());
+  s.set_comm_timeout_ms(c.comm_timeout.count());
+  return s;
+}
+
+torch_glue::ReplicaOptions replica_options(const proto::JobSpec& spec, const ReplicaInfo& info, int threads) {
+  torch_glue::ReplicaOptions o;
+  o.info = info;
+  o.seed = spec.seed();
+  o.global_batch = spec.batch_size();
+  o.grad_shard_bytes = static_cast<size_t>(spec.grad_shard_bytes());
+  o.scheduler_step_freq = from_proto(spec.scheduler_step_freq());
+  o.threads = threads;
+  o.overlap = spec.overlap();
+  o.forward_overlap_buckets = spec.forward_overlap_buckets();
+  o.nonfinite = from_proto(spec.nonfinite_policy());
+  return o;
+}
+
+}  // namespace dsgd::runtime
