@@ -79,8 +79,7 @@ struct TrainerConfig {
   // the built-in models do; one that does not is trained without it). The runtime steps the
   // registered optimizers per bucket itself, so custom train_batch code sees no .grad after
   // backward, and a non-finite bucket skips its own step only. allreduce, ps and simple. It
-  // gains most with many buckets per step (a smaller grad_shard_bytes): where the links are the
-  // limit, bench/overlap_model.py puts the gain at 11-19% with 16 buckets and 5-9% with 4.
+  // gains most with many buckets per step (a smaller grad_shard_bytes).
   // -1 (auto): train() tries T = 0, 3N/16, N/4, 5N/16, 3N/8 and N/2 of the N buckets for 6 steps
   // each, then 0 and the two fastest again, and keeps the best mean (0 unless another is 3%
   // faster; logged at info level). Those steps train as usual; calls of fewer than 3 steps
@@ -151,8 +150,8 @@ struct TrainOptions {
   // with its bucket); each bucket's launch an instant. Times from the driver's clock, each
   // worker's placed at the send of each command (to about a millisecond). About 100 events per
   // step and worker, all held in memory until the call returns: meant for calls of hundreds of
-  // steps, not whole runs (each worker keeps at most 2^20 per chunk). Recording slowed a
-  // simulated-cluster step by 1-2% (docs/BENCHMARKS.md); off, each event costs one atomic load.
+  // steps, not whole runs (each worker keeps at most 2^20 per chunk). Off, each event costs one
+  // atomic load.
   std::string trace_path = {};
 };
 
@@ -199,11 +198,13 @@ class Trainer {
   Results validate();
   // One synchronous step (one global batch): DistributedSGD.step.
   Results step();
-  // Runs the registered worker function `name` on every worker's first replica.
+  // Runs the registered worker function `name` once per worker, on its first replica; returns
+  // each worker's result, in worker order.
   std::vector<nlohmann::json> foreach_worker(const std::string& name, const nlohmann::json& arg = {});
   // Checkpoint directory `path`: checkpoint.dsgd (models, optimizers, schedules, operator state,
-  // epoch and sampler position; checksummed, written atomically) and model.pt (model 0's
-  // parameters and buffers as a name -> tensor dict, for Python's torch.load).
+  // epoch and sampler position; checksummed, written atomically) and model.pt (every model's
+  // parameters and buffers as one name -> tensor dict for Python's torch.load: model 0's under
+  // their own names, model m's prefixed "model<m>.").
   void save(const std::string& path);
   // Restores a checkpoint saved under any worker count and strategy. `path` is a checkpoint
   // directory, or a checkpoint_dir root: then the newest intact step-* in it.
