@@ -1,10 +1,12 @@
 #include "dsgd/comm/hierarchical.h"
 
 #include <algorithm>
+#include <chrono>
 #include <map>
 
 #include "comm/op_queue.h"
 #include "comm/reduce_kernels.h"
+#include "dsgd/error.h"
 
 namespace dsgd::comm {
 namespace {
@@ -94,11 +96,21 @@ void HierarchicalGroup::run_allreduce(void* data, size_t count, DataType type, R
     local_->allreduce(data, count, type, op, timeout);
     return;
   }
+  // One deadline for the whole operation: each stage gets what the ones before it left.
+  const auto deadline = std::chrono::steady_clock::now() + (timeout.count() > 0 ? timeout : global_->timeout());
+  auto left = [&](const char* stage) {
+    const auto now = std::chrono::steady_clock::now();
+    if (now >= deadline) {
+      throw TimeoutError("hierarchical allreduce: its deadline passed before the " + std::string(stage) + " stage",
+                         "hierarchical allreduce");
+    }
+    return std::chrono::ceil<std::chrono::milliseconds>(deadline - now);
+  };
   // Average = sum everywhere, then one division by the global size.
   const ReduceOp stage_op = op == ReduceOp::kAverage ? ReduceOp::kSum : op;
-  local_->allreduce(data, count, type, stage_op, timeout);
-  if (leaders_) leaders_->allreduce(data, count, type, stage_op, AllreduceAlgorithm::kAuto, timeout);
-  local_->broadcast(data, count * element_size(type), /*root=*/0, timeout);
+  local_->allreduce(data, count, type, stage_op, left("within-host sum"));
+  if (leaders_) leaders_->allreduce(data, count, type, stage_op, AllreduceAlgorithm::kAuto, left("across-host"));
+  local_->broadcast(data, count * element_size(type), /*root=*/0, left("within-host broadcast"));
   if (op == ReduceOp::kAverage) divide_by(data, count, type, global_->size());
 }
 

@@ -6,7 +6,6 @@
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
-#include <iostream>
 #include <optional>
 #include <random>
 #include <sstream>
@@ -47,7 +46,7 @@ void init(int argc, char** argv) {
     args = runtime::parse_worker_args(argc, argv);
     server_args = runtime::parse_ps_server_args(argc, argv);
   } catch (const std::exception& e) {
-    std::cerr << "dsgd worker: " << e.what() << "\n";
+    control::log().error("dsgd worker: {}", e.what());
     std::exit(2);
   }
   if (server_args) std::exit(runtime::run_ps_server(*server_args));  // a ps shard process

@@ -7,8 +7,10 @@
 // Ranks name their host in GroupOptions::host (default: the machine's host name); ranks with
 // the same host share a segment. Cross-host bytes fall from 2(n-1)/n * B per rank (flat ring
 // over every rank) to 2(h-1)/h * B per leader for h hosts, and only leaders touch the network.
-// Errors as in Group and ShmGroup: sticky, named, every wait bounded. allreduce_async queues the
-// three stages on the group's own thread and returns a Work at once. Thread-safe. Torch-free.
+// Errors as in Group and ShmGroup: sticky, named, every wait bounded. An allreduce has one
+// deadline (`timeout`, else the global group's) for its three stages together: each stage waits
+// at most what the earlier ones left. allreduce_async queues the three stages on the group's own
+// thread and returns a Work at once. Thread-safe. Torch-free.
 //
 // With one rank per host (no shared-memory stage), allreduce_async calls alternate between two
 // lanes, each a Gloo group with a thread of its own, so two allreduces are in flight at once and

@@ -1,13 +1,12 @@
-// dsgd's logger: stderr (stdout belongs to the program; `dsgd train` prints JSON there), named
-// "dsgd", level from $DSGD_LOG_LEVEL (trace, debug, info, warn, error; default info).
+// The runtime's name for dsgd's one logger (comm/log.h).
 //
 //   dsgd::control::log().warn("worker {}: {}", index, message);
 #pragma once
 
-#include <spdlog/spdlog.h>
+#include "comm/log.h"
 
 namespace dsgd::control {
 
-spdlog::logger& log();
+inline spdlog::logger& log() { return dsgd::log(); }
 
 }  // namespace dsgd::control

@@ -1,10 +1,10 @@
-#include "runtime/control/log.h"
+#include "comm/log.h"
 
 #include <spdlog/sinks/stdout_color_sinks.h>
 
 #include <cstdlib>
 
-namespace dsgd::control {
+namespace dsgd {
 
 spdlog::logger& log() {
   static std::shared_ptr<spdlog::logger> logger = [] {
@@ -16,4 +16,4 @@ spdlog::logger& log() {
   return *logger;
 }
 
-}  // namespace dsgd::control
+}  // namespace dsgd
