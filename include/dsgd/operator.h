@@ -61,8 +61,9 @@ struct ReplicaInfo {
 };
 
 namespace torch_glue {
-class ReplicaRuntime;
-}
+class ReplicaHost;
+struct OperatorAccess;
+}  // namespace torch_glue
 
 class TrainingOperator {
  public:
@@ -124,7 +125,8 @@ class TrainingOperator {
   const torch::Tensor& validation_data() const { return val_data_; }
   const torch::Tensor& validation_targets() const { return val_targets_; }
 
-  // For custom train_epoch code. next_train_batch fills `batch` with this replica's part of the
+  // For custom train_epoch code, while a Trainer runs the operator (ConfigError otherwise: an
+  // operator made with make_operator has no sampler or schedules). next_train_batch fills `batch` with this replica's part of the
   // next global batch of the epoch (never empty) and returns false at the end of the epoch or
   // once `max_batches` (> 0) were taken by this call of train_epoch. Call after_batch() after
   // each step: it advances the sampler position and steps per-batch schedules.
@@ -144,7 +146,8 @@ class TrainingOperator {
   int64_t batches_per_epoch() const;
 
  private:
-  friend class torch_glue::ReplicaRuntime;
+  friend struct torch_glue::OperatorAccess;
+  torch_glue::ReplicaHost& host(const char* call) const;  // ConfigError when there is none
   using ForwardFn = std::function<torch::Tensor(const torch::Tensor&)>;
   template <typename M>
   static ForwardFn forward_of(M* m) {
@@ -167,7 +170,7 @@ class TrainingOperator {
   std::vector<Schedule> schedules_;
   torch::Tensor train_data_, train_targets_, val_data_, val_targets_;
   ReplicaInfo info_;
-  torch_glue::ReplicaRuntime* runtime_ = nullptr;  // set by the runtime before setup
+  torch_glue::ReplicaHost* host_ = nullptr;  // the runtime running this operator, set before setup
 };
 
 // ---- registry: workers construct operators by name, never from anything else received ----

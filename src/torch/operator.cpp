@@ -10,7 +10,7 @@
 
 #include "comm/timeline.h"
 #include "dsgd/error.h"
-#include "torch/replica.h"
+#include "torch/replica_host.h"
 
 namespace dsgd {
 namespace {
@@ -131,13 +131,22 @@ const LossFn& TrainingOperator::loss() const {
   return loss_;
 }
 
-bool TrainingOperator::next_train_batch(Batch& batch, int64_t max_batches) {
-  return runtime_->next_batch(batch, max_batches);
+torch_glue::ReplicaHost& TrainingOperator::host(const char* call) const {
+  if (host_ == nullptr) {
+    throw ConfigError(std::string(call) + ": this operator is not being run by a Trainer (one made with " +
+                      "make_operator has no sampler, schedules or gradient check); call it from train_epoch or " +
+                      "train_batch while dsgd trains it");
+  }
+  return *host_;
 }
-void TrainingOperator::after_batch() { runtime_->after_batch(); }
-void TrainingOperator::step_schedulers() { runtime_->step_schedules(); }
-bool TrainingOperator::check_gradients() { return runtime_->check_gradients(); }
-int64_t TrainingOperator::batches_per_epoch() const { return runtime_->batches_per_epoch(); }
+
+bool TrainingOperator::next_train_batch(Batch& batch, int64_t max_batches) {
+  return host("next_train_batch").next_batch(batch, max_batches);
+}
+void TrainingOperator::after_batch() { host("after_batch").after_batch(); }
+void TrainingOperator::step_schedulers() { host("step_schedulers").step_schedules(); }
+bool TrainingOperator::check_gradients() { return host("check_gradients").check_gradients(); }
+int64_t TrainingOperator::batches_per_epoch() const { return host("batches_per_epoch").batches_per_epoch(); }
 
 Metrics TrainingOperator::train_epoch(int64_t max_batches) {
   MetricsMean mean;
@@ -152,7 +161,8 @@ Metrics TrainingOperator::train_epoch(int64_t max_batches) {
 
 Metrics TrainingOperator::train_batch(const Batch& batch) {
   auto& opt = optimizer(0);
-  const bool prof = runtime_->profiling();
+  auto& runtime = host("train_batch");
+  const bool prof = runtime.profiling();
   auto t = Clock::now();
   torch::Tensor output, loss_value;
   {
@@ -161,25 +171,25 @@ Metrics TrainingOperator::train_batch(const Batch& batch) {
     output = forward(batch.data);
     loss_value = loss()(output, batch.target);
   }
-  if (prof) runtime_->add_phase("forward_s", since(t));
+  if (prof) runtime.add_phase("forward_s", since(t));
   t = Clock::now();
   {
     comm::timeline::Span span("backward");
     loss_value.backward();
   }
-  if (prof) runtime_->add_phase("backward_s", since(t));
+  if (prof) runtime.add_phase("backward_s", since(t));
   t = Clock::now();
   {
     comm::timeline::Span span("optimizer");
     if (check_gradients()) opt.step();  // a non-finite gradient skips the step everywhere, or throws
   }
-  if (prof) runtime_->add_phase("optimizer_s", since(t));
+  if (prof) runtime.add_phase("optimizer_s", since(t));
   Metrics m{{"loss", loss_value.item<double>()}, {"num_samples", static_cast<double>(batch.size())}};
   if (output.dim() == 2 && batch.target.defined() && batch.target.dim() == 1 &&
       batch.target.scalar_type() == torch::kInt64) {
     m["accuracy"] = output.argmax(1).eq(batch.target).sum().item<double>() / static_cast<double>(batch.size());
   }
-  runtime_->progress().loss = m["loss"];
+  runtime.report_loss(m["loss"]);
   return m;
 }
 

@@ -1,19 +1,25 @@
-// One replica: a TrainingOperator plus what dsgd adds around it — the distributed sampler, the
-// gradient hooks (GradSync per model), learning-rate schedules, profiling and the state that
-// goes into checkpoints. Worker processes hold devices_per_worker of these, one thread each.
+// One replica: a TrainingOperator plus what dsgd adds around it, on one training thread. Worker
+// processes hold devices_per_worker of these. The parts live in their own files:
+//   torch/sampler.h         which samples are this replica's (the distributed sampler)
+//   torch/grad_sync.h       the gradient hooks, one GradSync per model, into the strategy
+//   torch/deferred_steps.h  the forward overlap's held-back optimizer steps
+//   torch/replica_state.h   the state as bytes (checkpoints, snapshots), named tensors
+//   torch/server_optimizer.h  SGD on the parameter servers
+// ReplicaRuntime ties them together, schedules the learning rates, profiles, and is the
+// operator's ReplicaHost (torch/replica_host.h).
 //
-// Sampler: each epoch's order is a permutation of the training set drawn from (seed, epoch)
-// alone (the same one a single process with the same seed uses); global batch b is elements
-// [b*B, (b+1)*B) of it, cut into world_size contiguous parts as even as possible, part r for
-// rank r. Averaging each replica's mean gradient weighted by its part's size gives exactly the
-// single-process gradient of the global batch. A last partial batch smaller than world_size is
-// dropped. The position (epoch, next batch) is saved in checkpoints and is independent of the
-// number of replicas, so a job saved with 2 workers resumes with 3 at the same sample.
+//   ReplicaRuntime r(make_operator("image_classifier"), options);
+//   r.setup(config);
+//   r.attach(strategy);               // gradient hooks (null: a lone replica)
+//   Metrics m = r.train(0, false);    // to the end of the epoch
+//
+// The position (epoch, next batch) is saved in checkpoints and does not depend on the number of
+// replicas, so a job saved with 2 workers resumes with 3 at the same sample.
 #pragma once
 
 #include <atomic>
 #include <chrono>
-#include <functional>
+#include <cstdint>
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -26,7 +32,11 @@
 #include "dsgd/parameter_gate.h"
 #include "strategy/strategy.h"
 #include "torch/grad_check.h"
+#include "torch/deferred_steps.h"
 #include "torch/grad_sync.h"
+#include "torch/replica_host.h"
+#include "torch/replica_state.h"
+#include "torch/sampler.h"
 
 namespace dsgd::torch_glue {
 
@@ -46,12 +56,7 @@ struct ReplicaOptions {
   Choice<NonfinitePolicy> nonfinite = NonfinitePolicy::kSkip;  // non-finite gradients: skip the step, or fail
 };
 
-struct Position {
-  int64_t epoch = 0;       // 0-based epoch in progress
-  int64_t batch = 0;       // next global batch within it
-};
-
-class ReplicaRuntime : private ParameterGate {
+class ReplicaRuntime : private ParameterGate, private ReplicaHost {
  public:
   ReplicaRuntime(std::unique_ptr<TrainingOperator> op, const ReplicaOptions& options);
   ~ReplicaRuntime();
@@ -91,9 +96,8 @@ class ReplicaRuntime : private ParameterGate {
 
   // Models, optimizers, schedules, position and the operator's extra state, as bytes.
   std::string save_state() const;
-  // save_state().size(), without keeping the bytes (a serialisation all the same: 9 ms for a
-  // 46 MB state here). The driver's snapshot schedule asks once the first steps have given the
-  // optimizers their state.
+  // save_state().size(), without keeping the bytes (a serialisation all the same). The driver's
+  // snapshot schedule asks once the first steps have given the optimizers their state.
   size_t state_bytes() const;
   // The shared memory its GradSyncs will ask the strategy for: each model's trainable float32
   // parameters, 64-byte aligned (comm::ShmOptions::shared_bytes for the replica's group).
@@ -103,20 +107,11 @@ class ReplicaRuntime : private ParameterGate {
   std::vector<std::pair<std::string, torch::Tensor>> named_tensors() const;
 
   const Position& position() const { return position_; }
-  void step_schedules();  // one scheduler step (manual mode, or per the frequency)
+  void step_schedules() override;  // one scheduler step (manual mode, or per the frequency)
   TrainingOperator& op() { return *op_; }
   const ReplicaOptions& options() const { return options_; }
 
-  // ---- used by TrainingOperator ----
-  bool next_batch(Batch& batch, int64_t max_batches);
-  void after_batch();
-  int64_t batches_per_epoch() const;
-  // After backward: true if the (averaged) gradients are finite. Otherwise, per the policy,
-  // counts a skipped step and warns (skip) or throws dsgd::Error naming the step (error).
-  bool check_gradients();
-  // Profiling: the default train_batch reports phases here.
-  void add_phase(const char* name, double seconds);
-  bool profiling() const { return profiling_; }
+  int64_t batches_per_epoch() const override;
 
   // Live progress, read by the worker's heartbeat thread.
   struct Progress {
@@ -126,28 +121,29 @@ class ReplicaRuntime : private ParameterGate {
   Progress& progress() { return progress_; }
 
  private:
-  // The state's archive (save_state's bytes), handed to `writer` piece by piece.
-  void write_state(const std::function<size_t(const void*, size_t)>& writer) const;
-  // The forward overlap: wait_for_parameters lands here during train(); each model's deferred
-  // steps are taken with the learning rates of the step they belong to.
-  void wait(const torch::Tensor& parameter) override;
-  void begin_deferred(size_t sync);
-  void apply_deferred(size_t sync, const std::vector<size_t>& params, bool finite);
-  struct DeferredState {
-    std::vector<std::vector<double>> lrs;     // per optimizer, per param group, at the step's backward
-    std::string where;                        // "epoch E, batch B" of that step
-    bool skipped = false;                     // a bucket of it was not finite
-  };
+  // ReplicaHost: what the operator calls.
+  bool next_batch(Batch& batch, int64_t max_batches) override;
+  void after_batch() override;
+  // After backward: true if the (averaged) gradients are finite. Otherwise, per the policy,
+  // counts a skipped step and warns (skip) or throws dsgd::Error naming the step (error).
+  bool check_gradients() override;
+  bool profiling() const override { return profiling_; }
+  void add_phase(const char* name, double seconds) override { phase_s_[name] += seconds; }
+  void report_loss(double loss) override { progress_.loss = loss; }
 
+  // The forward overlap: wait_for_parameters lands here during train(); GradSync's held-back
+  // buckets are applied by deferred_.
+  void wait(const torch::Tensor& parameter) override;
+  std::string where() const;  // "epoch E, batch B" of the step in progress (1-based)
+  EpochSampler sampler() const;
   void start_epoch_order();
   void step_schedules_to(int64_t t);
-  std::pair<int64_t, int64_t> my_part(int64_t batch) const;  // [start, end) in the order
 
   std::unique_ptr<TrainingOperator> op_;
   ReplicaOptions options_;
   std::vector<std::unique_ptr<GradSync>> syncs_;
   std::unique_ptr<GradCheck> check_;                                    // with no strategy
-  std::vector<DeferredState> deferred_;                                 // per sync
+  DeferredSteps deferred_;
   std::unordered_map<const void*, std::pair<size_t, size_t>> gate_index_;  // TensorImpl -> (sync, param)
   Position position_;
   torch::Tensor order_;              // the current epoch's permutation

@@ -196,6 +196,25 @@ Params single_process(int64_t batch, int64_t steps, const json& config = synthet
   return params_of(r.op().model(0));
 }
 
+// The operator reaches the runtime only through its host: without one, a clear error, no crash.
+TEST(ReplicaState, AnOperatorNotRunByATrainerSaysSoInsteadOfCrashing) {
+  runtime::register_builtin_operators();
+  auto op = make_operator(runtime::kImageClassifier);
+  op->setup(synthetic_config());
+  Batch batch;
+  try {
+    op->next_train_batch(batch);
+    FAIL() << "next_train_batch worked without a runtime";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("next_train_batch: this operator is not being run by a Trainer"),
+              std::string::npos) << e.what();
+  }
+  EXPECT_THROW(op->after_batch(), ConfigError);
+  EXPECT_THROW(op->batches_per_epoch(), ConfigError);
+  Batch some{torch::randn({4, 1, 28, 28}), torch::zeros({4}, torch::kInt64)};
+  EXPECT_THROW(op->train_batch(some), ConfigError);
+}
+
 // state_bytes() is save_state()'s size without the bytes: the driver's snapshot schedule scales
 // the constructor's snapshot by it once the first steps have given the optimizer its momentum.
 TEST(ReplicaState, StateBytesIsTheSizeSaveStateWritesAndGrowsWithTheMomentum) {
@@ -493,7 +512,7 @@ TEST(Trainer, TraceShowsEachWorkersStepsBucketsAndAllreduces) {
   }
 }
 
-TEST(Trainer, ResultsAverageOverWorkersAndForeachWorkerReachesEveryReplica) {
+TEST(Trainer, ResultsAverageOverWorkersAndForeachWorkerReachesEveryWorker) {
   auto c = base_config(2, "allreduce", 64);
   c.initialization_hook = "count_hook";
   Trainer trainer(runtime::kImageClassifier, c);

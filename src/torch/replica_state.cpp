@@ -1,0 +1,118 @@
+#include "torch/replica_state.h"
+
+#include <torch/serialize.h>
+
+#include <sstream>
+
+#include "dsgd/error.h"
+
+namespace dsgd::torch_glue {
+
+void write_replica_state(const TrainingOperator& op, const ReplicaState& state,
+                         const std::function<size_t(const void*, size_t)>& writer) {
+  torch::serialize::OutputArchive archive;
+  for (size_t i = 0; i < op.models().size(); ++i) {
+    torch::serialize::OutputArchive sub;
+    op.models()[i]->save(sub);
+    archive.write("model" + std::to_string(i), sub);
+  }
+  for (size_t i = 0; i < op.num_optimizers(); ++i) {
+    torch::serialize::OutputArchive sub;
+    op.optimizer(i).save(sub);
+    archive.write("optimizer" + std::to_string(i), sub);
+  }
+  archive.write("position",
+                torch::tensor({state.position.epoch, state.position.batch, state.schedule_t}, torch::kInt64));
+  torch::serialize::OutputArchive extra;
+  op.state_dict(extra);
+  archive.write("extra", extra);
+  archive.save_to(writer);
+}
+
+std::string save_replica_state(const TrainingOperator& op, const ReplicaState& state) {
+  // Straight into one string (an ostringstream copies the 10s of MB again as it grows and in str()).
+  std::string bytes;
+  write_replica_state(op, state, [&bytes](const void* data, size_t n) {
+    bytes.append(static_cast<const char*>(data), n);
+    return n;
+  });
+  return bytes;
+}
+
+size_t replica_state_bytes(const TrainingOperator& op, const ReplicaState& state) {
+  size_t bytes = 0;
+  write_replica_state(op, state, [&bytes](const void*, size_t n) {
+    bytes += n;
+    return n;
+  });
+  return bytes;
+}
+
+ReplicaState load_replica_state(TrainingOperator& op, const std::string& bytes) {
+  torch::serialize::InputArchive archive;
+  std::istringstream in(bytes);
+  archive.load_from(in);
+  for (size_t i = 0; i < op.models().size(); ++i) {
+    torch::serialize::InputArchive sub;
+    if (!archive.try_read("model" + std::to_string(i), sub)) {
+      throw ConfigError("the state has no model " + std::to_string(i) + "; it was saved by an operator with fewer models");
+    }
+    op.models()[i]->load(sub);
+  }
+  for (size_t i = 0; i < op.num_optimizers(); ++i) {
+    torch::serialize::InputArchive sub;
+    if (!archive.try_read("optimizer" + std::to_string(i), sub)) continue;
+    // Loading only sets the per-parameter state the archive has: state saved before the first
+    // step (no momentum buffers yet) would leave this replica's buffers in place, and the
+    // replicas would drift apart. Start from none, as the saver had.
+    op.optimizer(i).state().clear();
+    op.optimizer(i).load(sub);
+  }
+  torch::Tensor pos;
+  archive.read("position", pos);
+  ReplicaState s;
+  s.position.epoch = pos[0].item<int64_t>();
+  s.position.batch = pos[1].item<int64_t>();
+  s.schedule_t = pos[2].item<int64_t>();
+  torch::serialize::InputArchive extra;
+  if (archive.try_read("extra", extra)) op.load_state_dict(extra);
+  return s;
+}
+
+std::vector<std::pair<std::string, torch::Tensor>> named_tensors(const TrainingOperator& op) {
+  std::vector<std::pair<std::string, torch::Tensor>> out;
+  for (size_t m = 0; m < op.models().size(); ++m) {
+    const std::string prefix = m == 0 ? "" : "model" + std::to_string(m) + ".";
+    for (const auto& item : op.models()[m]->named_parameters()) out.emplace_back(prefix + item.key(), item.value());
+    for (const auto& item : op.models()[m]->named_buffers()) out.emplace_back(prefix + item.key(), item.value());
+  }
+  return out;
+}
+
+std::string model_signature(const TrainingOperator& op) {
+  std::ostringstream out;
+  for (size_t m = 0; m < op.models().size(); ++m) {
+    for (const auto& item : op.models()[m]->named_parameters()) {
+      out << "model" << m << "." << item.key() << " " << item.value().sizes() << " " << item.value().dtype() << "\n";
+    }
+    for (const auto& item : op.models()[m]->named_buffers()) {
+      out << "model" << m << "." << item.key() << " " << item.value().sizes() << " " << item.value().dtype()
+          << " (buffer)\n";
+    }
+  }
+  return out.str();
+}
+
+size_t gradient_bytes(const TrainingOperator& op) {
+  size_t bytes = 0;
+  for (const auto& m : op.models()) {  // as the runtime makes a GradSync per model with trainable parameters
+    size_t floats = 0;
+    for (const auto& p : m->parameters()) {
+      if (p.requires_grad()) floats += static_cast<size_t>(p.numel());
+    }
+    bytes += (floats * sizeof(float) + 63) / 64 * 64;
+  }
+  return bytes;
+}
+
+}  // namespace dsgd::torch_glue

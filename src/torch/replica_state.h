@@ -1,0 +1,51 @@
+// A replica's state as bytes, and what else is read off its operator's models: what checkpoints,
+// snapshots and the driver's model.pt are made of.
+//
+//   std::string bytes = save_replica_state(op, {position, schedule_t});
+//   ReplicaState s = load_replica_state(op, bytes);          // models and optimizers restored
+//
+// The archive (torch::serialize) holds "model<i>" and "optimizer<i>" for every registered model
+// and optimizer, "position" (epoch, next batch, schedule step) and "extra" (the operator's own
+// state_dict). Throws ConfigError where the bytes lack one of this operator's models.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "dsgd/operator.h"
+
+namespace dsgd::torch_glue {
+
+struct Position {
+  int64_t epoch = 0;       // 0-based epoch in progress
+  int64_t batch = 0;       // next global batch within it
+};
+
+struct ReplicaState {
+  Position position;
+  int64_t schedule_t = 0;  // learning-rate schedule steps taken
+};
+
+// The archive, handed to `writer` piece by piece (it returns the bytes it took).
+void write_replica_state(const TrainingOperator& op, const ReplicaState& state,
+                         const std::function<size_t(const void*, size_t)>& writer);
+std::string save_replica_state(const TrainingOperator& op, const ReplicaState& state);
+// save_replica_state(...).size() without keeping the bytes (a serialisation all the same).
+size_t replica_state_bytes(const TrainingOperator& op, const ReplicaState& state);
+// Loads models, optimizers (their per-parameter state replaced, not merged) and the operator's
+// extra state; returns the position and schedule step for the caller to restore.
+ReplicaState load_replica_state(TrainingOperator& op, const std::string& bytes);
+
+// Every model's parameters and buffers: model 0's under their own names, model m's prefixed
+// "model<m>.".
+std::vector<std::pair<std::string, torch::Tensor>> named_tensors(const TrainingOperator& op);
+// "model<m>.<name> <sizes> <dtype>" per parameter and buffer, one per line: equal on replicas
+// that built the same models.
+std::string model_signature(const TrainingOperator& op);
+// Bytes of each model's trainable float32 parameters, each model's rounded up to 64.
+size_t gradient_bytes(const TrainingOperator& op);
+
+}  // namespace dsgd::torch_glue
