@@ -34,7 +34,7 @@
 #include "dsgd/error.h"
 #include "dsgd/operator.h"
 #include "dsgd/trainer.h"
-#include "runtime/builtin_operators.h"
+#include "dsgd/image_classifier.h"
 
 namespace {
 
@@ -146,7 +146,7 @@ Outcome train_once(const Options& o, const Setup& s, const Fault& f, double* rec
       hit_at = Clock::now();
     }
   };
-  dsgd::Trainer t(dsgd::runtime::kImageClassifier, c);
+  dsgd::Trainer t(dsgd::kImageClassifier, c);
   for (const auto& p : t.foreach_worker("soak_pid")) pids.push_back(p.get<pid_t>());
   Outcome out;
   const auto t0 = Clock::now();
@@ -176,7 +176,7 @@ Outcome train_once(const Options& o, const Setup& s, const Fault& f, double* rec
 
 int main(int argc, char** argv) {
   dsgd::init(argc, argv);
-  dsgd::runtime::register_builtin_operators();
+  dsgd::register_builtin_operators();
   Options o;
   CLI::App app{"dsgd_soak: training jobs with random faults injected; reports recovery and checks the results"};
   app.add_option("--runs", o.runs, "Jobs to run (the first 6 cover 2 and 3 workers on each strategy)")

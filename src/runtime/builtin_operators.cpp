@@ -1,4 +1,4 @@
-#include "runtime/builtin_operators.h"
+#include "dsgd/image_classifier.h"
 
 #include <torch/optim/sgd.h>
 
@@ -8,9 +8,8 @@
 #include "dsgd/error.h"
 #include "dsgd/models.h"
 #include "dsgd/operator.h"
-#include "runtime/local_job.h"
 
-namespace dsgd::runtime {
+namespace dsgd {
 namespace {
 
 class ImageClassifier : public TrainingOperator {
@@ -64,4 +63,4 @@ void register_builtin_operators() {
   (void)once;
 }
 
-}  // namespace dsgd::runtime
+}  // namespace dsgd

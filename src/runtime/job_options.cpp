@@ -1,4 +1,4 @@
-#include "runtime/job_options.h"
+#include "dsgd/image_classifier.h"
 
 #include <algorithm>
 #include <cmath>
@@ -9,7 +9,7 @@
 #include "dsgd/model_names.h"
 #include "runtime/json_fields.h"
 
-namespace dsgd::runtime {
+namespace dsgd {
 namespace {
 
 void require(bool ok, const std::string& what) {
@@ -73,10 +73,10 @@ LocalJobOptions image_classifier_options(const nlohmann::json& config) {
     o.momentum = config.value("momentum", o.momentum);
     o.lr_decay = config.value("lr_decay", o.lr_decay);
     o.dropout = config.value("dropout", o.dropout);
-    o.synthetic_samples = integer_field(config, "synthetic_samples", o.synthetic_samples);
-    o.synthetic_image_size = integer_field(config, "synthetic_image_size", o.synthetic_image_size);
-    o.sim_parameters = integer_field(config, "sim_parameters", o.sim_parameters);
-    o.sim_layers = integer_field(config, "sim_layers", o.sim_layers);
+    o.synthetic_samples = runtime::integer_field(config, "synthetic_samples", o.synthetic_samples);
+    o.synthetic_image_size = runtime::integer_field(config, "synthetic_image_size", o.synthetic_image_size);
+    o.sim_parameters = runtime::integer_field(config, "sim_parameters", o.sim_parameters);
+    o.sim_layers = runtime::integer_field(config, "sim_layers", o.sim_layers);
     o.sim_step_ms = config.value("sim_step_ms", o.sim_step_ms);
   } catch (const nlohmann::json::exception& e) {
     throw ConfigError(std::string("image classifier config: a value has the wrong type: ") + e.what());
@@ -87,4 +87,4 @@ LocalJobOptions image_classifier_options(const nlohmann::json& config) {
   return o;
 }
 
-}  // namespace dsgd::runtime
+}  // namespace dsgd

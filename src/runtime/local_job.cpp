@@ -1,4 +1,4 @@
-#include "runtime/local_job.h"
+#include "dsgd/local_job.h"
 
 #include <ATen/Parallel.h>
 #include <torch/nn/functional/loss.h>
@@ -14,7 +14,7 @@
 #include "dsgd/error.h"
 #include "dsgd/models.h"
 
-namespace dsgd::runtime {
+namespace dsgd {
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -149,4 +149,4 @@ LocalJobResult run_local_job(const LocalJobOptions& o, ProgressListener* listene
   return result;
 }
 
-}  // namespace dsgd::runtime
+}  // namespace dsgd

@@ -158,10 +158,14 @@ void serve_generation(const PsServerArgs& a, const std::shared_ptr<comm::Store>&
 
 }  // namespace
 
+}  // namespace dsgd::runtime
+
+namespace dsgd {
+
 int run_ps_server(const PsServerArgs& a) {
   if (signal(SIGPIPE, SIG_IGN) == SIG_ERR) control::log().warn("ps shard: cannot ignore SIGPIPE");
-  const std::string address = a.address.empty() ? route_address(a.driver) : a.address;
-  const std::string host = a.host_id.empty() ? host_name() : a.host_id;
+  const std::string address = a.address.empty() ? runtime::route_address(a.driver) : a.address;
+  const std::string host = a.host_id.empty() ? runtime::host_name() : a.host_id;
   std::shared_ptr<comm::Store> base;
   try {
     base = control::connect_store(a.driver, a.token);
@@ -169,7 +173,7 @@ int run_ps_server(const PsServerArgs& a) {
     control::log().error("ps shard {}: cannot reach the driver at {}: {}", a.shard, a.driver, e.what());
     return 2;
   }
-  DriverWatch watch(base, a.driver_timeout);
+  runtime::DriverWatch watch(base, a.driver_timeout);
   int64_t served = 0;  // the newest generation joined
   while (true) {
     auto v = watch.generation();
@@ -186,7 +190,7 @@ int run_ps_server(const PsServerArgs& a) {
       if (g > served) {
         served = g;
         try {
-          serve_generation(a, base, watch, g, address, host);
+          runtime::serve_generation(a, base, watch, g, address, host);
         } catch (const ConfigError& e) {
           control::log().error("ps shard {}: {}", a.shard, e.what());
           return 2;
@@ -196,8 +200,8 @@ int run_ps_server(const PsServerArgs& a) {
         continue;
       }
     }
-    std::this_thread::sleep_for(milliseconds(100));
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
 }
 
-}  // namespace dsgd::runtime
+}  // namespace dsgd

@@ -23,24 +23,13 @@
 #include "dsgd/comm/group.h"
 #include "dsgd/comm/hierarchical.h"
 #include "dsgd/comm/store.h"
+#include "dsgd/remote.h"
 
 namespace dsgd::runtime {
-
-struct PsServerArgs {
-  std::string driver;     // HOST:PORT
-  std::string token;      // --token, else $DSGD_TOKEN
-  std::string address;    // to bind for Gloo; "" = the one that routes to the driver
-  std::string host_id;    // "" = host name
-  int shard = -1;         // --shard: which slice of every bucket this process serves
-  std::chrono::milliseconds driver_timeout{30000};
-};
 
 // Shard mode is `--dsgd-ps-server` anywhere in argv. nullopt otherwise; ConfigError for bad
 // flags (no --driver, no token, no --shard).
 std::optional<PsServerArgs> parse_ps_server_args(int argc, char** argv);
-
-// Serves the job's generations; returns the process exit code (0 once the driver said stop).
-int run_ps_server(const PsServerArgs& args);
 
 // The store key the driver sets to the current generation (or "pending" / "stop").
 inline constexpr const char* kPsGenerationKey = "ps/generation";

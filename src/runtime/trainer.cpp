@@ -13,7 +13,7 @@
 
 #include "dsgd/error.h"
 #include "dsgd/operator.h"
-#include "runtime/builtin_operators.h"
+#include "dsgd/image_classifier.h"
 #include "runtime/checkpoint.h"
 #include "runtime/control/driver_service.h"
 #include "runtime/control/log.h"
@@ -40,8 +40,8 @@ using Clock = std::chrono::steady_clock;
 
 void init(int argc, char** argv) {
   runtime::tune_malloc();  // before the first big allocation, in drivers and workers alike
-  std::optional<runtime::WorkerArgs> args;
-  std::optional<runtime::PsServerArgs> server_args;
+  std::optional<dsgd::WorkerArgs> args;
+  std::optional<dsgd::PsServerArgs> server_args;
   try {
     args = runtime::parse_worker_args(argc, argv);
     server_args = runtime::parse_ps_server_args(argc, argv);
@@ -49,14 +49,14 @@ void init(int argc, char** argv) {
     control::log().error("dsgd worker: {}", e.what());
     std::exit(2);
   }
-  if (server_args) std::exit(runtime::run_ps_server(*server_args));  // a ps shard process
+  if (server_args) std::exit(dsgd::run_ps_server(*server_args));  // a ps shard process
   if (!args) return;
-  std::exit(runtime::run_worker(*args));
+  std::exit(dsgd::run_worker(*args));
 }
 
 namespace {
 
-const bool builtins_registered = (runtime::register_builtin_operators(), true);
+const bool builtins_registered = (dsgd::register_builtin_operators(), true);
 
 std::string random_token() {
   std::random_device rd;

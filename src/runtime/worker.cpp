@@ -468,12 +468,15 @@ class Worker {
 };
 
 }  // namespace
+}  // namespace dsgd::runtime
+
+namespace dsgd {
 
 int run_worker(const WorkerArgs& args) {
   if (signal(SIGPIPE, SIG_IGN) == SIG_ERR) control::log().warn("worker: cannot ignore SIGPIPE");
   control::DriverClient client(args.driver, args.token);
-  const std::string address = args.address.empty() ? route_address(args.driver) : args.address;
-  const std::string host = host_name();
+  const std::string address = args.address.empty() ? runtime::route_address(args.driver) : args.address;
+  const std::string host = runtime::host_name();
   const std::string host_id = args.host_id.empty() ? host : args.host_id;
   control::DriverClient::Registration reg;
   try {
@@ -482,8 +485,8 @@ int run_worker(const WorkerArgs& args) {
     control::log().error("worker: cannot register with the driver at {}: {}", args.driver, e.what());
     return 2;
   }
-  Worker worker(client, args.token, reg.worker, std::move(reg.job), address, host_id);
+  runtime::Worker worker(client, args.token, reg.worker, std::move(reg.job), address, host_id);
   return worker.serve();
 }
 
-}  // namespace dsgd::runtime
+}  // namespace dsgd

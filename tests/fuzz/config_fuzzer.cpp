@@ -9,12 +9,12 @@
 #include <string_view>
 
 #include "dsgd/error.h"
-#include "runtime/job_options.h"
+#include "dsgd/image_classifier.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string_view text(reinterpret_cast<const char*>(data), size);
   try {
-    const auto o = dsgd::runtime::image_classifier_options(dsgd::runtime::parse_config_text(text, "--config"));
+    const auto o = dsgd::image_classifier_options(dsgd::parse_config_text(text, "--config"));
     // Accepted options satisfy the documented ranges.
     if (!(o.lr > 0) || !(o.momentum >= 0 && o.momentum < 1) || !(o.lr_decay > 0 && o.lr_decay <= 1) ||
         o.synthetic_samples < 1 || o.synthetic_image_size < 6 || o.synthetic_image_size > 1024) {

@@ -1,6 +1,6 @@
 // The in-process training job: loss falls, results are consistent and reproducible, bad options
 // are rejected before any work.
-#include "runtime/local_job.h"
+#include "dsgd/local_job.h"
 
 #include <gtest/gtest.h>
 

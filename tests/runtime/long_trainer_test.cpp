@@ -11,7 +11,7 @@
 
 #include "dsgd/data.h"
 #include "dsgd/trainer.h"
-#include "runtime/builtin_operators.h"
+#include "dsgd/image_classifier.h"
 #include "testing/port_attacker.h"
 
 namespace dsgd {
@@ -31,7 +31,7 @@ TEST_P(LongTrainer, TwoWorkersReach90PercentOnFashionMnist) {
   c.threads_per_worker = 1;
   if (c.strategy == "ps" || c.strategy == "ps_async") c.local_hosts = 2;
   c.config = {{"model", "cnn"}, {"lr", 0.02}, {"lr_decay", 0.7}, {"momentum", 0.9}};
-  Trainer trainer(runtime::kImageClassifier, c);
+  Trainer trainer(dsgd::kImageClassifier, c);
   double accuracy = 0;
   for (int epoch = 1; epoch <= 5; ++epoch) {
     auto t = trainer.train({.profile = true});
@@ -72,7 +72,7 @@ TEST(PortScanThroughRecoveries, FiftyGroupFormationsUnderAttackLeaveEveryResultU
   };
   std::vector<torch::Tensor> reference;
   {
-    Trainer quiet(runtime::kImageClassifier, c);
+    Trainer quiet(dsgd::kImageClassifier, c);
     for (int call = 0; call < kCalls; ++call) quiet.train({.num_steps = kStepsPerCall});
     reference = parameters(quiet);
   }
@@ -91,7 +91,7 @@ TEST(PortScanThroughRecoveries, FiftyGroupFormationsUnderAttackLeaveEveryResultU
         ++kills;
         armed = false;
       };
-      Trainer t(runtime::kImageClassifier, c);
+      Trainer t(dsgd::kImageClassifier, c);
       size_t recoveries = 0;
       for (int call = 0; call < kCalls; ++call) {
         armed = call < kKills;

@@ -4,7 +4,7 @@
 #include <filesystem>
 
 #include "dsgd/data.h"
-#include "runtime/local_job.h"
+#include "dsgd/local_job.h"
 
 namespace dsgd::runtime {
 namespace {

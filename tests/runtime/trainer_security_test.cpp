@@ -7,7 +7,7 @@
 #include <iostream>
 
 #include "dsgd/trainer.h"
-#include "runtime/builtin_operators.h"
+#include "dsgd/image_classifier.h"
 #include "testing/port_attacker.h"
 
 namespace dsgd {
@@ -32,10 +32,10 @@ std::vector<torch::Tensor> parameters_after(Trainer& t, int64_t steps) {
 }
 
 TEST(TrainerSecurity, GarbageHalfOpenConnectionsAndAPortScanLeaveTheResultUnchanged) {
-  runtime::register_builtin_operators();
+  dsgd::register_builtin_operators();
   std::vector<torch::Tensor> reference;
   {
-    Trainer quiet(runtime::kImageClassifier, config());
+    Trainer quiet(dsgd::kImageClassifier, config());
     reference = parameters_after(quiet, 20);
   }
   // From before the workers start until training ends: setup, rendezvous and training.
@@ -43,7 +43,7 @@ TEST(TrainerSecurity, GarbageHalfOpenConnectionsAndAPortScanLeaveTheResultUnchan
   std::vector<torch::Tensor> attacked;
   std::exception_ptr error;
   try {
-    Trainer t(runtime::kImageClassifier, config());
+    Trainer t(dsgd::kImageClassifier, config());
     attacked = parameters_after(t, 20);
   } catch (...) {
     error = std::current_exception();

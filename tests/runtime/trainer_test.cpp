@@ -26,7 +26,7 @@
 
 #include "dsgd/error.h"
 #include "dsgd/operator.h"
-#include "runtime/builtin_operators.h"
+#include "dsgd/image_classifier.h"
 #include "runtime/checkpoint.h"
 #include "testing/temp_dir.h"
 #include "torch/replica.h"
@@ -179,14 +179,14 @@ Params params_of(torch::nn::Module& m) {
 // One process, no dsgd communication: the global batch at once.
 Params single_process(int64_t batch, int64_t steps, const json& config = synthetic_config(),
                       const std::string& scheduler_step_freq = "epoch") {
-  runtime::register_builtin_operators();
+  dsgd::register_builtin_operators();
   torch_glue::ReplicaOptions o;
   o.global_batch = batch;
   o.seed = 7;
   o.info.seed = 7;
   o.threads = 1;
   o.scheduler_step_freq = scheduler_step_freq;
-  torch_glue::ReplicaRuntime r(make_operator(runtime::kImageClassifier), o);
+  torch_glue::ReplicaRuntime r(make_operator(dsgd::kImageClassifier), o);
   r.setup(config);
   for (int64_t left = steps; left > 0;) {  // across epochs, as Trainer::train calls would
     const auto done = static_cast<int64_t>(r.train(left, false).at("batches"));
@@ -198,8 +198,8 @@ Params single_process(int64_t batch, int64_t steps, const json& config = synthet
 
 // The operator reaches the runtime only through its host: without one, a clear error, no crash.
 TEST(ReplicaState, AnOperatorNotRunByATrainerSaysSoInsteadOfCrashing) {
-  runtime::register_builtin_operators();
-  auto op = make_operator(runtime::kImageClassifier);
+  dsgd::register_builtin_operators();
+  auto op = make_operator(dsgd::kImageClassifier);
   op->setup(synthetic_config());
   Batch batch;
   try {
@@ -218,11 +218,11 @@ TEST(ReplicaState, AnOperatorNotRunByATrainerSaysSoInsteadOfCrashing) {
 // state_bytes() is save_state()'s size without the bytes: the driver's snapshot schedule scales
 // the constructor's snapshot by it once the first steps have given the optimizer its momentum.
 TEST(ReplicaState, StateBytesIsTheSizeSaveStateWritesAndGrowsWithTheMomentum) {
-  runtime::register_builtin_operators();
+  dsgd::register_builtin_operators();
   torch_glue::ReplicaOptions o;
   o.global_batch = 32;
   o.threads = 1;
-  torch_glue::ReplicaRuntime r(make_operator(runtime::kImageClassifier), o);
+  torch_glue::ReplicaRuntime r(make_operator(dsgd::kImageClassifier), o);
   r.setup(synthetic_config());
   const size_t before = r.state_bytes();
   EXPECT_EQ(before, r.save_state().size());
@@ -250,7 +250,7 @@ double max_difference(const Params& a, const Params& b) {
 // ends 4.8e-3 apart, and a lost or unaveraged gradient further.
 void expect_equivalent(TrainerConfig config, int64_t steps = 20) {
   const Params reference = single_process(config.batch_size, steps, config.config, config.scheduler_step_freq);
-  Trainer trainer(runtime::kImageClassifier, config);
+  Trainer trainer(dsgd::kImageClassifier, config);
   const Params before = params_of(*trainer.get_model());
   auto r = trainer.train({.num_steps = steps});
   EXPECT_EQ(r.batch, steps);
@@ -431,7 +431,7 @@ TEST(TrainerPsAsync, TrainsAndItsCheckpointLoadsUnderAllreduce) {
   testing::TempDir dir;
   auto c = base_config(2, "ps_async", 64);
   c.local_hosts = 2;
-  Trainer a(runtime::kImageClassifier, c);
+  Trainer a(dsgd::kImageClassifier, c);
   const Params before = params_of(*a.get_model());
   auto r1 = a.train({.num_steps = 20});
   auto r2 = a.train({.num_steps = 20});
@@ -439,7 +439,7 @@ TEST(TrainerPsAsync, TrainsAndItsCheckpointLoadsUnderAllreduce) {
   EXPECT_TRUE(r2.metrics.count("staleness_mean"));
   EXPECT_GT(max_difference(before, params_of(*a.get_model())), 1e-3);
   a.save(dir.file("ckpt"));
-  Trainer b(runtime::kImageClassifier, base_config(2, "allreduce", 64));
+  Trainer b(dsgd::kImageClassifier, base_config(2, "allreduce", 64));
   b.load(dir.file("ckpt"));
   EXPECT_LT(max_difference(params_of(*a.get_model()), params_of(*b.get_model())), 1e-7);
   EXPECT_EQ(b.train({.num_steps = 1}).batch, 41);
@@ -453,7 +453,7 @@ TEST(Trainer, TraceShowsEachWorkersStepsBucketsAndAllreduces) {
   testing::TempDir dir;
   auto c = base_config(2, "allreduce", 64);
   c.forward_overlap_buckets = 2;
-  Trainer trainer(runtime::kImageClassifier, c);
+  Trainer trainer(dsgd::kImageClassifier, c);
   const int steps = 4;
   const auto t0 = std::chrono::steady_clock::now();
   trainer.train({.num_steps = steps, .trace_path = dir.file("trace.json")});
@@ -515,7 +515,7 @@ TEST(Trainer, TraceShowsEachWorkersStepsBucketsAndAllreduces) {
 TEST(Trainer, ResultsAverageOverWorkersAndForeachWorkerReachesEveryWorker) {
   auto c = base_config(2, "allreduce", 64);
   c.initialization_hook = "count_hook";
-  Trainer trainer(runtime::kImageClassifier, c);
+  Trainer trainer(dsgd::kImageClassifier, c);
   EXPECT_EQ(trainer.parameter_count(), 1199882);
   for (const auto& runs : trainer.foreach_worker("hook_runs_here")) EXPECT_EQ(runs, 1);
   auto r = trainer.train({.num_steps = 4, .profile = true, .reduce_results = false});
@@ -542,13 +542,13 @@ TEST(TrainerCheckpoint, SavedWithTwoAllreduceWorkersContinuesIdenticallyWithThre
   testing::TempDir dir;
   const std::string path = dir.file("ckpt");
   auto a_config = base_config(2, "allreduce", 60);
-  Trainer a(runtime::kImageClassifier, a_config);
+  Trainer a(dsgd::kImageClassifier, a_config);
   a.train({.num_steps = 10});
   a.save(path);
   ASSERT_TRUE(std::filesystem::exists(path + "/checkpoint.dsgd"));
   ASSERT_TRUE(std::filesystem::exists(path + "/model.pt"));
 
-  Trainer b(runtime::kImageClassifier, base_config(3, "simple", 60));
+  Trainer b(dsgd::kImageClassifier, base_config(3, "simple", 60));
   b.train({.num_steps = 3});  // a state of its own, which load must replace entirely
   EXPECT_GT(max_difference(params_of(*a.get_model()), params_of(*b.get_model())), 1e-4);
   b.load(path);
@@ -566,10 +566,10 @@ TEST(TrainerCheckpoint, SavedWithTwoAllreduceWorkersContinuesIdenticallyWithThre
 void expect_checkpoint_moves(const TrainerConfig& from, const TrainerConfig& to) {
   testing::TempDir dir;
   const std::string path = dir.file("ckpt");
-  Trainer a(runtime::kImageClassifier, from);
+  Trainer a(dsgd::kImageClassifier, from);
   a.train({.num_steps = 10});
   a.save(path);
-  Trainer b(runtime::kImageClassifier, to);
+  Trainer b(dsgd::kImageClassifier, to);
   b.load(path);
   EXPECT_LT(max_difference(params_of(*a.get_model()), params_of(*b.get_model())), 1e-7);
   auto ra = a.train({.num_steps = 5});
@@ -591,11 +591,11 @@ TEST(TrainerCheckpoint, WithMomentumOnPsShardsTheReplicasOptimizersHoldNoneBetwe
   // The momentum lives on the shards: the replicas hold a copy only between a snapshot's gather
   // and its read, and the saved state still has all of it (checked by the tests above).
   testing::TempDir dir;
-  Trainer ps(runtime::kImageClassifier, ps_update_config(2, 2, 2));
+  Trainer ps(dsgd::kImageClassifier, ps_update_config(2, 2, 2));
   ps.train({.num_steps = 12});
   ps.save(dir.file("ckpt"));
   for (const auto& n : ps.foreach_worker("optimizer_states")) EXPECT_EQ(n.get<int>(), 0);
-  Trainer allreduce(runtime::kImageClassifier, base_config(2, "allreduce", 64));
+  Trainer allreduce(dsgd::kImageClassifier, base_config(2, "allreduce", 64));
   allreduce.train({.num_steps = 2});
   for (const auto& n : allreduce.foreach_worker("optimizer_states")) EXPECT_GT(n.get<int>(), 0);
 }
@@ -606,7 +606,7 @@ TEST(TrainerCheckpoint, SchedulesStepPerEpochOrBatchAndComeBackFromCheckpoints) 
   c.config["synthetic_samples"] = 256;  // 4 batches per epoch
   c.config["lr_decay"] = 0.5;
   {
-    Trainer t(runtime::kImageClassifier, c);
+    Trainer t(dsgd::kImageClassifier, c);
     for (const auto& lr : t.foreach_worker("learning_rate")) EXPECT_DOUBLE_EQ(lr.get<double>(), 0.01);
     auto r = t.train();
     EXPECT_EQ(r.epoch, 1);
@@ -615,11 +615,11 @@ TEST(TrainerCheckpoint, SchedulesStepPerEpochOrBatchAndComeBackFromCheckpoints) 
     t.save(dir.file("ckpt"));
   }
   c.num_workers = 1;
-  Trainer loaded(runtime::kImageClassifier, c);
+  Trainer loaded(dsgd::kImageClassifier, c);
   loaded.load(dir.file("ckpt"));
   EXPECT_DOUBLE_EQ(loaded.foreach_worker("learning_rate")[0].get<double>(), 0.005);
   c.scheduler_step_freq = "batch";
-  Trainer per_batch(runtime::kImageClassifier, c);
+  Trainer per_batch(dsgd::kImageClassifier, c);
   per_batch.train({.num_steps = 3});
   EXPECT_DOUBLE_EQ(per_batch.foreach_worker("learning_rate")[0].get<double>(), 0.01 * 0.125);
 }
@@ -627,7 +627,7 @@ TEST(TrainerCheckpoint, SchedulesStepPerEpochOrBatchAndComeBackFromCheckpoints) 
 TEST(TrainerCheckpoint, DamagedOrMissingCheckpointIsADataErrorNamingTheFile) {
   testing::TempDir dir;
   const std::string path = dir.file("ckpt");
-  Trainer t(runtime::kImageClassifier, base_config(1, "allreduce", 32));
+  Trainer t(dsgd::kImageClassifier, base_config(1, "allreduce", 32));
   EXPECT_THROW(t.load(dir.file("nothing-here")), DataError);
   t.save(path);
   const std::string file = path + "/checkpoint.dsgd";
@@ -663,7 +663,7 @@ TEST(TrainerCheckpoint, CostlySnapshotsAreSpacedOutToTheOverheadBudget) {
     c.checkpoint_every_steps = 1;
     c.checkpoint_keep = 100;
     c.checkpoint_max_overhead = overhead;
-    Trainer t(runtime::kImageClassifier, c);
+    Trainer t(dsgd::kImageClassifier, c);
     const Results r = t.train({.num_steps = 12});
     EXPECT_EQ(r.metrics.at("batches"), 12);
     const auto kept = runtime::list_checkpoints(c.checkpoint_dir);
@@ -686,7 +686,7 @@ TEST(TrainerCheckpoint, TheForwardOverlapsTrialChunksKeepTheCheckpointInterval) 
   c.checkpoint_every_steps = 10;
   c.checkpoint_max_overhead = 0;
   c.checkpoint_keep = 100;
-  Trainer t(runtime::kImageClassifier, c);
+  Trainer t(dsgd::kImageClassifier, c);
   EXPECT_EQ(t.train({.num_steps = 20}).batch, 20);
   std::vector<std::string> names;
   for (const auto& k : runtime::list_checkpoints(c.checkpoint_dir)) names.push_back(std::filesystem::path(k).filename());
@@ -694,7 +694,7 @@ TEST(TrainerCheckpoint, TheForwardOverlapsTrialChunksKeepTheCheckpointInterval) 
   // interval and at the call's end only.
   EXPECT_EQ(names, (std::vector<std::string>{"step-000000000010", "step-000000000020"}));
   // Each checkpoint holds the state at its step: a job loading the first trains on as this one did.
-  Trainer b(runtime::kImageClassifier, base_config(1, "allreduce", 64));
+  Trainer b(dsgd::kImageClassifier, base_config(1, "allreduce", 64));
   b.load(runtime::list_checkpoints(c.checkpoint_dir)[0]);
   EXPECT_EQ(b.train({.num_steps = 10}).batch, 20);
   EXPECT_LT(max_difference(params_of(*t.get_model()), params_of(*b.get_model())), 1e-5);
@@ -707,7 +707,7 @@ TEST(TrainerCheckpoint, CheckpointDirKeepsTheLastKAndLoadFallsBackPastADamagedOn
   c.checkpoint_every_steps = 4;
   c.checkpoint_max_overhead = 0;  // exactly that interval
   c.checkpoint_keep = 2;
-  Trainer t(runtime::kImageClassifier, c);
+  Trainer t(dsgd::kImageClassifier, c);
   t.train({.num_steps = 10});  // snapshots after steps 4, 8 and 10
   const auto kept = runtime::list_checkpoints(c.checkpoint_dir);
   ASSERT_EQ(kept.size(), 2u);
@@ -718,7 +718,7 @@ TEST(TrainerCheckpoint, CheckpointDirKeepsTheLastKAndLoadFallsBackPastADamagedOn
   // The newest is damaged: a new job resumes from step 8, and continues exactly as the first did.
   std::filesystem::resize_file(kept[1] + "/checkpoint.dsgd", std::filesystem::file_size(kept[1] + "/checkpoint.dsgd") / 2);
   auto b_config = base_config(1, "allreduce", 64);
-  Trainer b(runtime::kImageClassifier, b_config);
+  Trainer b(dsgd::kImageClassifier, b_config);
   b.load(c.checkpoint_dir);
   auto rb = b.train({.num_steps = 2});
   EXPECT_EQ(rb.batch, 10);
@@ -730,12 +730,12 @@ TEST(TrainerCheckpoint, LoadingAStateFromBeforeTheFirstStepDropsMomentumBuffers)
   // which has no momentum buffers yet; survivors kept theirs and the replicas drifted apart.
   testing::TempDir dir;
   auto c = base_config(2, "allreduce", 64);
-  Trainer a(runtime::kImageClassifier, c);
+  Trainer a(dsgd::kImageClassifier, c);
   a.save(dir.file("fresh"));
   a.train({.num_steps = 5});
   a.load(dir.file("fresh"));
   a.train({.num_steps = 5});
-  Trainer b(runtime::kImageClassifier, c);
+  Trainer b(dsgd::kImageClassifier, c);
   b.train({.num_steps = 5});
   EXPECT_LT(max_difference(params_of(*a.get_model()), params_of(*b.get_model())), 1e-7);
 }
@@ -746,7 +746,7 @@ TEST(TrainerCheckpoint, PythonTorchLoadReadsTheModel) {
     GTEST_SKIP() << "no /usr/bin/python3 with torch (Debian's python3-torch)";
   }
   testing::TempDir dir;
-  Trainer t(runtime::kImageClassifier, base_config(1, "allreduce", 32));
+  Trainer t(dsgd::kImageClassifier, base_config(1, "allreduce", 32));
   t.save(dir.file("ckpt"));
   auto model = t.get_model();
   const double expected = model->named_parameters()["fc2.bias"].sum().item<double>();
@@ -778,41 +778,41 @@ TEST(TrainerBadInput, ClearErrorsBeforeAnyProcessIsSpawned) {
   auto c = base_config(2, "allreduce", 64);
   auto bad = c;
   bad.strategy = "parameter-magic";
-  expect_config_error(runtime::kImageClassifier, bad, "unknown strategy 'parameter-magic'");
+  expect_config_error(dsgd::kImageClassifier, bad, "unknown strategy 'parameter-magic'");
   bad = c;
   bad.num_workers = 0;
-  expect_config_error(runtime::kImageClassifier, bad, "num_workers must be in 1..4096, got 0");
+  expect_config_error(dsgd::kImageClassifier, bad, "num_workers must be in 1..4096, got 0");
   bad = c;
   bad.grad_shard_bytes = -5;
-  expect_config_error(runtime::kImageClassifier, bad, "grad_shard_bytes must be > 0, got -5");
+  expect_config_error(dsgd::kImageClassifier, bad, "grad_shard_bytes must be > 0, got -5");
   bad = c;
   bad.batch_size = 1;
-  expect_config_error(runtime::kImageClassifier, bad, "at least the number of replicas (2)");
+  expect_config_error(dsgd::kImageClassifier, bad, "at least the number of replicas (2)");
   bad = c;
   bad.initialization_hook = "missing_hook";
-  expect_config_error(runtime::kImageClassifier, bad, "missing_hook");
+  expect_config_error(dsgd::kImageClassifier, bad, "missing_hook");
   expect_config_error("NoSuchOperator", c, "unknown operator 'NoSuchOperator'");
   bad = c;
   bad.ps_update_on_shards = true;
-  expect_config_error(runtime::kImageClassifier, bad, "ps_update_on_shards needs strategy ps, got 'allreduce'");
+  expect_config_error(dsgd::kImageClassifier, bad, "ps_update_on_shards needs strategy ps, got 'allreduce'");
   bad = c;
   bad.ps_placement = "elsewhere";
-  expect_config_error(runtime::kImageClassifier, bad, "unknown ps_placement 'elsewhere'; use workers or processes");
+  expect_config_error(dsgd::kImageClassifier, bad, "unknown ps_placement 'elsewhere'; use workers or processes");
   bad = c;
   bad.ps_placement = "processes";
-  expect_config_error(runtime::kImageClassifier, bad, "ps_placement processes needs strategy ps, got 'allreduce'");
+  expect_config_error(dsgd::kImageClassifier, bad, "ps_placement processes needs strategy ps, got 'allreduce'");
   bad.strategy = "ps";
   bad.listen = "127.0.0.1:0";
-  expect_config_error(runtime::kImageClassifier, bad, "ps_placement processes in remote mode needs num_ps_shards > 0");
+  expect_config_error(dsgd::kImageClassifier, bad, "ps_placement processes in remote mode needs num_ps_shards > 0");
   bad = c;
   bad.forward_overlap_buckets = -2;
-  expect_config_error(runtime::kImageClassifier, bad,
+  expect_config_error(dsgd::kImageClassifier, bad,
                       "forward_overlap_buckets must be >= 0 (0 = off) or -1 (auto), got -2");
   bad.forward_overlap_buckets = 2;
   bad.strategy = "ps_async";
-  expect_config_error(runtime::kImageClassifier, bad, "forward_overlap_buckets needs averaged gradients");
+  expect_config_error(dsgd::kImageClassifier, bad, "forward_overlap_buckets needs averaged gradients");
   bad.forward_overlap_buckets = -1;  // auto as well
-  expect_config_error(runtime::kImageClassifier, bad, "forward_overlap_buckets needs averaged gradients");
+  expect_config_error(dsgd::kImageClassifier, bad, "forward_overlap_buckets needs averaged gradients");
 }
 
 TEST(TrainerBadInput, UpdateOnShardsWithAnOptimizerOtherThanSgdSaysWhatItNeeds) {
@@ -831,7 +831,7 @@ TEST(TrainerBadInput, OperatorConfigErrorFromAWorkerNamesTheWorker) {
   auto c = base_config(2, "allreduce", 64);
   c.config["modle"] = "cnn";
   try {
-    Trainer t(runtime::kImageClassifier, c);
+    Trainer t(dsgd::kImageClassifier, c);
     FAIL() << "accepted a misspelt config key";
   } catch (const ConfigError& e) {
     EXPECT_NE(std::string(e.what()).find("unknown image classifier config key 'modle'"), std::string::npos) << e.what();
@@ -865,7 +865,7 @@ TEST(TrainerBadInput, BinaryWithoutInitIsARegistrationErrorNotAHang) {
   c.registration_timeout = milliseconds(1500);
   const auto t0 = Clock::now();
   try {
-    Trainer t(runtime::kImageClassifier, c);
+    Trainer t(dsgd::kImageClassifier, c);
     FAIL() << "a worker that never registers was accepted";
   } catch (const TimeoutError& e) {
     EXPECT_NE(std::string(e.what()).find("0 of 1 workers registered"), std::string::npos) << e.what();
@@ -878,7 +878,7 @@ TEST(TrainerBadInput, BinaryWithoutInitIsARegistrationErrorNotAHang) {
   c.registration_timeout = milliseconds(30000);
   const auto t1 = Clock::now();
   try {
-    Trainer t(runtime::kImageClassifier, c);
+    Trainer t(dsgd::kImageClassifier, c);
     FAIL() << "a worker that exits was accepted";
   } catch (const CommError& e) {
     EXPECT_NE(std::string(e.what()).find("exited with status 1"), std::string::npos) << e.what();
@@ -929,7 +929,7 @@ TEST(TrainerFailure, WithoutRetriesAKilledWorkerFailsTrainWithinSecondsNamingIt)
   c.heartbeat_timeout = milliseconds(3000);
   c.comm_timeout = milliseconds(5000);
   c.max_failures = 0;
-  Trainer t(runtime::kImageClassifier, c);
+  Trainer t(dsgd::kImageClassifier, c);
   const int victim = t.foreach_worker("replica_info")[1]["pid"].get<int>();
   std::thread killer([victim] {
     std::this_thread::sleep_for(milliseconds(800));
@@ -966,7 +966,7 @@ TEST(TrainerFailure, AGroupThatCannotFormWithEveryWorkerAliveIsTriedThreeTimesTh
   auto c = base_config(3, "allreduce", 60);
   c.heartbeat_timeout = milliseconds(20000);
   c.comm_timeout = milliseconds(2000);
-  Trainer t(runtime::kImageClassifier, c);
+  Trainer t(dsgd::kImageClassifier, c);
   const auto info = t.foreach_worker("replica_info");
   const int stuck = info[1]["pid"].get<int>(), victim = info[2]["pid"].get<int>();
   const auto done = t.foreach_worker("exhaust_descriptors", stuck);
@@ -1017,7 +1017,7 @@ Results train_through_fault(TrainerConfig c, int sig, std::vector<int>* victims 
   c.heartbeat_timeout = milliseconds(2000);
   c.comm_timeout = milliseconds(10000);
   const Params reference = [&] {
-    Trainer clean(runtime::kImageClassifier, c);
+    Trainer clean(dsgd::kImageClassifier, c);
     EXPECT_EQ(clean.train({.num_steps = 40}).recoveries.size(), 0u);
     return params_of(*clean.get_model());
   }();
@@ -1026,7 +1026,7 @@ Results train_through_fault(TrainerConfig c, int sig, std::vector<int>* victims 
   c.on_progress = [&](const TrainProgress& p) {
     if (p.batches >= 15 && !done.exchange(true)) ::kill(victim, sig);
   };
-  Trainer t(runtime::kImageClassifier, c);
+  Trainer t(dsgd::kImageClassifier, c);
   if (shard_victim) {
     const auto shards = shard_process_pids();
     EXPECT_EQ(shards.size(), static_cast<size_t>(c.num_ps_shards));
@@ -1076,11 +1076,11 @@ TEST(TrainerRecovery, StepByStepSnapshotsEveryIntervalAndARecoveryReplaysTheStep
   c.heartbeat_timeout = milliseconds(2000);
   c.comm_timeout = milliseconds(10000);
   const Params reference = [&] {  // a fault-free run of the same steps (see train_through_fault)
-    Trainer clean(runtime::kImageClassifier, c);
+    Trainer clean(dsgd::kImageClassifier, c);
     for (int i = 0; i < 25; ++i) EXPECT_EQ(clean.step().recoveries.size(), 0u);
     return params_of(*clean.get_model());
   }();
-  Trainer t(runtime::kImageClassifier, c);
+  Trainer t(dsgd::kImageClassifier, c);
   const int victim = t.foreach_worker("replica_info")[1]["pid"].get<int>();  // a worker function takes a snapshot
   for (int i = 0; i < 24; ++i) ASSERT_EQ(t.step().recoveries.size(), 0u);
   ::kill(victim, SIGKILL);
@@ -1099,12 +1099,12 @@ TEST(TrainerRecovery, SaveSurvivesTheLossOfTheWorkerItReadsFrom) {
   testing::TempDir dir;
   auto c = base_config(2, "allreduce", 64);
   c.heartbeat_timeout = milliseconds(2000);
-  Trainer t(runtime::kImageClassifier, c);
+  Trainer t(dsgd::kImageClassifier, c);
   t.train({.num_steps = 10});
   const Params before = params_of(*t.get_model());
   ::kill(t.foreach_worker("replica_info")[0]["pid"].get<int>(), SIGKILL);
   t.save(dir.file("ckpt"));
-  Trainer loaded(runtime::kImageClassifier, base_config(1, "allreduce", 64));
+  Trainer loaded(dsgd::kImageClassifier, base_config(1, "allreduce", 64));
   loaded.load(dir.file("ckpt"));
   EXPECT_LT(max_difference(before, params_of(*loaded.get_model())), 1e-7);
   EXPECT_EQ(loaded.train({.num_steps = 1}).batch, 11);  // the position came along too
@@ -1186,7 +1186,7 @@ TEST(TrainerRecovery, PsAsyncLosesAShardOwnerAndGoesOnFromTheSnapshot) {
   c.on_progress = [&](const TrainProgress& p) {
     if (p.batches >= 15 && !done.exchange(true)) ::kill(victim, SIGKILL);
   };
-  Trainer t(runtime::kImageClassifier, c);
+  Trainer t(dsgd::kImageClassifier, c);
   victim = t.foreach_worker("replica_info")[1]["pid"].get<int>();
   auto r = t.train({.num_steps = 40});
   EXPECT_TRUE(done);
@@ -1236,7 +1236,7 @@ TEST(TrainerRecovery, AfterFailedReplacementsTheJobScalesBackUpToNumWorkers) {
       ::kill(victim, SIGKILL);
     }
   };
-  Trainer t(runtime::kImageClassifier, c);
+  Trainer t(dsgd::kImageClassifier, c);
   victim = t.foreach_worker("replica_info")[1]["pid"].get<int>();
   auto first = t.train({.num_steps = 30});  // long enough for a progress tick (~10 per second) to see step 3
   ASSERT_TRUE(killed);

@@ -19,7 +19,7 @@ std::string contents(std::FILE* f) {
   return s;
 }
 
-runtime::BatchProgress batch(int64_t step, int64_t total) {
+dsgd::BatchProgress batch(int64_t step, int64_t total) {
   return {.epoch = 1, .epochs = 2, .batch = step, .batches_per_epoch = total / 2, .step = step, .total_steps = total,
           .loss = 0.5, .samples_per_s = 100, .elapsed_s = static_cast<double>(step)};
 }

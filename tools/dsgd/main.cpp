@@ -5,11 +5,11 @@
 
 #include "commands.h"
 #include "dsgd/trainer.h"
-#include "runtime/builtin_operators.h"
+#include "dsgd/image_classifier.h"
 
 int main(int argc, char** argv) {
   // Spawned by a driver (`dsgd train --workers N`): serve as its worker and exit.
-  dsgd::runtime::register_builtin_operators();
+  dsgd::register_builtin_operators();
   dsgd::init(argc, argv);
   CLI::App app{
       "dsgd: distributed synchronous SGD for LibTorch models.\n"

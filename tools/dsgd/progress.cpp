@@ -20,7 +20,7 @@ std::string format_duration(double seconds) {
 ProgressPrinter::ProgressPrinter(std::FILE* out, bool interactive, double line_interval_s)
     : out_(out), interactive_(interactive), line_interval_s_(line_interval_s) {}
 
-void ProgressPrinter::on_batch(const runtime::BatchProgress& p) {
+void ProgressPrinter::on_batch(const dsgd::BatchProgress& p) {
   const auto now = Clock::now();
   const double since = std::chrono::duration<double>(now - last_print_).count();
   const bool last = p.step == p.total_steps;
@@ -47,7 +47,7 @@ void ProgressPrinter::on_batch(const runtime::BatchProgress& p) {
   std::fflush(out_);
 }
 
-void ProgressPrinter::on_epoch(const runtime::EpochSummary& s) {
+void ProgressPrinter::on_epoch(const dsgd::EpochSummary& s) {
   if (bar_open_) std::fputs("\r\033[K", out_);
   bar_open_ = false;
   std::fprintf(out_, "epoch %lld done in %.1f s: train loss %.4f, %.0f samples/s", static_cast<long long>(s.epoch),

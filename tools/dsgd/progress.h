@@ -7,18 +7,18 @@
 #include <map>
 #include <string>
 
-#include "runtime/local_job.h"
+#include "dsgd/local_job.h"
 
 namespace dsgd::cli {
 
-class ProgressPrinter : public runtime::ProgressListener {
+class ProgressPrinter : public dsgd::ProgressListener {
  public:
   // interactive: redraw a bar in place (true on a terminal). line_interval_s: seconds between
   // plain lines when not interactive.
   ProgressPrinter(std::FILE* out, bool interactive, double line_interval_s = 10.0);
 
-  void on_batch(const runtime::BatchProgress& p) override;
-  void on_epoch(const runtime::EpochSummary& s) override;
+  void on_batch(const dsgd::BatchProgress& p) override;
+  void on_epoch(const dsgd::EpochSummary& s) override;
 
  private:
   using Clock = std::chrono::steady_clock;

@@ -14,9 +14,9 @@
 #include "dsgd/error.h"
 #include "dsgd/trainer.h"
 #include "progress.h"
-#include "runtime/builtin_operators.h"
-#include "runtime/job_options.h"
-#include "runtime/local_job.h"
+#include "dsgd/image_classifier.h"
+#include "dsgd/image_classifier.h"
+#include "dsgd/local_job.h"
 
 namespace dsgd::cli {
 namespace {
@@ -24,7 +24,7 @@ namespace {
 // The flags. Those of the Trainer are bound to a default TrainerConfig, so --help shows its
 // defaults; the fixed-set ones go through strings spelled as TrainerConfig's Choice fields.
 struct TrainFlags {
-  runtime::LocalJobOptions job;           // the model, data and optimizer; also --in-process's job
+  dsgd::LocalJobOptions job;           // the model, data and optimizer; also --in-process's job
   TrainerConfig trainer;                  // the rest of the Trainer's settings
   std::string strategy = trainer.strategy.name();
   std::string allreduce_algo = trainer.allreduce_algo.name();
@@ -63,7 +63,7 @@ constexpr Phase kPhases[] = {
     {"forward_s", "forward"}, {"backward_s", "backward"}, {"optimizer_s", "optimizer"}, {"comm_wait_s", "comm_wait"}};
 
 // Milliseconds per step of each phase, over the epochs of a run, weighted by their steps.
-std::map<std::string, double> mean_profile(const std::vector<runtime::EpochSummary>& history,
+std::map<std::string, double> mean_profile(const std::vector<dsgd::EpochSummary>& history,
                                            const std::vector<int64_t>& steps) {
   std::map<std::string, double> sum;
   double n = 0;
@@ -79,7 +79,7 @@ std::map<std::string, double> mean_profile(const std::vector<runtime::EpochSumma
   return sum;
 }
 
-nlohmann::json to_json(const TrainFlags& f, const runtime::LocalJobResult& r) {
+nlohmann::json to_json(const TrainFlags& f, const dsgd::LocalJobResult& r) {
   nlohmann::json history = nlohmann::json::array();
   for (const auto& e : r.history) {
     history.push_back({{"epoch", e.epoch},
@@ -170,7 +170,7 @@ void validate_flags(TrainFlags& f) {
     throw ConfigError("--grad-shard-bytes must be > 0, got " + std::to_string(f.trainer.grad_shard_bytes));
   }
   if (!f.config.empty()) {
-    f.config_json = runtime::parse_config_text(f.config, "--config");
+    f.config_json = dsgd::parse_config_text(f.config, "--config");
     if (!f.config_json.is_object()) throw ConfigError("--config must be a JSON object, e.g. '{\"lr\": 0.1}'");
     if (f.in_process) throw ConfigError("--config applies to worker jobs, not --in-process");
   }
@@ -178,13 +178,13 @@ void validate_flags(TrainFlags& f) {
     const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
     f.job.threads = static_cast<int>(std::max(1u, cores / static_cast<unsigned>(f.trainer.num_workers)));
   }
-  runtime::validate(f.job);
+  dsgd::validate(f.job);
   if (!f.json_out.empty()) check_writable("--json-out", f.json_out);
   if (!f.trace.empty()) check_writable("--trace", f.trace);
 }
 
 // The same job through the Trainer: worker processes, the chosen strategy.
-runtime::LocalJobResult run_with_trainer(const TrainFlags& f, ProgressPrinter* progress) {
+dsgd::LocalJobResult run_with_trainer(const TrainFlags& f, ProgressPrinter* progress) {
   const auto wall_start = std::chrono::steady_clock::now();
   const auto& j = f.job;
   TrainerConfig c = f.trainer;  // validated flags: the strings name known values
@@ -201,7 +201,7 @@ runtime::LocalJobResult run_with_trainer(const TrainFlags& f, ProgressPrinter* p
               {"momentum", j.momentum}, {"lr_decay", j.lr_decay}, {"dropout", j.dropout},
               {"synthetic_samples", j.synthetic_samples}, {"synthetic_image_size", j.synthetic_image_size}};
   c.config.update(f.config_json);
-  runtime::LocalJobResult result;
+  dsgd::LocalJobResult result;
   std::vector<int64_t> epoch_steps;  // each epoch's steps, to weigh its profile
   int64_t epoch = 1, batches_per_epoch = 0, steps_before = 0;
   double train_before = 0;
@@ -216,7 +216,7 @@ runtime::LocalJobResult run_with_trainer(const TrainFlags& f, ProgressPrinter* p
                         .samples_per_s = elapsed > 0 ? static_cast<double>((steps_before + p.batches) * j.batch_size) / elapsed : 0,
                         .elapsed_s = elapsed});
   };
-  Trainer trainer(runtime::kImageClassifier, c);
+  Trainer trainer(dsgd::kImageClassifier, c);
   if (!f.load.empty()) trainer.load(f.load);
   (void)train_start;
   while (epoch <= j.epochs) {
@@ -233,7 +233,7 @@ runtime::LocalJobResult run_with_trainer(const TrainFlags& f, ProgressPrinter* p
     result.train_s += epoch_s;
     train_before = result.train_s;
     steps_before = result.steps;
-    runtime::EpochSummary e;
+    dsgd::EpochSummary e;
     e.epoch = epoch;
     e.train_loss = r.metrics.count("loss") ? r.metrics.at("loss") : 0;
     e.epoch_s = epoch_s;
@@ -291,7 +291,7 @@ int run_train(TrainFlags& f) {
               << " epoch(s), batch " << f.job.batch_size << ", " << f.job.threads << " thread(s), "
               << (f.in_process ? std::string("in-process") : std::to_string(f.trainer.num_workers) + " worker(s), " + f.strategy)
               << "\n";
-    auto result = f.in_process ? runtime::run_local_job(f.job, progress.get()) : run_with_trainer(f, progress.get());
+    auto result = f.in_process ? dsgd::run_local_job(f.job, progress.get()) : run_with_trainer(f, progress.get());
     if (f.profile && !f.quiet && result.history.size() > 1) {
       std::cerr << "dsgd train: " << describe_profile(result.profile_ms) << "\n";
     }

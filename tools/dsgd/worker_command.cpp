@@ -7,9 +7,8 @@
 
 #include "commands.h"
 #include "dsgd/error.h"
-#include "runtime/builtin_operators.h"
-#include "runtime/ps_server_process.h"
-#include "runtime/worker.h"
+#include "dsgd/image_classifier.h"
+#include "dsgd/remote.h"
 
 namespace dsgd::cli {
 namespace {
@@ -28,7 +27,7 @@ bool resolve_token(std::string& token, const char* command, int* exit_code) {
 }  // namespace
 
 void add_worker_command(CLI::App& app, int* exit_code) {
-  auto args = std::make_shared<runtime::WorkerArgs>();
+  auto args = std::make_shared<dsgd::WorkerArgs>();
   CLI::App* cmd = app.add_subcommand("worker", "Join a training job's driver as a worker (remote mode)");
   cmd->footer(
       "\nExample (driver on host A, worker on host B):\n"
@@ -42,13 +41,13 @@ void add_worker_command(CLI::App& app, int* exit_code) {
   cmd->add_option("--host-id", args->host_id, "Host identity for shared memory (default: the host name)");
   cmd->callback([args, exit_code] {
     if (!resolve_token(args->token, "worker", exit_code)) return;
-    runtime::register_builtin_operators();
-    *exit_code = runtime::run_worker(*args);
+    dsgd::register_builtin_operators();
+    *exit_code = dsgd::run_worker(*args);
   });
 }
 
 void add_ps_server_command(CLI::App& app, int* exit_code) {
-  auto args = std::make_shared<runtime::PsServerArgs>();
+  auto args = std::make_shared<dsgd::PsServerArgs>();
   CLI::App* cmd = app.add_subcommand("ps-server", "Join a training job's driver as a parameter-server shard (remote mode)");
   cmd->footer(
       "\nExample (driver on host A, two shard processes on host C):\n"
@@ -71,7 +70,7 @@ void add_ps_server_command(CLI::App& app, int* exit_code) {
   cmd->callback([args, timeout_ms, exit_code] {
     if (!resolve_token(args->token, "ps-server", exit_code)) return;
     args->driver_timeout = std::chrono::milliseconds(*timeout_ms);
-    *exit_code = runtime::run_ps_server(*args);
+    *exit_code = dsgd::run_ps_server(*args);
   });
 }
 
