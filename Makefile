@@ -9,9 +9,13 @@ CTEST  = ctest --test-dir $(BUILD) --output-on-failure --timeout 900
 export CCACHE_BASEDIR := $(CURDIR)
 export CCACHE_NOHASHDIR := 1
 
-.PHONY: deps configure build demo test test-fast test-long bench bench-comm bench-cluster fuzz clean
+.PHONY: deps demo-deps configure build demo test test-fast test-long bench bench-comm bench-cluster fuzz clean
 deps:
 	@scripts/install-deps.sh
+
+# The demo's packages only: no fuzzing toolchain, no benchmark peers (PyTorch, OpenMPI).
+demo-deps:
+	@scripts/install-deps.sh --demo
 
 $(BUILD)/build.ninja:
 	cmake -S . -B $(BUILD) -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo
@@ -25,7 +29,7 @@ build: configure
 # passed in the second), 2 worker processes averaging gradients by allreduce (1 thread each: 2
 # cores). Builds only the dsgd binary. Prints progress and a JSON summary, saves a checkpoint
 # (with model.pt for Python) in $(BUILD)/demo-ckpt.
-demo: configure
+demo: demo-deps $(BUILD)/build.ninja
 	cmake --build $(BUILD) -j $(JOBS) --target dsgd
 	$(BUILD)/dsgd train --workers 2 --strategy allreduce --model cnn --epochs 4 --batch-size 64 --lr 0.02 \
 	    --lr-decay 0.7 --momentum 0.9 --threads 1 --save $(BUILD)/demo-ckpt --json-out $(BUILD)/demo.json

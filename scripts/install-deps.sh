@@ -3,9 +3,10 @@
 # Idempotent: installs only what is missing and prints nothing when everything is present.
 #   scripts/install-deps.sh            everything (build, tests, demo, benchmarks)
 #   scripts/install-deps.sh --build    only what building and testing need
+#   scripts/install-deps.sh --demo     only what building and running `make demo` needs
 set -euo pipefail
 
-build_pkgs=(
+demo_pkgs=(
   cmake ninja-build ccache g++ make pkg-config
   libtorch-dev            # LibTorch 1.13 (CPU)
   libopenblas0-openmp     # without it LibTorch runs on the reference BLAS: CNN 2.3x, MLP 4.7x slower
@@ -13,6 +14,9 @@ build_pkgs=(
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler   # control plane
   libspdlog-dev libcli11-dev nlohmann-json3-dev libgtest-dev zlib1g-dev
   dataset-fashion-mnist   # /usr/share/datasets/fashion-mnist
+)
+build_pkgs=(
+  "${demo_pkgs[@]}"
   iproute2                # network namespaces for multi-host tests
   clang libclang-rt-14-dev     # libFuzzer for the parsers' fuzz targets (tests/fuzz)
 )
@@ -22,8 +26,12 @@ bench_pkgs=(
   gnuplot-nox             # plots in docs/BENCHMARKS.md
 )
 
-pkgs=("${build_pkgs[@]}")
-[[ "${1:-}" == "--build" ]] || pkgs+=("${bench_pkgs[@]}")
+case "${1:-}" in
+  --demo) pkgs=("${demo_pkgs[@]}") ;;
+  --build) pkgs=("${build_pkgs[@]}") ;;
+  "") pkgs=("${build_pkgs[@]}" "${bench_pkgs[@]}") ;;
+  *) echo "install-deps: unknown option '$1'; use --demo, --build or nothing (everything)" >&2; exit 2 ;;
+esac
 
 missing=()
 for p in "${pkgs[@]}"; do
