@@ -6,6 +6,9 @@
 
 #include "dsgd/comm/group.h"
 #include "dsgd/error.h"
+#include "dsgd/control.grpc.pb.h"
+#include "runtime/control/driver_service.h"
+#include "runtime/control/grpc_util.h"
 #include "runtime/control/store_service.h"
 #include "testing/ranks.h"
 
@@ -101,6 +104,31 @@ TEST(GrpcStore, GlooGroupFormsThroughTheDriversStore) {
     group->allreduce(&x, 1, comm::DataType::kInt64, comm::ReduceOp::kSum);
     EXPECT_EQ(x, 6);
   });
+}
+
+// A worker from another build (another control protocol) is refused at registration, with
+// both versions named, instead of misreading the commands; one of this build registers.
+TEST(DriverService, AWorkerOfAnotherControlProtocolIsRefusedNamingBoth) {
+  DriverServerOptions options;
+  options.listen = "127.0.0.1:0";
+  options.token = "t";
+  auto server = DriverServer::start(options);
+  const std::string address = "127.0.0.1:" + std::to_string(server->port());
+  auto stub = proto::Driver::NewStub(make_channel(address));
+  proto::RegisterRequest old_worker;  // protocol unset: what a build before kControlProtocol sends
+  old_worker.set_host("h");
+  old_worker.set_pid(1);
+  proto::RegisterReply reply;
+  grpc::ClientContext ctx;
+  prepare(ctx, "t", milliseconds(5000));
+  const grpc::Status s = stub->Register(&ctx, old_worker, &reply);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_NE(s.error_message().find("control protocol 0"), std::string::npos) << s.error_message();
+  EXPECT_NE(s.error_message().find("this driver " + std::to_string(kControlProtocol)), std::string::npos)
+      << s.error_message();
+  EXPECT_TRUE(server->workers().empty());
+  DriverClient client(address, "t");
+  EXPECT_EQ(client.register_worker("h", "127.0.0.1", 2, -1, milliseconds(5000)).worker, 0);
 }
 
 }  // namespace

@@ -215,6 +215,14 @@ class DriverServerImpl final : public DriverServer, public proto::Driver::Servic
   grpc::Status Register(grpc::ServerContext* ctx, const proto::RegisterRequest* req,
                         proto::RegisterReply* reply) override {
     if (!token_ok(ctx, options_.token, "Register")) return denied();
+    if (req->protocol() != kControlProtocol) {
+      log().warn("driver: refused worker {} (pid {}): it speaks control protocol {}, this driver {}", req->host(),
+                 req->pid(), req->protocol(), kControlProtocol);
+      return {grpc::StatusCode::FAILED_PRECONDITION,
+              "the worker speaks control protocol " + std::to_string(req->protocol()) + " (dsgd " + req->version() +
+                  "), this driver " + std::to_string(kControlProtocol) + " (dsgd " + DSGD_VERSION_STRING +
+                  "): start the workers from the same dsgd build as the driver"};
+    }
     std::lock_guard<std::mutex> lock(mutex_);
     if (alive_count_locked() >= options_.num_workers) {
       log().warn("driver: refused worker {} (pid {}): the job already has its {} workers", req->host(), req->pid(),
@@ -407,6 +415,7 @@ DriverClient::Registration DriverClient::register_worker(const std::string& host
   req.set_address(address);
   req.set_pid(pid);
   req.set_version(DSGD_VERSION_STRING);
+  req.set_protocol(kControlProtocol);
   req.set_spawn_index(spawn_index);
   const auto deadline = Clock::now() + timeout;
   while (true) {

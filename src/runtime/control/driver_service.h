@@ -26,6 +26,11 @@
 
 namespace dsgd::control {
 
+// The version of proto/dsgd/control.proto's messages: raise it with every change a driver and a
+// worker of different builds would misread. A worker that registers with another is refused
+// (FAILED_PRECONDITION), naming both.
+inline constexpr uint32_t kControlProtocol = 2;  // 1: JSON job and commands; 2: JobSpec, typed commands
+
 struct DriverServerOptions {
   std::string listen = "127.0.0.1:0";       // host:port; port 0 picks a free one
   std::string token;
@@ -95,7 +100,8 @@ class DriverClient {
     int64_t worker = -1;
     proto::JobSpec job;
   };
-  // Retries until the driver answers or `timeout` passes.
+  // Retries until the driver answers or `timeout` passes. CommError when the driver refuses (a
+  // full job, another control protocol).
   Registration register_worker(const std::string& host, const std::string& address, int64_t pid,
                                int64_t spawn_index, std::chrono::milliseconds timeout);
   // Long poll; id 0 when nothing came within `wait`.
