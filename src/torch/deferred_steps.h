@@ -27,6 +27,8 @@ class DeferredSteps {
 
   // One record per GradSync of the replica, none pending.
   void reset(size_t syncs);
+  // Whether this replica warns of skipped steps (rank 0 does; ranks change with recoveries).
+  void set_warn(bool warn) { warn_ = warn; }
   // GradSync `sync` held a step back: its learning rates now, and where it is ("epoch E, batch B").
   void begin(size_t sync, std::string where);
   // The held-back bucket holding `params` arrived averaged (`finite` or not): takes its step.
@@ -41,7 +43,7 @@ class DeferredSteps {
   };
   TrainingOperator& op_;
   const NonfinitePolicy policy_;
-  const bool warn_;
+  bool warn_;
   std::vector<Step> steps_;  // per GradSync
 };
 

@@ -64,6 +64,7 @@ void ReplicaRuntime::set_info(int rank, int world_size, int worker) {
   options_.info.world_size = world_size;
   options_.info.worker = worker;
   OperatorAccess::set_info(*op_, options_.info);
+  deferred_.set_warn(rank == 0);
 }
 
 void ReplicaRuntime::attach(std::shared_ptr<strategy::GradientStrategy> strategy) {
