@@ -17,9 +17,9 @@ P to_wire(E e) {
 }
 
 template <typename E, typename P>
-E from_wire(P p, bool (*valid)(int)) {
+E from_wire(P p) {
   const int n = static_cast<int>(p);
-  if (n <= 0 || n > static_cast<int>(ChoiceTraits<E>::names.size()) || !valid(n)) {
+  if (n <= 0 || n > static_cast<int>(ChoiceTraits<E>::names.size())) {
     throw ConfigError("the job spec's " + std::string(ChoiceTraits<E>::field) + " is " + std::to_string(n) +
                       ", which this build does not know: are the driver and this process from different dsgd "
                       "versions?");
@@ -43,15 +43,11 @@ proto::PsPlacement to_proto(PsPlacement p) { return to_wire<proto::PsPlacement>(
 proto::AllreduceAlgo to_proto(AllreduceAlgo a) { return to_wire<proto::AllreduceAlgo>(a); }
 proto::NonfinitePolicy to_proto(NonfinitePolicy n) { return to_wire<proto::NonfinitePolicy>(n); }
 proto::SchedulerStepFreq to_proto(SchedulerStepFreq f) { return to_wire<proto::SchedulerStepFreq>(f); }
-Strategy from_proto(proto::Strategy s) { return from_wire<Strategy>(s, proto::Strategy_IsValid); }
-PsPlacement from_proto(proto::PsPlacement p) { return from_wire<PsPlacement>(p, proto::PsPlacement_IsValid); }
-AllreduceAlgo from_proto(proto::AllreduceAlgo a) { return from_wire<AllreduceAlgo>(a, proto::AllreduceAlgo_IsValid); }
-NonfinitePolicy from_proto(proto::NonfinitePolicy n) {
-  return from_wire<NonfinitePolicy>(n, proto::NonfinitePolicy_IsValid);
-}
-SchedulerStepFreq from_proto(proto::SchedulerStepFreq f) {
-  return from_wire<SchedulerStepFreq>(f, proto::SchedulerStepFreq_IsValid);
-}
+Strategy from_proto(proto::Strategy s) { return from_wire<Strategy>(s); }
+PsPlacement from_proto(proto::PsPlacement p) { return from_wire<PsPlacement>(p); }
+AllreduceAlgo from_proto(proto::AllreduceAlgo a) { return from_wire<AllreduceAlgo>(a); }
+NonfinitePolicy from_proto(proto::NonfinitePolicy n) { return from_wire<NonfinitePolicy>(n); }
+SchedulerStepFreq from_proto(proto::SchedulerStepFreq f) { return from_wire<SchedulerStepFreq>(f); }
 
 proto::JobSpec make_job_spec(const std::string& op, const TrainerConfig& c) {
   int threads = c.threads_per_worker;

@@ -237,7 +237,8 @@ class Worker {
       case C::kPing: break;      // idle: answered
       case C::kShutdown: break;  // answered, then serve() stops
       case C::REQUEST_NOT_SET:
-        throw ConfigError("a command this worker does not know (driver and worker from different dsgd versions?)");
+        throw ConfigError("a command this worker does not know: start the workers from the same dsgd build as the "
+                          "driver");
     }
     if (out.reply_case() == proto::CommandResult::REPLY_NOT_SET) out.mutable_done();
     return out;
