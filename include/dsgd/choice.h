@@ -33,6 +33,13 @@ enum class NonfinitePolicy { kSkip = 1, kError = 2 };
 // when the operator steps them.
 enum class SchedulerStepFreq { kBatch = 1, kEpoch = 2, kManual = 3 };
 
+// Where replicas compute: CUDA when LibTorch sees a GPU (auto), the CPU, or CUDA (an error
+// where there is none).
+enum class Device { kAuto = 1, kCpu = 2, kCuda = 3 };
+// The arithmetic of forward and loss: float32, or bfloat16 under autocast (float32 weights,
+// gradients and optimizer).
+enum class Precision { kFp32 = 1, kBf16 = 2 };
+
 // The field's name and the spelling of each value (index = enum value - 1).
 template <typename E>
 struct ChoiceTraits;
@@ -55,6 +62,16 @@ template <>
 struct ChoiceTraits<NonfinitePolicy> {
   static constexpr std::string_view field = "nonfinite_policy";
   static constexpr std::array<std::string_view, 2> names = {"skip", "error"};
+};
+template <>
+struct ChoiceTraits<Device> {
+  static constexpr std::string_view field = "device";
+  static constexpr std::array<std::string_view, 3> names = {"auto", "cpu", "cuda"};
+};
+template <>
+struct ChoiceTraits<Precision> {
+  static constexpr std::string_view field = "precision";
+  static constexpr std::array<std::string_view, 2> names = {"fp32", "bf16"};
 };
 template <>
 struct ChoiceTraits<SchedulerStepFreq> {

@@ -34,7 +34,8 @@ struct LocalJobOptions {
   bool evaluate = true;                    // evaluate on the test split after each epoch
   bool dropout = true;                     // false: dropout layers become identities
   int64_t synthetic_samples = 8192;        // dataset "synthetic": training samples (test: 1/4)
-  int64_t synthetic_image_size = 28;       // dataset "synthetic": side in pixels (1 channel)
+  int64_t synthetic_image_size = 28;       // dataset "synthetic": side in pixels
+  int64_t synthetic_channels = 1;          // dataset "synthetic": channels (3 for ImageNet-shaped inputs)
   int64_t sim_parameters = 1'000'000;      // model "simulated" (dsgd/models.h): gradient elements,
   int64_t sim_layers = 8;                  //   in this many tensors,
   double sim_step_ms = 50;                 //   forward + backward time per step (slept, not computed)

@@ -58,6 +58,10 @@ struct ReplicaInfo {
   int worker = 0;        // the worker process
   int local_replica = 0; // replica within the worker (devices_per_worker)
   uint64_t seed = 1;     // the job's seed (LibTorch is seeded with it before setup)
+  // Where this replica computes (TrainerConfig::device, resolved). The runtime moves the
+  // registered models and data there after setup(); tensors that train_batch makes itself
+  // belong there too.
+  torch::Device device = torch::kCPU;
 };
 
 namespace torch_glue {

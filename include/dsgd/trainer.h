@@ -54,7 +54,16 @@ struct TrainProgress {
 
 struct TrainerConfig {
   int num_workers = 1;
-  int devices_per_worker = 1;                // replicas per worker process (threads on CPU)
+  int devices_per_worker = 1;                // replicas per worker process (threads on CPU, GPUs with CUDA)
+  // auto: CUDA when the workers' LibTorch sees a GPU, else the CPU. With CUDA, replica i of a
+  // worker at position w is on cuda:((w * devices_per_worker + i) % GPUs), so workers share GPUs
+  // when there are fewer; gradients are staged through pinned host memory to the strategy.
+  // CUDA takes the strategies simple, allreduce and ps (without ps_update_on_shards), and no
+  // forward_overlap_buckets.
+  Choice<Device> device = Device::kAuto;
+  // bf16: forward and loss under autocast in bfloat16 (weights, gradients and the optimizer stay
+  // float32), on the CPU or CUDA.
+  Choice<Precision> precision = Precision::kFp32;
   Choice<Strategy> strategy = Strategy::kAllreduce;  // simple | allreduce | ps | ps_async
   int num_ps_shards = 0;                     // ps: parameter-server shards (0 = one per host), 1..64
   // ps: the shards apply SGD themselves and hold the momentum of their slices (MXNet's

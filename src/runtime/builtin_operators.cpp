@@ -8,6 +8,7 @@
 #include "dsgd/error.h"
 #include "dsgd/models.h"
 #include "dsgd/operator.h"
+#include "dsgd/sgd.h"
 
 namespace dsgd {
 namespace {
@@ -22,7 +23,8 @@ class ImageClassifier : public TrainingOperator {
     if (o.dataset == "synthetic") {
       const int64_t n_test = std::max<int64_t>(1, o.synthetic_samples / 4);
       auto all = data::make_synthetic(
-          {.num_samples = o.synthetic_samples + n_test, .image_size = o.synthetic_image_size, .seed = replica_seed()});
+          {.num_samples = o.synthetic_samples + n_test, .channels = o.synthetic_channels, .image_size = o.synthetic_image_size,
+           .seed = replica_seed()});
       train.emplace(all.images().slice(0, 0, o.synthetic_samples).contiguous(),
                     all.labels().slice(0, 0, o.synthetic_samples).contiguous(), all.num_classes());
       test.emplace(all.images().slice(0, o.synthetic_samples).contiguous(),
@@ -40,7 +42,7 @@ class ImageClassifier : public TrainingOperator {
     mo.sim_layers = o.sim_layers;
     mo.sim_step_ms = o.sim_step_ms;
     auto model = register_model(models::make_model(o.model, mo));
-    register_optimizer(std::make_unique<torch::optim::SGD>(model->parameters(),
+    register_optimizer(std::make_unique<FusedSGD>(model->parameters(),
                                                            torch::optim::SGDOptions(o.lr).momentum(o.momentum)));
     register_loss(cross_entropy_loss());
     const double decay = o.lr_decay;

@@ -39,6 +39,8 @@ void validate(const LocalJobOptions& o) {
   require(o.synthetic_samples >= 1, "synthetic samples must be >= 1, got " + std::to_string(o.synthetic_samples));
   require(o.synthetic_image_size >= 6 && o.synthetic_image_size <= 1024,
           "synthetic image size must be in 6..1024 pixels, got " + std::to_string(o.synthetic_image_size));
+  require(o.synthetic_channels >= 1 && o.synthetic_channels <= 64,
+          "synthetic channels must be in 1..64, got " + std::to_string(o.synthetic_channels));
   require(o.sim_layers >= 1 && o.sim_layers <= 4096, "sim_layers must be in 1..4096, got " + std::to_string(o.sim_layers));
   require(o.sim_parameters >= o.sim_layers && o.sim_parameters <= (int64_t{1} << 34),
           "sim_parameters must be in sim_layers..2^34, got " + std::to_string(o.sim_parameters));
@@ -57,7 +59,7 @@ nlohmann::json parse_config_text(std::string_view text, const std::string& what)
 LocalJobOptions image_classifier_options(const nlohmann::json& config) {
   if (!config.is_object()) throw ConfigError("the image classifier's config must be a JSON object");
   static const std::vector<std::string> known = {"model", "dataset", "data_dir", "lr", "momentum", "lr_decay",
-                                                 "dropout", "synthetic_samples", "synthetic_image_size",
+                                                 "dropout", "synthetic_samples", "synthetic_image_size", "synthetic_channels",
                                                  "sim_parameters", "sim_layers", "sim_step_ms"};
   for (const auto& [k, v] : config.items()) {
     if (std::find(known.begin(), known.end(), k) == known.end()) {
@@ -75,6 +77,7 @@ LocalJobOptions image_classifier_options(const nlohmann::json& config) {
     o.dropout = config.value("dropout", o.dropout);
     o.synthetic_samples = runtime::integer_field(config, "synthetic_samples", o.synthetic_samples);
     o.synthetic_image_size = runtime::integer_field(config, "synthetic_image_size", o.synthetic_image_size);
+    o.synthetic_channels = runtime::integer_field(config, "synthetic_channels", o.synthetic_channels);
     o.sim_parameters = runtime::integer_field(config, "sim_parameters", o.sim_parameters);
     o.sim_layers = runtime::integer_field(config, "sim_layers", o.sim_layers);
     o.sim_step_ms = config.value("sim_step_ms", o.sim_step_ms);

@@ -5,6 +5,7 @@
 
 #include "dsgd/error.h"
 #include "runtime/trainer_config.h"
+#include "torch/device.h"
 #include "torch/replica.h"
 
 namespace dsgd::runtime {
@@ -35,6 +36,9 @@ static_assert(static_cast<int>(AllreduceAlgo::kRing) == proto::ALLREDUCE_ALGO_RI
 static_assert(static_cast<int>(NonfinitePolicy::kError) == proto::NONFINITE_POLICY_ERROR);
 static_assert(static_cast<int>(SchedulerStepFreq::kManual) == proto::SCHEDULER_STEP_FREQ_MANUAL);
 static_assert(static_cast<int>(SchedulerStepFreq::kBatch) == proto::SCHEDULER_STEP_FREQ_BATCH);
+static_assert(static_cast<int>(Device::kCuda) == proto::DEVICE_CUDA);
+static_assert(static_cast<int>(Device::kCpu) == proto::DEVICE_CPU);
+static_assert(static_cast<int>(Precision::kBf16) == proto::PRECISION_BF16);
 
 }  // namespace
 
@@ -48,6 +52,10 @@ PsPlacement from_proto(proto::PsPlacement p) { return from_wire<PsPlacement>(p);
 AllreduceAlgo from_proto(proto::AllreduceAlgo a) { return from_wire<AllreduceAlgo>(a); }
 NonfinitePolicy from_proto(proto::NonfinitePolicy n) { return from_wire<NonfinitePolicy>(n); }
 SchedulerStepFreq from_proto(proto::SchedulerStepFreq f) { return from_wire<SchedulerStepFreq>(f); }
+proto::Device to_proto(Device d) { return to_wire<proto::Device>(d); }
+proto::Precision to_proto(Precision p) { return to_wire<proto::Precision>(p); }
+Device from_proto(proto::Device d) { return from_wire<Device>(d); }
+Precision from_proto(proto::Precision p) { return from_wire<Precision>(p); }
 
 proto::JobSpec make_job_spec(const std::string& op, const TrainerConfig& c) {
   int threads = c.threads_per_worker;
@@ -77,6 +85,8 @@ proto::JobSpec make_job_spec(const std::string& op, const TrainerConfig& c) {
   s.set_max_staleness(c.max_staleness);
   s.set_heartbeat_timeout_ms(c.heartbeat_timeout.count());
   s.set_comm_timeout_ms(c.comm_timeout.count());
+  s.set_device(to_proto(c.device.value()));
+  s.set_precision(to_proto(c.precision.value()));
   return s;
 }
 
@@ -91,6 +101,9 @@ torch_glue::ReplicaOptions replica_options(const proto::JobSpec& spec, const Rep
   o.overlap = spec.overlap();
   o.forward_overlap_buckets = spec.forward_overlap_buckets();
   o.nonfinite = from_proto(spec.nonfinite_policy());
+  o.info.device = torch_glue::replica_device(from_proto(spec.device()),
+                                             info.worker * spec.devices_per_worker() + info.local_replica);
+  o.precision = from_proto(spec.precision());
   return o;
 }
 

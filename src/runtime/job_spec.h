@@ -45,6 +45,10 @@ PsPlacement from_proto(proto::PsPlacement p);
 AllreduceAlgo from_proto(proto::AllreduceAlgo a);
 NonfinitePolicy from_proto(proto::NonfinitePolicy n);
 SchedulerStepFreq from_proto(proto::SchedulerStepFreq f);
+proto::Device to_proto(Device d);
+proto::Precision to_proto(Precision p);
+Device from_proto(proto::Device d);
+Precision from_proto(proto::Precision p);
 
 }  // namespace runtime
 }  // namespace dsgd

@@ -62,7 +62,7 @@ LocalJobResult run_local_job(const LocalJobOptions& o, ProgressListener* listene
   std::optional<data::ImageDataset> synthetic;
   if (o.dataset == "synthetic") {
     synthetic.emplace(data::make_synthetic(
-        {.num_samples = o.synthetic_samples + synthetic_test, .image_size = o.synthetic_image_size, .seed = o.seed}));
+        {.num_samples = o.synthetic_samples + synthetic_test, .channels = o.synthetic_channels, .image_size = o.synthetic_image_size, .seed = o.seed}));
   }
   auto split = [&](data::Split which) {
     if (!synthetic) return data::load_fashion_mnist(o.data_dir, which);

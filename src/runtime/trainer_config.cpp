@@ -30,6 +30,8 @@ void validate_trainer_config(const std::string& op, const TrainerConfig& c) {
   (void)c.allreduce_algo.value();
   (void)c.scheduler_step_freq.value();
   (void)c.nonfinite_policy.value();
+  (void)c.device.value();
+  (void)c.precision.value();
   require(c.max_staleness >= -1, "max_staleness must be >= -1 (-1 = unbounded), got " + std::to_string(c.max_staleness));
   require(c.num_ps_shards >= 0 && c.num_ps_shards <= 64,
           "num_ps_shards must be in 0..64 (0 = one per host), got " + std::to_string(c.num_ps_shards));
@@ -46,6 +48,12 @@ void validate_trainer_config(const std::string& op, const TrainerConfig& c) {
   require(c.forward_overlap_buckets == 0 || (c.strategy != Strategy::kPsAsync && !c.ps_update_on_shards),
           "forward_overlap_buckets needs averaged gradients (allreduce, ps, simple); under ps_async and "
           "ps_update_on_shards the servers take the step. Set it to 0");
+  // Explicit CUDA only; under auto the worker's GradSync says the same where it finds a GPU.
+  require(c.device != Device::kCuda || (c.strategy != Strategy::kPsAsync && !c.ps_update_on_shards),
+          "device cuda takes the strategies simple, allreduce and ps (without ps_update_on_shards): their servers "
+          "update on the CPU. Use one of those, or device cpu");
+  require(c.device != Device::kCuda || c.forward_overlap_buckets == 0,
+          "forward_overlap_buckets is CPU-only: set it to 0 with device cuda");
   require(c.grad_shard_bytes > 0, "grad_shard_bytes must be > 0, got " + std::to_string(c.grad_shard_bytes));
   const int64_t world = int64_t{c.num_workers} * c.devices_per_worker;
   require(c.batch_size >= world, "batch_size (global) must be at least the number of replicas (" +

@@ -1,6 +1,7 @@
 #include "runtime/worker.h"
 
 #include <arpa/inet.h>
+#include <execinfo.h>
 #include <netdb.h>
 #include <signal.h>
 #include "runtime/control/log.h"
@@ -12,6 +13,7 @@
 
 #include <atomic>
 #include <cstdlib>
+#include <cstring>
 #include <mutex>
 #include <thread>
 
@@ -293,7 +295,7 @@ class Worker {
 
   proto::PickleReply on_get_pickle() {
     c10::Dict<std::string, at::Tensor> dict;
-    for (auto& [name, t] : replicas_.at(0)->named_tensors()) dict.insert(name, t.detach().clone());
+    for (auto& [name, t] : replicas_.at(0)->named_tensors()) dict.insert(name, t.detach().to(torch::kCPU, /*non_blocking=*/false, /*copy=*/true));
     const auto bytes = torch::pickle_save(dict);
     proto::PickleReply out;
     out.set_pickle(std::string(bytes.begin(), bytes.end()));
@@ -468,6 +470,25 @@ class Worker {
   std::vector<std::unique_ptr<torch_glue::ReplicaRuntime>> replicas_;  // after strategies_: hooks go first
 };
 
+// A worker that crashes leaves its stack in the log (the driver sees only "killed by signal
+// 11"): async-signal-safe writes only, then the default action, so the exit status stays the same.
+void print_stack_and_die(int sig) {
+  const char* what = sig == SIGSEGV ? "SIGSEGV" : sig == SIGBUS ? "SIGBUS" : sig == SIGFPE ? "SIGFPE" : "SIGILL";
+  (void)!::write(STDERR_FILENO, "dsgd worker: fatal ", 19);
+  (void)!::write(STDERR_FILENO, what, std::strlen(what));
+  (void)!::write(STDERR_FILENO, ", stack:\n", 9);
+  void* frames[64];
+  backtrace_symbols_fd(frames, backtrace(frames, 64), STDERR_FILENO);
+  ::signal(sig, SIG_DFL);
+  ::raise(sig);
+}
+
+void print_stack_on_crash() {
+  void* warm[1];
+  backtrace(warm, 1);  // loads libgcc's unwinder now, not inside the handler
+  for (int sig : {SIGSEGV, SIGBUS, SIGFPE, SIGILL}) ::signal(sig, print_stack_and_die);
+}
+
 }  // namespace
 }  // namespace dsgd::runtime
 
@@ -475,6 +496,7 @@ namespace dsgd {
 
 int run_worker(const WorkerArgs& args) {
   if (signal(SIGPIPE, SIG_IGN) == SIG_ERR) control::log().warn("worker: cannot ignore SIGPIPE");
+  runtime::print_stack_on_crash();
   control::DriverClient client(args.driver, args.token);
   const std::string address = args.address.empty() ? runtime::route_address(args.driver) : args.address;
   const std::string host = runtime::host_name();

@@ -4,7 +4,11 @@
 #include <cmath>
 #include <limits>
 #include <utility>
+#include <c10/core/Event.h>
+#include <c10/core/impl/VirtualGuardImpl.h>
 #include <torch/csrc/autograd/engine.h>
+
+#include <thread>
 
 #include "comm/reduce_kernels.h"
 #include "comm/timeline.h"
@@ -22,22 +26,34 @@ std::vector<size_t> element_counts(const std::vector<torch::Tensor>& params) {
   std::vector<size_t> counts;
   for (size_t i = 0; i < params.size(); ++i) {
     const auto& p = params[i];
-    if (p.scalar_type() != torch::kFloat32 || !p.device().is_cpu()) {
+    if (p.scalar_type() != torch::kFloat32 || !(p.device().is_cpu() || p.device().is_cuda())) {
       throw ConfigError("parameter " + std::to_string(i) + " is " + std::string(c10::toString(p.scalar_type())) +
-                        " on " + p.device().str() + "; dsgd averages float32 CPU parameters (convert the model " +
-                        "with ->to(torch::kFloat32))");
+                        " on " + p.device().str() + "; dsgd averages float32 parameters on the CPU or CUDA (convert " +
+                        "the model with ->to(torch::kFloat32))");
+    }
+    if (p.device() != params[0].device()) {
+      throw ConfigError("parameter " + std::to_string(i) + " is on " + p.device().str() + ", parameter 0 on " +
+                        params[0].device().str() + "; a model's parameters must share one device");
     }
     counts.push_back(static_cast<size_t>(p.numel()));
   }
   return counts;
 }
 
-// The flat buffer: the strategy's memory for gradients where it has some (zeroed, and keeping the
-// strategy, whose memory it is, alive), else a tensor of its own.
-torch::Tensor flat_buffer(const std::shared_ptr<strategy::GradientStrategy>& strategy, size_t count, bool* shared) {
+torch::Device device_of(const std::vector<torch::Tensor>& params) {
+  return params.empty() ? torch::Device(torch::kCPU) : params[0].device();
+}
+
+// The host buffer the strategy averages: its memory for gradients where it has some (zeroed, and
+// keeping the strategy, whose memory it is, alive), else a tensor of its own (pinned when it
+// stages a GPU's gradients, so copies to and from the device are asynchronous).
+torch::Tensor host_buffer(const std::shared_ptr<strategy::GradientStrategy>& strategy, size_t count, bool pinned,
+                          bool* shared) {
   float* p = strategy ? strategy->gradient_buffer(count) : nullptr;
   *shared = p != nullptr;
-  if (p == nullptr) return torch::zeros({static_cast<int64_t>(count)}, torch::kFloat32);
+  if (p == nullptr) {
+    return torch::zeros({static_cast<int64_t>(count)}, torch::TensorOptions(torch::kFloat32).pinned_memory(pinned));
+  }
   std::fill_n(p, count, 0.0f);
   return torch::from_blob(p, {static_cast<int64_t>(count)}, [keep = strategy](void*) {}, torch::kFloat32);
 }
@@ -49,20 +65,32 @@ GradSync::GradSync(std::vector<torch::Tensor> params, size_t grad_shard_bytes,
     : params_(std::move(params)),
       plan_(element_counts(params_), sizeof(float), grad_shard_bytes),
       strategy_(std::move(strategy)),
-      flat_(flat_buffer(strategy_, plan_.total_elements(), &flat_shared_)),
+      device_(device_of(params_)),
+      staged_(device_.is_cuda()),
+      host_(host_buffer(strategy_, plan_.total_elements(), staged_, &flat_shared_)),
+      flat_(staged_ ? torch::zeros({static_cast<int64_t>(plan_.total_elements())},
+                                   torch::TensorOptions(torch::kFloat32).device(device_))
+                    : host_),
       overlap_(overlap),
       got_grad_(params_.size(), false),
       works_(plan_.buckets().size()),
       gated_(params_.size(), false),
       pending_(plan_.buckets().size()),
       bucket_ok_(plan_.buckets().size(), true) {
+  if (staged_ && strategy_ && strategy_->updates_on_servers()) {
+    throw ConfigError("strategy " + strategy_->name() + " updates parameters on its servers, which hold them on the " +
+                      "CPU; with CUDA use allreduce, simple or ps without ps_update_on_shards");
+  }
+  if (staged_ && deferred > 0) {
+    throw ConfigError("forward_overlap_buckets is CPU-only: set it to 0 with device cuda");
+  }
   set_deferred_buckets(deferred);
   torch::NoGradGuard no_grad;
   for (size_t i = 0; i < params_.size(); ++i) {
     const auto& s = plan_.slot(i);
     // set_ rather than narrow(): the slot shares flat_'s storage without being an autograd view,
     // so Optimizer::zero_grad() may detach_() it once it is the parameter's .grad.
-    slots_.push_back(torch::empty({0}, torch::kFloat32)
+    slots_.push_back(torch::empty({0}, torch::TensorOptions(torch::kFloat32).device(device_))
                          .set_(flat_.storage(), static_cast<int64_t>(s.offset), params_[i].sizes(),
                                params_[i].contiguous().strides()));
     const unsigned id = params_[i].register_hook([this, i](torch::Tensor grad) {
@@ -72,12 +100,22 @@ GradSync::GradSync(std::vector<torch::Tensor> params, size_t grad_shard_bytes,
     hooks_.emplace_back(params_[i], id);
   }
   for (const auto& b : plan_.buckets()) missing_.push_back(b.params.size());
+  if (staged_) stager_ = std::thread([this] { stage_loop(); });  // last: nothing after it throws
 }
 
 GradSync::~GradSync() {
+  if (stager_.joinable()) {
+    {
+      std::unique_lock<std::mutex> lock(mutex_);
+      stage_cv_.wait(lock, [this] { return staging_ == 0; });
+      stage_stop_ = true;
+    }
+    stage_cv_.notify_all();
+    stager_.join();
+  }
   discard_pending();
   for (auto& [param, id] : hooks_) param.remove_hook(id);
-  if (flat_shared_) {  // the strategy's memory goes with it (a re-formed group): .grad keeps a copy
+  if (flat_shared_ && !staged_) {  // the strategy's memory goes with it (a re-formed group): .grad keeps a copy
     for (auto& p : params_) {
       auto& g = p.mutable_grad();
       if (g.defined() && g.storage().is_alias_of(flat_.storage())) g = g.detach().clone();
@@ -119,6 +157,13 @@ void GradSync::on_grad(size_t param, const torch::Tensor& grad) {
   auto& slot = slots_[param];
   float* dst = slot.data_ptr<float>();
   const size_t n = static_cast<size_t>(slot.numel());
+  if (staged_) {  // checked on the host, once staged
+    torch::mul_out(slot, grad, weight_);
+    params_[param].mutable_grad() = torch::Tensor();
+    --missing_[bucket];
+    if (overlap_) launch_ready_locked(false);
+    return;
+  }
   bool ok;
   if (grad.scalar_type() == torch::kFloat32 && grad.device().is_cpu() && grad.layout() == torch::kStrided &&
       grad.is_contiguous() && grad.numel() == slot.numel()) {
@@ -144,6 +189,8 @@ void GradSync::launch_ready_locked(bool after_backward) {
     comm::timeline::BucketScope scope(static_cast<int64_t>(i));  // the strategy's operations name it
     if (strategy_->updates_on_servers()) {
       launch_update_locked(i);  // the servers check the averages themselves
+    } else if (staged_) {
+      stage_locked(i);
     } else {
       float* data = flat_.data_ptr<float>() + buckets[i].offset;
       // Tells every replica: the average's first element is then NaN everywhere.
@@ -151,6 +198,47 @@ void GradSync::launch_ready_locked(bool after_backward) {
       works_[i] = strategy_->average_async(data, buckets[i].count);
     }
     ++next_launch_;
+  }
+}
+
+void GradSync::stage_locked(size_t bucket) {
+  const auto& b = plan_.buckets()[bucket];
+  const auto n = static_cast<int64_t>(b.count), offset = static_cast<int64_t>(b.offset);
+  host_.narrow(0, offset, n).copy_(flat_.narrow(0, offset, n), /*non_blocking=*/true);
+  c10::Event copied(device_.type());
+  copied.record(c10::impl::VirtualGuardImpl(device_.type()).getStream(device_));
+  ++staging_;
+  stage_queue_.push_back({bucket, std::move(copied)});
+  stage_cv_.notify_all();
+}
+
+void GradSync::stage_loop() {
+  std::unique_lock<std::mutex> lock(mutex_);
+  for (;;) {
+    stage_cv_.wait(lock, [this] { return stage_stop_ || !stage_queue_.empty(); });
+    if (stage_queue_.empty()) return;
+    Staged item = std::move(stage_queue_.front());
+    stage_queue_.pop_front();
+    lock.unlock();
+    // The copy to the host is in the device's queue behind backward's kernels: poll its event
+    // (c10::Event has no blocking wait in LibTorch 1.13).
+    while (!item.copied.query()) std::this_thread::sleep_for(std::chrono::microseconds(10));
+    const auto& b = plan_.buckets()[item.bucket];
+    float* data = host_.data_ptr<float>() + b.offset;
+    const bool ok = comm::copy_scaled_below(data, data, b.count, 1.0f, kGradLimit);
+    // Tells every replica: the average's first element is then NaN everywhere.
+    if (!ok && b.count > 0) data[0] = std::numeric_limits<float>::quiet_NaN();
+    lock.lock();
+    try {
+      comm::timeline::BucketScope scope(static_cast<int64_t>(item.bucket));
+      works_[item.bucket] = strategy_->average_async(data, b.count);
+    } catch (...) {
+      auto failed = std::make_shared<comm::Work>("staged bucket " + std::to_string(item.bucket));
+      failed->complete(std::current_exception());
+      works_[item.bucket] = failed;
+    }
+    --staging_;
+    stage_cv_.notify_all();
   }
 }
 
@@ -325,7 +413,7 @@ void GradSync::gather_server_state() {
 
 bool GradSync::average_ok(size_t bucket) const {
   const auto& b = plan_.buckets()[bucket];
-  return b.count == 0 || std::isfinite(flat_.data_ptr<float>()[b.offset]);
+  return b.count == 0 || std::isfinite(host_.data_ptr<float>()[b.offset]);
 }
 
 void GradSync::reset_backward_locked() {
@@ -361,6 +449,7 @@ void GradSync::finalize() {
     if (deferred_.begin) deferred_.begin();
     return;
   }
+  stage_cv_.wait(lock, [this] { return staging_ == 0; });  // every staged bucket handed to the strategy
   std::vector<std::shared_ptr<comm::Work>> works;
   for (size_t i : schedule_.launch_order) works.push_back(std::move(works_[i]));
   lock.unlock();
@@ -397,6 +486,7 @@ void GradSync::finalize() {
   }
   last_finite_ = true;
   for (size_t b = 0; b < plan_.buckets().size(); ++b) last_finite_ = last_finite_ && average_ok(b);
+  if (staged_) flat_.copy_(host_, /*non_blocking=*/true);  // in the device's queue, before the optimizer's kernels
   // The averages are in the slots: each slot becomes its parameter's .grad, with no copy.
   for (size_t i = 0; i < params_.size(); ++i) params_[i].mutable_grad() = slots_[i];
 }

@@ -21,9 +21,16 @@
 // by the next backward; keep a clone to hold on to it. The gradient of one backward is
 // averaged, whatever .grad held before it (accumulating gradients over several backwards is not
 // supported). One GradSync per model; a backward that gives none of its parameters a gradient
-// launches nothing. Parameters must be float32 and on the CPU. The flat buffer is the strategy's
+// launches nothing. Parameters must be float32, all on the CPU or all on one CUDA device. The flat buffer is the strategy's
 // gradient_buffer where it offers one (a host's shared memory, which the allreduce then reads in
 // place); a .grad still sharing it when the GradSync goes is replaced by a copy.
+//
+// On a CUDA device the flat buffer lives on the device and the strategy averages a host copy
+// (staging): each full bucket is copied to pinned host memory (or the strategy's shared memory)
+// in the device's queue, and a staging thread hands it to the strategy once the copy is done,
+// checked, so backward goes on meanwhile; after the waits the averages go back to the device in
+// one copy, queued before the optimizer's kernels. Not with strategies that update on their
+// servers, nor with deferred buckets (ConfigError).
 //
 // With a strategy that updates on its servers (ps with update on shards, ps_async; after
 // set_server_optimizer), each bucket's gradient goes to update_async instead, and after backward
@@ -34,9 +41,13 @@
 // next forward: see set_deferred_step.
 #pragma once
 
+#include <c10/core/Event.h>
 #include <torch/types.h>
 
 #include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <thread>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -134,14 +145,19 @@ class GradSync {
   void start_servers_now();
   void copy_state_flat(torch::Tensor& params, torch::Tensor& momentum);  // momentum undefined: not all have one
   void finalize();
+  void stage_locked(size_t bucket);      // CUDA: the bucket's copy to the host, queued for the stager
+  void stage_loop();
   void reset_backward_locked();          // after a backward's end, for the next one
   bool average_ok(size_t bucket) const;  // after its wait: no replica's part failed the check
 
   std::vector<torch::Tensor> params_;
   strategy::BucketPlan plan_;
   std::shared_ptr<strategy::GradientStrategy> strategy_;
-  bool flat_shared_ = false;                    // flat_ is the strategy's gradient_buffer (before flat_)
-  torch::Tensor flat_;                          // plan_.total_elements() floats
+  const torch::Device device_;                  // the parameters'
+  const bool staged_;                           // on CUDA: the strategy averages host_, a copy of flat_
+  bool flat_shared_ = false;                    // host_ is the strategy's gradient_buffer
+  torch::Tensor host_;                          // plan_.total_elements() floats the strategy averages
+  torch::Tensor flat_;                          // the gradients on device_ (host_ itself on the CPU)
   std::vector<torch::Tensor> slots_;            // flat_'s storage, one per parameter, shaped like it
   double weight_ = 1.0;
   const bool overlap_;
@@ -162,6 +178,17 @@ class GradSync {
   Times times_;
   bool last_finite_ = true;
   std::vector<std::pair<torch::Tensor, unsigned>> hooks_;  // (param, hook id) to remove
+
+  // CUDA staging (guarded by mutex_): buckets whose copy to the host is queued on the device.
+  struct Staged {
+    size_t bucket;
+    c10::Event copied;
+  };
+  std::deque<Staged> stage_queue_;
+  size_t staging_ = 0;                          // queued or being handed over
+  bool stage_stop_ = false;
+  std::condition_variable stage_cv_;
+  std::thread stager_;                          // why: waits for each copy while backward goes on
 
   // Update on the servers.
   uint32_t server_id_ = 0;

@@ -206,7 +206,8 @@ Metrics TrainingOperator::validate() {
   constexpr int64_t kBatch = 1000;
   for (int64_t s = begin; s < end; s += kBatch) {
     const int64_t e = std::min(end, s + kBatch);
-    Batch b{val_data_.slice(0, s, e), val_targets_.defined() ? val_targets_.slice(0, s, e) : torch::Tensor()};
+    Batch b{val_data_.slice(0, s, e).to(info_.device, /*non_blocking=*/true),
+            val_targets_.defined() ? val_targets_.slice(0, s, e).to(info_.device, /*non_blocking=*/true) : torch::Tensor()};
     mean.add(validate_batch(b));
   }
   for (auto& m : models_) m->train();

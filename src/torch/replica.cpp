@@ -9,7 +9,9 @@
 #include <cmath>
 
 #include "comm/timeline.h"
+#include "dsgd/comm/cuda.h"
 #include "dsgd/error.h"
+#include "torch/device.h"
 #include "torch/server_optimizer.h"
 
 namespace dsgd::torch_glue {
@@ -54,7 +56,26 @@ void ReplicaRuntime::setup(const nlohmann::json& config) {
     throw ConfigError("the training data has " + std::to_string(op_->num_train_samples()) +
                       " samples, fewer than the " + std::to_string(options_.info.world_size) + " replicas");
   }
+  to_device();
   step_schedules_to(0);
+}
+
+void ReplicaRuntime::to_device() {
+  const torch::Device device = options_.info.device;
+  if (device.is_cpu()) return;
+  for (auto& m : op_->models()) m->to(device);  // in place: the optimizers keep their parameters
+  auto data = OperatorAccess::data(*op_);
+  size_t bytes = 0;
+  for (auto* t : data) bytes += t->defined() ? static_cast<size_t>(t->nbytes()) : 0;
+  size_t free = 0, total = 0;
+  const bool resident = device.is_cuda() && comm::cuda_memory_info(device.index(), &free, &total) && bytes <= free / 4;
+  for (auto* t : data) {
+    if (t->defined()) *t = resident ? t->to(device) : t->pin_memory();
+  }
+  if (options_.info.rank == 0) {
+    dsgd::log().info("replicas on {}: {:.1f} MB of data {}", device.str(), static_cast<double>(bytes) / 1e6,
+                     resident ? "held on the device" : "pinned in host memory, copied per batch");
+  }
 }
 
 std::string ReplicaRuntime::signature() const { return model_signature(*op_); }
@@ -77,7 +98,9 @@ void ReplicaRuntime::attach(std::shared_ptr<strategy::GradientStrategy> strategy
     for (auto& m : op_->models()) {
       for (auto& p : m->parameters()) params.push_back(p);
     }
-    check_ = std::make_unique<GradCheck>(std::move(params));
+    // On a GPU the hooks' per-gradient checks would each wait for the device: check_gradients
+    // checks them all at once instead.
+    if (options_.info.device.is_cpu()) check_ = std::make_unique<GradCheck>(std::move(params));
     return;
   }
   // The servers take the step themselves under these: nothing to defer. Chosen per call (-1):
@@ -155,6 +178,7 @@ int64_t ReplicaRuntime::batches_per_epoch() const { return sampler().batches_per
 void ReplicaRuntime::start_epoch_order() {
   if (order_epoch_ == position_.epoch) return;
   order_ = epoch_order(op_->num_train_samples(), options_.seed, position_.epoch);
+  if (!op_->train_data().device().is_cpu()) order_ = order_.to(op_->train_data().device());  // batches cut there
   order_epoch_ = position_.epoch;
 }
 
@@ -169,14 +193,27 @@ bool ReplicaRuntime::next_batch(Batch& batch, int64_t max_batches) {
   const EpochSampler s = sampler();
   const auto [begin, end] = s.part(position_.batch);
   auto idx = order_.slice(0, begin, end);
-  batch.data = op_->train_data().index_select(0, idx);
-  batch.target = op_->train_targets().defined() ? op_->train_targets().index_select(0, idx) : torch::Tensor();
+  batch.data = gather(op_->train_data(), idx);
+  batch.target = op_->train_targets().defined() ? gather(op_->train_targets(), idx) : torch::Tensor();
   for (auto& sync : syncs_) sync->set_weight(s.weight(position_.batch));
   ++taken_this_call_;
   return true;
 }
 
+torch::Tensor ReplicaRuntime::gather(const torch::Tensor& data, const torch::Tensor& idx) const {
+  const torch::Device device = options_.info.device;
+  if (data.device() == device) return data.index_select(0, data.device().is_cpu() ? idx : idx.to(device));
+  // Pinned data for a GPU: gathered into pinned memory, whose copy is asynchronous (LibTorch's
+  // pinned allocator keeps the block until the copy is done).
+  auto sizes = data.sizes().vec();
+  sizes[0] = idx.size(0);
+  auto staged = torch::empty(sizes, data.options().pinned_memory(true));
+  torch::index_select_out(staged, data, 0, idx);
+  return staged.to(device, /*non_blocking=*/true);
+}
+
 void ReplicaRuntime::after_batch() {
+  if (options_.precision != Precision::kFp32) AutocastScope::clear_cache();  // the step changed the weights
   batch_ends_.push_back(Clock::now());
   ++position_.batch;
   ++progress_.batches;
@@ -202,15 +239,15 @@ bool ReplicaRuntime::check_gradients() {
   } else if (check_) {
     finite = check_->take();  // checked as backward made them
   } else {
-    // As GradSync does: one sum per gradient, one host sync (isfinite().all() per parameter
-    // cost the MLP ~20% of its step).
-    std::vector<torch::Tensor> sums;
+    // A lone replica on a GPU (or after the hooks were detached): all gradients at once, one
+    // host sync (isfinite().all() per parameter cost the MLP ~20% of its step).
+    std::vector<torch::Tensor> grads;
     for (auto& m : op_->models()) {
       for (auto& p : m->parameters()) {
-        if (p.grad().defined()) sums.push_back(p.grad().sum());
+        if (p.grad().defined()) grads.push_back(p.grad());
       }
     }
-    if (!sums.empty()) finite = std::isfinite(torch::stack(sums).sum().item<double>());
+    finite = all_finite(grads);
   }
   if (finite) return true;
   if (options_.nonfinite == NonfinitePolicy::kError) {
@@ -242,6 +279,7 @@ Metrics ReplicaRuntime::train(int64_t max_batches, bool profile) {
     // The forward overlap's gate, for this thread, while the operator trains; the steps still
     // pending at the end are taken before train() returns.
     ParameterGate* const previous = set_thread_parameter_gate(gate_index_.empty() ? nullptr : this);
+    AutocastScope autocast(options_.info.device, options_.precision.value());
     try {
       m = op_->train_epoch(max_batches);
       for (auto& s : syncs_) s->flush();
@@ -291,7 +329,10 @@ Metrics ReplicaRuntime::train(int64_t max_batches, bool profile) {
   return m;
 }
 
-Metrics ReplicaRuntime::validate() { return op_->validate(); }
+Metrics ReplicaRuntime::validate() {
+  AutocastScope autocast(options_.info.device, options_.precision.value());
+  return op_->validate();
+}
 
 std::string ReplicaRuntime::save_state() const { return save_replica_state(*op_, {position_, schedule_t_}); }
 
@@ -301,7 +342,7 @@ size_t ReplicaRuntime::gradient_bytes() const { return torch_glue::gradient_byte
 
 void ReplicaRuntime::load_state(const std::string& bytes) {
   for (auto& s : syncs_) s->discard_pending();
-  const ReplicaState state = load_replica_state(*op_, bytes);
+  const ReplicaState state = load_replica_state(*op_, bytes, options_.info.device);
   position_ = state.position;
   step_schedules_to(state.schedule_t);
   for (auto& s : syncs_) s->restart_servers();

@@ -54,6 +54,7 @@ struct ReplicaOptions {
   // -1: chosen per train() call (set_forward_overlap_buckets; 0 until then).
   int64_t forward_overlap_buckets = 0;
   Choice<NonfinitePolicy> nonfinite = NonfinitePolicy::kSkip;  // non-finite gradients: skip the step, or fail
+  Choice<Precision> precision = Precision::kFp32;  // bf16: train and validate under autocast
 };
 
 class ReplicaRuntime : private ParameterGate, private ReplicaHost {
@@ -62,6 +63,10 @@ class ReplicaRuntime : private ParameterGate, private ReplicaHost {
   ~ReplicaRuntime();
 
   // Seeds LibTorch, runs the operator's setup; throws ConfigError if it registered no model.
+  // Then moves the models and the registered data to info.device. On CUDA the data goes to the
+  // GPU whole when it takes at most a quarter of the GPU's free memory (batches are then cut
+  // there); else it is pinned, and each batch is gathered into pinned memory and copied over
+  // asynchronously.
   void setup(const nlohmann::json& config);
   // "name shape dtype" per parameter and buffer of every model, one per line.
   std::string signature() const;
@@ -136,6 +141,9 @@ class ReplicaRuntime : private ParameterGate, private ReplicaHost {
   void wait(const torch::Tensor& parameter) override;
   std::string where() const;  // "epoch E, batch B" of the step in progress (1-based)
   EpochSampler sampler() const;
+  void to_device();  // after setup: models and data to info.device
+  // Rows `idx` of registered data, on the replica's device.
+  torch::Tensor gather(const torch::Tensor& data, const torch::Tensor& idx) const;
   void start_epoch_order();
   void step_schedules_to(int64_t t);
 

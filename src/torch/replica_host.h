@@ -43,6 +43,10 @@ struct OperatorAccess {
   static void set_info(TrainingOperator& op, const ReplicaInfo& info) { op.info_ = info; }
   // The registered schedules (their base learning rates are filled in after setup).
   static std::vector<TrainingOperator::Schedule>& schedules(TrainingOperator& op) { return op.schedules_; }
+  // The registered data (training, then validation: data and targets), to move to a device.
+  static std::vector<torch::Tensor*> data(TrainingOperator& op) {
+    return {&op.train_data_, &op.train_targets_, &op.val_data_, &op.val_targets_};
+  }
 };
 
 }  // namespace dsgd::torch_glue

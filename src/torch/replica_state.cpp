@@ -48,10 +48,10 @@ size_t replica_state_bytes(const TrainingOperator& op, const ReplicaState& state
   return bytes;
 }
 
-ReplicaState load_replica_state(TrainingOperator& op, const std::string& bytes) {
+ReplicaState load_replica_state(TrainingOperator& op, const std::string& bytes, torch::Device device) {
   torch::serialize::InputArchive archive;
   std::istringstream in(bytes);
-  archive.load_from(in);
+  archive.load_from(in, device);
   for (size_t i = 0; i < op.models().size(); ++i) {
     torch::serialize::InputArchive sub;
     if (!archive.try_read("model" + std::to_string(i), sub)) {

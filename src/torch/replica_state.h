@@ -37,7 +37,9 @@ std::string save_replica_state(const TrainingOperator& op, const ReplicaState& s
 size_t replica_state_bytes(const TrainingOperator& op, const ReplicaState& state);
 // Loads models, optimizers (their per-parameter state replaced, not merged) and the operator's
 // extra state; returns the position and schedule step for the caller to restore.
-ReplicaState load_replica_state(TrainingOperator& op, const std::string& bytes);
+// Tensors are read onto `device` (the replica's), whatever device saved them.
+ReplicaState load_replica_state(TrainingOperator& op, const std::string& bytes,
+                                torch::Device device = torch::kCPU);
 
 // Every model's parameters and buffers: model 0's under their own names, model m's prefixed
 // "model<m>.".

@@ -5,14 +5,9 @@
 #include <algorithm>
 
 #include "dsgd/error.h"
+#include "torch/optimizer_state.h"
 
 namespace dsgd::torch_glue {
-namespace {
-
-// The key torch::optim::Optimizer files a parameter's state under.
-std::string state_key(const torch::Tensor& p) { return c10::guts::to_string(p.unsafeGetTensorImpl()); }
-
-}  // namespace
 
 // Model `m`'s parameters on the servers: the torch::optim::SGD param group holding them all,
 // whose options each step reads and whose state receives the servers' momentum.
@@ -44,18 +39,18 @@ GradSync::ServerOptimizer server_optimizer(const TrainingOperator& op, size_t m,
                                     x.nesterov()};
       };
       o.momentum = [sgd, params](size_t i) {
-        auto it = sgd->state().find(state_key(params[i]));
+        auto it = sgd->state().find(optimizer_state_key(*sgd, params[i]));
         if (it == sgd->state().end()) return torch::Tensor();
         return static_cast<torch::optim::SGDParamState&>(*it->second).momentum_buffer();
       };
       o.set_momentum = [sgd, params](size_t i, torch::Tensor t) {
         if (!t.defined()) {
-          sgd->state().erase(state_key(params[i]));
+          sgd->state().erase(optimizer_state_key(*sgd, params[i]));
           return;
         }
         auto state = std::make_unique<torch::optim::SGDParamState>();
         state->momentum_buffer(std::move(t));
-        sgd->state()[state_key(params[i])] = std::move(state);
+        sgd->state()[optimizer_state_key(*sgd, params[i])] = std::move(state);
       };
       return o;
     }

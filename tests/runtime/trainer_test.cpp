@@ -4,6 +4,7 @@
 #include "dsgd/trainer.h"
 
 #include <gtest/gtest.h>
+#include <torch/cuda.h>
 #include <torch/nn/modules/linear.h>
 #include <torch/nn/functional/loss.h>
 #include <torch/optim/adam.h>
@@ -165,6 +166,7 @@ TrainerConfig base_config(int workers, const std::string& strategy, int64_t batc
   c.config = synthetic_config();
   c.grad_shard_bytes = 1 << 20;  // the CNN's 4.8 MB of gradients in 5 buckets
   c.threads_per_worker = 1;
+  c.device = "cpu";  // the CPU's results, also on a machine with a GPU (TrainerGpu tests that)
   return c;
 }
 
@@ -813,6 +815,34 @@ TEST(TrainerBadInput, ClearErrorsBeforeAnyProcessIsSpawned) {
   expect_config_error(dsgd::kImageClassifier, bad, "forward_overlap_buckets needs averaged gradients");
   bad.forward_overlap_buckets = -1;  // auto as well
   expect_config_error(dsgd::kImageClassifier, bad, "forward_overlap_buckets needs averaged gradients");
+  bad = c;
+  bad.device = "tpu";
+  expect_config_error(dsgd::kImageClassifier, bad, "unknown device 'tpu'; use auto, cpu or cuda");
+  bad = c;
+  bad.precision = "fp8";
+  expect_config_error(dsgd::kImageClassifier, bad, "unknown precision 'fp8'; use fp32 or bf16");
+  bad = c;
+  bad.device = "cuda";
+  bad.forward_overlap_buckets = 2;
+  expect_config_error(dsgd::kImageClassifier, bad, "forward_overlap_buckets is CPU-only");
+  bad.forward_overlap_buckets = 0;
+  bad.strategy = "ps_async";
+  expect_config_error(dsgd::kImageClassifier, bad, "device cuda takes the strategies simple, allreduce and ps");
+}
+
+// Where LibTorch sees no GPU (Debian's LibTorch has no CUDA), device cuda fails at the workers'
+// setup with what to do, not later in training.
+TEST(TrainerBadInput, DeviceCudaWithoutAGpuSaysWhatToDo) {
+  if (torch::cuda::is_available()) GTEST_SKIP() << "this machine has a GPU";
+  auto c = base_config(1, "allreduce", 64);
+  c.device = "cuda";
+  try {
+    Trainer t(dsgd::kImageClassifier, c);
+    FAIL() << "device cuda accepted without a GPU";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("sees no CUDA device"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("use device cpu or auto"), std::string::npos) << e.what();
+  }
 }
 
 TEST(TrainerBadInput, UpdateOnShardsWithAnOptimizerOtherThanSgdSaysWhatItNeeds) {
@@ -1271,6 +1301,62 @@ TEST(TrainerRecovery, AfterFailedReplacementsTheJobScalesBackUpToNumWorkers) {
   const double difference = max_difference(single_process(66, steps), params_of(*t.get_model()));
   std::cout << "after " << steps << " steps: " << difference << " from one process\n";
   EXPECT_LT(difference, 2e-4);
+}
+
+// ---- on a GPU machine (bench/gpu/run.sh); each test skips, saying why, without one ----
+
+#define SKIP_WITHOUT_CUDA()                                                                       \
+  if (!torch::cuda::is_available()) {                                                            \
+    GTEST_SKIP() << "LibTorch sees no CUDA device (Debian's LibTorch has no CUDA): runs on a GPU " \
+                    "machine (bench/gpu/run.sh)";                                                 \
+  }
+
+TrainerConfig gpu_config(int workers, const std::string& model) {
+  TrainerConfig c = base_config(workers, "allreduce", 64);
+  c.device = "cuda";
+  c.config["model"] = model;
+  return c;
+}
+
+// Two worker processes sharing one GPU (their gradients staged through host shared memory)
+// against one process with the global batch: the MLP's float32 matmuls (no TF32 by default),
+// 20 steps. The one GPU process also ends where the CPU does.
+TEST(TrainerGpu, TwoProcessesOnOneGpuEqualOneProcessWithTheGlobalBatch) {
+  SKIP_WITHOUT_CUDA();
+  Trainer one(dsgd::kImageClassifier, gpu_config(1, "mlp"));
+  const Params before = params_of(*one.get_model());
+  EXPECT_EQ(one.train({.num_steps = 20}).batch, 20);
+  const double vs_cpu = max_difference(single_process(64, 20, gpu_config(1, "mlp").config), params_of(*one.get_model()));
+  std::cout << "1 process on the GPU vs the CPU, 20 steps: max parameter difference " << vs_cpu << "\n";
+  EXPECT_LT(vs_cpu, 1e-4);
+  Trainer two(dsgd::kImageClassifier, gpu_config(2, "mlp"));
+  EXPECT_EQ(two.train({.num_steps = 20}).batch, 20);
+  const Params a = params_of(*one.get_model()), b = params_of(*two.get_model());
+  EXPECT_GT(max_difference(before, a), 1e-3) << "training did not move the parameters";
+  const double difference = max_difference(a, b);
+  std::cout << "2 processes on one GPU vs 1 process, 20 steps: max parameter difference " << difference << "\n";
+  EXPECT_LT(difference, 1e-4);
+}
+
+// bf16 autocast on the GPU: the CNN trains to where float32 does, by another path (the
+// parameters differ, so autocast did change the arithmetic).
+TEST(TrainerGpu, Bf16AutocastTrainsTheCnnLikeFloat32) {
+  SKIP_WITHOUT_CUDA();
+  std::map<std::string, std::pair<double, Params>> runs;
+  for (const std::string precision : {"fp32", "bf16"}) {
+    TrainerConfig c = gpu_config(1, "cnn");
+    c.precision = precision;
+    c.config["lr"] = 0.05;
+    Trainer t(dsgd::kImageClassifier, c);
+    const double first = t.train({.num_steps = 5}).metrics.at("loss");
+    t.train({.num_steps = 25});
+    const double last = t.train({.num_steps = 5}).metrics.at("loss");
+    std::cout << precision << ": loss " << first << " -> " << last << "\n";
+    EXPECT_LT(last, first) << precision;
+    runs[precision] = {last, params_of(*t.get_model())};
+  }
+  EXPECT_NEAR(runs["bf16"].first, runs["fp32"].first, 0.1);
+  EXPECT_GT(max_difference(runs["bf16"].second, runs["fp32"].second), 1e-5) << "bf16 ran as float32";
 }
 
 }  // namespace

@@ -30,6 +30,8 @@ struct TrainFlags {
   std::string allreduce_algo = trainer.allreduce_algo.name();
   std::string ps_placement = trainer.ps_placement.name();
   std::string nonfinite = trainer.nonfinite_policy.name();
+  std::string device = trainer.device.name();
+  std::string precision = trainer.precision.name();
   std::string forward_overlap_buckets = std::to_string(trainer.forward_overlap_buckets);  // a count, or "auto" (-1)
   int64_t heartbeat_timeout_ms = trainer.heartbeat_timeout.count();
   std::string save;
@@ -163,6 +165,12 @@ void validate_flags(TrainFlags& f) {
   if (!Choice<NonfinitePolicy>(f.nonfinite).known()) {
     throw ConfigError("unknown --nonfinite '" + f.nonfinite + "'; use " + choice_names<NonfinitePolicy>());
   }
+  if (!Choice<Device>(f.device).known()) {
+    throw ConfigError("unknown --device '" + f.device + "'; use " + choice_names<Device>());
+  }
+  if (!Choice<Precision>(f.precision).known()) {
+    throw ConfigError("unknown --precision '" + f.precision + "'; use " + choice_names<Precision>());
+  }
   if (f.trainer.devices_per_worker < 1) {
     throw ConfigError("--devices-per-worker must be >= 1, got " + std::to_string(f.trainer.devices_per_worker));
   }
@@ -173,6 +181,9 @@ void validate_flags(TrainFlags& f) {
     f.config_json = dsgd::parse_config_text(f.config, "--config");
     if (!f.config_json.is_object()) throw ConfigError("--config must be a JSON object, e.g. '{\"lr\": 0.1}'");
     if (f.in_process) throw ConfigError("--config applies to worker jobs, not --in-process");
+  }
+  if (f.in_process && (f.device == "cuda" || f.precision != "fp32")) {
+    throw ConfigError("--device cuda and --precision apply to worker jobs; --in-process trains float32 on the CPU");
   }
   if (f.job.threads == 0) {
     const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
@@ -192,6 +203,8 @@ dsgd::LocalJobResult run_with_trainer(const TrainFlags& f, ProgressPrinter* prog
   c.allreduce_algo = f.allreduce_algo;
   c.ps_placement = f.ps_placement;
   c.nonfinite_policy = f.nonfinite;
+  c.device = f.device;
+  c.precision = f.precision;
   c.forward_overlap_buckets = f.forward_overlap_buckets == "auto" ? -1 : std::stoi(f.forward_overlap_buckets);
   c.heartbeat_timeout = std::chrono::milliseconds(f.heartbeat_timeout_ms);
   c.batch_size = j.batch_size;
@@ -199,7 +212,8 @@ dsgd::LocalJobResult run_with_trainer(const TrainFlags& f, ProgressPrinter* prog
   c.threads_per_worker = j.threads;
   c.config = {{"model", j.model}, {"dataset", j.dataset}, {"data_dir", j.data_dir}, {"lr", j.lr},
               {"momentum", j.momentum}, {"lr_decay", j.lr_decay}, {"dropout", j.dropout},
-              {"synthetic_samples", j.synthetic_samples}, {"synthetic_image_size", j.synthetic_image_size}};
+              {"synthetic_samples", j.synthetic_samples}, {"synthetic_image_size", j.synthetic_image_size},
+              {"synthetic_channels", j.synthetic_channels}};
   c.config.update(f.config_json);
   dsgd::LocalJobResult result;
   std::vector<int64_t> epoch_steps;  // each epoch's steps, to weigh its profile
@@ -395,6 +409,12 @@ void add_train_command(CLI::App& app, int* exit_code) {
   cmd->add_option("--heartbeat-timeout-ms", flags->heartbeat_timeout_ms,
                   "A worker silent this long (hung, or its network cut) is evicted")
       ->capture_default_str();
+  cmd->add_option("--device", flags->device,
+                  "Where replicas compute: auto (CUDA when the workers' LibTorch sees a GPU), cpu or cuda")
+      ->capture_default_str();
+  cmd->add_option("--precision", flags->precision,
+                  "fp32, or bf16: forward and loss under bfloat16 autocast (float32 weights and optimizer)")
+      ->capture_default_str();
   cmd->add_option("--nonfinite", flags->nonfinite,
                   "A NaN/infinite gradient: skip (the step, everywhere, and warn) or error (stop)")
       ->capture_default_str();
@@ -403,7 +423,7 @@ void add_train_command(CLI::App& app, int* exit_code) {
   cmd->add_option("--token", flags->trainer.token, "Job token for --listen (default: random, printed)");
   cmd->add_option("--config", flags->config,
                   "JSON object merged into the operator's config (keys: model, dataset, data_dir, lr, momentum, "
-                  "lr_decay, dropout, synthetic_samples, synthetic_image_size; for --model simulated: sim_parameters, "
+                  "lr_decay, dropout, synthetic_samples, synthetic_image_size, synthetic_channels; for --model simulated: sim_parameters, "
                   "sim_layers, sim_step_ms)");
   cmd->add_flag("--in-process", flags->in_process,
                 "Train in this process without workers (the single-process baseline)");
@@ -412,6 +432,8 @@ void add_train_command(CLI::App& app, int* exit_code) {
   cmd->add_option("--synthetic-samples", j.synthetic_samples, "Training samples of --dataset synthetic")
       ->capture_default_str();
   cmd->add_option("--image-size", j.synthetic_image_size, "Image side in pixels of --dataset synthetic")
+      ->capture_default_str();
+  cmd->add_option("--channels", j.synthetic_channels, "Image channels of --dataset synthetic (3: ImageNet-shaped)")
       ->capture_default_str();
   cmd->add_flag("!--no-eval", j.evaluate, "Skip evaluating on the test split after each epoch");
   cmd->add_flag("!--no-dropout", j.dropout, "Turn dropout layers off");
