@@ -1,0 +1,87 @@
+#!/usr/bin/env bash
+# One command on the GPU machine (it has LibTorch with CUDA, nvcc, CMake and ninja, but no Debian
+# packages and no registry): builds dsgd against that LibTorch and the Debian packages that
+# scripts/gpu-deps.sh packed on a machine with a registry (.gpu-deps/deps.tar.xz), runs the GPU
+# tests, then measures ResNet-50 (synthetic 3x224x224, batch 128) with dsgd at 1 worker against
+# PyTorch eager in the same run, fp32 and bf16.
+#   scripts/gpu-deps.sh                      # here, once
+#   bench/gpu/run.sh [OUT_DIR]               # there; default OUT_DIR: $OUT or bench/results/gpu
+# Writes OUT_DIR/gpu.json (one object per measurement), build.log, tests.log and bench.log, and
+# prints the machine, the test results and a table.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+out=${1:-${OUT:-bench/results/gpu}}
+mkdir -p "$out"
+steps=${DSGD_GPU_STEPS:-40}
+log() { echo "== $*"; }
+
+deps=/tmp/dsgd-gpu-deps
+if [[ ! -d $deps/usr ]]; then
+  [[ -f .gpu-deps/deps.tar.xz ]] || { echo "run.sh: no .gpu-deps/deps.tar.xz: run scripts/gpu-deps.sh where a registry is" >&2; exit 2; }
+  mkdir -p $deps && tar -C $deps -xJf .gpu-deps/deps.tar.xz
+  # Some of Debian's CMake packages (Gloo's) name their files by absolute /usr paths.
+  grep -rlE '["; ]/usr/' $deps/usr/share/cmake $deps/usr/lib/x86_64-linux-gnu/cmake | xargs -r sed -i -E "s#([\"; ])/usr/#\1$deps/usr/#g"
+fi
+py=python3
+torch_dir=$($py -c 'import os, torch; print(os.path.dirname(torch.__file__))')
+abi=$($py -c 'import torch; print(int(torch._C._GLIBCXX_USE_CXX11_ABI))')
+nccl=$($py -c 'import nvidia.nccl as n; print(list(n.__path__)[0])' 2>/dev/null || true)
+# Python keeps the machine's own libraries; dsgd's build and binaries get the packed ones.
+python_env=(env "LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-}")
+lib=$deps/usr/lib/x86_64-linux-gnu:$deps/usr/lib  # Debian puts Gloo in usr/lib
+export PATH=$deps/usr/bin:$PATH LD_LIBRARY_PATH=$lib:${LD_LIBRARY_PATH:-} LIBRARY_PATH=$lib:${LIBRARY_PATH:-}
+cuda=$(dirname "$(dirname "$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)")")
+# The C++ runtime LibTorch runs on, for our programs too: a compiler that links its own
+# libstdc++ statically (the GPU machine's /opt/gcc) gives a program two, and a stream made by
+# one and freed by the other aborts (free(): invalid pointer, in torch::jit's loader).
+stdcxx=$(ldd "$torch_dir/lib/libtorch_cpu.so" | awk '/libstdc\+\+/ {print $3}')
+log "machine"
+{ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader; nproc; g++ --version | head -1
+  cmake --version | head -1; "${python_env[@]}" $py -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda)'
+  echo "torch $torch_dir abi $abi nccl ${nccl:-none} cuda $cuda libstdc++ $stdcxx (g++'s: $(g++ -print-file-name=libstdc++.so))"; } 2>&1
+
+log "configure"
+build=build-gpu
+cmake -S . -B $build -G Ninja -DCMAKE_BUILD_TYPE=Release -DDSGD_CUDA=ON -DCMAKE_POLICY_VERSION_MINIMUM=3.5 -DDSGD_TORCH_ROOT="$torch_dir" \
+  -DDSGD_TORCH_CXX11_ABI="$abi" -DCMAKE_PREFIX_PATH="$deps/usr" -DCUDAToolkit_ROOT="$cuda" \
+  ${stdcxx:+-DCMAKE_CXX_STANDARD_LIBRARIES="$stdcxx"} \
+  ${nccl:+-DNCCL_ROOT="$nccl"} > "$out/build.log" 2>&1 || { tail -40 "$out/build.log"; exit 1; }
+grep "dsgd:" "$out/build.log"
+log "build"
+t0=$(date +%s)
+ninja -C $build -k 0 dsgd dsgd_gpu_bench dsgd_nccl_tests dsgd_torch_tests dsgd_trainer_tests >> "$out/build.log" 2>&1
+rc=$?
+echo "build: rc $rc in $(( $(date +%s) - t0 )) s"
+if [[ $rc -ne 0 ]]; then grep -E "error|FAILED|undefined reference" "$out/build.log" | head -60; exit 1; fi
+
+log "GPU tests"
+fails=0
+$build/tests/dsgd_nccl_tests 2>&1 | tee "$out/tests.log" | grep -E "^\[ +(OK|FAILED|SKIPPED) +\]|Failure|rror"
+[[ ${PIPESTATUS[0]} -eq 0 ]] || fails=1
+$build/tests/dsgd_torch_tests --gtest_filter='Device*:FusedSgd*:GradSyncCuda*' 2>&1 | tee -a "$out/tests.log" | grep -E "^\[ +(OK|FAILED|SKIPPED) +\]|Failure|rror"
+[[ ${PIPESTATUS[0]} -eq 0 ]] || fails=1
+$build/tests/dsgd_trainer_tests --gtest_filter='TrainerGpu*' 2>&1 | tee -a "$out/tests.log" | grep -E "^\[ +(OK|FAILED|SKIPPED) +\]|Failure|rror|max parameter"
+[[ ${PIPESTATUS[0]} -eq 0 ]] || fails=1
+echo "GPU tests: $([[ $fails -eq 0 ]] && echo passed || echo FAILED)"
+
+log "ResNet-50, batch 128, $steps timed steps"
+: > "$out/gpu.json"
+: > "$out/bench.log"
+for precision in fp32 bf16; do
+  "${python_env[@]}" $py bench/gpu/eager.py --precision $precision --steps "$steps" >> "$out/gpu.json" 2>> "$out/bench.log" ||
+    { echo "eager $precision failed:"; tail -5 "$out/bench.log"; }
+  $build/dsgd_gpu_bench --device cuda --precision $precision --steps "$steps" >> "$out/gpu.json" 2>> "$out/bench.log" ||
+    { echo "dsgd $precision failed:"; tail -5 "$out/bench.log"; }
+done
+"${python_env[@]}" $py - "$out/gpu.json" <<'PY'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+for prec in ("fp32", "bf16"):
+    r = {x["impl"]: x for x in rows if x["precision"] == prec}
+    if "eager" in r and "dsgd" in r:
+        print(f"{prec}: eager {r['eager']['img_per_s']:.0f} img/s, dsgd {r['dsgd']['img_per_s']:.0f} img/s, "
+              f"dsgd/eager {r['dsgd']['img_per_s'] / r['eager']['img_per_s']:.3f}")
+    else:
+        print(f"{prec}: missing {set(['eager', 'dsgd']) - set(r)}")
+PY
+exit $fails
