@@ -67,6 +67,7 @@ struct EpochSummary {
   double test_accuracy = -1;      // fraction in [0, 1]; -1 when not evaluated
   double samples_per_s = 0;
   double epoch_s = 0;             // training time of this epoch
+  int64_t recoveries = 0;         // lost workers survived during the epoch (worker jobs)
   // With `dsgd train --profile`: milliseconds per step of each phase of the default train_batch,
   // each its own work only, mean over workers (TrainOptions::profile's keys, "_s" dropped:
   // forward, backward, optimizer, comm_wait), and step, the whole step. Empty otherwise.

@@ -172,6 +172,12 @@ struct RecoveryEvent {
   std::string failure;          // what was detected, naming the worker
   std::string lost;             // the evicted worker(s): "worker 1 (host h, pid 123, last step 310)"
   int64_t rolled_back_steps = 0;  // steps done since the snapshot, redone
+  // Steps the job had completed (over every train() call) when the failure was detected: those
+  // before the failing chunk plus the lost worker's last report of it.
+  int64_t at_step = 0;
+  // From the lost worker's last heartbeat to the detection: how long the failure may have gone
+  // unnoticed (a process that exits is seen within moments, a hung one after heartbeat_timeout).
+  double detect_s = 0;
   double recovery_s = 0;        // from detection to training resumed (group re-formed, state restored)
   std::chrono::steady_clock::time_point detected_at;  // when the driver saw the failure (this process's clock)
   std::chrono::steady_clock::time_point resumed_at;   // when training resumed

@@ -266,6 +266,7 @@ Results Trainer::train(const TrainOptions& options) {
     if (!deferred && !d.snapshot_or_recover()) continue;
     chunks.push_back(r);
     done += batches;
+    d.steps_done += batches;
     step_s = chunk_step_s;
     if (!deferred) d.persist_snapshot(r.epoch, r.batch, r.batches_per_epoch);  // a checkpoint_dir's
     if (call_ends || chunk == 0) break;

@@ -57,6 +57,7 @@ struct Trainer::Impl {
   int failures = 0;
   std::vector<std::string> failure_log;
   std::vector<RecoveryEvent> events;   // of the current call
+  int64_t steps_done = 0;              // steps completed over the job's train() calls (RecoveryEvent::at_step)
   double snapshot_s = 0;               // of the current call: taking snapshots, writing checkpoints
   bool broken = false;
   bool stopped = false;
@@ -126,7 +127,7 @@ struct Trainer::Impl {
 
   // One attempt of recover(), its phases appended to *phases: throws if another worker is lost
   // meanwhile.
-  RecoveryEvent reform(const std::string& failure, Phases* phases);
+  RecoveryEvent reform(const std::string& failure, Phases* phases, Clock::time_point detected);
 
   // Every member joins the group of the current generation ("connect"). When the formation
   // itself fails (a connection refused, garbage from a peer, a timeout) while every member is

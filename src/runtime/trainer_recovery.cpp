@@ -39,7 +39,7 @@ void Trainer::Impl::recover(std::string failure) {
     }
     control::log().warn("trainer: {}; recovering (failure {} of at most {})", failure, failures, config.max_failures);
     try {
-      RecoveryEvent ev = reform(failure, &phases);
+      RecoveryEvent ev = reform(failure, &phases, detected);
       ev.detected_at = detected;
       ev.resumed_at = Clock::now();
       ev.recovery_s = std::chrono::duration<double>(ev.resumed_at - detected).count();
@@ -62,10 +62,11 @@ void Trainer::Impl::recover(std::string failure) {
   }
 }
 
-RecoveryEvent Trainer::Impl::reform(const std::string& failure, Phases* phases) {
+RecoveryEvent Trainer::Impl::reform(const std::string& failure, Phases* phases, Clock::time_point detected) {
   PhaseClock clock(phases);
   RecoveryEvent ev;
   ev.failure = failure;
+  ev.at_step = steps_done;
   server->abort_generation(generation);
   announce_to_servers("pending");  // a shard started now waits for the next generation
   pool->spawn_servers();            // replaces lost shard processes (local mode)
@@ -88,9 +89,12 @@ RecoveryEvent Trainer::Impl::reform(const std::string& failure, Phases* phases) 
         ev.lost += (ev.lost.empty() ? "" : ", ") + std::string("worker ") + std::to_string(w.index) + " (host " +
                    w.host + ", pid " + std::to_string(w.pid) + (exited ? ", exited" : ", silent") + ")";
         if (p.is_object()) {
-          ev.rolled_back_steps =
-              std::max(ev.rolled_back_steps, snapshots->pending() + p.value("batches", int64_t{0}));
+          const int64_t batches = p.value("batches", int64_t{0});
+          ev.rolled_back_steps = std::max(ev.rolled_back_steps, snapshots->pending() + batches);
+          ev.at_step = std::max(ev.at_step, steps_done + batches);
         }
+        const double since_detected = std::chrono::duration<double>(Clock::now() - detected).count();
+        ev.detect_s = std::max(ev.detect_s, std::max(0.0, w.since_heartbeat_s - since_detected));
       }
     }
     std::vector<int> survivors;

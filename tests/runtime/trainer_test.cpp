@@ -1092,7 +1092,12 @@ TEST(TrainerRecovery, KilledWorkerIsReplacedAndTheResultEqualsAFaultFreeRun) {
   EXPECT_EQ(ev.workers_after, 2);
   EXPECT_GT(ev.recovery_s, 0);
   EXPECT_LT(ev.recovery_s, 10);
-  std::cout << "recovery: " << ev.recovery_s << " s, rolled back " << ev.rolled_back_steps << " steps\n";
+  // Killed once worker 0 reported 15 steps (reports come ~10 times a second: a few more).
+  EXPECT_GE(ev.at_step, 15);
+  EXPECT_LT(ev.at_step, 40);
+  EXPECT_LT(ev.detect_s, 2.0) << "a process that exits is seen before the heartbeat timeout";
+  std::cout << "recovery: " << ev.recovery_s << " s, detected " << ev.detect_s << " s after the victim's last "
+            << "heartbeat, rolled back " << ev.rolled_back_steps << " steps\n";
 }
 
 TEST(TrainerRecovery, StepByStepSnapshotsEveryIntervalAndARecoveryReplaysTheStepsSince) {
@@ -1119,6 +1124,8 @@ TEST(TrainerRecovery, StepByStepSnapshotsEveryIntervalAndARecoveryReplaysTheStep
   // The 4 steps since the snapshot (and the victim's last reported step, counted again).
   EXPECT_GE(r.recoveries[0].rolled_back_steps, 4);
   EXPECT_LE(r.recoveries[0].rolled_back_steps, 5);
+  EXPECT_GE(r.recoveries[0].at_step, 24);  // the steps of every call so far
+  EXPECT_LE(r.recoveries[0].at_step, 25);
   EXPECT_EQ(r.batch, 25);
   EXPECT_LT(max_difference(reference, params_of(*t.get_model())), 1e-7);
 }
@@ -1238,6 +1245,8 @@ TEST(TrainerRecovery, HungWorkerIsEvictedAfterTheHeartbeatTimeout) {
   auto r = train_through_fault(base_config(2, "allreduce", 64), SIGSTOP);
   ASSERT_EQ(r.recoveries.size(), 1u);
   EXPECT_NE(r.recoveries[0].lost.find("silent"), std::string::npos) << r.recoveries[0].lost;
+  // A stopped process sends nothing: seen at the heartbeat timeout (2 s), not at once.
+  EXPECT_GT(r.recoveries[0].detect_s, 1.0);
 }
 
 TEST(TrainerRecovery, WithoutReplacementsTrainingGoesOnWithFewerWorkersAndTheSameMathematics) {

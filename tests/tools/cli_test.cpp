@@ -313,6 +313,62 @@ bool process_gone(pid_t pid) {
   return close != std::string::npos && line.size() > close + 2 && line[close + 2] == 'Z';
 }
 
+// The driver's worker processes, once `n` exist (empty after 30 s without them).
+std::vector<pid_t> children_of(pid_t driver, size_t n) {
+  std::vector<pid_t> workers;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (workers.size() < n && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    std::ifstream children("/proc/" + std::to_string(driver) + "/task/" + std::to_string(driver) + "/children");
+    workers.clear();
+    pid_t p;
+    while (children >> p) workers.push_back(p);
+  }
+  return workers;
+}
+
+// The contract for scripts: a kill -9 of a worker is in --json-out's "recoveries", with when it
+// happened, what it cost and how many workers went on; the epoch it happened in counts it.
+TEST(Cli, AKilledWorkerIsInTheJsonSummary) {
+  dsgd::testing::TempDir dir;
+  const std::string out = dir.file("run.json");
+  const pid_t driver = ::fork();
+  ASSERT_GE(driver, 0);
+  if (driver == 0) {
+    const int null = ::open("/dev/null", O_WRONLY);
+    ::dup2(null, 1);
+    ::dup2(null, 2);
+    ::execl(DSGD_BINARY, "dsgd", "train", "--workers", "2", "--model", "mlp", "--dataset", "synthetic",
+            "--synthetic-samples", "4096", "--epochs", "12", "--threads", "1", "--checkpoint-every", "10",
+            "--quiet", "--json-out", out.c_str(), static_cast<char*>(nullptr));
+    ::_exit(127);
+  }
+  const auto workers = children_of(driver, 2);
+  ASSERT_EQ(workers.size(), 2u) << "the driver did not start its workers";
+  // Set up and some steps in: 12 epochs of 64 steps take far longer than that.
+  std::this_thread::sleep_for(std::chrono::seconds(4));
+  ASSERT_EQ(::kill(workers[1], SIGKILL), 0) << "the worker was gone before the kill";
+  int status = 0;
+  ::waitpid(driver, &status, 0);
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "the job did not survive the kill";
+  std::ifstream f(out);
+  ASSERT_TRUE(f.good());
+  const auto j = nlohmann::json::parse(f);
+  ASSERT_GE(j["recoveries"].size(), 1u) << j.dump(2);
+  const auto& r = j["recoveries"][0];
+  EXPECT_EQ(r["kind"], "recovery");
+  EXPECT_NE(r["lost"].get<std::string>().find("pid " + std::to_string(workers[1])), std::string::npos) << r.dump();
+  EXPECT_GT(r["at_step"].get<int64_t>(), 0);
+  EXPECT_GT(r["recovery_s"].get<double>(), 0.0);
+  EXPECT_LT(r["recovery_s"].get<double>(), 30.0);
+  EXPECT_GE(r["detect_s"].get<double>(), 0.0);
+  EXPECT_EQ(r["workers_after"], 2) << "a replacement took the lost worker's place";
+  int64_t counted = 0;
+  for (const auto& e : j["history"]) counted += e["recoveries"].get<int64_t>();
+  EXPECT_EQ(counted, static_cast<int64_t>(std::count_if(j["recoveries"].begin(), j["recoveries"].end(),
+                                                        [](const auto& x) { return x["kind"] == "recovery"; })));
+}
+
 TEST(Cli, KillingTheDriverTakesItsWorkersAlongAndLeavesNoSharedMemory) {
   const pid_t driver = ::fork();
   ASSERT_GE(driver, 0);
@@ -325,15 +381,7 @@ TEST(Cli, KillingTheDriverTakesItsWorkersAlongAndLeavesNoSharedMemory) {
     ::_exit(127);
   }
   // Its two workers, once they train (the shared-memory group exists then).
-  std::vector<pid_t> workers;
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
-  while (workers.size() < 2 && std::chrono::steady_clock::now() < deadline) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
-    std::ifstream children("/proc/" + std::to_string(driver) + "/task/" + std::to_string(driver) + "/children");
-    workers.clear();
-    pid_t p;
-    while (children >> p) workers.push_back(p);
-  }
+  const auto workers = children_of(driver, 2);
   ASSERT_EQ(workers.size(), 2u) << "the driver did not start its workers";
   std::this_thread::sleep_for(std::chrono::seconds(4));
   ::kill(driver, SIGKILL);

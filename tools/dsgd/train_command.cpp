@@ -81,7 +81,22 @@ std::map<std::string, double> mean_profile(const std::vector<dsgd::EpochSummary>
   return sum;
 }
 
-nlohmann::json to_json(const TrainFlags& f, const dsgd::LocalJobResult& r) {
+// One object per recovery and scale-up, in order: the JSON summary's "recoveries".
+nlohmann::json recovery_json(const dsgd::RecoveryEvent& e) {
+  nlohmann::json phases = nlohmann::json::object();
+  for (const auto& [name, s] : e.phases) phases[name] = phases.value(name, 0.0) + s;
+  return {{"kind", e.kind},
+          {"failure", e.failure},
+          {"lost", e.lost},
+          {"at_step", e.at_step},
+          {"rolled_back_steps", e.rolled_back_steps},
+          {"detect_s", e.detect_s},
+          {"recovery_s", e.recovery_s},
+          {"workers_after", e.workers_after},
+          {"phases_s", phases}};
+}
+
+nlohmann::json to_json(const TrainFlags& f, const dsgd::LocalJobResult& r, const nlohmann::json& recoveries) {
   nlohmann::json history = nlohmann::json::array();
   for (const auto& e : r.history) {
     history.push_back({{"epoch", e.epoch},
@@ -89,7 +104,8 @@ nlohmann::json to_json(const TrainFlags& f, const dsgd::LocalJobResult& r) {
                        {"test_loss", e.test_loss},
                        {"test_accuracy", e.test_accuracy},
                        {"samples_per_s", e.samples_per_s},
-                       {"epoch_s", e.epoch_s}});
+                       {"epoch_s", e.epoch_s},
+                       {"recoveries", e.recoveries}});
     if (!e.profile_ms.empty()) history.back()["profile_ms"] = e.profile_ms;
   }
   nlohmann::json j = {{"test_accuracy", r.test_accuracy},
@@ -113,7 +129,8 @@ nlohmann::json to_json(const TrainFlags& f, const dsgd::LocalJobResult& r) {
                       {"lr_decay", f.job.lr_decay},
                       {"seed", f.job.seed},
                       {"threads", f.job.threads},
-                      {"history", history}};
+                      {"history", history},
+                      {"recoveries", recoveries}};
   if (f.profile) j["profile_ms"] = r.profile_ms;
   return j;
 }
@@ -195,7 +212,8 @@ void validate_flags(TrainFlags& f) {
 }
 
 // The same job through the Trainer: worker processes, the chosen strategy.
-dsgd::LocalJobResult run_with_trainer(const TrainFlags& f, ProgressPrinter* progress) {
+// `recoveries` receives recovery_json of every recovery and scale-up.
+dsgd::LocalJobResult run_with_trainer(const TrainFlags& f, ProgressPrinter* progress, nlohmann::json* recoveries) {
   const auto wall_start = std::chrono::steady_clock::now();
   const auto& j = f.job;
   TrainerConfig c = f.trainer;  // validated flags: the strings name known values
@@ -252,6 +270,10 @@ dsgd::LocalJobResult run_with_trainer(const TrainFlags& f, ProgressPrinter* prog
     e.train_loss = r.metrics.count("loss") ? r.metrics.at("loss") : 0;
     e.epoch_s = epoch_s;
     e.samples_per_s = epoch_s > 0 ? static_cast<double>(samples) / epoch_s : 0;
+    for (const auto& ev : r.recoveries) {
+      recoveries->push_back(recovery_json(ev));
+      if (ev.kind == "recovery") ++e.recoveries;
+    }
     if (f.profile && batches > 0) {
       double phases = 0;
       for (const auto& p : kPhases) {
@@ -271,6 +293,10 @@ dsgd::LocalJobResult run_with_trainer(const TrainFlags& f, ProgressPrinter* prog
     }
     if (j.evaluate) {
       auto v = trainer.validate();
+      for (const auto& ev : v.recoveries) {
+        recoveries->push_back(recovery_json(ev));
+        if (ev.kind == "recovery") ++e.recoveries;
+      }
       e.test_loss = v.metrics.at("loss");
       e.test_accuracy = v.metrics.at("accuracy");
     }
@@ -305,11 +331,13 @@ int run_train(TrainFlags& f) {
               << " epoch(s), batch " << f.job.batch_size << ", " << f.job.threads << " thread(s), "
               << (f.in_process ? std::string("in-process") : std::to_string(f.trainer.num_workers) + " worker(s), " + f.strategy)
               << "\n";
-    auto result = f.in_process ? dsgd::run_local_job(f.job, progress.get()) : run_with_trainer(f, progress.get());
+    nlohmann::json recoveries = nlohmann::json::array();
+    auto result = f.in_process ? dsgd::run_local_job(f.job, progress.get())
+                               : run_with_trainer(f, progress.get(), &recoveries);
     if (f.profile && !f.quiet && result.history.size() > 1) {
       std::cerr << "dsgd train: " << describe_profile(result.profile_ms) << "\n";
     }
-    const auto json = to_json(f, result);
+    const auto json = to_json(f, result, recoveries);
     std::cout << json.dump(2) << std::endl;
     if (!f.json_out.empty()) {
       std::ofstream out(f.json_out);
