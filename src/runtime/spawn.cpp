@@ -74,7 +74,7 @@ std::optional<LocalProcesses::Exit> LocalProcesses::check_exited() {
         how = std::string("was killed by signal ") + std::to_string(WTERMSIG(status)) + " (" +
               ::strsignal(WTERMSIG(status)) + ")";
       }
-      return Exit{pids_[i], "process " + std::to_string(pids_[i]) + " " + how};
+      return Exit{pids_[i], "process " + std::to_string(pids_[i]) + " " + how, WIFSIGNALED(status)};
     }
   }
   return std::nullopt;

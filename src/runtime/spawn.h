@@ -24,6 +24,7 @@ class LocalProcesses {
   struct Exit {
     pid_t pid;
     std::string what;  // "process 123 exited with status 1"
+    bool signaled = false;  // killed by a signal, rather than exited
   };
   // The first child found to have ended (reaped: reported once); nullopt if all run.
   std::optional<Exit> check_exited();

@@ -141,35 +141,7 @@ Trainer::Trainer(const std::string& operator_name, TrainerConfig config) : impl_
       control::log().info("driver: waiting for {} worker(s): start each with --dsgd-worker --driver {} --token {}",
                    c.num_workers, address(), d.token);
     }
-    d.server->wait_registered(c.registration_timeout, [&] { d.pool->check_children(); });
-    d.pool->set_members(d.server->alive());
-
-    // Every replica builds its operator; all must agree on the parameters.
-    d.server->set_world(d.generation, c.num_workers * c.devices_per_worker);
-    proto::Command setup;
-    *setup.mutable_setup()->mutable_placement() = d.pool->placement(d.generation);
-    auto setups = d.raw_call(setup);
-    const std::string& reference = setups[0].setup().signature();
-    d.parameters = setups[0].setup().parameters();
-    for (size_t w = 1; w < setups.size(); ++w) {
-      const std::string& sig = setups[w].setup().signature();
-      if (sig == reference) continue;
-      std::istringstream a(reference), b(sig);
-      std::string la, lb;
-      while (true) {
-        const bool ga = static_cast<bool>(std::getline(a, la)), gb = static_cast<bool>(std::getline(b, lb));
-        if (!ga && !gb) break;
-        if (la != lb || ga != gb) {
-          throw ConfigError("worker " + std::to_string(w) + " built a different model than worker 0: first difference: '" +
-                            (gb ? lb : std::string("(nothing)")) + "' vs worker 0's '" + (ga ? la : std::string("(nothing)")) +
-                            "'");
-        }
-      }
-    }
-    d.connect_group();
-    // Start every replica from replica 0's parameters (and optimizer state).
-    d.take_snapshot(/*before_steps=*/true);
-    if (c.num_workers > 1 || c.devices_per_worker > 1) d.raw_call(set_state_command(d.snapshot));
+    d.start_up();
   } catch (...) {
     shutdown();
     throw;
@@ -181,6 +153,62 @@ Trainer::~Trainer() {
     shutdown();
   } catch (const std::exception& e) {
     control::log().warn("trainer: shutdown: {}", e.what());
+  }
+}
+
+void Trainer::Impl::start_up() {
+  while (true) {
+    try {
+      server->wait_registered(config.registration_timeout, [&] { pool->check_children(); });
+      pool->set_members(server->alive());
+
+      // Every replica builds its operator; all must agree on the parameters.
+      server->set_world(generation, config.num_workers * config.devices_per_worker);
+      proto::Command setup;
+      *setup.mutable_setup()->mutable_placement() = pool->placement(generation);
+      auto setups = raw_call(setup);
+      const std::string& reference = setups[0].setup().signature();
+      parameters = setups[0].setup().parameters();
+      for (size_t w = 1; w < setups.size(); ++w) {
+        const std::string& sig = setups[w].setup().signature();
+        if (sig == reference) continue;
+        std::istringstream a(reference), b(sig);
+        std::string la, lb;
+        while (true) {
+          const bool ga = static_cast<bool>(std::getline(a, la)), gb = static_cast<bool>(std::getline(b, lb));
+          if (!ga && !gb) break;
+          if (la != lb || ga != gb) {
+            throw ConfigError("worker " + std::to_string(w) + " built a different model than worker 0: first difference: '" +
+                              (gb ? lb : std::string("(nothing)")) + "' vs worker 0's '" + (ga ? la : std::string("(nothing)")) +
+                              "'");
+          }
+        }
+      }
+      connect_group();
+      // Start every replica from replica 0's parameters (and optimizer state).
+      take_snapshot(/*before_steps=*/true);
+      if (config.num_workers > 1 || config.devices_per_worker > 1) raw_call(set_state_command(snapshot));
+      return;
+    } catch (const CommError& e) {
+      // A process lost before the first step: start them all again (the survivors hold nothing
+      // yet that a fresh start would not rebuild). Registrations that never came, or a worker
+      // that exited by itself before registering, are no loss to recover from.
+      const bool registration_timeout = dynamic_cast<const TimeoutError*>(&e) != nullptr && e.op() == "register";
+      if (!pool->local() || registration_timeout || e.op() == "worker start") throw;
+      failure_log.push_back(std::string(e.what()) + " (during start-up)");
+      if (++failures > config.max_failures) {
+        std::string all;
+        for (size_t i = 0; i < failure_log.size(); ++i) all += "\n  " + std::to_string(i + 1) + ". " + failure_log[i];
+        fail("giving up after " + std::to_string(failures) + " failures (max_failures " +
+             std::to_string(config.max_failures) + "):" + all);
+      }
+      control::log().warn("trainer: {} during start-up; starting every worker again (failure {} of at most {})",
+                          e.what(), failures, config.max_failures);
+      server->abort_generation(generation);
+      for (int id : server->alive()) server->evict(id, "the job starts again");
+      pool->restart();
+      ++generation;
+    }
   }
 }
 

@@ -100,6 +100,11 @@ struct Trainer::Impl {
 
   // Recovery and snapshots (runtime/trainer_recovery.cpp).
 
+  // The job's start: registration, every replica's setup, the first group, the first snapshot
+  // given to every replica. A worker lost meanwhile (local mode) costs a restart of every
+  // process, counted as a failure; beyond max_failures, or in remote mode, it throws.
+  void start_up();
+
   // Inside a catch block: a recoverable failure re-forms the job; anything else leaves the
   // trainer broken (workers told to stop) and is rethrown.
   void recover_or_rethrow(const std::exception& e);

@@ -77,9 +77,11 @@ void WorkerPool::check_children() {
                         static_cast<int>(w.index), w.host);
       }
     }
+    // Killed: a failure like any other. Exited by itself: the binary or its set-up is wrong
+    // ("worker start": the start-up does not try again).
     throw CommError(gone->what + " before registering; see its output above (does main() call dsgd::init(argc, argv) "
                                  "first?)",
-                    "worker");
+                    gone->signaled ? "worker" : "worker start");
   }
 }
 
@@ -116,6 +118,15 @@ std::vector<int> WorkerPool::newcomers() {
 
 void WorkerPool::stop(int grace_ms) {
   if (!children_.wait_all(grace_ms)) children_.kill_all();
+}
+
+void WorkerPool::restart() {
+  for (pid_t pid : std::vector<pid_t>(children_.pids())) children_.kill(pid);
+  members_.clear();
+  pending_.clear();
+  servers_.clear();
+  pseudo_host_.clear();
+  spawn_initial();
 }
 
 // The pseudo-host (local_hosts) short of its share of num_workers: where a replacement goes, so

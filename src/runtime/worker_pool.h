@@ -50,7 +50,8 @@ class WorkerPool {
   bool exited(pid_t pid);
   // Liveness of spawned workers, checked while waiting on them. A member's or a shard process's
   // exit throws CommError (the job recovers); a pending replacement's exit only defers the next
-  // attempt.
+  // attempt. A worker that exits by itself before registering throws CommError with op()
+  // "worker start" (a wrong binary or set-up: starting again would not help).
   void check_children();
   // Local mode, below num_workers: spawns the missing workers, unless some are still pending or
   // the back-off since a failed attempt has not passed.
@@ -63,6 +64,9 @@ class WorkerPool {
   void reset_backoff() { backoff_ = std::chrono::milliseconds(1000); }
   // Shutdown: up to `grace_ms` for spawned workers to exit by themselves, then SIGKILL.
   void stop(int grace_ms);
+  // Local mode, a start-up that lost a process: kills every spawned process (workers and shard
+  // processes) and spawns them all again, as spawn_initial. Members are cleared.
+  void restart();
 
  private:
   pid_t spawn_worker(int host = -1);

@@ -9,6 +9,7 @@
 #include <torch/nn/functional/loss.h>
 #include <torch/optim/adam.h>
 #include <torch/optim/sgd.h>
+#include <fcntl.h>
 #include <signal.h>
 #include <sys/resource.h>
 #include <unistd.h>
@@ -51,6 +52,17 @@ DSGD_REGISTER_WORKER_FUNCTION(count_hook, [](TrainingOperator* op, const json&) 
   return {};
 });
 DSGD_REGISTER_WORKER_FUNCTION(hook_runs_here, [](TrainingOperator*, const json&) -> json { return hook_runs.load(); });
+
+// A worker that dies at start-up, before setup: with DSGD_TEST_DIE_ONCE=FILE the first worker to
+// create FILE, with DSGD_TEST_DIE_ALWAYS set every worker.
+DSGD_REGISTER_WORKER_FUNCTION(die_at_start, [](TrainingOperator*, const json&) -> json {
+  if (std::getenv("DSGD_TEST_DIE_ALWAYS") != nullptr) ::raise(SIGKILL);
+  if (const char* once = std::getenv("DSGD_TEST_DIE_ONCE")) {
+    const int fd = ::open(once, O_CREAT | O_EXCL | O_WRONLY, 0600);
+    if (fd >= 0) ::raise(SIGKILL);
+  }
+  return {};
+});
 
 DSGD_REGISTER_WORKER_FUNCTION(optimizer_states, [](TrainingOperator* op, const json&) -> json {
   return op->optimizer(0).state().size();
@@ -1239,6 +1251,44 @@ TEST(TrainerRecovery, PsSurvivesAHungWorkerOnItsOwnHost) {
   // another host's shared memory.
   auto r = train_through_fault(ps_config(3, 3, 3, 64), SIGSTOP);
   ASSERT_EQ(r.recoveries.size(), 1u);
+}
+
+// A worker lost before the first step (here: killed at setup) costs a restart of every worker;
+// the job then trains as if nothing happened, to the same parameters.
+TEST(TrainerRecovery, AWorkerKilledDuringStartUpCostsARestartAndTheJobTrainsTheSame) {
+  testing::TempDir dir;
+  auto c = base_config(2, "allreduce", 64);
+  c.initialization_hook = "die_at_start";
+  const Params reference = [&] {
+    Trainer clean(dsgd::kImageClassifier, c);
+    clean.train({.num_steps = 10});
+    return params_of(*clean.get_model());
+  }();
+  ::setenv("DSGD_TEST_DIE_ONCE", dir.file("died").c_str(), 1);
+  Trainer t(dsgd::kImageClassifier, c);
+  ::unsetenv("DSGD_TEST_DIE_ONCE");
+  EXPECT_TRUE(std::filesystem::exists(dir.file("died"))) << "no worker died at start-up";
+  EXPECT_EQ(t.train({.num_steps = 10}).batch, 10);
+  EXPECT_LT(max_difference(reference, params_of(*t.get_model())), 1e-7);
+}
+
+TEST(TrainerRecovery, WorkersThatKeepDyingAtStartUpFailTheJobNamingEveryFailure) {
+  auto c = base_config(2, "allreduce", 64);
+  c.initialization_hook = "die_at_start";
+  c.max_failures = 1;
+  ::setenv("DSGD_TEST_DIE_ALWAYS", "1", 1);
+  try {
+    Trainer t(dsgd::kImageClassifier, c);
+    ::unsetenv("DSGD_TEST_DIE_ALWAYS");
+    FAIL() << "the job started with every worker dying";
+  } catch (const std::exception& e) {
+    ::unsetenv("DSGD_TEST_DIE_ALWAYS");
+    const std::string what = e.what();
+    EXPECT_NE(what.find("giving up after 2 failures (max_failures 1)"), std::string::npos) << what;
+    EXPECT_NE(what.find("1. "), std::string::npos) << what;
+    EXPECT_NE(what.find("2. "), std::string::npos) << what;
+    EXPECT_NE(what.find("during start-up"), std::string::npos) << what;
+  }
 }
 
 TEST(TrainerRecovery, HungWorkerIsEvictedAfterTheHeartbeatTimeout) {
