@@ -1104,8 +1104,9 @@ TEST(TrainerRecovery, KilledWorkerIsReplacedAndTheResultEqualsAFaultFreeRun) {
   EXPECT_EQ(ev.workers_after, 2);
   EXPECT_GT(ev.recovery_s, 0);
   EXPECT_LT(ev.recovery_s, 10);
-  // Killed once worker 0 reported 15 steps (reports come ~10 times a second: a few more).
-  EXPECT_GE(ev.at_step, 15);
+  // Killed once worker 0 reported 15 steps: in the chunk of steps 10-19 or a later one (the
+  // victim's own last report may lag worker 0's by a heartbeat).
+  EXPECT_GE(ev.at_step, 10);
   EXPECT_LT(ev.at_step, 40);
   EXPECT_LT(ev.detect_s, 2.0) << "a process that exits is seen before the heartbeat timeout";
   std::cout << "recovery: " << ev.recovery_s << " s, detected " << ev.detect_s << " s after the victim's last "
