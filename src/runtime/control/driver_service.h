@@ -29,7 +29,7 @@ namespace dsgd::control {
 // The version of proto/dsgd/control.proto's messages: raise it with every change a driver and a
 // worker of different builds would misread. A worker that registers with another is refused
 // (FAILED_PRECONDITION), naming both.
-inline constexpr uint32_t kControlProtocol = 2;  // 1: JSON job and commands; 2: JobSpec, typed commands
+inline constexpr uint32_t kControlProtocol = 3;  // 1: JSON job and commands; 2: JobSpec, typed commands; 3: JobSpec.device, .precision
 
 struct DriverServerOptions {
   std::string listen = "127.0.0.1:0";       // host:port; port 0 picks a free one
