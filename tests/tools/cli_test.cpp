@@ -313,6 +313,22 @@ bool process_gone(pid_t pid) {
   return close != std::string::npos && line.size() > close + 2 && line[close + 2] == 'Z';
 }
 
+// `dsgd train ARGS...` as a child process, its output thrown away.
+pid_t start_train(const std::vector<std::string>& args) {
+  std::vector<const char*> argv{"dsgd", "train"};
+  for (const auto& a : args) argv.push_back(a.c_str());
+  argv.push_back(nullptr);
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    const int null = ::open("/dev/null", O_WRONLY);
+    ::dup2(null, 1);
+    ::dup2(null, 2);
+    ::execv(DSGD_BINARY, const_cast<char* const*>(argv.data()));
+    ::_exit(127);
+  }
+  return pid;
+}
+
 // The driver's worker processes, once `n` exist (empty after 30 s without them).
 std::vector<pid_t> children_of(pid_t driver, size_t n) {
   std::vector<pid_t> workers;
@@ -332,17 +348,10 @@ std::vector<pid_t> children_of(pid_t driver, size_t n) {
 TEST(Cli, AKilledWorkerIsInTheJsonSummary) {
   dsgd::testing::TempDir dir;
   const std::string out = dir.file("run.json");
-  const pid_t driver = ::fork();
+  const pid_t driver = start_train({"--workers", "2", "--model", "mlp", "--dataset", "synthetic", "--synthetic-samples",
+                                     "4096", "--epochs", "12", "--threads", "1", "--checkpoint-every", "10", "--quiet",
+                                     "--json-out", out});
   ASSERT_GE(driver, 0);
-  if (driver == 0) {
-    const int null = ::open("/dev/null", O_WRONLY);
-    ::dup2(null, 1);
-    ::dup2(null, 2);
-    ::execl(DSGD_BINARY, "dsgd", "train", "--workers", "2", "--model", "mlp", "--dataset", "synthetic",
-            "--synthetic-samples", "4096", "--epochs", "12", "--threads", "1", "--checkpoint-every", "10",
-            "--quiet", "--json-out", out.c_str(), static_cast<char*>(nullptr));
-    ::_exit(127);
-  }
   const auto workers = children_of(driver, 2);
   ASSERT_EQ(workers.size(), 2u) << "the driver did not start its workers";
   // Set up and some steps in: 12 epochs of 64 steps take far longer than that.
@@ -370,16 +379,9 @@ TEST(Cli, AKilledWorkerIsInTheJsonSummary) {
 }
 
 TEST(Cli, KillingTheDriverTakesItsWorkersAlongAndLeavesNoSharedMemory) {
-  const pid_t driver = ::fork();
+  const pid_t driver =
+      start_train({"--workers", "2", "--model", "mlp", "--dataset", "synthetic", "--epochs", "1000", "--threads", "1", "--quiet"});
   ASSERT_GE(driver, 0);
-  if (driver == 0) {
-    const int null = ::open("/dev/null", O_WRONLY);
-    ::dup2(null, 1);
-    ::dup2(null, 2);
-    ::execl(DSGD_BINARY, "dsgd", "train", "--workers", "2", "--model", "mlp", "--dataset", "synthetic",
-            "--epochs", "1000", "--threads", "1", "--quiet", static_cast<char*>(nullptr));
-    ::_exit(127);
-  }
   // Its two workers, once they train (the shared-memory group exists then).
   const auto workers = children_of(driver, 2);
   ASSERT_EQ(workers.size(), 2u) << "the driver did not start its workers";
