@@ -61,6 +61,7 @@ struct Options {
   int64_t batch = 64;
   int64_t checkpoint_every = 25;
   int heartbeat_ms = 2000;
+  int standby = 0;
   uint64_t seed = 1;
   double max_recovery_s = 5;
   std::string json_out;
@@ -92,6 +93,7 @@ dsgd::TrainerConfig config_of(const Options& o, const Setup& s) {
   c.heartbeat_timeout = std::chrono::milliseconds(o.heartbeat_ms);
   c.comm_timeout = std::chrono::milliseconds(10000);
   c.max_failures = 3;
+  c.standby_workers = o.standby;
   if (s.strategy == "ps") {  // one pseudo-host per worker: every worker serves a shard, over Gloo
     c.local_hosts = s.workers;
     c.num_ps_shards = s.workers;
@@ -187,6 +189,8 @@ int main(int argc, char** argv) {
   app.add_option("--batch-size", o.batch, "Global batch")->capture_default_str();
   app.add_option("--checkpoint-every", o.checkpoint_every, "Snapshot interval (steps)")->capture_default_str();
   app.add_option("--heartbeat-ms", o.heartbeat_ms, "Detection time for a hung worker")->capture_default_str();
+  app.add_option("--standby", o.standby, "Standby workers per job (0: the survivors go on, new workers join later)")
+      ->capture_default_str();
   app.add_option("--seed", o.seed, "Seed of the jobs and of the fault schedule")->capture_default_str();
   app.add_option("--max-recovery-s", o.max_recovery_s, "Fail if a recovery takes longer")->capture_default_str();
   app.add_option("--json", o.json_out, "Also write the runs and summary here");

@@ -52,6 +52,8 @@ struct TrainProgress {
   double elapsed_s = 0;
 };
 
+struct RecoveryEvent;
+
 struct TrainerConfig {
   int num_workers = 1;
   int devices_per_worker = 1;                // replicas per worker process (threads on CPU, GPUs with CUDA)
@@ -112,13 +114,34 @@ struct TrainerConfig {
   // strategies on one machine.
   int local_hosts = 1;
   std::chrono::milliseconds registration_timeout{60000};
-  std::chrono::milliseconds heartbeat_timeout{10000};  // a worker silent this long is lost
-  std::chrono::milliseconds comm_timeout{60000};       // every collective's deadline
+  // A worker silent this long is lost (a hung or stopped process, a cut link): evicted and the
+  // job recovers. Workers beat every heartbeat_timeout / 5 (100 ms .. 1 s) and hear a recovery
+  // through the same long-polled call within moments. The default holds on a machine whose cores
+  // are oversubscribed 2x (tests/runtime/cpu_hog_test).
+  std::chrono::milliseconds heartbeat_timeout{3000};
+  // Every collective's deadline. A lost peer is found sooner, by heartbeats (or its exit); this
+  // bounds a collective that stalls with every process alive.
+  std::chrono::milliseconds comm_timeout{60000};
 
   // Fault tolerance: a lost worker (crashed, killed, hung, cut off) is evicted, survivors abort
-  // their communication, replacements are spawned (local mode), the group is re-formed and every
-  // replica restores the last in-memory snapshot, taken every checkpoint_every_steps steps.
+  // their communication, a standby takes its place (or the survivors go on without it), the
+  // group is re-formed and every replica restores the last in-memory snapshot, taken every
+  // checkpoint_every_steps steps; the steps since are trained again.
   int max_failures = 3;                      // beyond this, train() fails listing the failures
+  // Workers started, registered and set up (operator, data) but outside the group, each ready to
+  // take a lost worker's place: its position and (local mode) pseudo-host, so the job goes on
+  // computing what a fault-free run computes, after only a re-formation and a restore (well
+  // under a second). A new standby is started in the background after each promotion. Local
+  // mode spawns them; in remote mode workers that register beyond num_workers are the
+  // standbys. Each costs a worker's memory (logged when it is ready) but no compute while idle.
+  // A standby runs setup() before it knows its rank: info() says rank 0 until it joins.
+  int standby_workers = 0;
+  // Without a ready standby, a loss is survived at once by the survivors (the global batch
+  // re-split over them: the job's steps differ from a fault-free run's from then on, see
+  // docs/RELIABILITY.md) and new workers join between chunks when set up. true: idle until the
+  // new workers are set up (up to replacement_timeout plus registration_timeout), then resume
+  // with num_workers, as a fault-free run would.
+  bool wait_for_replacements = false;
   // In-memory snapshot interval (steps), at least; train() calls shorter than that (step())
   // share one: a recovery restores it and trains the steps since again.
   int64_t checkpoint_every_steps = 50;
@@ -133,14 +156,17 @@ struct TrainerConfig {
   // resumes from the newest intact one (a damaged one is named and passed over).
   std::string checkpoint_dir;
   int checkpoint_keep = 3;
-  // Local mode: spawn replacements for lost workers. One that fails to start (or to register
-  // within replacement_timeout) leaves the job going on with fewer workers (the global batch
-  // re-split over them); it tries again between chunks with exponential back-off (1 s, 2 s, ...
-  // 60 s) until back at num_workers. In remote mode, workers that join later are taken in the
-  // same way. false: never spawn replacements.
+  // Local mode: spawn new processes for lost workers (and promoted standbys), set up in the
+  // background. One that fails to start (or to register within replacement_timeout) is tried
+  // again with exponential back-off (1 s, 2 s, ... 60 s) until the job is back at num_workers
+  // and standby_workers. In remote mode, workers that join later are taken in the same way.
+  // false: never spawn them.
   bool replace_lost_workers = true;
-  std::chrono::milliseconds replacement_timeout{30000};  // for a replacement to register
+  std::chrono::milliseconds replacement_timeout{30000};  // for a new process to register
   std::function<void(const TrainProgress&)> on_progress;  // called ~10x/s during train()
+  // Called when a recovery starts (failure set, resumed_at unset) and when training resumed
+  // (the whole event), and after a scale-up: for a progress display.
+  std::function<void(const RecoveryEvent&)> on_recovery;
 };
 
 struct TrainOptions {
@@ -175,18 +201,23 @@ struct RecoveryEvent {
   // Steps the job had completed (over every train() call) when the failure was detected: those
   // before the failing chunk plus the lost worker's last report of it.
   int64_t at_step = 0;
-  // From the lost worker's last heartbeat to the detection: how long the failure may have gone
-  // unnoticed (a process that exits is seen within moments, a hung one after heartbeat_timeout).
+  // How long the failure may have gone unnoticed: from the lost worker's last sign of life (its
+  // last heartbeat; for a local process that exited, the last time it was seen running) to the
+  // detection. An exit is seen within ~0.1 s, a hung worker after heartbeat_timeout.
   double detect_s = 0;
-  double recovery_s = 0;        // from detection to training resumed (group re-formed, state restored)
+  // From the failure to training resumed (group re-formed, state restored): detect_s plus the
+  // recovery itself. For a killed worker, the kill-to-resumed time (to within ~0.1 s).
+  double recovery_s = 0;
   std::chrono::steady_clock::time_point detected_at;  // when the driver saw the failure (this process's clock)
   std::chrono::steady_clock::time_point resumed_at;   // when training resumed
   int workers_after = 0;
-  // Where recovery_s went, in order, in seconds: "drain" (the old generation aborted; survivors
-  // idle, the lost known), "replace" (eviction; replacements spawned and registered), "setup"
-  // (replacements build their operator and data), "connect" (the new group forms), "restore"
-  // (every replica loads the snapshot), "replay" (the steps since the snapshot, redone). A
-  // recovery that failed part-way and went round again adds its phases again.
+  int standbys_used = 0;        // lost workers whose places standbys took
+  // Where recovery_s went after the detection, in order, in seconds: "drain" (the old generation
+  // aborted; survivors idle, the lost known), "replace" (eviction; standbys promoted, or with
+  // wait_for_replacements new workers awaited), "connect" (the new group forms), "restore"
+  // (every replica loads the snapshot), "replay" (steps done since the snapshot by calls that
+  // returned, redone). A recovery that failed part-way and went round again adds its phases
+  // again.
   std::vector<std::pair<std::string, double>> phases;
 };
 

@@ -77,6 +77,7 @@ std::optional<LocalProcesses::Exit> LocalProcesses::check_exited() {
       return Exit{pids_[i], "process " + std::to_string(pids_[i]) + " " + how, WIFSIGNALED(status)};
     }
   }
+  all_running_at_ = std::chrono::steady_clock::now();
   return std::nullopt;
 }
 

@@ -5,6 +5,7 @@
 
 #include <sys/types.h>
 
+#include <chrono>
 #include <optional>
 #include <string>
 #include <vector>
@@ -28,6 +29,8 @@ class LocalProcesses {
   };
   // The first child found to have ended (reaped: reported once); nullopt if all run.
   std::optional<Exit> check_exited();
+  // When check_exited last found every child running: a child reported since ended after it.
+  std::chrono::steady_clock::time_point all_running_at() const { return all_running_at_; }
   // True if `pid` (one of ours) has exited; reaps it (check_exited will not report it again).
   bool gone(pid_t pid);
   // SIGKILL to `pid`'s process group, then reaps it.
@@ -41,6 +44,7 @@ class LocalProcesses {
  private:
   std::vector<pid_t> pids_;
   std::vector<bool> reaped_;
+  std::chrono::steady_clock::time_point all_running_at_ = std::chrono::steady_clock::now();
 };
 
 // This process's executable (/proc/self/exe).

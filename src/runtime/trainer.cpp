@@ -73,6 +73,7 @@ std::vector<proto::CommandResult> Trainer::Impl::raw_call(const proto::Command& 
   if (targets.empty()) targets = pool->members();
   return server->call(request, timeout, [&] {
     pool->check_children();
+    pool->tend(generation, signature);  // standbys and new workers set up meanwhile
     if (extra_tick) extra_tick();
   }, std::move(targets));
 }
@@ -124,6 +125,7 @@ Trainer::Trainer(const std::string& operator_name, TrainerConfig config) : impl_
   so.listen = c.listen.empty() ? "127.0.0.1:0" : c.listen;
   so.token = d.token;
   so.num_workers = c.num_workers;
+  so.standby_workers = c.standby_workers;
   so.world_size = c.num_workers * c.devices_per_worker;
   so.job = runtime::make_job_spec(operator_name, c);
   so.heartbeat_timeout = c.heartbeat_timeout;
@@ -159,15 +161,16 @@ Trainer::~Trainer() {
 void Trainer::Impl::start_up() {
   while (true) {
     try {
-      server->wait_registered(config.registration_timeout, [&] { pool->check_children(); });
-      pool->set_members(server->alive());
+      server->wait_registered(config.registration_timeout, [&] { pool->check_children(); }, pool->initial_count());
+      pool->choose_members();
 
       // Every replica builds its operator; all must agree on the parameters.
       server->set_world(generation, config.num_workers * config.devices_per_worker);
       proto::Command setup;
       *setup.mutable_setup()->mutable_placement() = pool->placement(generation);
       auto setups = raw_call(setup);
-      const std::string& reference = setups[0].setup().signature();
+      signature = setups[0].setup().signature();
+      const std::string& reference = signature;
       parameters = setups[0].setup().parameters();
       for (size_t w = 1; w < setups.size(); ++w) {
         const std::string& sig = setups[w].setup().signature();
@@ -204,6 +207,7 @@ void Trainer::Impl::start_up() {
       }
       control::log().warn("trainer: {} during start-up; starting every worker again (failure {} of at most {})",
                           e.what(), failures, config.max_failures);
+      signature.clear();  // no setups in the background until the members' is known again
       server->abort_generation(generation);
       for (int id : server->alive()) server->evict(id, "the job starts again");
       pool->restart();

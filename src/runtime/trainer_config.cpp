@@ -62,6 +62,8 @@ void validate_trainer_config(const std::string& op, const TrainerConfig& c) {
                                          std::to_string(c.threads_per_worker));
   require(c.checkpoint_keep >= 1, "checkpoint_keep must be >= 1, got " + std::to_string(c.checkpoint_keep));
   require(c.max_failures >= 0, "max_failures must be >= 0, got " + std::to_string(c.max_failures));
+  require(c.standby_workers >= 0 && c.standby_workers <= 64,
+          "standby_workers must be in 0..64, got " + std::to_string(c.standby_workers));
   require(c.checkpoint_max_overhead >= 0 && c.checkpoint_max_overhead < 1,
           "checkpoint_max_overhead must be in [0, 1) (0 = every checkpoint_every_steps), got " +
               std::to_string(c.checkpoint_max_overhead));

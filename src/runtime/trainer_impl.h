@@ -50,6 +50,7 @@ struct Trainer::Impl {
   std::unique_ptr<control::DriverServer> server;
   std::unique_ptr<runtime::WorkerPool> pool;  // who is in the group; local mode: their processes
   int64_t parameters = 0;
+  std::string signature;               // of the members' models (SetupReply): a newcomer's must match
   int64_t generation = 1;              // of the communication group; +1 per re-formation
   std::string snapshot;                // replica state at the last consistent point
   std::unique_ptr<runtime::SnapshotPolicy> snapshots;  // when to take it; the steps since
@@ -109,8 +110,11 @@ struct Trainer::Impl {
   // trainer broken (workers told to stop) and is rethrown.
   void recover_or_rethrow(const std::exception& e);
 
-  // The recovery protocol: abort the old generation, find and evict the lost workers, spawn
-  // replacements, re-form the group with a new generation, restore the snapshot everywhere.
+  // The recovery protocol: abort the old generation, find and evict the lost workers, put ready
+  // standbys in their places (else go on with the survivors, or with wait_for_replacements wait
+  // for new ones), re-form the group with a new generation, restore the snapshot everywhere.
+  // New processes are spawned in the background: set up as they come (WorkerPool::tend), they
+  // become standbys or join between chunks (scale_up).
   void recover(std::string failure);
 
   // RecoveryEvent::phases as a recovery goes: mark(name) appends the seconds since the last mark
@@ -145,16 +149,16 @@ struct Trainer::Impl {
   // True if every member's process is known alive: not evicted, exited or silent.
   bool members_alive();
 
-  // A new generation of the group: `fresh` (registered, not yet set up) join the members, and
-  // everyone restores the snapshot. Marks its phases on *clock if given.
-  void form_group(const std::vector<int>& fresh, PhaseClock* clock = nullptr);
+  // A new generation of the group: `joining` (set up, from WorkerPool::ready) join the members,
+  // and everyone restores the snapshot. Marks its phases on *clock if given.
+  void form_group(const std::vector<int>& joining, PhaseClock* clock = nullptr);
 
   // After restoring `snapshot`: trains the steps done since it (deferred snapshots) again, so
   // every replica is where the last train() left it. Their results were returned already.
   void replay();
 
-  // Between chunks, below num_workers: grow back with whoever has registered since (spawning
-  // replacements with back-off in local mode). Returns the event, or nullopt if nothing changed.
+  // Between chunks, below num_workers: grow back with the workers set up since (new processes
+  // in local mode, spawned with back-off). Returns the event, or nullopt if nothing changed.
   std::optional<RecoveryEvent> scale_up();
 
   // scale_up, surviving a failure on the way like any call.

@@ -38,16 +38,23 @@ void Trainer::Impl::recover(std::string failure) {
            std::to_string(config.max_failures) + "):" + all);
     }
     control::log().warn("trainer: {}; recovering (failure {} of at most {})", failure, failures, config.max_failures);
+    if (config.on_recovery) {
+      RecoveryEvent start;
+      start.failure = failure;
+      start.detected_at = detected;
+      config.on_recovery(start);
+    }
     try {
       RecoveryEvent ev = reform(failure, &phases, detected);
       ev.detected_at = detected;
       ev.resumed_at = Clock::now();
-      ev.recovery_s = std::chrono::duration<double>(ev.resumed_at - detected).count();
+      ev.recovery_s = ev.detect_s + std::chrono::duration<double>(ev.resumed_at - detected).count();
       ev.phases = std::move(phases);
       std::string where;
       for (const auto& [name, s] : ev.phases) where += fmt::format("{}{} {:.2f}", where.empty() ? "" : ", ", name, s);
-      control::log().warn("trainer: recovered in {:.2f} s ({}) with {} worker(s); lost {}", ev.recovery_s, where,
-                          ev.workers_after, ev.lost);
+      control::log().warn("trainer: recovered in {:.2f} s (unnoticed {:.2f}, {}) with {} worker(s){}; lost {}", ev.recovery_s,
+                          ev.detect_s, where, ev.workers_after, ev.standbys_used > 0 ? " (a standby took over)" : "", ev.lost);
+      if (config.on_recovery) config.on_recovery(ev);
       events.push_back(std::move(ev));
       return;
     } catch (const std::exception& e) {
@@ -93,8 +100,14 @@ RecoveryEvent Trainer::Impl::reform(const std::string& failure, Phases* phases, 
           ev.rolled_back_steps = std::max(ev.rolled_back_steps, snapshots->pending() + batches);
           ev.at_step = std::max(ev.at_step, steps_done + batches);
         }
+        // Silent: it failed after its last heartbeat. Exited (local mode): also after the last
+        // time every child was seen running, at most a tick (~100 ms) before the detection.
         const double since_detected = std::chrono::duration<double>(Clock::now() - detected).count();
-        ev.detect_s = std::max(ev.detect_s, std::max(0.0, w.since_heartbeat_s - since_detected));
+        double unnoticed = std::max(0.0, w.since_heartbeat_s - since_detected);
+        if (exited && pool->local()) {
+          unnoticed = std::min(unnoticed, std::max(0.0, std::chrono::duration<double>(detected - pool->all_running_at()).count()));
+        }
+        ev.detect_s = std::max(ev.detect_s, unnoticed);
       }
     }
     std::vector<int> survivors;
@@ -109,42 +122,45 @@ RecoveryEvent Trainer::Impl::reform(const std::string& failure, Phases* phases, 
     }
   }
   clock.mark("drain");
+  // Each lost member's place goes to a ready worker (a standby: same position and pseudo-host,
+  // so the job computes what it would have without the loss), else the survivors close ranks.
+  pool->tend(generation, signature);  // setups finished meanwhile
   for (int id : lost) {
     const auto info = server->workers().at(static_cast<size_t>(id));
     server->evict(id, failure);
-    pool->drop(id, static_cast<pid_t>(info.pid));
+    if (pool->promote(id, static_cast<pid_t>(info.pid))) {
+      ++ev.standbys_used;
+    } else {
+      pool->drop(id, static_cast<pid_t>(info.pid));
+    }
   }
-  // Replacements (local mode), awaited here for up to replacement_timeout; without them the
-  // job goes on with fewer workers and scales back up between chunks (scale_up).
-  pool->spawn_replacements();
-  std::vector<int> fresh = pool->newcomers();
-  while (pool->replacements_pending()) {
-    pool->check_children();  // a replacement that exits is dropped from pending
-    std::this_thread::sleep_for(milliseconds(20));
-    for (int id : pool->newcomers()) fresh.push_back(id);
+  pool->spawn_replacements();  // new processes (local mode), set up in the background
+  if (config.wait_for_replacements) {  // the old way: idle until they are ready, up to replacement_timeout
+    const auto until = Clock::now() + config.replacement_timeout + config.registration_timeout;
+    while (static_cast<int>(pool->members().size() + pool->ready().size()) < config.num_workers &&
+           (pool->replacements_pending() || pool->preparing()) && Clock::now() < until) {
+      pool->check_children();
+      pool->tend(generation, signature);
+      std::this_thread::sleep_for(milliseconds(20));
+    }
+    pool->add_members(pool->first_ready(static_cast<size_t>(config.num_workers) - pool->members().size()));
   }
-  if (pool->members().empty() && fresh.empty()) fail("every worker was lost: " + failure);
+  if (pool->members().empty()) fail("every worker was lost: " + failure);
   pool->spawn_servers();  // shard processes lost meanwhile
   clock.mark("replace");
-  form_group(fresh, &clock);
+  form_group({}, &clock);
   ev.workers_after = static_cast<int>(pool->members().size());
   return ev;
 }
 
-void Trainer::Impl::form_group(const std::vector<int>& fresh, PhaseClock* clock) {
+void Trainer::Impl::form_group(const std::vector<int>& joining, PhaseClock* clock) {
   PhaseClock none(nullptr);
   if (clock == nullptr) clock = &none;
   ++generation;
-  pool->add_members(fresh);
+  pool->add_members(joining);
   const int world = static_cast<int>(pool->members().size()) * config.devices_per_worker;
   if (config.batch_size < world) fail("too few samples per step for the re-formed job");
   server->set_world(generation, world);
-  if (!fresh.empty()) {
-    proto::Command setup;
-    *setup.mutable_setup()->mutable_placement() = pool->placement(generation);
-    raw_call(setup, fresh);
-  }
-  clock->mark("setup");
   connect_group();
   clock->mark("connect");
   raw_call(set_state_command(snapshot));
@@ -213,15 +229,15 @@ void Trainer::Impl::replay() {
 
 std::optional<RecoveryEvent> Trainer::Impl::scale_up() {
   if (static_cast<int>(pool->members().size()) >= config.num_workers) return std::nullopt;
-  pool->spawn_replacements();
   pool->check_children();
-  const auto fresh = pool->newcomers();
-  if (fresh.empty()) return std::nullopt;
+  pool->tend(generation, signature);
+  auto joining = pool->first_ready(static_cast<size_t>(config.num_workers) - pool->members().size());
+  if (joining.empty()) return std::nullopt;
   const auto t0 = Clock::now();
   RecoveryEvent ev;
   ev.kind = "scale_up";
   take_snapshot();  // the members' state now (a worker function may have changed it)
-  form_group(fresh);
+  form_group(joining);
   ev.workers_after = static_cast<int>(pool->members().size());
   ev.resumed_at = Clock::now();
   ev.recovery_s = std::chrono::duration<double>(ev.resumed_at - t0).count();
@@ -232,7 +248,10 @@ std::optional<RecoveryEvent> Trainer::Impl::scale_up() {
 
 void Trainer::Impl::try_scale_up() {
   try {
-    if (auto ev = scale_up()) events.push_back(std::move(*ev));
+    if (auto ev = scale_up()) {
+      if (config.on_recovery) config.on_recovery(*ev);
+      events.push_back(std::move(*ev));
+    }
   } catch (const std::exception& e) {
     recover_or_rethrow(e);
   }

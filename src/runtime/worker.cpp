@@ -127,8 +127,8 @@ class Worker {
         }
         result.set_worker(index_);
         result.set_id(cmd.id());
+        busy_ = false;  // before its result lands: the driver may end the job at once after it
         client_.complete(result);
-        busy_ = false;
         if (cmd.has_shutdown()) stop_ = true;
       }
     } catch (const std::exception& e) {
@@ -149,20 +149,23 @@ class Worker {
   }
 
  private:
+  // Long-polls the driver: a beat at least every `interval` (the driver's liveness check), and
+  // an abort of the group heard within moments of the driver's decision.
   void heartbeat_loop() {
     const auto interval = std::clamp(heartbeat_timeout_ / 5, milliseconds(100), milliseconds(1000));
     auto last_ok = Clock::now();
+    int64_t known_abort = 0;
     while (!stop_) {
-      std::this_thread::sleep_for(interval);
       try {
         json p;
         if (auto* r = progress_source_.load()) {
           p["batches"] = r->progress().batches.load();
           p["loss"] = r->progress().loss.load();
         }
-        const auto beat = client_.heartbeat(index_, p.is_null() ? std::string() : p.dump(),
+        const auto beat = client_.heartbeat(index_, p.is_null() ? std::string() : p.dump(), known_abort, interval,
                                             std::max(heartbeat_timeout_ / 2, milliseconds(500)));
         last_ok = Clock::now();
+        known_abort = std::max(known_abort, beat.abort_generation);
         if (beat.abort_generation > 0 && beat.abort_generation >= generation_) abort_communication(beat.abort_generation);
         if (beat.stop) {
           if (busy_) {
@@ -177,6 +180,7 @@ class Worker {
                         client_.address(), heartbeat_timeout_.count(), e.what());
           std::_Exit(4);
         }
+        std::this_thread::sleep_for(interval);
       }
     }
   }
@@ -395,7 +399,9 @@ class Worker {
     groups_.clear();
     generation_ = generation;
     for (int i = 0; i < dpw_; ++i) replicas_[static_cast<size_t>(i)]->set_info(rank_base_ + i, world_, position_);
-    if (world_ == 1) return;  // one replica: nothing to average, no hooks
+    if (world_ == 1) return;
+    const auto moved = placement.hosts().find(index_);  // a standby in a lost worker's place
+    const std::string host = moved != placement.hosts().end() ? moved->second : host_id_;  // one replica: nothing to average, no hooks
     std::vector<std::shared_ptr<strategy::GradientStrategy>> strategies(static_cast<size_t>(dpw_));
     groups_.assign(static_cast<size_t>(dpw_), nullptr);
     strategy::StrategyOptions so;
@@ -422,7 +428,7 @@ class Worker {
         auto store = std::make_shared<comm::PrefixStore>(base, prefix);
         comm::GroupOptions go;
         go.bind_address = address_;
-        go.host = host_id_;
+        go.host = host;
         go.timeout = comm_timeout_;
         comm::ShmOptions sho;
         sho.timeout = comm_timeout_;

@@ -3,6 +3,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdlib>
+#include <fstream>
 #include <thread>
 
 #include "dsgd/error.h"
@@ -20,6 +22,27 @@ WorkerPool::WorkerPool(const TrainerConfig& config, control::DriverServer& serve
 
 bool WorkerPool::is_member(int id) const { return std::find(members_.begin(), members_.end(), id) != members_.end(); }
 
+int WorkerPool::initial_count() const {
+  return local() ? config_.num_workers + config_.standby_workers : config_.num_workers;
+}
+
+void WorkerPool::choose_members() {
+  members_.clear();
+  auto workers = server_.workers();
+  if (local()) {  // in spawn order: position i on pseudo-host i % local_hosts, whoever registered first
+    const auto& order = children_.pids();
+    auto rank = [&](const control::WorkerInfo& w) {
+      return std::find(order.begin(), order.end(), static_cast<pid_t>(w.pid)) - order.begin();
+    };
+    std::stable_sort(workers.begin(), workers.end(), [&](const auto& a, const auto& b) { return rank(a) < rank(b); });
+  }
+  for (const auto& w : workers) {
+    if (!w.alive) continue;
+    const bool standby = std::find(standby_pids_.begin(), standby_pids_.end(), static_cast<pid_t>(w.pid)) != standby_pids_.end();
+    if (!standby && static_cast<int>(members_.size()) < config_.num_workers) members_.push_back(static_cast<int>(w.index));
+  }
+}
+
 void WorkerPool::drop(int id, pid_t pid) {
   if (local()) children_.kill(pid);
   members_.erase(std::remove(members_.begin(), members_.end(), id), members_.end());
@@ -29,13 +52,127 @@ proto::Placement WorkerPool::placement(int64_t generation) const {
   proto::Placement p;
   p.set_generation(generation);
   int i = 0;
-  for (int id : members_) (*p.mutable_ranks())[id] = i++;
+  for (int id : members_) {
+    (*p.mutable_ranks())[id] = i++;
+    if (auto h = pseudo_host_.find(pid_of(id)); local() && h != pseudo_host_.end()) {
+      (*p.mutable_hosts())[id] = "local-host-" + std::to_string(h->second);
+    }
+  }
   p.set_num_workers(i);
   return p;
 }
 
+pid_t WorkerPool::pid_of(int id) const {
+  const auto workers = server_.workers();
+  return id >= 0 && id < static_cast<int>(workers.size()) ? static_cast<pid_t>(workers[static_cast<size_t>(id)].pid) : 0;
+}
+
+void WorkerPool::tend(int64_t generation, const std::string& signature) {
+  if (signature.empty()) return;
+  if (!pending_.empty() && Clock::now() - pending_since_ > config_.replacement_timeout) {
+    for (pid_t pid : pending_) children_.kill(pid);
+    pending_.clear();
+    defer_replacements("new workers did not register within " + std::to_string(config_.replacement_timeout.count()) +
+                       " ms");
+  }
+  for (const auto& w : server_.workers()) {
+    const int id = static_cast<int>(w.index);
+    if (!w.alive || is_member(id) || preparing_.count(id) != 0 ||
+        std::find(ready_.begin(), ready_.end(), id) != ready_.end()) {
+      continue;
+    }
+    pending_.erase(std::remove(pending_.begin(), pending_.end(), static_cast<pid_t>(w.pid)), pending_.end());
+    proto::Command setup;
+    proto::Placement& p = *setup.mutable_setup()->mutable_placement();
+    p.set_generation(generation);
+    p.set_num_workers(static_cast<int32_t>(std::max<size_t>(1, members_.size())));
+    (*p.mutable_ranks())[id] = 0;  // its place is known when it joins (connect)
+    preparing_[id] = server_.send(setup, {id});
+  }
+  for (auto it = preparing_.begin(); it != preparing_.end();) {
+    const int id = it->first;
+    std::string failed;
+    try {
+      auto done = server_.collect(it->second);
+      if (!done) {
+        ++it;
+        continue;
+      }
+      if ((*done)[0].setup().signature() != signature) {
+        failed = "it built a different model than the members (another build or configuration?)";
+      }
+    } catch (const std::exception& e) {
+      failed = e.what();
+    }
+    it = preparing_.erase(it);
+    if (!failed.empty()) {
+      discard(id, "its setup failed: " + failed);
+      continue;
+    }
+    ready_.push_back(id);
+    const int64_t rss = resident_bytes(id);
+    control::log().info("trainer: worker {} is set up and ready outside the group{}", id,
+                        rss > 0 ? fmt::format(" ({:.0f} MiB resident)", static_cast<double>(rss) / (1 << 20)) : "");
+  }
+  spawn_replacements();  // after a loss, or for a standby let go
+  // A ready worker that went silent (remote mode; local exits are check_children's) is no standby.
+  for (const auto& w : server_.workers()) {
+    const int id = static_cast<int>(w.index);
+    if (w.alive && std::find(ready_.begin(), ready_.end(), id) != ready_.end() &&
+        w.since_heartbeat_s * 1000 > static_cast<double>(config_.heartbeat_timeout.count())) {
+      discard(id, "no heartbeat for " + fmt::format("{:.1f}", w.since_heartbeat_s) + " s");
+    }
+  }
+}
+
+void WorkerPool::discard(int id, const std::string& why) {
+  control::log().warn("trainer: worker {} outside the group is let go: {}", id, why);
+  const pid_t pid = pid_of(id);
+  server_.evict(id, why);
+  if (local() && pid > 0) children_.kill(pid);
+  preparing_.erase(id);
+  ready_.erase(std::remove(ready_.begin(), ready_.end(), id), ready_.end());
+  defer_replacements("worker " + std::to_string(id) + " was let go");
+}
+
+bool WorkerPool::promote(int lost, pid_t lost_pid) {
+  auto pos = std::find(members_.begin(), members_.end(), lost);
+  if (ready_.empty() || pos == members_.end()) return false;
+  const int id = ready_.front();
+  ready_.erase(ready_.begin());
+  if (auto h = pseudo_host_.find(lost_pid); h != pseudo_host_.end()) pseudo_host_[pid_of(id)] = h->second;
+  *pos = id;
+  if (local()) children_.kill(lost_pid);
+  return true;
+}
+
+std::vector<int> WorkerPool::first_ready(size_t n) const {
+  return {ready_.begin(), ready_.begin() + static_cast<std::ptrdiff_t>(std::min(n, ready_.size()))};
+}
+
+void WorkerPool::add_members(const std::vector<int>& ids) {
+  for (int id : ids) {
+    ready_.erase(std::remove(ready_.begin(), ready_.end(), id), ready_.end());
+    members_.push_back(id);
+  }
+}
+
+int64_t WorkerPool::resident_bytes(int id) const {
+  const pid_t pid = pid_of(id);
+  if (!local() || pid <= 0) return 0;
+  std::ifstream status("/proc/" + std::to_string(pid) + "/status");
+  std::string line;
+  while (std::getline(status, line)) {
+    if (line.rfind("VmRSS:", 0) == 0) return std::atoll(line.c_str() + 6) * 1024;  // "VmRSS:   12345 kB"
+  }
+  return 0;
+}
+
 void WorkerPool::spawn_initial() {
   for (int i = 0; i < config_.num_workers; ++i) spawn_worker(i % config_.local_hosts);
+  for (int i = 0; i < config_.standby_workers; ++i) {
+    standby_pids_.push_back(spawn_worker((config_.num_workers + i) % config_.local_hosts));
+  }
   spawn_servers();
 }
 
@@ -68,9 +205,17 @@ void WorkerPool::check_children() {
     }
     if (auto p = std::find(pending_.begin(), pending_.end(), gone->pid); p != pending_.end()) {
       pending_.erase(p);
-      defer_replacements("replacement " + gone->what);
+      defer_replacements("new worker " + gone->what);
       continue;
     }
+    bool outsider = false;  // registered, not a member: a standby, or one being set up
+    for (const auto& w : server_.workers()) {
+      if (w.pid == gone->pid && w.alive && !is_member(static_cast<int>(w.index))) {
+        discard(static_cast<int>(w.index), gone->what);
+        outsider = true;
+      }
+    }
+    if (outsider) continue;
     for (const auto& w : server_.workers()) {
       if (w.pid == gone->pid) {
         throw CommError("worker " + std::to_string(w.index) + " (host " + w.host + "): " + gone->what, "worker",
@@ -96,24 +241,10 @@ void WorkerPool::spawn_replacements() {
   if (!local() || !config_.replace_lost_workers || !pending_.empty() || Clock::now() < next_spawn_) return;
   int registered = 0;
   for (const auto& w : server_.workers()) registered += w.alive ? 1 : 0;
-  for (int i = registered; i < config_.num_workers; ++i) pending_.push_back(spawn_worker());  // pending counts
+  for (int i = registered; i < config_.num_workers + config_.standby_workers; ++i) {
+    pending_.push_back(spawn_worker());  // pending counts
+  }
   pending_since_ = Clock::now();
-}
-
-std::vector<int> WorkerPool::newcomers() {
-  std::vector<int> out;
-  for (const auto& w : server_.workers()) {
-    if (!w.alive || is_member(static_cast<int>(w.index))) continue;
-    out.push_back(static_cast<int>(w.index));
-    pending_.erase(std::remove(pending_.begin(), pending_.end(), static_cast<pid_t>(w.pid)), pending_.end());
-  }
-  if (!pending_.empty() && Clock::now() - pending_since_ > config_.replacement_timeout) {
-    for (pid_t pid : pending_) children_.kill(pid);
-    pending_.clear();
-    defer_replacements("replacements did not register within " + std::to_string(config_.replacement_timeout.count()) +
-                       " ms");
-  }
-  return out;
 }
 
 void WorkerPool::stop(int grace_ms) {
@@ -123,6 +254,9 @@ void WorkerPool::stop(int grace_ms) {
 void WorkerPool::restart() {
   for (pid_t pid : std::vector<pid_t>(children_.pids())) children_.kill(pid);
   members_.clear();
+  ready_.clear();
+  preparing_.clear();
+  standby_pids_.clear();
   pending_.clear();
   servers_.clear();
   pseudo_host_.clear();

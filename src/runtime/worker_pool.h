@@ -1,12 +1,17 @@
 // The driver's workers: which registered workers form the current group (members, in rank
-// order) and, in local mode, the processes behind them: the job's first workers, spread over
-// pseudo-hosts, and replacements for lost ones, spawned with exponential back-off. Trainer's
-// recovery protocol (trainer_recovery.cpp) decides when; this decides who and where. Torch-free.
+// order), which wait outside it set up and ready to take a lost member's place (standbys, and
+// replacements that came too late to be awaited), and, in local mode, the processes behind
+// them: the job's first workers spread over pseudo-hosts, standbys, and new processes after a
+// loss, spawned with exponential back-off. Trainer's recovery protocol (trainer_recovery.cpp)
+// decides when; this decides who and where. Torch-free.
 //
 //   WorkerPool pool(config, server, binary, token);
-//   pool.spawn_initial();                       // local mode
-//   server.wait_registered(timeout, [&] { pool.check_children(); });
-//   pool.set_members(server.alive());
+//   pool.spawn_initial();                                 // local mode
+//   server.wait_registered(timeout, [&] { pool.check_children(); }, pool.initial_count());
+//   pool.choose_members();
+//   ...                                                   // while training, every ~100 ms:
+//   pool.check_children();
+//   pool.tend(generation, signature);                     // newcomers set up in the background
 #pragma once
 
 #include <sys/types.h>
@@ -33,33 +38,59 @@ class WorkerPool {
 
   const std::vector<int>& members() const { return members_; }
   bool is_member(int id) const;
-  void set_members(std::vector<int> ids) { members_ = std::move(ids); }
-  void add_members(const std::vector<int>& ids) { members_.insert(members_.end(), ids.begin(), ids.end()); }
+  // Registrations the start waits for: local mode, every process spawn_initial started;
+  // remote mode, num_workers (standbys join when they come).
+  int initial_count() const;
+  // The start's group: the registered workers but local standby processes (left to tend); in
+  // local mode in the order they were spawned, so the layout over pseudo-hosts is the same in
+  // every run.
+  void choose_members();
+  // Appends `ids` to the group (out of ready(), where they were).
+  void add_members(const std::vector<int>& ids);
   // Takes worker `id` out of the group; in local mode its process (`pid`) is killed.
   void drop(int id, pid_t pid);
-  // Where every member sits in `generation`: its position among the members, in order.
+  // Where every member sits in `generation`: its position among the members, in order, and with
+  // local_hosts > 1 its pseudo-host.
   proto::Placement placement(int64_t generation) const;
 
-  // Local mode: num_workers workers, worker i on pseudo-host i % local_hosts, and the ps shard
-  // processes (spawn_servers).
+  // Registered workers outside the group are set up while the job goes on: tend() sends each
+  // its setup (a placement of `generation`, position 0) and collects it when done; one whose
+  // models' `signature` differs from the members', or whose setup fails, is evicted with an
+  // error logged, as is one lost meanwhile (local mode: a new process follows, with back-off).
+  // Does nothing before the members' signature is known (empty).
+  void tend(int64_t generation, const std::string& signature);
+  // Set-up workers outside the group, in the order they became ready.
+  const std::vector<int>& ready() const { return ready_; }
+  bool preparing() const { return !preparing_.empty(); }
+  // A ready worker takes member `lost`'s place: its position in the group and, in local mode,
+  // its pseudo-host. `lost_pid`'s process is killed (local mode). False when none is ready.
+  bool promote(int lost, pid_t lost_pid);
+  // The first `n` (at most) of ready(): to add_members, which takes them out of it.
+  std::vector<int> first_ready(size_t n) const;
+
+  // Local mode: num_workers workers, worker i on pseudo-host i % local_hosts, standby_workers
+  // standbys after them, and the ps shard processes (spawn_servers).
   void spawn_initial();
   // Local mode, strategy ps with shard processes: starts those not running (every one at first,
   // a lost one during recovery); shard s on pseudo-host s % local_hosts.
   void spawn_servers();
   // Local mode: true if process `pid` has exited (it is reaped).
   bool exited(pid_t pid);
+  // When every spawned process was last seen running (local mode): one found exited since ended
+  // after it.
+  std::chrono::steady_clock::time_point all_running_at() const { return children_.all_running_at(); }
   // Liveness of spawned workers, checked while waiting on them. A member's or a shard process's
-  // exit throws CommError (the job recovers); a pending replacement's exit only defers the next
-  // attempt. A worker that exits by itself before registering throws CommError with op()
-  // "worker start" (a wrong binary or set-up: starting again would not help).
+  // exit throws CommError (the job recovers); a pending replacement's or an outsider's (standby,
+  // one being set up) only defers the next attempt. A worker that exits by itself before
+  // registering throws CommError with op() "worker start" (a wrong binary or set-up: starting
+  // again would not help).
   void check_children();
-  // Local mode, below num_workers: spawns the missing workers, unless some are still pending or
-  // the back-off since a failed attempt has not passed.
+  // Local mode, below num_workers + standby_workers registered: spawns the missing workers, unless
+  // some are still pending or the back-off since a failed attempt has not passed.
   void spawn_replacements();
   bool replacements_pending() const { return !pending_.empty(); }
-  // Registered workers not yet in the group: replacements, or in remote mode workers that joined
-  // later. Pending replacements that ran past replacement_timeout are killed (and deferred).
-  std::vector<int> newcomers();
+  // Resident memory of worker `id`'s process in bytes (local mode, Linux), 0 if unknown.
+  int64_t resident_bytes(int id) const;
   // Back to num_workers: the next failed attempt waits the initial back-off again.
   void reset_backoff() { backoff_ = std::chrono::milliseconds(1000); }
   // Shutdown: up to `grace_ms` for spawned workers to exit by themselves, then SIGKILL.
@@ -72,16 +103,22 @@ class WorkerPool {
   pid_t spawn_worker(int host = -1);
   int pseudo_host_for_next() const;
   void defer_replacements(const std::string& why);
+  // Worker `id`, outside the group, is out of the job (evicted; its process killed): `why`.
+  void discard(int id, const std::string& why);
+  pid_t pid_of(int id) const;
 
   const TrainerConfig& config_;
   control::DriverServer& server_;
   const std::string binary_, token_;
   LocalProcesses children_;
   std::vector<int> members_;
+  std::vector<int> ready_;                                   // set up, outside the group
+  std::map<int, control::DriverServer::Pending> preparing_;  // outside the group, setup sent
+  std::vector<pid_t> standby_pids_;                          // spawn_initial's standbys
   std::vector<pid_t> pending_;  // replacements spawned, not yet registered
   std::chrono::steady_clock::time_point pending_since_{}, next_spawn_{};
   std::chrono::milliseconds backoff_{1000};
-  std::map<pid_t, int> pseudo_host_;  // local_hosts > 1: each spawned worker's pseudo-host
+  std::map<pid_t, int> pseudo_host_;  // local_hosts > 1: each spawned worker's pseudo-host (a promoted standby: its predecessor's)
   std::map<pid_t, int> servers_;      // running ps shard processes: pid -> shard
 };
 

@@ -1,13 +1,17 @@
 // Full distributed training runs (label `long`): each strategy with 2 worker processes reaches
 // the accuracy the single process does, with the demo's settings. ps puts the two workers on two
 // pseudo-hosts, so each serves a shard and the pushes and pulls cross Gloo; so does ps_async
-// (its default staleness bound, 4). And the port attack of the security test through 50 group
-// formations.
+// (its default staleness bound, 4). The port attack of the security test through 50 group
+// formations. And no false eviction beside a CPU hog.
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <torch/nn/module.h>
 
+#include <atomic>
+#include <chrono>
 #include <filesystem>
+#include <thread>
+#include <vector>
 
 #include "dsgd/data.h"
 #include "dsgd/trainer.h"
@@ -62,6 +66,7 @@ TEST(PortScanThroughRecoveries, FiftyGroupFormationsUnderAttackLeaveEveryResultU
   c.checkpoint_every_steps = 5;
   c.checkpoint_max_overhead = 0;
   c.max_failures = kKills + 1;
+  c.wait_for_replacements = true;  // the same workers after each kill: the quiet run's parameters
   c.heartbeat_timeout = std::chrono::milliseconds(2000);
   c.comm_timeout = std::chrono::milliseconds(10000);
   c.config = {{"model", "mlp"}, {"dataset", "synthetic"}, {"synthetic_samples", 4096}, {"lr", 0.01}};
@@ -118,6 +123,49 @@ TEST(PortScanThroughRecoveries, FiftyGroupFormationsUnderAttackLeaveEveryResultU
   EXPECT_GE(formations, 50);
   EXPECT_GT(attacker.ports(), 2u) << "the attacker saw no Gloo listener";
   EXPECT_EQ(attacker.exposed(), 0) << "local mode listened beyond loopback";
+}
+
+// The default hang detection (heartbeat_timeout 3 s) evicts no one on a loaded machine: the demo
+// job trains for 3 minutes beside busy threads twice as many as the cores (every core
+// oversubscribed 2x by the hog alone, more with the workers), and no worker is taken for lost.
+TEST(HangDetection, NoFalseEvictionBesideACpuHogOversubscribingTheCores2x) {
+  if (!std::filesystem::exists(std::string(data::kFashionMnistDir) + "/train-images-idx3-ubyte.gz")) {
+    GTEST_SKIP() << "Fashion-MNIST is not installed at " << data::kFashionMnistDir
+                 << "; run scripts/install-deps.sh (package dataset-fashion-mnist)";
+  }
+  TrainerConfig c;  // the demo's workload, every timeout at its default
+  c.num_workers = 2;
+  c.batch_size = 128;
+  c.threads_per_worker = 1;
+  c.config = {{"model", "cnn"}, {"lr", 0.02}, {"momentum", 0.9}};
+  ASSERT_EQ(c.heartbeat_timeout, std::chrono::milliseconds(3000));
+  Trainer trainer(dsgd::kImageClassifier, c);
+  std::atomic<bool> stop{false};
+  std::vector<std::thread> hog;
+  const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
+  for (unsigned i = 0; i < 2 * cores; ++i) {
+    hog.emplace_back([&stop] {
+      volatile uint64_t x = 0;
+      while (!stop.load(std::memory_order_relaxed)) x = x + 1;
+    });
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  int64_t steps = 0;
+  std::vector<RecoveryEvent> events;
+  try {
+    while (std::chrono::steady_clock::now() - t0 < std::chrono::minutes(3)) {
+      auto r = trainer.train({.num_steps = 20});
+      steps += static_cast<int64_t>(r.metrics.at("batches"));
+      events.insert(events.end(), r.recoveries.begin(), r.recoveries.end());
+    }
+  } catch (const std::exception& e) {
+    ADD_FAILURE() << "training failed beside the hog: " << e.what();
+  }
+  stop = true;
+  for (auto& t : hog) t.join();
+  std::cout << steps << " steps in 3 minutes beside " << 2 * cores << " busy threads on " << cores << " cores\n";
+  EXPECT_GT(steps, 0);
+  EXPECT_EQ(events.size(), 0u) << "evicted under load: " << (events.empty() ? "" : events[0].failure);
 }
 
 }  // namespace

@@ -1003,9 +1003,12 @@ DSGD_REGISTER_WORKER_FUNCTION(exhaust_descriptors, [](TrainingOperator*, const j
 });
 
 TEST(TrainerFailure, AGroupThatCannotFormWithEveryWorkerAliveIsTriedThreeTimesThenNamed) {
-  // Worker 1 can open nothing, so after worker 2 is killed the new group never forms while
-  // every member is alive: three generations are tried, then train() fails listing them.
+  // Worker 1 can open nothing, so after worker 2 is killed the new group (with worker 2's
+  // replacement, awaited) never forms while every member is alive: three generations are
+  // tried, then train() fails listing them. (Without the replacement, worker 1 might form
+  // worker 0's and its shared-memory group from what it holds open already.)
   auto c = base_config(3, "allreduce", 60);
+  c.wait_for_replacements = true;
   c.heartbeat_timeout = milliseconds(20000);
   c.comm_timeout = milliseconds(2000);
   Trainer t(dsgd::kImageClassifier, c);
@@ -1049,11 +1052,12 @@ std::vector<int> shard_process_pids() {
 
 // Runs 40 steps with a snapshot every 10 and does `fault` to worker 1 (with `shard_victim`: to
 // a ps shard process) once 15 steps are done; training must finish with parameters equal to a
-// fault-free run of the same job, to `tolerance`. (Not to a single process: 2 workers' averaged
+// fault-free run of the same job, to `tolerance` (the same replicas afterwards: `c` has a
+// standby, or waits for replacements). (Not to a single process: 2 workers' averaged
 // gradients round differently from one batch's, and over 40 steps that drift reached 5.5e-5 on
 // one machine and stayed under 1e-5 on another.)
 Results train_through_fault(TrainerConfig c, int sig, std::vector<int>* victims = nullptr, double tolerance = 1e-7,
-                            bool shard_victim = false) {
+                            bool shard_victim = false, const std::function<void(Trainer&)>& after = {}) {
   c.checkpoint_every_steps = 10;
   c.checkpoint_max_overhead = 0;  // exactly that interval
   c.heartbeat_timeout = milliseconds(2000);
@@ -1090,15 +1094,58 @@ Results train_through_fault(TrainerConfig c, int sig, std::vector<int>* victims 
     EXPECT_EQ(now.size(), static_cast<size_t>(c.num_ps_shards)) << "the lost shard process was not replaced";
     EXPECT_EQ(std::count(now.begin(), now.end(), victim), 0);
   }
+  if (after) after(t);
   if (sig == SIGSTOP) ::kill(victim, SIGKILL);  // it was evicted; do not leave it stopped
   return r;
 }
 
-TEST(TrainerRecovery, KilledWorkerIsReplacedAndTheResultEqualsAFaultFreeRun) {
+// This process's children that are workers (--dsgd-worker on their command line).
+size_t worker_processes() {
+  size_t n = 0;
+  for (const auto& e : std::filesystem::directory_iterator("/proc")) {
+    const std::string name = e.path().filename();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::ifstream stat(e.path() / "stat"), cmdline(e.path() / "cmdline");
+    std::string st((std::istreambuf_iterator<char>(stat)), {}), cmd((std::istreambuf_iterator<char>(cmdline)), {});
+    const auto close = st.rfind(')');
+    if (close == std::string::npos) continue;
+    std::istringstream fields(st.substr(close + 1));
+    std::string state;
+    int ppid = 0;
+    fields >> state >> ppid;
+    n += ppid == ::getpid() && state != "Z" && cmd.find("--dsgd-worker") != std::string::npos ? 1 : 0;
+  }
+  return n;
+}
+
+TEST(TrainerRecovery, AStandbyTakesAKilledWorkersPlaceAndTheResultEqualsAFaultFreeRun) {
   std::vector<int> victims;
-  auto r = train_through_fault(base_config(2, "allreduce", 64), SIGKILL, &victims);
+  auto c = base_config(3, "allreduce", 66);
+  c.local_hosts = 2;  // the standby takes the victim's pseudo-host (Placement::hosts)
+  c.standby_workers = 1;
+  size_t processes = 0;
+  auto r = train_through_fault(c, SIGKILL, &victims, 1e-7, false, [&](Trainer&) {
+    // A new standby is started in the background: 3 members and 1 standby again.
+    const auto deadline = Clock::now() + std::chrono::seconds(30);
+    while ((processes = worker_processes()) != 4 && Clock::now() < deadline) std::this_thread::sleep_for(milliseconds(100));
+  });
+  EXPECT_EQ(processes, 4u);
   ASSERT_EQ(r.recoveries.size(), 1u);
   const auto& ev = r.recoveries[0];
+  EXPECT_EQ(ev.standbys_used, 1);
+  EXPECT_EQ(ev.workers_after, 3);
+  EXPECT_GE(ev.recovery_s, ev.detect_s) << "recovery_s counts from the failure";
+  std::cout << "standby recovery: " << ev.recovery_s << " s, detected " << ev.detect_s << " s after the failure\n";
+}
+
+TEST(TrainerRecovery, WaitingForReplacementsAKilledWorkersReplacementTakesItsPlaceExactly) {
+  std::vector<int> victims;
+  auto c = base_config(2, "allreduce", 64);
+  c.wait_for_replacements = true;
+  auto r = train_through_fault(c, SIGKILL, &victims);
+  ASSERT_EQ(r.recoveries.size(), 1u);
+  const auto& ev = r.recoveries[0];
+  EXPECT_EQ(ev.standbys_used, 0);
   EXPECT_NE(ev.lost.find("pid " + std::to_string(victims[0])), std::string::npos) << ev.lost;
   EXPECT_NE(ev.lost.find("exited"), std::string::npos) << ev.lost;
   EXPECT_EQ(ev.workers_after, 2);
@@ -1110,7 +1157,54 @@ TEST(TrainerRecovery, KilledWorkerIsReplacedAndTheResultEqualsAFaultFreeRun) {
   EXPECT_LT(ev.at_step, 40);
   EXPECT_LT(ev.detect_s, 2.0) << "a process that exits is seen before the heartbeat timeout";
   std::cout << "recovery: " << ev.recovery_s << " s, detected " << ev.detect_s << " s after the victim's last "
-            << "heartbeat, rolled back " << ev.rolled_back_steps << " steps\n";
+            << "sign of life, rolled back " << ev.rolled_back_steps << " steps\n";
+}
+
+// The default without a standby: the survivors go on at once with the global batch re-split
+// over them, and the new worker, set up meanwhile, joins between chunks.
+TEST(TrainerRecovery, WithoutAStandbyTheSurvivorsResumeAtOnceAndTheNewWorkerJoinsWhenSetUp) {
+  auto c = base_config(3, "allreduce", 66);
+  c.checkpoint_every_steps = 5;
+  c.checkpoint_max_overhead = 0;
+  c.heartbeat_timeout = milliseconds(2000);
+  std::atomic<bool> killed{false};
+  int victim = 0;
+  c.on_progress = [&](const TrainProgress& p) {
+    if (p.batches >= 3 && !killed.exchange(true)) ::kill(victim, SIGKILL);
+  };
+  std::vector<std::string> notices;  // on_recovery: the start, the resumption, the scale-up
+  c.on_recovery = [&](const RecoveryEvent& e) {
+    notices.push_back(e.kind + (e.resumed_at == Clock::time_point{} ? " started" : " done"));
+  };
+  Trainer t(dsgd::kImageClassifier, c);
+  victim = t.foreach_worker("replica_info")[1]["pid"].get<int>();
+  auto first = t.train({.num_steps = 20});
+  ASSERT_TRUE(killed);
+  ASSERT_GE(first.recoveries.size(), 1u);
+  EXPECT_EQ(first.recoveries[0].workers_after, 2) << "it waited for the replacement";
+  EXPECT_EQ(first.recoveries[0].standbys_used, 0);
+  int64_t steps = 20;
+  std::optional<RecoveryEvent> grew;
+  for (const auto& ev : first.recoveries) {
+    if (ev.kind == "scale_up") grew = ev;
+  }
+  const auto deadline = Clock::now() + std::chrono::seconds(60);
+  while (!grew && Clock::now() < deadline) {
+    auto r = t.train({.num_steps = 5});
+    steps += static_cast<int64_t>(r.metrics.at("batches"));
+    for (const auto& ev : r.recoveries) {
+      if (ev.kind == "scale_up") grew = ev;
+    }
+  }
+  ASSERT_TRUE(grew) << "the new worker never joined";
+  EXPECT_EQ(grew->workers_after, 3);
+  EXPECT_EQ(t.foreach_worker("replica_info").size(), 3u);
+  EXPECT_EQ(notices, (std::vector<std::string>{"recovery started", "recovery done", "scale_up done"}));
+  // 3, 2, then 3 replicas: one process's mathematics, summed in other orders (see
+  // AfterFailedReplacementsTheJobScalesBackUpToNumWorkers for the bound).
+  const double difference = max_difference(single_process(66, steps), params_of(*t.get_model()));
+  std::cout << "after " << steps << " steps: " << difference << " from one process\n";
+  EXPECT_LT(difference, 2e-4);
 }
 
 TEST(TrainerRecovery, StepByStepSnapshotsEveryIntervalAndARecoveryReplaysTheStepsSince) {
@@ -1123,6 +1217,7 @@ TEST(TrainerRecovery, StepByStepSnapshotsEveryIntervalAndARecoveryReplaysTheStep
   c.checkpoint_max_overhead = 0;
   c.heartbeat_timeout = milliseconds(2000);
   c.comm_timeout = milliseconds(10000);
+  c.wait_for_replacements = true;
   const Params reference = [&] {  // a fault-free run of the same steps (see train_through_fault)
     Trainer clean(dsgd::kImageClassifier, c);
     for (int i = 0; i < 25; ++i) EXPECT_EQ(clean.step().recoveries.size(), 0u);
@@ -1149,6 +1244,7 @@ TEST(TrainerRecovery, SaveSurvivesTheLossOfTheWorkerItReadsFrom) {
   testing::TempDir dir;
   auto c = base_config(2, "allreduce", 64);
   c.heartbeat_timeout = milliseconds(2000);
+  c.standby_workers = 1;  // the same replicas after the loss: the same replayed steps
   Trainer t(dsgd::kImageClassifier, c);
   t.train({.num_steps = 10});
   const Params before = params_of(*t.get_model());
@@ -1171,6 +1267,7 @@ TEST(TrainerRecovery, AWorkerLostBetweenAChunkAndItsSnapshotCostsARedoneChunk) {
   c.checkpoint_every_steps = 4;
   c.checkpoint_max_overhead = 0;  // exactly that interval
   c.heartbeat_timeout = milliseconds(2000);
+  c.standby_workers = 1;
   auto run = [&](bool fault) {
     Trainer t(operator_of<DiesInSnapshotOperator>(), c);
     if (fault) std::ofstream(armed) << "die\n";  // after the constructor's snapshot
@@ -1190,13 +1287,18 @@ TEST(TrainerRecovery, AWorkerLostBetweenAChunkAndItsSnapshotCostsARedoneChunk) {
 }
 
 TEST(TrainerRecovery, SimpleStrategySurvivesAKilledWorker) {
-  auto r = train_through_fault(base_config(2, "simple", 64), SIGKILL);
+  auto c = base_config(2, "simple", 64);
+  c.standby_workers = 1;
+  auto r = train_through_fault(c, SIGKILL);
   ASSERT_EQ(r.recoveries.size(), 1u);
 }
 
 TEST(TrainerRecovery, PsSurvivesAKilledWorkerHoldingAShard) {
-  // Every worker serves shards (num_ps_shards 2 on 2 pseudo-hosts): the victim takes one with it.
-  auto r = train_through_fault(ps_config(2, 2, 2), SIGKILL);
+  // Every worker serves shards (num_ps_shards 2 on 2 pseudo-hosts): the victim takes one with it;
+  // the standby, spawned for pseudo-host 0, takes the victim's host 1 and its shard.
+  auto c = ps_config(2, 2, 2);
+  c.standby_workers = 1;
+  auto r = train_through_fault(c, SIGKILL);
   ASSERT_EQ(r.recoveries.size(), 1u);
   EXPECT_EQ(r.recoveries[0].workers_after, 2);
 }
@@ -1204,7 +1306,9 @@ TEST(TrainerRecovery, PsSurvivesAKilledWorkerHoldingAShard) {
 TEST(TrainerRecovery, PsUpdateOnShardsGetsALostShardsParametersAndMomentumBackFromTheSnapshot) {
   // The victim owns a shard's parameters and momentum, found nowhere else: the recovery restores
   // them from the last snapshot (gathered into it) and the result equals a fault-free run.
-  auto r = train_through_fault(ps_update_config(2, 2, 2), SIGKILL);
+  auto c = ps_update_config(2, 2, 2);
+  c.standby_workers = 1;
+  auto r = train_through_fault(c, SIGKILL);
   ASSERT_EQ(r.recoveries.size(), 1u);
   EXPECT_EQ(r.recoveries[0].workers_after, 2);
 }
@@ -1227,6 +1331,7 @@ TEST(TrainerRecovery, PsAsyncLosesAShardOwnerAndGoesOnFromTheSnapshot) {
   // after one recovery, with every replica holding the servers' parameters at the end.
   auto c = base_config(2, "ps_async", 64);
   c.local_hosts = 2;
+  c.standby_workers = 1;
   c.checkpoint_every_steps = 10;
   c.checkpoint_max_overhead = 0;
   c.heartbeat_timeout = milliseconds(2000);
@@ -1250,7 +1355,9 @@ TEST(TrainerRecovery, PsAsyncLosesAShardOwnerAndGoesOnFromTheSnapshot) {
 TEST(TrainerRecovery, PsSurvivesAHungWorkerOnItsOwnHost) {
   // Found by the soak: 3 workers on 3 pseudo-hosts, worker 1 stopped; its replacement joins
   // another host's shared memory.
-  auto r = train_through_fault(ps_config(3, 3, 3, 64), SIGSTOP);
+  auto c = ps_config(3, 3, 3, 64);
+  c.wait_for_replacements = true;
+  auto r = train_through_fault(c, SIGSTOP);
   ASSERT_EQ(r.recoveries.size(), 1u);
 }
 
@@ -1293,7 +1400,9 @@ TEST(TrainerRecovery, WorkersThatKeepDyingAtStartUpFailTheJobNamingEveryFailure)
 }
 
 TEST(TrainerRecovery, HungWorkerIsEvictedAfterTheHeartbeatTimeout) {
-  auto r = train_through_fault(base_config(2, "allreduce", 64), SIGSTOP);
+  auto c = base_config(2, "allreduce", 64);
+  c.standby_workers = 1;
+  auto r = train_through_fault(c, SIGSTOP);
   ASSERT_EQ(r.recoveries.size(), 1u);
   EXPECT_NE(r.recoveries[0].lost.find("silent"), std::string::npos) << r.recoveries[0].lost;
   // A stopped process sends nothing: seen at the heartbeat timeout (2 s), not at once.

@@ -58,6 +58,13 @@ void ProgressPrinter::on_epoch(const dsgd::EpochSummary& s) {
   std::fflush(out_);
 }
 
+void ProgressPrinter::on_note(const std::string& line) {
+  if (bar_open_) std::fputs("\r\033[K", out_);
+  bar_open_ = false;
+  std::fprintf(out_, "%s\n", line.c_str());
+  std::fflush(out_);
+}
+
 std::string describe_profile(const std::map<std::string, double>& ms) {
   static constexpr std::pair<const char*, const char*> kLabels[] = {
       {"forward", "forward"}, {"backward", "backward"}, {"optimizer", "optimizer"},

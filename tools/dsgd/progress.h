@@ -19,6 +19,8 @@ class ProgressPrinter : public dsgd::ProgressListener {
 
   void on_batch(const dsgd::BatchProgress& p) override;
   void on_epoch(const dsgd::EpochSummary& s) override;
+  // A line of its own between bars ("recovering: ...", "resumed ..."), printed at once.
+  void on_note(const std::string& line);
 
  private:
   using Clock = std::chrono::steady_clock;

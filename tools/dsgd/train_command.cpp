@@ -8,13 +8,13 @@
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <spdlog/fmt/fmt.h>
 #include <thread>
 
 #include "commands.h"
 #include "dsgd/error.h"
 #include "dsgd/trainer.h"
 #include "progress.h"
-#include "dsgd/image_classifier.h"
 #include "dsgd/image_classifier.h"
 #include "dsgd/local_job.h"
 
@@ -85,7 +85,10 @@ std::map<std::string, double> mean_profile(const std::vector<dsgd::EpochSummary>
 nlohmann::json recovery_json(const dsgd::RecoveryEvent& e) {
   nlohmann::json phases = nlohmann::json::object();
   for (const auto& [name, s] : e.phases) phases[name] = phases.value(name, 0.0) + s;
+  // When training resumed, in seconds since the epoch: for scripts that time a fault themselves.
+  const auto resumed = std::chrono::system_clock::now() - (std::chrono::steady_clock::now() - e.resumed_at);
   return {{"kind", e.kind},
+          {"resumed_at_unix_s", std::chrono::duration<double>(resumed.time_since_epoch()).count()},
           {"failure", e.failure},
           {"lost", e.lost},
           {"at_step", e.at_step},
@@ -93,6 +96,7 @@ nlohmann::json recovery_json(const dsgd::RecoveryEvent& e) {
           {"detect_s", e.detect_s},
           {"recovery_s", e.recovery_s},
           {"workers_after", e.workers_after},
+          {"standbys_used", e.standbys_used},
           {"phases_s", phases}};
 }
 
@@ -179,6 +183,10 @@ void validate_flags(TrainFlags& f) {
     throw ConfigError("--heartbeat-timeout-ms must be >= 100, got " + std::to_string(f.heartbeat_timeout_ms));
   }
   if (f.trainer.max_failures < 0) throw ConfigError("--max-failures must be >= 0, got " + std::to_string(f.trainer.max_failures));
+  if (f.trainer.standby_workers < 0 || f.trainer.standby_workers > 64) {
+    throw ConfigError("--standby must be in 0..64, got " + std::to_string(f.trainer.standby_workers));
+  }
+  if (f.in_process && f.trainer.standby_workers > 0) throw ConfigError("--standby applies to worker jobs, not --in-process");
   if (!Choice<NonfinitePolicy>(f.nonfinite).known()) {
     throw ConfigError("unknown --nonfinite '" + f.nonfinite + "'; use " + choice_names<NonfinitePolicy>());
   }
@@ -247,6 +255,18 @@ dsgd::LocalJobResult run_with_trainer(const TrainFlags& f, ProgressPrinter* prog
                         .step = steps_before + p.batches, .total_steps = total, .loss = p.loss,
                         .samples_per_s = elapsed > 0 ? static_cast<double>((steps_before + p.batches) * j.batch_size) / elapsed : 0,
                         .elapsed_s = elapsed});
+  };
+  c.on_recovery = [&](const RecoveryEvent& e) {
+    if (progress == nullptr) return;
+    if (e.kind == "scale_up") {
+      progress->on_note(fmt::format("dsgd train: back to {} worker(s) in {:.2f} s", e.workers_after, e.recovery_s));
+    } else if (e.resumed_at == std::chrono::steady_clock::time_point{}) {
+      progress->on_note("dsgd train: recovering: " + e.failure);
+    } else {
+      progress->on_note(fmt::format("dsgd train: resumed {:.2f} s after the failure, with {} worker(s){}; {} step(s) to redo",
+                                    e.recovery_s, e.workers_after, e.standbys_used > 0 ? " (a standby took over)" : "",
+                                    e.rolled_back_steps));
+    }
   };
   Trainer trainer(dsgd::kImageClassifier, c);
   if (!f.load.empty()) trainer.load(f.load);
@@ -432,6 +452,11 @@ void add_train_command(CLI::App& app, int* exit_code) {
       ->capture_default_str();
   cmd->add_option("--keep-checkpoints", flags->trainer.checkpoint_keep, "Checkpoints kept in --checkpoint-dir")
       ->capture_default_str();
+  cmd->add_option("--standby", flags->trainer.standby_workers,
+                  "Standby workers: set up outside the group, each takes a lost worker's place in well under a second")
+      ->capture_default_str();
+  cmd->add_flag("--wait-for-replacements", flags->trainer.wait_for_replacements,
+                "After a loss without a standby, wait for new workers instead of going on with the survivors");
   cmd->add_option("--max-failures", flags->trainer.max_failures, "Lost workers survived before the job fails")
       ->capture_default_str();
   cmd->add_option("--heartbeat-timeout-ms", flags->heartbeat_timeout_ms,

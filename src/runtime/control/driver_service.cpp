@@ -144,55 +144,15 @@ class DriverServerImpl final : public DriverServer, public proto::Driver::Servic
 
   std::vector<proto::CommandResult> call(const proto::Command& request, milliseconds timeout,
                                          const std::function<void()>& on_tick, std::vector<int> targets) override {
-    const std::string kind = command_name(request);
+    const Pending p = send(request, std::move(targets));
     std::unique_lock<std::mutex> lock(mutex_);
-    if (targets.empty()) {
-      for (size_t i = 0; i < workers_.size(); ++i) {
-        if (workers_[i].info.alive) targets.push_back(static_cast<int>(i));
-      }
-    }
-    const uint64_t id = next_id_++;
-    for (int t : targets) {
-      proto::Command c = request;
-      c.set_id(id);
-      workers_.at(static_cast<size_t>(t)).queue.push_back(std::move(c));
-    }
-    cv_.notify_all();
     const auto start = Clock::now();
     while (true) {
-      size_t done = 0;
-      for (int t : targets) {
-        auto& w = workers_[static_cast<size_t>(t)];
-        if (!w.info.alive) {
-          throw CommError("worker " + std::to_string(w.info.index) + " (host " + w.info.host + ", pid " +
-                              std::to_string(w.info.pid) + ") was evicted during '" + kind + "'",
-                          kind, static_cast<int>(w.info.index), w.info.host);
-        }
-        auto it = w.results.find(id);
-        if (it == w.results.end()) continue;
-        if (!it->second.ok()) {
-          proto::CommandResult r = std::move(it->second);
-          w.results.erase(it);
-          throw_worker_error(w.info, kind, r);
-        }
-        ++done;
-      }
-      if (done == targets.size()) break;
-      const auto now = Clock::now();
-      for (int t : targets) {
-        const auto& w = workers_[static_cast<size_t>(t)];
-        if (now - w.last_heartbeat > options_.heartbeat_timeout) {
-          throw CommError("worker " + std::to_string(w.info.index) + " (host " + w.info.host + ", pid " +
-                              std::to_string(w.info.pid) + ") lost: no heartbeat for " +
-                              std::to_string(std::chrono::duration_cast<milliseconds>(now - w.last_heartbeat).count()) +
-                              " ms during '" + kind + "'",
-                          kind, static_cast<int>(w.info.index), w.info.host);
-        }
-      }
-      if (timeout.count() > 0 && now - start > timeout) {
-        throw TimeoutError("driver: '" + kind + "' not finished by every worker within " +
+      if (auto out = collect_locked(p)) return std::move(*out);
+      if (timeout.count() > 0 && Clock::now() - start > timeout) {
+        throw TimeoutError("driver: '" + p.kind + "' not finished by every worker within " +
                                std::to_string(timeout.count()) + " ms",
-                           kind);
+                           p.kind);
       }
       cv_.wait_for(lock, milliseconds(100));
       if (on_tick) {
@@ -201,14 +161,28 @@ class DriverServerImpl final : public DriverServer, public proto::Driver::Servic
         lock.lock();
       }
     }
-    std::vector<proto::CommandResult> out;
-    for (int t : targets) {
-      auto& w = workers_[static_cast<size_t>(t)];
-      auto it = w.results.find(id);
-      out.push_back(std::move(it->second));
-      w.results.erase(it);
+  }
+
+  Pending send(const proto::Command& request, std::vector<int> targets) override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (targets.empty()) {
+      for (size_t i = 0; i < workers_.size(); ++i) {
+        if (workers_[i].info.alive) targets.push_back(static_cast<int>(i));
+      }
     }
-    return out;
+    Pending p{next_id_++, command_name(request), std::move(targets)};
+    for (int t : p.targets) {
+      proto::Command c = request;
+      c.set_id(p.id);
+      workers_.at(static_cast<size_t>(t)).queue.push_back(std::move(c));
+    }
+    cv_.notify_all();
+    return p;
+  }
+
+  std::optional<std::vector<proto::CommandResult>> collect(const Pending& pending) override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return collect_locked(pending);
   }
 
   // ---- the service ----
@@ -224,11 +198,11 @@ class DriverServerImpl final : public DriverServer, public proto::Driver::Servic
                   "): start the workers from the same dsgd build as the driver"};
     }
     std::lock_guard<std::mutex> lock(mutex_);
-    if (alive_count_locked() >= options_.num_workers) {
-      log().warn("driver: refused worker {} (pid {}): the job already has its {} workers", req->host(), req->pid(),
-                   options_.num_workers);
-      return {grpc::StatusCode::RESOURCE_EXHAUSTED,
-              "the job already has its " + std::to_string(options_.num_workers) + " workers"};
+    if (const int most = options_.num_workers + options_.standby_workers; alive_count_locked() >= most) {
+      const std::string has = std::to_string(options_.num_workers) + " workers" +
+                              (options_.standby_workers > 0 ? " and " + std::to_string(options_.standby_workers) + " standbys" : "");
+      log().warn("driver: refused worker {} (pid {}): the job already has its {}", req->host(), req->pid(), has);
+      return {grpc::StatusCode::RESOURCE_EXHAUSTED, "the job already has its " + has};
     }
     WorkerState w;
     w.info.index = static_cast<int64_t>(workers_.size());
@@ -275,11 +249,14 @@ class DriverServerImpl final : public DriverServer, public proto::Driver::Servic
   grpc::Status Heartbeat(grpc::ServerContext* ctx, const proto::HeartbeatRequest* req,
                          proto::HeartbeatReply* reply) override {
     if (!token_ok(ctx, options_.token, "Heartbeat")) return denied();
-    std::lock_guard<std::mutex> lock(mutex_);
+    std::unique_lock<std::mutex> lock(mutex_);
     auto* w = live(req->worker());
     if (w == nullptr) return {grpc::StatusCode::NOT_FOUND, "unknown or evicted worker " + std::to_string(req->worker())};
+    // Alive when it arrived; the wait below proves nothing (the worker may stop meanwhile).
     w->last_heartbeat = Clock::now();
     if (!req->progress().empty()) w->info.progress = req->progress();
+    cv_.wait_for(lock, milliseconds(std::clamp<int64_t>(req->wait_ms(), 0, 2000)),
+                 [&] { return stop_ || aborted_generation_ > req->known_abort_generation(); });
     reply->set_stop(stop_);
     reply->set_abort_generation(aborted_generation_);
     return grpc::Status::OK;
@@ -358,6 +335,45 @@ class DriverServerImpl final : public DriverServer, public proto::Driver::Servic
   WorkerState* live(int64_t index) {
     auto* w = worker(index);
     return w != nullptr && w->info.alive ? w : nullptr;
+  }
+  // The results of `p` once every target answered; throws the first error, or CommError for a
+  // target evicted or silent for heartbeat_timeout.
+  std::optional<std::vector<proto::CommandResult>> collect_locked(const Pending& p) {
+    size_t done = 0;
+    const auto now = Clock::now();
+    for (int t : p.targets) {
+      auto& w = workers_.at(static_cast<size_t>(t));
+      const std::string who =
+          "worker " + std::to_string(w.info.index) + " (host " + w.info.host + ", pid " + std::to_string(w.info.pid) + ")";
+      if (!w.info.alive) {
+        throw CommError(who + " was evicted during '" + p.kind + "'", p.kind, static_cast<int>(w.info.index), w.info.host);
+      }
+      auto it = w.results.find(p.id);
+      if (it != w.results.end()) {
+        if (!it->second.ok()) {
+          proto::CommandResult r = std::move(it->second);
+          w.results.erase(it);
+          throw_worker_error(w.info, p.kind, r);
+        }
+        ++done;
+        continue;
+      }
+      if (now - w.last_heartbeat > options_.heartbeat_timeout) {
+        throw CommError(who + " lost: no heartbeat for " +
+                            std::to_string(std::chrono::duration_cast<milliseconds>(now - w.last_heartbeat).count()) +
+                            " ms during '" + p.kind + "'",
+                        p.kind, static_cast<int>(w.info.index), w.info.host);
+      }
+    }
+    if (done < p.targets.size()) return std::nullopt;
+    std::vector<proto::CommandResult> out;
+    for (int t : p.targets) {
+      auto& w = workers_[static_cast<size_t>(t)];
+      auto it = w.results.find(p.id);
+      out.push_back(std::move(it->second));
+      w.results.erase(it);
+    }
+    return out;
   }
   int alive_count_locked() const {
     int n = 0;
@@ -451,12 +467,15 @@ void DriverClient::complete(const proto::CommandResult& req) {
   if (!s.ok()) raise(s, "driver at " + address_ + ": complete", address_);
 }
 
-DriverClient::Beat DriverClient::heartbeat(int64_t worker, const std::string& progress, milliseconds timeout) {
+DriverClient::Beat DriverClient::heartbeat(int64_t worker, const std::string& progress, int64_t known_abort_generation,
+                                          milliseconds wait, milliseconds timeout) {
   proto::HeartbeatRequest req;
   req.set_worker(worker);
   req.set_progress(progress);
+  req.set_known_abort_generation(known_abort_generation);
+  req.set_wait_ms(wait.count());
   grpc::ClientContext ctx;
-  prepare(ctx, token_, timeout);
+  prepare(ctx, token_, wait + timeout);
   proto::HeartbeatReply reply;
   const grpc::Status s = impl_->stub->Heartbeat(&ctx, req, &reply);
   if (!s.ok()) raise(s, "driver at " + address_ + ": heartbeat", address_);

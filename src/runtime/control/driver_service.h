@@ -18,6 +18,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -29,12 +30,15 @@ namespace dsgd::control {
 // The version of proto/dsgd/control.proto's messages: raise it with every change a driver and a
 // worker of different builds would misread. A worker that registers with another is refused
 // (FAILED_PRECONDITION), naming both.
-inline constexpr uint32_t kControlProtocol = 3;  // 1: JSON job and commands; 2: JobSpec, typed commands; 3: JobSpec.device, .precision
+// 1: JSON job and commands; 2: JobSpec, typed commands; 3: JobSpec.device, .precision;
+// 4: long-poll heartbeats, Placement.hosts.
+inline constexpr uint32_t kControlProtocol = 4;
 
 struct DriverServerOptions {
   std::string listen = "127.0.0.1:0";       // host:port; port 0 picks a free one
   std::string token;
   int num_workers = 1;
+  int standby_workers = 0;                  // registrations taken beyond num_workers (TrainerConfig::standby_workers)
   int world_size = 1;                       // replicas at the start (the simple strategy's averages
                                             // take it from each call's generation afterwards)
   proto::JobSpec job;                       // handed to each worker at registration
@@ -86,6 +90,16 @@ class DriverServer {
   virtual std::vector<proto::CommandResult> call(const proto::Command& request, std::chrono::milliseconds timeout,
                                                  const std::function<void()>& on_tick,
                                                  std::vector<int> targets = {}) = 0;
+  // call() in two halves, for a command that runs while the driver does other things (a standby's
+  // setup during training): send queues it and returns its id; collect returns the results once
+  // every target has answered (nullopt before), and throws as call() does.
+  struct Pending {
+    uint64_t id = 0;
+    std::string kind;
+    std::vector<int> targets;
+  };
+  virtual Pending send(const proto::Command& request, std::vector<int> targets) = 0;
+  virtual std::optional<std::vector<proto::CommandResult>> collect(const Pending& pending) = 0;
   // From now on heartbeats tell every worker to exit.
   virtual void stop_workers() = 0;
   virtual int64_t rejected_calls() const = 0;
@@ -112,7 +126,11 @@ class DriverClient {
     bool stop = false;
     int64_t abort_generation = 0;
   };
-  Beat heartbeat(int64_t worker, const std::string& progress, std::chrono::milliseconds timeout);
+  // Says this worker is alive, and hears the driver's news: answered at once when the driver has
+  // aborted a generation after `known_abort_generation` (or ends the job), else after `wait`.
+  // `timeout`: beyond `wait`.
+  Beat heartbeat(int64_t worker, const std::string& progress, int64_t known_abort_generation,
+                 std::chrono::milliseconds wait, std::chrono::milliseconds timeout);
   // The simple strategy: blocks until the average of call `seq` of `generation` from every
   // replica comes back.
   void average(int64_t generation, int64_t rank, uint64_t seq, float* data, size_t count,
