@@ -1,6 +1,9 @@
 #include "torch/replica_state.h"
 
+#include <ATen/CPUGeneratorImpl.h>
 #include <torch/serialize.h>
+
+#include <mutex>
 
 #include <sstream>
 
@@ -26,6 +29,13 @@ void write_replica_state(const TrainingOperator& op, const ReplicaState& state,
   torch::serialize::OutputArchive extra;
   op.state_dict(extra);
   archive.write("extra", extra);
+  {
+    // The CPU generator that dropout and the like draw from: a restored replica draws what the
+    // saver would have drawn next, so a recovery or a resume redoes its steps exactly.
+    auto gen = at::detail::getDefaultCPUGenerator();
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    archive.write("cpu_rng", gen.get_state());
+  }
   archive.save_to(writer);
 }
 
@@ -76,6 +86,12 @@ ReplicaState load_replica_state(TrainingOperator& op, const std::string& bytes, 
   s.schedule_t = pos[2].item<int64_t>();
   torch::serialize::InputArchive extra;
   if (archive.try_read("extra", extra)) op.load_state_dict(extra);
+  torch::Tensor rng;
+  if (archive.try_read("cpu_rng", rng)) {  // absent in states saved before it was kept
+    auto gen = at::detail::getDefaultCPUGenerator();
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    gen.set_state(rng.to(torch::kCPU));
+  }
   return s;
 }
 

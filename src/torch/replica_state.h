@@ -5,8 +5,11 @@
 //   ReplicaState s = load_replica_state(op, bytes);          // models and optimizers restored
 //
 // The archive (torch::serialize) holds "model<i>" and "optimizer<i>" for every registered model
-// and optimizer, "position" (epoch, next batch, schedule step) and "extra" (the operator's own
-// state_dict). Throws ConfigError where the bytes lack one of this operator's models.
+// and optimizer, "position" (epoch, next batch, schedule step), "extra" (the operator's own
+// state_dict) and "cpu_rng" (the process's default CPU generator, which dropout draws from: the
+// saver's, restored on load, so steps redone after a recovery draw what they drew before; one
+// per process, so replicas that draw unequal amounts, an uneven batch split, are restored to the
+// saver's). Throws ConfigError where the bytes lack one of this operator's models.
 #pragma once
 
 #include <cstdint>

@@ -1123,6 +1123,7 @@ TEST(TrainerRecovery, AStandbyTakesAKilledWorkersPlaceAndTheResultEqualsAFaultFr
   auto c = base_config(3, "allreduce", 66);
   c.local_hosts = 2;  // the standby takes the victim's pseudo-host (Placement::hosts)
   c.standby_workers = 1;
+  c.config["dropout"] = true;  // the generator's state comes with the snapshot: the same masks
   size_t processes = 0;
   auto r = train_through_fault(c, SIGKILL, &victims, 1e-7, false, [&](Trainer&) {
     // A new standby is started in the background: 3 members and 1 standby again.
@@ -1236,6 +1237,84 @@ TEST(TrainerRecovery, StepByStepSnapshotsEveryIntervalAndARecoveryReplaysTheStep
   EXPECT_LE(r.recoveries[0].at_step, 25);
   EXPECT_EQ(r.batch, 25);
   EXPECT_LT(max_difference(reference, params_of(*t.get_model())), 1e-7);
+}
+
+// The pids of this process's worker children (worker_processes' set).
+std::vector<int> worker_pids() {
+  std::vector<int> out;
+  for (const auto& e : std::filesystem::directory_iterator("/proc")) {
+    const std::string name = e.path().filename();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::ifstream stat(e.path() / "stat"), cmdline(e.path() / "cmdline");
+    std::string st((std::istreambuf_iterator<char>(stat)), {}), cmd((std::istreambuf_iterator<char>(cmdline)), {});
+    const auto close = st.rfind(')');
+    if (close == std::string::npos) continue;
+    std::istringstream fields(st.substr(close + 1));
+    std::string state;
+    int ppid = 0;
+    fields >> state >> ppid;
+    if (ppid == ::getpid() && state != "Z" && cmd.find("--dsgd-worker") != std::string::npos) out.push_back(std::stoi(name));
+  }
+  return out;
+}
+
+// A standby lost while it waits costs the job nothing: no recovery, and a new one takes its place.
+TEST(TrainerRecovery, AStandbyLostWhileItWaitsIsReplacedWithoutARecovery) {
+  auto c = base_config(2, "allreduce", 64);
+  c.standby_workers = 1;
+  Trainer t(dsgd::kImageClassifier, c);
+  std::vector<int> members;
+  for (const auto& w : t.foreach_worker("replica_info")) members.push_back(w["pid"].get<int>());
+  int standby = 0;
+  const auto deadline = Clock::now() + std::chrono::seconds(30);
+  while (standby == 0 && Clock::now() < deadline) {
+    for (int pid : worker_pids()) {
+      if (std::find(members.begin(), members.end(), pid) == members.end()) standby = pid;
+    }
+    if (standby == 0) std::this_thread::sleep_for(milliseconds(100));
+  }
+  ASSERT_NE(standby, 0) << "no standby process";
+  t.train({.num_steps = 5});
+  ::kill(standby, SIGKILL);
+  size_t events = 0;
+  std::vector<int> now;
+  for (int i = 0; i < 100 && (now = worker_pids()).size() != 3; ++i) {
+    events += t.train({.num_steps = 2}).recoveries.size();  // the driver reaps and respawns as it trains
+  }
+  EXPECT_EQ(events, 0u) << "a standby's loss disturbed training";
+  EXPECT_EQ(now.size(), 3u);
+  EXPECT_EQ(std::count(now.begin(), now.end(), standby), 0);
+}
+
+// A loss seen by validate() or load() is survived like one seen by train(): the call completes.
+TEST(TrainerRecovery, ValidateAndLoadSurviveALostWorker) {
+  testing::TempDir dir;
+  auto c = base_config(2, "allreduce", 64);
+  c.heartbeat_timeout = milliseconds(2000);
+  c.standby_workers = 1;
+  Trainer t(dsgd::kImageClassifier, c);
+  t.train({.num_steps = 5});
+  t.save(dir.file("ckpt"));
+  const auto before = t.validate().metrics.at("accuracy");
+  ::kill(t.foreach_worker("replica_info")[1]["pid"].get<int>(), SIGKILL);
+  const auto after = t.validate();
+  EXPECT_EQ(after.metrics.at("accuracy"), before) << "validated another state";
+  ::kill(t.foreach_worker("replica_info")[0]["pid"].get<int>(), SIGKILL);
+  t.load(dir.file("ckpt"));
+  EXPECT_EQ(t.train({.num_steps = 1}).batch, 6);  // the checkpoint's position, on every worker
+  EXPECT_EQ(t.foreach_worker("replica_info").size(), 2u);
+}
+
+// Shutting down with a worker just killed neither hangs nor throws.
+TEST(TrainerRecovery, ShutdownRightAfterALostWorkerEndsWithinSeconds) {
+  auto c = base_config(2, "allreduce", 64);
+  Trainer t(dsgd::kImageClassifier, c);
+  t.train({.num_steps = 2});
+  ::kill(t.foreach_worker("replica_info")[1]["pid"].get<int>(), SIGKILL);
+  const auto t0 = Clock::now();
+  EXPECT_NO_THROW(t.shutdown());
+  EXPECT_LT(Clock::now() - t0, std::chrono::seconds(10));
+  EXPECT_TRUE(worker_pids().empty()) << "a worker outlived shutdown()";
 }
 
 TEST(TrainerRecovery, SaveSurvivesTheLossOfTheWorkerItReadsFrom) {
