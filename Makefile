@@ -42,8 +42,8 @@ test-fast: build
 test-long: build
 	$(CTEST) -L long
 
-# Every benchmark in ~18 min, writing docs/BENCHMARKS.md: peers (PyTorch DDP, plain LibTorch),
-# allreduce on one host, and the simulated cluster reduced (bench/all.sh).
+# Every benchmark in ~32 min, writing docs/BENCHMARKS.md: peers (PyTorch DDP, plain LibTorch),
+# allreduce on one host, the simulated cluster reduced, and recovery (bench/all.sh).
 bench: build
 	bench/all.sh
 

@@ -1031,8 +1031,8 @@ TEST(TrainerFailure, AGroupThatCannotFormWithEveryWorkerAliveIsTriedThreeTimesTh
   EXPECT_THROW(t.train(), Error);  // unusable after it, and says so
 }
 
-// This process's children that are ps shard processes (their command line has --dsgd-ps-server).
-std::vector<int> shard_process_pids() {
+// This process's live children with `flag` on their command line.
+std::vector<int> child_pids_with(const std::string& flag) {
   std::vector<int> out;
   for (const auto& e : std::filesystem::directory_iterator("/proc")) {
     const std::string name = e.path().filename();
@@ -1045,10 +1045,14 @@ std::vector<int> shard_process_pids() {
     std::string state;
     int ppid = 0;
     fields >> state >> ppid;
-    if (ppid == ::getpid() && cmd.find("--dsgd-ps-server") != std::string::npos) out.push_back(std::stoi(name));
+    if (ppid == ::getpid() && state != "Z" && cmd.find(flag) != std::string::npos) out.push_back(std::stoi(name));
   }
   return out;
 }
+
+// Its ps shard processes (--dsgd-ps-server) and its workers (--dsgd-worker).
+std::vector<int> shard_process_pids() { return child_pids_with("--dsgd-ps-server"); }
+std::vector<int> worker_pids() { return child_pids_with("--dsgd-worker"); }
 
 // Runs 40 steps with a snapshot every 10 and does `fault` to worker 1 (with `shard_victim`: to
 // a ps shard process) once 15 steps are done; training must finish with parameters equal to a
@@ -1099,25 +1103,6 @@ Results train_through_fault(TrainerConfig c, int sig, std::vector<int>* victims 
   return r;
 }
 
-// This process's children that are workers (--dsgd-worker on their command line).
-size_t worker_processes() {
-  size_t n = 0;
-  for (const auto& e : std::filesystem::directory_iterator("/proc")) {
-    const std::string name = e.path().filename();
-    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
-    std::ifstream stat(e.path() / "stat"), cmdline(e.path() / "cmdline");
-    std::string st((std::istreambuf_iterator<char>(stat)), {}), cmd((std::istreambuf_iterator<char>(cmdline)), {});
-    const auto close = st.rfind(')');
-    if (close == std::string::npos) continue;
-    std::istringstream fields(st.substr(close + 1));
-    std::string state;
-    int ppid = 0;
-    fields >> state >> ppid;
-    n += ppid == ::getpid() && state != "Z" && cmd.find("--dsgd-worker") != std::string::npos ? 1 : 0;
-  }
-  return n;
-}
-
 TEST(TrainerRecovery, AStandbyTakesAKilledWorkersPlaceAndTheResultEqualsAFaultFreeRun) {
   std::vector<int> victims;
   auto c = base_config(3, "allreduce", 66);
@@ -1128,7 +1113,7 @@ TEST(TrainerRecovery, AStandbyTakesAKilledWorkersPlaceAndTheResultEqualsAFaultFr
   auto r = train_through_fault(c, SIGKILL, &victims, 1e-7, false, [&](Trainer&) {
     // A new standby is started in the background: 3 members and 1 standby again.
     const auto deadline = Clock::now() + std::chrono::seconds(30);
-    while ((processes = worker_processes()) != 4 && Clock::now() < deadline) std::this_thread::sleep_for(milliseconds(100));
+    while ((processes = worker_pids().size()) != 4 && Clock::now() < deadline) std::this_thread::sleep_for(milliseconds(100));
   });
   EXPECT_EQ(processes, 4u);
   ASSERT_EQ(r.recoveries.size(), 1u);
@@ -1239,25 +1224,6 @@ TEST(TrainerRecovery, StepByStepSnapshotsEveryIntervalAndARecoveryReplaysTheStep
   EXPECT_LT(max_difference(reference, params_of(*t.get_model())), 1e-7);
 }
 
-// The pids of this process's worker children (worker_processes' set).
-std::vector<int> worker_pids() {
-  std::vector<int> out;
-  for (const auto& e : std::filesystem::directory_iterator("/proc")) {
-    const std::string name = e.path().filename();
-    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
-    std::ifstream stat(e.path() / "stat"), cmdline(e.path() / "cmdline");
-    std::string st((std::istreambuf_iterator<char>(stat)), {}), cmd((std::istreambuf_iterator<char>(cmdline)), {});
-    const auto close = st.rfind(')');
-    if (close == std::string::npos) continue;
-    std::istringstream fields(st.substr(close + 1));
-    std::string state;
-    int ppid = 0;
-    fields >> state >> ppid;
-    if (ppid == ::getpid() && state != "Z" && cmd.find("--dsgd-worker") != std::string::npos) out.push_back(std::stoi(name));
-  }
-  return out;
-}
-
 // A standby lost while it waits costs the job nothing: no recovery, and a new one takes its place.
 TEST(TrainerRecovery, AStandbyLostWhileItWaitsIsReplacedWithoutARecovery) {
   auto c = base_config(2, "allreduce", 64);
@@ -1278,7 +1244,11 @@ TEST(TrainerRecovery, AStandbyLostWhileItWaitsIsReplacedWithoutARecovery) {
   ::kill(standby, SIGKILL);
   size_t events = 0;
   std::vector<int> now;
-  for (int i = 0; i < 100 && (now = worker_pids()).size() != 3; ++i) {
+  auto replaced = [&] {
+    now = worker_pids();
+    return now.size() == 3 && std::count(now.begin(), now.end(), standby) == 0;
+  };
+  for (int i = 0; i < 100 && !replaced(); ++i) {
     events += t.train({.num_steps = 2}).recoveries.size();  // the driver reaps and respawns as it trains
   }
   EXPECT_EQ(events, 0u) << "a standby's loss disturbed training";

@@ -304,6 +304,34 @@ TEST(Cli, RemoteWorkersAndPsShardProcessesJoinTheDriver) {
   EXPECT_GT(j["test_accuracy"].get<double>(), 0.15);  // 10 classes: it learnt
 }
 
+TEST(Cli, ARemoteWorkerBeyondNumWorkersIsAStandbyThatTakesALostWorkersPlace) {
+  // A launcher starts 3 `dsgd worker` for a job of 2 with --standby 1: the last to register
+  // waits set up; the first is killed while training, and the standby takes its place.
+  dsgd::testing::TempDir dir;
+  const std::string bin = DSGD_BINARY, address = "127.0.0.1:" + std::to_string(free_port());
+  const std::string join = " --driver " + address + " --token t0ken";
+  const std::string script =
+      bin + " train --listen " + address + " --token t0ken --workers 2 --standby 1 --model mlp --dataset synthetic "
+      "--synthetic-samples 4096 --batch-size 64 --threads 1 --epochs 4 --checkpoint-every 10 --quiet --json-out " +
+      dir.file("run.json") + " & sleep 1; " + bin + " worker" + join + " & first=$!; " + bin + " worker" + join +
+      " & sleep 1; " + bin + " worker" + join + " & sleep 4; kill -9 $first; wait";
+  CliRun r;
+  FILE* p = ::popen(("timeout 180 sh -c '" + script + "' 2>&1").c_str(), "r");
+  ASSERT_NE(p, nullptr);
+  std::array<char, 4096> buf;
+  size_t n;
+  while ((n = std::fread(buf.data(), 1, buf.size(), p)) > 0) r.output.append(buf.data(), n);
+  ::pclose(p);  // the killed worker's status is the shell's; the driver's summary tells the rest
+  std::ifstream f(dir.file("run.json"));
+  ASSERT_TRUE(f.good()) << "the driver wrote no summary\n" << r.output;
+  auto j = nlohmann::json::parse(f);
+  ASSERT_EQ(j["recoveries"].size(), 1u) << j.dump(2) << "\n" << r.output;
+  EXPECT_EQ(j["recoveries"][0]["standbys_used"], 1) << r.output;
+  EXPECT_EQ(j["recoveries"][0]["workers_after"], 2);
+  EXPECT_EQ(j["steps"], 256);
+  EXPECT_NE(r.output.find("is set up and ready outside the group"), std::string::npos) << r.output;
+}
+
 bool process_gone(pid_t pid) {
   if (::kill(pid, 0) != 0) return true;
   std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
