@@ -117,7 +117,7 @@ struct TrainerConfig {
   // A worker silent this long is lost (a hung or stopped process, a cut link): evicted and the
   // job recovers. Workers beat every heartbeat_timeout / 5 (100 ms .. 1 s) and hear a recovery
   // through the same long-polled call within moments. The default holds on a machine whose cores
-  // are oversubscribed 2x (tests/runtime/cpu_hog_test).
+  // are oversubscribed 2x (HangDetection.*, tests/runtime/long_trainer_test.cpp).
   std::chrono::milliseconds heartbeat_timeout{3000};
   // Every collective's deadline. A lost peer is found sooner, by heartbeats (or its exit); this
   // bounds a collective that stalls with every process alive.

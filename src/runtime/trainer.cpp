@@ -170,12 +170,11 @@ void Trainer::Impl::start_up() {
       *setup.mutable_setup()->mutable_placement() = pool->placement(generation);
       auto setups = raw_call(setup);
       signature = setups[0].setup().signature();
-      const std::string& reference = signature;
       parameters = setups[0].setup().parameters();
       for (size_t w = 1; w < setups.size(); ++w) {
         const std::string& sig = setups[w].setup().signature();
-        if (sig == reference) continue;
-        std::istringstream a(reference), b(sig);
+        if (sig == signature) continue;
+        std::istringstream a(signature), b(sig);
         std::string la, lb;
         while (true) {
           const bool ga = static_cast<bool>(std::getline(a, la)), gb = static_cast<bool>(std::getline(b, lb));

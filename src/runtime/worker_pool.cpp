@@ -232,7 +232,8 @@ void WorkerPool::check_children() {
 
 void WorkerPool::defer_replacements(const std::string& why) {
   next_spawn_ = Clock::now() + backoff_;
-  control::log().warn("trainer: {}; next attempt to get back to {} workers in {:.0f} s", why, config_.num_workers,
+  control::log().warn("trainer: {}; next attempt to get back to {} workers{} in {:.0f} s", why, config_.num_workers,
+                      config_.standby_workers > 0 ? fmt::format(" and {} standby(s)", config_.standby_workers) : "",
                       std::chrono::duration<double>(backoff_).count());
   backoff_ = std::min(backoff_ * 2, milliseconds(60000));
 }

@@ -272,6 +272,20 @@ int free_port() {
   return port;
 }
 
+// `script` under sh, killed after `timeout_s`: its exit status (-1 if it did not exit) and
+// output, stderr included.
+CliRun run_shell(const std::string& script, int timeout_s) {
+  CliRun r;
+  FILE* p = ::popen(("timeout " + std::to_string(timeout_s) + " sh -c '" + script + "' 2>&1").c_str(), "r");
+  if (p == nullptr) return {-1, "popen failed"};
+  std::array<char, 4096> buf;
+  size_t n;
+  while ((n = std::fread(buf.data(), 1, buf.size(), p)) > 0) r.output.append(buf.data(), n);
+  const int status = ::pclose(p);
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
+}
+
 TEST(Cli, RemoteWorkersAndPsShardProcessesJoinTheDriver) {
   // As a launcher would start them: the driver, 2 `dsgd worker` and 2 `dsgd ps-server`, each
   // told only the driver's address and the token. Every process must exit when the job ends.
@@ -284,14 +298,8 @@ TEST(Cli, RemoteWorkersAndPsShardProcessesJoinTheDriver) {
       "--batch-size 32 --threads 1 --epochs 1 --json-out " + dir.file("run.json") + " & sleep 1; " +
       bin + " ps-server" + join + " --shard 1 & " + bin + " ps-server" + join + " --shard 0 & " +
       bin + " worker" + join + " & " + bin + " worker" + join + " & wait";
-  CliRun r;
-  FILE* p = ::popen(("timeout 120 sh -c '" + script + "' 2>&1").c_str(), "r");
-  ASSERT_NE(p, nullptr);
-  std::array<char, 4096> buf;
-  size_t n;
-  while ((n = std::fread(buf.data(), 1, buf.size(), p)) > 0) r.output.append(buf.data(), n);
-  const int status = ::pclose(p);
-  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "a process did not exit\n" << r.output;
+  const CliRun r = run_shell(script, 120);
+  ASSERT_EQ(r.exit_code, 0) << "a process did not exit\n" << r.output;
   for (const char* s : {"ps shard 0: serving generation 1", "ps shard 1: serving generation 1"}) {
     EXPECT_NE(r.output.find(s), std::string::npos) << r.output;
   }
@@ -315,13 +323,7 @@ TEST(Cli, ARemoteWorkerBeyondNumWorkersIsAStandbyThatTakesALostWorkersPlace) {
       "--synthetic-samples 4096 --batch-size 64 --threads 1 --epochs 4 --checkpoint-every 10 --quiet --json-out " +
       dir.file("run.json") + " & sleep 1; " + bin + " worker" + join + " & first=$!; " + bin + " worker" + join +
       " & sleep 1; " + bin + " worker" + join + " & sleep 4; kill -9 $first; wait";
-  CliRun r;
-  FILE* p = ::popen(("timeout 180 sh -c '" + script + "' 2>&1").c_str(), "r");
-  ASSERT_NE(p, nullptr);
-  std::array<char, 4096> buf;
-  size_t n;
-  while ((n = std::fread(buf.data(), 1, buf.size(), p)) > 0) r.output.append(buf.data(), n);
-  ::pclose(p);  // the killed worker's status is the shell's; the driver's summary tells the rest
+  const CliRun r = run_shell(script, 180);  // its status is the killed worker's; the summary tells the rest
   std::ifstream f(dir.file("run.json"));
   ASSERT_TRUE(f.good()) << "the driver wrote no summary\n" << r.output;
   auto j = nlohmann::json::parse(f);
@@ -385,6 +387,8 @@ TEST(Cli, AKilledWorkerIsInTheJsonSummary) {
   ASSERT_EQ(workers.size(), 3u) << "the driver did not start its workers";
   // Set up and some steps in: 12 epochs of 64 steps take far longer than that.
   std::this_thread::sleep_for(std::chrono::seconds(4));
+  const double killed_at =
+      std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
   ASSERT_EQ(::kill(workers[1], SIGKILL), 0) << "the worker was gone before the kill";
   int status = 0;
   ::waitpid(driver, &status, 0);
@@ -400,7 +404,10 @@ TEST(Cli, AKilledWorkerIsInTheJsonSummary) {
   EXPECT_GT(r["recovery_s"].get<double>(), 0.0);
   EXPECT_LT(r["recovery_s"].get<double>(), 30.0);
   EXPECT_GE(r["detect_s"].get<double>(), 0.0);
-  EXPECT_GE(r["recovery_s"].get<double>(), r["detect_s"].get<double>()) << "recovery_s counts from the kill";
+  // recovery_s is the kill-to-resumed time: what this test measures from its own kill, to within
+  // the driver's ~0.1 s bound on when the process died (and a loaded machine's slack).
+  const double measured = r["resumed_at_unix_s"].get<double>() - killed_at;
+  EXPECT_NEAR(r["recovery_s"].get<double>(), measured, 1.0) << r.dump();
   EXPECT_EQ(r["workers_after"], 2) << "the standby took the lost worker's place";
   EXPECT_EQ(r["standbys_used"], 1);
   int64_t counted = 0;
