@@ -1,8 +1,10 @@
 """PyTorch eager's training throughput, measured as bench/gpu/throughput.cpp measures dsgd's:
 torchvision's model of the same layout, synthetic data already on the GPU, each step's batch
 gathered by a random index, SGD with momentum (PyTorch's default multi-tensor form), the loss
-and accuracy read back every step (as dsgd's default train_batch does), warm-up steps, then the
-wall time of --steps steps. Prints one JSON line."""
+and accuracy read back every step (as dsgd's default train_batch does; `--sync end`: only after
+the last step, as a loop that never waits for the GPU), cuDNN benchmarking on unless told
+otherwise (as dsgd's image classifier), warm-up steps, then the wall time of
+--steps steps. Prints one JSON line."""
 import argparse, json, time
 
 import torch
@@ -17,16 +19,21 @@ p.add_argument("--channels", type=int, default=3)
 p.add_argument("--samples", type=int, default=1024)
 p.add_argument("--warmup", type=int, default=10)
 p.add_argument("--steps", type=int, default=40)
+p.add_argument("--cudnn-benchmark", type=int, default=1, choices=[0, 1], help="torch.backends.cudnn.benchmark")
+p.add_argument("--channels-last", type=int, default=0, choices=[0, 1], help="weights and inputs in channels_last")
+p.add_argument("--sync", default="step", choices=["step", "end"], help="read loss and accuracy back every step, or at the end")
 a = p.parse_args()
 
 dev = torch.device("cuda")
+torch.backends.cudnn.benchmark = bool(a.cudnn_benchmark)
+fmt = torch.channels_last if a.channels_last else torch.contiguous_format
 torch.manual_seed(1)
 model = getattr(torchvision.models, a.model)(num_classes=10)
 if a.channels != 3:
     model.conv1 = torch.nn.Conv2d(a.channels, 64, 7, 2, 3, bias=False)
-model = model.to(dev).train()
+model = model.to(dev, memory_format=fmt).train()
 opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-data = torch.randn(a.samples, a.channels, a.image_size, a.image_size, device=dev)
+data = torch.randn(a.samples, a.channels, a.image_size, a.image_size, device=dev).contiguous(memory_format=fmt)
 labels = torch.randint(0, 10, (a.samples,), device=dev)
 loss_fn = torch.nn.CrossEntropyLoss()
 
@@ -40,7 +47,10 @@ def step():
         loss = loss_fn(out, y)
     loss.backward()
     opt.step()
-    return loss.item(), (out.argmax(1) == y).sum().item()
+    correct = (out.argmax(1) == y).sum()
+    if a.sync == "step":
+        return loss.item(), correct.item()
+    return loss.detach(), correct
 
 
 for _ in range(a.warmup):
@@ -51,6 +61,8 @@ for _ in range(a.steps):
     loss, _ = step()
 torch.cuda.synchronize()
 s = time.perf_counter() - t0
+loss = float(loss)
 print(json.dumps({"impl": "eager", "model": a.model, "precision": a.precision, "workers": 1, "batch": a.batch,
-                  "steps": a.steps, "seconds": s, "img_per_s": a.steps * a.batch / s, "loss": loss,
+                  "steps": a.steps, "seconds": s, "img_per_s": a.steps * a.batch / s, "loss": loss, "sync": a.sync,
+                  "cudnn_benchmark": a.cudnn_benchmark, "channels_last": a.channels_last,
                   "torch": torch.__version__}), flush=True)

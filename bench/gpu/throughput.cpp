@@ -17,6 +17,8 @@ int main(int argc, char** argv) {
   std::string model = "resnet50", precision = "fp32", device = "auto";
   int64_t batch = 128, image_size = 224, channels = 3, samples = 1024, warmup = 10, steps = 40;
   int workers = 1;
+  bool cudnn_benchmark = true;
+  std::string channels_last = "auto";
   CLI::App app("dsgd's training throughput on synthetic data (bench/gpu/run.sh)");
   app.add_option("--model", model)->capture_default_str();
   app.add_option("--precision", precision)->capture_default_str();
@@ -28,6 +30,10 @@ int main(int argc, char** argv) {
   app.add_option("--warmup", warmup, "Steps before timing")->capture_default_str();
   app.add_option("--steps", steps, "Timed steps")->capture_default_str();
   app.add_option("--workers", workers)->capture_default_str();
+  app.add_option("--channels-last", channels_last, "The image classifier's channels_last: auto (on a GPU), 1 or 0")
+      ->check(CLI::IsMember({"auto", "1", "0"}))
+      ->capture_default_str();
+  app.add_option("--cudnn-benchmark", cudnn_benchmark, "The image classifier's cudnn_benchmark")->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   try {
     dsgd::register_builtin_operators();
@@ -39,7 +45,9 @@ int main(int argc, char** argv) {
     c.checkpoint_every_steps = 1000000;  // no snapshot inside the timed steps
     c.config = {{"model", model},          {"dataset", "synthetic"},         {"synthetic_samples", samples},
                 {"synthetic_channels", channels}, {"synthetic_image_size", image_size}, {"lr", 0.01},
-                {"momentum", 0.9},         {"dropout", false}};
+                {"momentum", 0.9},         {"dropout", false},
+                {"cudnn_benchmark", cudnn_benchmark}};
+    if (channels_last != "auto") c.config["channels_last"] = channels_last == "1";
     dsgd::Trainer trainer(dsgd::kImageClassifier, c);
     // A train() call stops at the epoch's end: as many calls as the steps take.
     auto run = [&trainer](int64_t n, double* loss) {
@@ -61,7 +69,8 @@ int main(int argc, char** argv) {
     std::cout << nlohmann::json{{"impl", "dsgd"},      {"model", model},   {"precision", precision},
                                 {"workers", workers},  {"batch", batch},   {"steps", done},
                                 {"seconds", s},        {"img_per_s", done * static_cast<double>(batch) / s},
-                                {"loss", loss}}
+                                {"loss", loss},         {"sync", "step"},   {"cudnn_benchmark", cudnn_benchmark ? 1 : 0},
+                                {"channels_last", channels_last == "1" || (channels_last == "auto" && device != "cpu") ? 1 : 0}}
                      .dump()
               << std::endl;
   } catch (const std::exception& e) {

@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -33,6 +34,9 @@ struct LocalJobOptions {
   int64_t max_steps = 0;                   // > 0: stop after this many steps in all (benchmarks)
   bool evaluate = true;                    // evaluate on the test split after each epoch
   bool dropout = true;                     // false: dropout layers become identities
+  std::optional<bool> channels_last;       // cnn, resnets (dsgd/models.h); unset: on a GPU only
+  bool cudnn_benchmark = true;             // on a GPU: cuDNN times its algorithms per input shape
+                                           //   and keeps the fastest (false: its default choice)
   int64_t synthetic_samples = 8192;        // dataset "synthetic": training samples (test: 1/4)
   int64_t synthetic_image_size = 28;       // dataset "synthetic": side in pixels
   int64_t synthetic_channels = 1;          // dataset "synthetic": channels (3 for ImageNet-shaped inputs)

@@ -16,7 +16,8 @@
 //
 // ResNets use torchvision's stem (7x7 stride 2 + max pool) for images of 64 pixels or more and
 // a 3x3 stride-1 stem without pooling for small images such as 28x28. make_model throws
-// dsgd::ConfigError for an unknown name (listing the known ones) or inconsistent options.
+// dsgd::ConfigError for an unknown name (listing the known ones) or inconsistent options
+// (channels_last for a model without convolutions).
 // Models are ordinary torch::nn::Modules; seed with torch::manual_seed before make_model for
 // reproducible initial weights.
 #pragma once
@@ -38,6 +39,9 @@ struct ModelOptions {
   int64_t num_classes = 10;                  // outputs (logits)
   bool dropout = true;                       // false: dropout layers become identities (for
                                              // bit-exact equivalence tests)
+  bool channels_last = false;                // cnn, resnets: convolution weights and images in
+                                             // channels_last (NHWC) memory, the layout of
+                                             // cuDNN's fastest kernels; the same values
   std::vector<int64_t> mlp_hidden = {2048, 2048};  // hidden widths of "mlp"
   int64_t sim_parameters = 1'000'000;        // "simulated": gradient elements (besides the head)
   int64_t sim_layers = 8;                    // "simulated": in this many equal tensors

@@ -15,7 +15,7 @@ namespace F = torch::nn::functional;
 
 class Cnn : public Classifier {
  public:
-  explicit Cnn(const ModelOptions& o) {
+  explicit Cnn(const ModelOptions& o) : channels_last_(o.channels_last) {
     const int64_t side = (o.image_size - 4) / 2;  // two valid 3x3 convolutions, then a 2x2 pool
     conv1_ = register_module("conv1", torch::nn::Conv2d(torch::nn::Conv2dOptions(o.in_channels, 32, 3)));
     conv2_ = register_module("conv2", torch::nn::Conv2d(torch::nn::Conv2dOptions(32, 64, 3)));
@@ -27,7 +27,7 @@ class Cnn : public Classifier {
 
   torch::Tensor forward(const torch::Tensor& images) override {
     wait_for_parameters(*conv1_);
-    auto x = F::relu(conv1_(images));
+    auto x = F::relu(conv1_(images_for(images, channels_last_)));
     wait_for_parameters(*conv2_);
     x = F::relu(conv2_(x));
     x = dropout1_(F::max_pool2d(x, F::MaxPool2dFuncOptions(2)));
@@ -38,6 +38,7 @@ class Cnn : public Classifier {
   }
 
  private:
+  bool channels_last_;
   torch::nn::Conv2d conv1_{nullptr}, conv2_{nullptr};
   torch::nn::Dropout dropout1_{nullptr}, dropout2_{nullptr};
   torch::nn::Linear fc1_{nullptr}, fc2_{nullptr};

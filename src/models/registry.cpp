@@ -1,9 +1,25 @@
 #include <torch/nn/module.h>
+#include <torch/types.h>
 
 #include "dsgd/error.h"
 #include "models/zoo.h"
 
 namespace dsgd::models {
+
+namespace {
+
+// Lays out every 4-D parameter (the convolution weights) channels_last; moving the model to a
+// device keeps the layout.
+std::shared_ptr<Classifier> laid_out(std::shared_ptr<Classifier> model, const ModelOptions& o) {
+  if (!o.channels_last) return model;
+  torch::NoGradGuard no_grad;
+  for (auto& p : model->parameters()) {
+    if (p.dim() == 4) p.set_data(p.contiguous(torch::MemoryFormat::ChannelsLast));
+  }
+  return model;
+}
+
+}  // namespace
 
 std::shared_ptr<Classifier> make_model(const std::string& name, const ModelOptions& o) {
   if (o.in_channels < 1 || o.image_size < 1 || o.num_classes < 1) {
@@ -11,12 +27,15 @@ std::shared_ptr<Classifier> make_model(const std::string& name, const ModelOptio
                       std::to_string(o.in_channels) + ", " + std::to_string(o.image_size) + ", " +
                       std::to_string(o.num_classes) + ")");
   }
+  if (o.channels_last && (name == "mlp" || name == "simulated")) {
+    throw ConfigError("model '" + name + "' has no convolutions: channels_last applies to cnn, resnet18 and resnet50");
+  }
   if (name == "cnn") {
     if (o.image_size < 6) {
       throw ConfigError("model 'cnn' needs images of at least 6x6 pixels (two 3x3 convolutions "
                         "and a 2x2 pool); got " + std::to_string(o.image_size));
     }
-    return make_cnn(o);
+    return laid_out(make_cnn(o), o);
   }
   if (name == "mlp") {
     for (int64_t h : o.mlp_hidden) {
@@ -24,8 +43,8 @@ std::shared_ptr<Classifier> make_model(const std::string& name, const ModelOptio
     }
     return make_mlp(o);
   }
-  if (name == "resnet18") return make_resnet(18, o);
-  if (name == "resnet50") return make_resnet(50, o);
+  if (name == "resnet18") return laid_out(make_resnet(18, o), o);
+  if (name == "resnet50") return laid_out(make_resnet(50, o), o);
   if (name == "simulated") {
     if (o.sim_layers < 1 || o.sim_parameters < o.sim_layers || !(o.sim_step_ms >= 0)) {
       throw ConfigError("model 'simulated': needs sim_layers >= 1, sim_parameters >= sim_layers and sim_step_ms >= 0 "

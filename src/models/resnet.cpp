@@ -93,7 +93,7 @@ class ResNet : public Classifier {
  public:
   template <typename B>
   ResNet(B* /*tag*/, const std::array<int, 4>& blocks, const ModelOptions& o)
-      : imagenet_stem_(o.image_size >= 64) {
+      : imagenet_stem_(o.image_size >= 64), channels_last_(o.channels_last) {
     conv1_ = register_module("conv1", imagenet_stem_ ? conv(o.in_channels, 64, 7, 2) : conv(o.in_channels, 64, 3, 1));
     bn1_ = register_module("bn1", nn::BatchNorm2d(64));
     int64_t in = 64;
@@ -118,7 +118,7 @@ class ResNet : public Classifier {
   torch::Tensor forward(const torch::Tensor& images) override {
     wait_for_parameters(*conv1_);
     wait_for_parameters(*bn1_);
-    auto x = F::relu(bn1_(conv1_(images)));
+    auto x = F::relu(bn1_(conv1_(images_for(images, channels_last_))));
     if (imagenet_stem_) x = F::max_pool2d(x, F::MaxPool2dFuncOptions(3).stride(2).padding(1));
     for (auto& block : blocks_) {
       wait_for_parameters(*block);  // a block at a time
@@ -131,6 +131,7 @@ class ResNet : public Classifier {
 
  private:
   bool imagenet_stem_;
+  bool channels_last_;
   nn::Conv2d conv1_{nullptr};
   nn::BatchNorm2d bn1_{nullptr};
   std::vector<std::shared_ptr<Block>> blocks_;

@@ -2,6 +2,8 @@
 // Options are validated by the caller.
 #pragma once
 
+#include <torch/types.h>
+
 #include "dsgd/models.h"
 
 namespace dsgd::models {
@@ -10,5 +12,10 @@ std::shared_ptr<Classifier> make_cnn(const ModelOptions& options);
 std::shared_ptr<Classifier> make_mlp(const ModelOptions& options);
 std::shared_ptr<Classifier> make_resnet(int depth, const ModelOptions& options);  // 18 or 50
 std::shared_ptr<Classifier> make_simulated(const ModelOptions& options);
+
+// For ModelOptions::channels_last: the images as the first convolution takes them.
+inline torch::Tensor images_for(const torch::Tensor& images, bool channels_last) {
+  return channels_last ? images.contiguous(torch::MemoryFormat::ChannelsLast) : images;
+}
 
 }  // namespace dsgd::models

@@ -1,5 +1,6 @@
 #include "dsgd/image_classifier.h"
 
+#include <ATen/Context.h>
 #include <torch/optim/sgd.h>
 
 #include <cmath>
@@ -17,6 +18,10 @@ class ImageClassifier : public TrainingOperator {
  public:
   void setup(const nlohmann::json& config) override {
     const LocalJobOptions o = image_classifier_options(config);
+    // Every batch of a replica has the same shape, so cuDNN's timing of its algorithms on the
+    // first batches pays off on all later ones (PyTorch: torch.backends.cudnn.benchmark). A
+    // process-wide switch, as in PyTorch; without a GPU it changes nothing.
+    at::globalContext().setBenchmarkCuDNN(o.cudnn_benchmark);
 
     // Data exactly as the single-process job draws it.
     std::optional<data::ImageDataset> train, test;
@@ -38,6 +43,7 @@ class ImageClassifier : public TrainingOperator {
     mo.image_size = train->images().size(2);
     mo.num_classes = train->num_classes();
     mo.dropout = o.dropout;
+    mo.channels_last = o.channels_last.value_or(replica().device.is_cuda() && o.model != "mlp" && o.model != "simulated");
     mo.sim_parameters = o.sim_parameters;
     mo.sim_layers = o.sim_layers;
     mo.sim_step_ms = o.sim_step_ms;

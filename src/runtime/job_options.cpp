@@ -59,7 +59,7 @@ nlohmann::json parse_config_text(std::string_view text, const std::string& what)
 LocalJobOptions image_classifier_options(const nlohmann::json& config) {
   if (!config.is_object()) throw ConfigError("the image classifier's config must be a JSON object");
   static const std::vector<std::string> known = {"model", "dataset", "data_dir", "lr", "momentum", "lr_decay",
-                                                 "dropout", "synthetic_samples", "synthetic_image_size", "synthetic_channels",
+                                                 "dropout", "channels_last", "cudnn_benchmark", "synthetic_samples", "synthetic_image_size", "synthetic_channels",
                                                  "sim_parameters", "sim_layers", "sim_step_ms"};
   for (const auto& [k, v] : config.items()) {
     if (std::find(known.begin(), known.end(), k) == known.end()) {
@@ -75,6 +75,8 @@ LocalJobOptions image_classifier_options(const nlohmann::json& config) {
     o.momentum = config.value("momentum", o.momentum);
     o.lr_decay = config.value("lr_decay", o.lr_decay);
     o.dropout = config.value("dropout", o.dropout);
+    if (config.contains("channels_last")) o.channels_last = config.at("channels_last").get<bool>();
+    o.cudnn_benchmark = config.value("cudnn_benchmark", o.cudnn_benchmark);
     o.synthetic_samples = runtime::integer_field(config, "synthetic_samples", o.synthetic_samples);
     o.synthetic_image_size = runtime::integer_field(config, "synthetic_image_size", o.synthetic_image_size);
     o.synthetic_channels = runtime::integer_field(config, "synthetic_channels", o.synthetic_channels);
@@ -87,6 +89,10 @@ LocalJobOptions image_classifier_options(const nlohmann::json& config) {
     throw ConfigError(std::string("image classifier config: ") + e.what());
   }
   validate(o);  // the single-process job's checks and messages
+  if (o.channels_last.value_or(false) && (o.model == "mlp" || o.model == "simulated")) {
+    throw ConfigError("image classifier config: channels_last lays out convolutions (models cnn, resnet18, resnet50); "
+                      "model '" + o.model + "' has none: leave channels_last out");
+  }
   return o;
 }
 

@@ -86,13 +86,19 @@ GradSync::GradSync(std::vector<torch::Tensor> params, size_t grad_shard_bytes,
   }
   set_deferred_buckets(deferred);
   torch::NoGradGuard no_grad;
+  // Averages are elementwise, so a slot may keep its parameter's layout (channels_last: the
+  // optimizer's multi-tensor kernels want gradients laid out as their parameters, as c10d's
+  // Reducer does it). Servers that update parameters take them packed in logical order.
+  const bool param_layout = !(strategy_ && strategy_->updates_on_servers());
   for (size_t i = 0; i < params_.size(); ++i) {
     const auto& s = plan_.slot(i);
+    const auto& p = params_[i];
+    const bool own = param_layout && p.is_non_overlapping_and_dense();
     // set_ rather than narrow(): the slot shares flat_'s storage without being an autograd view,
     // so Optimizer::zero_grad() may detach_() it once it is the parameter's .grad.
     slots_.push_back(torch::empty({0}, torch::TensorOptions(torch::kFloat32).device(device_))
-                         .set_(flat_.storage(), static_cast<int64_t>(s.offset), params_[i].sizes(),
-                               params_[i].contiguous().strides()));
+                         .set_(flat_.storage(), static_cast<int64_t>(s.offset), p.sizes(),
+                               own ? p.strides() : p.contiguous().strides()));
     const unsigned id = params_[i].register_hook([this, i](torch::Tensor grad) {
       on_grad(i, grad);
       return grad;
@@ -166,7 +172,7 @@ void GradSync::on_grad(size_t param, const torch::Tensor& grad) {
   }
   bool ok;
   if (grad.scalar_type() == torch::kFloat32 && grad.device().is_cpu() && grad.layout() == torch::kStrided &&
-      grad.is_contiguous() && grad.numel() == slot.numel()) {
+      grad.is_contiguous() && slot.is_contiguous() && grad.numel() == slot.numel()) {
     ok = comm::copy_scaled_below(dst, grad.data_ptr<float>(), n, static_cast<float>(weight_), kGradLimit);
   } else {
     torch::mul_out(slot, grad, weight_);

@@ -50,6 +50,32 @@ TEST(Models, ResNetsRunOnSmallAndLargeImages) {
   }
 }
 
+TEST(Models, ChannelsLastLaysOutTheConvolutionsAndComputesTheSameValues) {
+  for (const auto& name : {"cnn", "resnet18"}) {
+    torch::manual_seed(5);
+    auto plain = make_model(name, {.dropout = false});
+    torch::manual_seed(5);
+    auto nhwc = make_model(name, {.dropout = false, .channels_last = true});
+    int reordered = 0;  // (a 1-channel or 1x1 kernel is laid out alike either way)
+    for (const auto& p : nhwc->parameters()) {
+      if (p.dim() != 4) continue;
+      EXPECT_TRUE(p.is_contiguous(torch::MemoryFormat::ChannelsLast)) << name;
+      if (!p.is_contiguous()) ++reordered;
+    }
+    EXPECT_GT(reordered, 0) << name;
+    plain->eval();
+    nhwc->eval();
+    const auto x = torch::randn({3, 1, 28, 28});
+    EXPECT_TRUE(torch::allclose(plain->forward(x), nhwc->forward(x), 1e-4, 1e-5)) << name;
+  }
+  try {
+    make_model("mlp", {.channels_last = true});
+    FAIL() << "channels_last for the MLP was accepted";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("no convolutions"), std::string::npos) << e.what();
+  }
+}
+
 TEST(Models, DropoutOffMakesTrainingForwardDeterministic) {
   torch::manual_seed(3);
   auto m = make_model("cnn", {.dropout = false});

@@ -163,6 +163,16 @@ DSGD_REGISTER_WORKER_FUNCTION(weight_sum, [](TrainingOperator* op, const json&) 
   return s;
 });
 
+// How the replica's convolution weights are laid out: "channels_last", "nchw" (or "mixed").
+DSGD_REGISTER_WORKER_FUNCTION(conv_layout, [](TrainingOperator* op, const json&) -> json {
+  int last = 0, plain = 0;
+  for (const auto& p : op->model(0).parameters()) {
+    if (p.dim() != 4 || p.is_contiguous() == p.is_contiguous(torch::MemoryFormat::ChannelsLast)) continue;
+    (p.is_contiguous(torch::MemoryFormat::ChannelsLast) ? last : plain)++;
+  }
+  return last > 0 && plain == 0 ? "channels_last" : plain > 0 && last == 0 ? "nchw" : "mixed";
+});
+
 // Small enough to train 20 steps in a second, with several buckets and several layers.
 json synthetic_config() {
   return {{"model", "cnn"}, {"dataset", "synthetic"}, {"synthetic_samples", 4096}, {"synthetic_image_size", 28},
@@ -291,6 +301,16 @@ TEST(TrainerEquivalence, TwoReplicasInOneWorker) {
   expect_equivalent(c);
 }
 
+// Convolutions laid out channels_last: gradients keep that layout in the buckets (the average is
+// elementwise).
+TEST(TrainerEquivalence, ChannelsLastAllreduce) {
+  auto c = base_config(2, "allreduce", 64);
+  c.config["channels_last"] = true;
+  expect_equivalent(c);
+  Trainer t(dsgd::kImageClassifier, c);
+  for (const auto& w : t.foreach_worker("conv_layout")) EXPECT_EQ(w, "channels_last");
+}
+
 TEST(TrainerEquivalence, FlatRingAllreduce) {
   auto c = base_config(2, "allreduce", 64);
   c.allreduce_algo = "ring";
@@ -331,6 +351,13 @@ TEST(TrainerEquivalence, PsUpdateOnShardsFourShardsThreeWorkersOnTwoHosts) {
   expect_equivalent(ps_update_config(3, 2, 4, 96));
 }
 TEST(TrainerEquivalence, PsUpdateOnShardsOneHost) { expect_equivalent(ps_update_config(2, 1, 0)); }
+// Servers that update parameters take them in logical order, whatever the layout.
+TEST(TrainerEquivalence, ChannelsLastPsUpdateOnShards) {
+  auto c = ps_update_config(2, 2, 2);
+  c.config["channels_last"] = true;
+  expect_equivalent(c);
+}
+
 
 // ps with the shards in processes of their own (spawned by the driver), in both update modes.
 TrainerConfig ps_processes_config(int workers, int hosts, int shards, bool update_on_shards, int64_t batch = 64) {
@@ -1554,6 +1581,28 @@ TEST(TrainerGpu, TwoProcessesOnOneGpuEqualOneProcessWithTheGlobalBatch) {
   const double difference = max_difference(a, b);
   std::cout << "2 processes on one GPU vs 1 process, 20 steps: max parameter difference " << difference << "\n";
   EXPECT_LT(difference, 1e-4);
+}
+
+// On a GPU the image classifier lays out its convolutions channels_last unless told not to, and
+// trains as the plain layout does (cuDNN's kernels differ: the parameters differ by rounding).
+TEST(TrainerGpu, ChannelsLastIsTheDefaultForConvolutionsAndTrainsLikeNchw) {
+  SKIP_WITHOUT_CUDA();
+  std::map<std::string, Params> runs;
+  Params before;
+  for (const bool channels_last : {true, false}) {
+    TrainerConfig c = gpu_config(1, "cnn");
+    if (!channels_last) c.config["channels_last"] = false;
+    Trainer t(dsgd::kImageClassifier, c);
+    const std::string expected = channels_last ? "channels_last" : "nchw";
+    EXPECT_EQ(t.foreach_worker("conv_layout").at(0), expected);
+    before = params_of(*t.get_model());
+    t.train({.num_steps = 20});
+    runs[expected] = params_of(*t.get_model());
+  }
+  EXPECT_GT(max_difference(before, runs["nchw"]), 1e-3) << "training did not move the parameters";
+  const double difference = max_difference(runs["channels_last"], runs["nchw"]);
+  std::cout << "channels_last vs NCHW on the GPU, CNN, 20 steps: max parameter difference " << difference << "\n";
+  EXPECT_LT(difference, 1e-3);
 }
 
 // bf16 autocast on the GPU: the CNN trains to where float32 does, by another path (the

@@ -132,6 +132,8 @@ TEST(Cli, FlagErrorsExitWithUsageStatusAndSayWhatIsWrong) {
   expect_usage_error("train --workers 2 --config '{\"lr\": \"fast\"}'", "wrong type");
   expect_usage_error("train --workers 2 --config '{\"lr\": 1e400}'", "--config is not valid JSON");  // found by fuzzing
   expect_usage_error("train --workers 2 --config '{\"lrr\": 0.1}'", "unknown image classifier config key 'lrr'");
+  expect_usage_error("train --workers 2 --model mlp --config '{\"channels_last\": true}'", "model 'mlp' has none");
+  expect_usage_error("train --workers 2 --config '{\"channels_last\": \"yes\"}'", "wrong type");
   expect_usage_error("train --workers 2 --config '{\"synthetic_samples\": 10000E020}'",  // found by fuzzing
                      "'synthetic_samples' must be a whole number");
   expect_usage_error("train --workers 2 --config '{\"sim_layers\": 3.5}'", "'sim_layers' must be a whole number");

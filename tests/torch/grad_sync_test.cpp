@@ -91,6 +91,30 @@ TEST(GradSync, EveryStepGradIsTheStrategysResultOfThatStepsGradient) {
   EXPECT_GT(f.strategy->calls, 4);
 }
 
+// A channels_last convolution weight keeps its layout in .grad (the optimizer's multi-tensor
+// kernels want the two alike), with the same values as a plain weight's.
+TEST(GradSync, AChannelsLastParametersGradKeepsItsLayoutAndValues) {
+  torch::manual_seed(3);
+  torch::nn::Conv2d plain(torch::nn::Conv2dOptions(2, 4, 3)), nhwc(torch::nn::Conv2dOptions(2, 4, 3));
+  {
+    torch::NoGradGuard no_grad;
+    nhwc->weight.set_data(plain->weight.detach().clone().contiguous(torch::MemoryFormat::ChannelsLast));
+    nhwc->bias.copy_(plain->bias);
+  }
+  const auto x = torch::randn({3, 2, 6, 6});
+  plain(x).pow(2).sum().backward();
+  auto strategy = std::make_shared<HalfPlusOne>();
+  GradSync sync(nhwc->parameters(), /*grad_shard_bytes=*/64, strategy);
+  for (int step = 0; step < 2; ++step) {  // the first backward's .grad, then the slot's in place
+    for (auto& p : nhwc->parameters()) p.mutable_grad() = step == 0 ? torch::Tensor() : p.grad().zero_();
+    nhwc(x.contiguous(torch::MemoryFormat::ChannelsLast)).pow(2).sum().backward();
+    const auto& g = nhwc->weight.grad();
+    EXPECT_EQ(g.strides(), nhwc->weight.strides()) << "step " << step;
+    EXPECT_TRUE(torch::allclose(g, plain->weight.grad() / 2 + 1, 1e-5, 1e-5)) << "step " << step;
+    EXPECT_TRUE(torch::allclose(nhwc->bias.grad(), plain->bias.grad() / 2 + 1, 1e-5, 1e-5)) << "step " << step;
+  }
+}
+
 // HalfPlusOne with memory for gradients of its own (as a host's shared memory would be).
 class HalfPlusOneWithBuffer : public HalfPlusOne {
  public:

@@ -476,7 +476,7 @@ void add_train_command(CLI::App& app, int* exit_code) {
   cmd->add_option("--token", flags->trainer.token, "Job token for --listen (default: random, printed)");
   cmd->add_option("--config", flags->config,
                   "JSON object merged into the operator's config (keys: model, dataset, data_dir, lr, momentum, "
-                  "lr_decay, dropout, synthetic_samples, synthetic_image_size, synthetic_channels; for --model simulated: sim_parameters, "
+                  "lr_decay, dropout, channels_last, cudnn_benchmark, synthetic_samples, synthetic_image_size, synthetic_channels; for --model simulated: sim_parameters, "
                   "sim_layers, sim_step_ms)");
   cmd->add_flag("--in-process", flags->in_process,
                 "Train in this process without workers (the single-process baseline)");
