@@ -18,6 +18,7 @@ demo_pkgs=(
 build_pkgs=(
   "${demo_pkgs[@]}"
   iproute2                # network namespaces for multi-host tests
+  openssh-client openssh-server   # the ssh launcher's test runs its own sshd in a namespace
   clang libclang-rt-14-dev     # libFuzzer for the parsers' fuzz targets (tests/fuzz)
 )
 bench_pkgs=(
@@ -44,5 +45,13 @@ sudo=""
 [[ $(id -u) -eq 0 ]] || sudo="sudo"
 export DEBIAN_FRONTEND=noninteractive
 $sudo apt-get update -qq
+# Packages with a service (openssh-server) must not start it: the tests run their own daemons,
+# on addresses of their own namespaces. Debian's way: a policy-rc.d that denies every start.
+policy=/usr/sbin/policy-rc.d
+if [[ ! -e $policy ]]; then
+  printf '#!/bin/sh\nexit 101\n' | $sudo tee $policy >/dev/null
+  $sudo chmod +x $policy
+  trap '$sudo rm -f $policy' EXIT
+fi
 $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 echo "install-deps: done"

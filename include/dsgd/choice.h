@@ -39,6 +39,10 @@ enum class Device { kAuto = 1, kCpu = 2, kCuda = 3 };
 // The arithmetic of forward and loss: float32, or bfloat16 under autocast (float32 weights,
 // gradients and optimizer).
 enum class Precision { kFp32 = 1, kBf16 = 2 };
+// Who starts the workers (the driver's business, not in the job contract): auto (local without
+// TrainerConfig::listen, none with it), this host's processes, the hosts of a hosts file over
+// ssh, or someone else (`dsgd worker --driver ...` by hand or by a cluster manager).
+enum class Launcher { kAuto = 1, kLocal = 2, kSsh = 3, kNone = 4 };
 
 // The field's name and the spelling of each value (index = enum value - 1).
 template <typename E>
@@ -72,6 +76,11 @@ template <>
 struct ChoiceTraits<Precision> {
   static constexpr std::string_view field = "precision";
   static constexpr std::array<std::string_view, 2> names = {"fp32", "bf16"};
+};
+template <>
+struct ChoiceTraits<Launcher> {
+  static constexpr std::string_view field = "launcher";
+  static constexpr std::array<std::string_view, 4> names = {"auto", "local", "ssh", "none"};
 };
 template <>
 struct ChoiceTraits<SchedulerStepFreq> {

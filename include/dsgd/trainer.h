@@ -107,7 +107,18 @@ struct TrainerConfig {
   // Processes.
   std::string listen;                        // "" = local mode; "HOST:PORT" = remote mode, bind here
   std::string token;                         // job token; "" = random (remote mode prints it)
-  std::string worker_binary;                 // local mode; "" = this binary
+  std::string worker_binary;                 // what the driver starts; "" = this binary
+  // Who starts the workers (dsgd/choice.h): auto is local without `listen` and none with it.
+  // ssh: the driver starts each worker on one of `hosts` through the system's ssh client
+  // (`ssh_command`, split at spaces; BatchMode, so keys or an agent, never a password prompt),
+  // runs `worker_binary` there (the same path on every host), tells it the driver's address from
+  // `listen` (a HOST the hosts reach, not 0.0.0.0) and hands it the token on standard input,
+  // never on a command line. The ssh client's life is the worker's: it exits with it, and ending
+  // it (or the driver) ends the worker. A replacement goes to a host with a free slot, one that
+  // lost no worker when there is such.
+  Choice<Launcher> launcher = Launcher::kAuto;
+  std::vector<std::string> hosts;            // ssh: "host" or "host:slots" (workers there at most; 1)
+  std::string ssh_command = "ssh";
   // Local mode: spread the workers over this many pseudo-hosts (worker i on "local-host-<i % n>";
   // a replacement on its lost worker's): shared memory joins only workers of one pseudo-host,
   // the rest goes over Gloo as between machines. For testing and measuring cross-host
@@ -271,6 +282,11 @@ class Trainer {
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };
+
+// A hosts file for TrainerConfig::hosts: one "host" or "host:slots" a line; blank lines and
+// text from '#' on are ignored. ConfigError if it cannot be read or names no host (the entries
+// themselves are checked with the rest of the config).
+std::vector<std::string> read_hosts_file(const std::string& path);
 
 // ---- worker functions (foreach_worker, initialization_hook), registered by name ----
 class TrainingOperator;

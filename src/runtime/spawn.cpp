@@ -2,12 +2,16 @@
 
 #include <signal.h>
 #include <sys/prctl.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <thread>
+#include <utility>
 
 #include "dsgd/error.h"
 
@@ -24,11 +28,31 @@ std::string self_executable() {
 
 LocalProcesses::~LocalProcesses() { kill_all(); }
 
+namespace {
+
+// `name` if it holds a '/', else the first executable `name` in PATH.
+std::string find_program(const std::string& name) {
+  if (name.find('/') != std::string::npos) return name;
+  const char* path = std::getenv("PATH");
+  std::string dirs = path != nullptr ? path : "/usr/bin:/bin";
+  size_t start = 0;
+  while (start <= dirs.size()) {
+    const size_t end = std::min(dirs.find(':', start), dirs.size());
+    const std::string dir = dirs.substr(start, end - start);
+    const std::string candidate = (dir.empty() ? "." : dir) + "/" + name;
+    if (::access(candidate.c_str(), X_OK) == 0) return candidate;
+    start = end + 1;
+  }
+  throw Error("cannot start '" + name + "': no such program in PATH (" + dirs + ")");
+}
+
+}  // namespace
+
 pid_t LocalProcesses::spawn(const std::string& binary, const std::vector<std::string>& args,
-                            const std::vector<std::string>& env) {
+                            const std::vector<std::string>& env, const std::string& stdin_data) {
   // Everything exec needs is built before fork: the child of a threaded process may only make
   // async-signal-safe calls.
-  std::vector<std::string> argv_s{binary};
+  std::vector<std::string> argv_s{find_program(binary)};
   argv_s.insert(argv_s.end(), args.begin(), args.end());
   std::vector<char*> argv;
   for (auto& a : argv_s) argv.push_back(a.data());
@@ -45,19 +69,40 @@ pid_t LocalProcesses::spawn(const std::string& binary, const std::vector<std::st
   std::vector<char*> envp;
   for (auto& e : env_s) envp.push_back(e.data());
   envp.push_back(nullptr);
+  int input[2] = {-1, -1};  // a socket rather than a pipe: send() without SIGPIPE
+  if (!stdin_data.empty() && ::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, input) != 0) {
+    throw Error(std::string("cannot start a worker process: socketpair: ") + std::strerror(errno));
+  }
   const pid_t parent = ::getpid();
   const pid_t pid = ::fork();
-  if (pid < 0) throw Error(std::string("cannot start a worker process: fork: ") + std::strerror(errno));
+  if (pid < 0) {
+    const int err = errno;
+    if (input[0] >= 0) ::close(input[0]), ::close(input[1]);
+    throw Error(std::string("cannot start a worker process: fork: ") + std::strerror(err));
+  }
   if (pid == 0) {
     ::setpgid(0, 0);  // its own group: kill_all reaches whatever it starts, too
     ::prctl(PR_SET_PDEATHSIG, SIGKILL);
     if (::getppid() != parent) ::_exit(126);
+    if (input[1] >= 0 && ::dup2(input[1], 0) != 0) ::_exit(126);  // dup2 clears close-on-exec
     ::execve(argv[0], argv.data(), envp.data());
     ::_exit(127);
   }
+  if (input[1] >= 0) {
+    ::close(input[1]);
+    // A few bytes into an empty socket buffer: no wait. A child that is already gone is
+    // reported by check_exited.
+    (void)!::send(input[0], stdin_data.data(), stdin_data.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+  }
   pids_.push_back(pid);
   reaped_.push_back(false);
+  stdin_fds_.push_back(input[0]);
   return pid;
+}
+
+void LocalProcesses::reaped(size_t i) {
+  reaped_[i] = true;
+  if (stdin_fds_[i] >= 0) ::close(std::exchange(stdin_fds_[i], -1));
 }
 
 std::optional<LocalProcesses::Exit> LocalProcesses::check_exited() {
@@ -65,7 +110,7 @@ std::optional<LocalProcesses::Exit> LocalProcesses::check_exited() {
     if (reaped_[i]) continue;
     int status = 0;
     if (::waitpid(pids_[i], &status, WNOHANG) == pids_[i]) {
-      reaped_[i] = true;
+      reaped(i);
       std::string how;
       if (WIFEXITED(status)) {
         how = "exited with status " + std::to_string(WEXITSTATUS(status));
@@ -84,7 +129,7 @@ std::optional<LocalProcesses::Exit> LocalProcesses::check_exited() {
 bool LocalProcesses::gone(pid_t pid) {
   for (size_t i = 0; i < pids_.size(); ++i) {
     if (pids_[i] != pid) continue;
-    if (!reaped_[i] && ::waitpid(pid, nullptr, WNOHANG) == pid) reaped_[i] = true;
+    if (!reaped_[i] && ::waitpid(pid, nullptr, WNOHANG) == pid) reaped(i);
     return reaped_[i];
   }
   return false;
@@ -96,7 +141,7 @@ void LocalProcesses::kill(pid_t pid) {
     ::kill(-pid, SIGKILL);
     ::kill(pid, SIGKILL);
     ::waitpid(pid, nullptr, 0);
-    reaped_[i] = true;
+    reaped(i);
   }
 }
 
@@ -107,7 +152,7 @@ bool LocalProcesses::wait_all(int timeout_ms) {
     for (size_t i = 0; i < pids_.size(); ++i) {
       if (reaped_[i]) continue;
       if (::waitpid(pids_[i], nullptr, WNOHANG) == pids_[i]) {
-        reaped_[i] = true;
+        reaped(i);
       } else {
         all = false;
       }

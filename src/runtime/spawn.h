@@ -19,9 +19,13 @@ class LocalProcesses {
   LocalProcesses(const LocalProcesses&) = delete;
   LocalProcesses& operator=(const LocalProcesses&) = delete;
 
-  // Starts `binary` with `args` (argv[1..]) and `env` ("NAME=value") added to this environment.
-  // Throws dsgd::Error if fork or exec fails (exec failure shows as an exit with status 127).
-  pid_t spawn(const std::string& binary, const std::vector<std::string>& args, const std::vector<std::string>& env);
+  // Starts `binary` (a path, or a name looked up in PATH) with `args` (argv[1..]) and `env`
+  // ("NAME=value") added to this environment. With `stdin_data`, its standard input is a socket
+  // that gets those bytes and stays open until the process is reaped (the end of it tells an ssh
+  // client's remote side that the driver is gone); otherwise it inherits ours. Throws
+  // dsgd::Error if the binary is not found or fork fails (an exec failure shows as exit status 127).
+  pid_t spawn(const std::string& binary, const std::vector<std::string>& args, const std::vector<std::string>& env,
+              const std::string& stdin_data = {});
   struct Exit {
     pid_t pid;
     std::string what;  // "process 123 exited with status 1"
@@ -42,8 +46,10 @@ class LocalProcesses {
   const std::vector<pid_t>& pids() const { return pids_; }
 
  private:
+  void reaped(size_t i);  // marks child i reaped and closes its standard input
   std::vector<pid_t> pids_;
   std::vector<bool> reaped_;
+  std::vector<int> stdin_fds_;  // -1: none
   std::chrono::steady_clock::time_point all_running_at_ = std::chrono::steady_clock::now();
 };
 

@@ -131,13 +131,13 @@ Trainer::Trainer(const std::string& operator_name, TrainerConfig config) : impl_
   so.heartbeat_timeout = c.heartbeat_timeout;
   so.reduce_timeout = c.comm_timeout;
   d.server = control::DriverServer::start(so);
-  std::string binary;  // local mode: what the workers run
-  if (c.listen.empty()) binary = c.worker_binary.empty() ? runtime::self_executable() : c.worker_binary;
+  std::string binary;  // what the workers the driver starts run
+  if (runtime::launcher_of(c) != Launcher::kNone) binary = c.worker_binary.empty() ? runtime::self_executable() : c.worker_binary;
   d.pool = std::make_unique<runtime::WorkerPool>(c, *d.server, binary, d.token);
   d.snapshots = std::make_unique<runtime::SnapshotPolicy>(d.config);
 
   try {
-    if (d.pool->local()) {
+    if (d.pool->spawns()) {
       d.pool->spawn_initial();
     } else {
       control::log().info("driver: waiting for {} worker(s): start each with --dsgd-worker --driver {} --token {}",
@@ -196,7 +196,7 @@ void Trainer::Impl::start_up() {
       // yet that a fresh start would not rebuild). Registrations that never came, or a worker
       // that exited by itself before registering, are no loss to recover from.
       const bool registration_timeout = dynamic_cast<const TimeoutError*>(&e) != nullptr && e.op() == "register";
-      if (!pool->local() || registration_timeout || e.op() == "worker start") throw;
+      if (!pool->spawns() || registration_timeout || e.op() == "worker start") throw;
       failure_log.push_back(std::string(e.what()) + " (during start-up)");
       if (++failures > config.max_failures) {
         std::string all;

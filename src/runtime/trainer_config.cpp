@@ -5,6 +5,7 @@
 
 #include "dsgd/error.h"
 #include "dsgd/operator.h"
+#include "runtime/launcher.h"
 #include "runtime/worker_functions.h"
 
 namespace dsgd::runtime {
@@ -13,6 +14,33 @@ namespace {
 
 void require(bool ok, const std::string& what) {
   if (!ok) throw ConfigError(what);
+}
+
+void validate_launcher(const TrainerConfig& c) {
+  const dsgd::Launcher launcher = launcher_of(c);  // an unknown spelling: ConfigError listing the known ones
+  const std::string name = c.launcher.name();
+  require(launcher == Launcher::kSsh || c.hosts.empty(),
+          "hosts are where launcher ssh starts workers; launcher is '" + name + "' (set launcher ssh, or leave hosts out)");
+  require(launcher == Launcher::kLocal || c.local_hosts == 1,
+          "local_hosts spreads workers the driver starts on this host (launcher local); launcher is '" + name + "'");
+  require(launcher != Launcher::kNone || !c.listen.empty(),
+          "launcher none: the workers join over TCP, so the driver needs listen (HOST:PORT)");
+  if (launcher != Launcher::kSsh) return;
+  require(!c.hosts.empty(), "launcher ssh needs hosts (\"host\" or \"host:slots\"; dsgd train --hosts FILE)");
+  const auto hosts = parse_hosts(c.hosts);
+  int slots = 0;
+  for (const auto& h : hosts) slots += h.slots;
+  require(slots >= c.num_workers + c.standby_workers,
+          "launcher ssh: the hosts have " + std::to_string(slots) + " slot(s) for " +
+              std::to_string(c.num_workers + c.standby_workers) + " worker(s) and standbys; add hosts or slots");
+  const std::string host = c.listen.substr(0, c.listen.rfind(':'));
+  require(!c.listen.empty() && !host.empty() && host != "0.0.0.0" && host != "::" && host != "[::]",
+          "launcher ssh tells each worker the driver's address: set listen to HOST:PORT with a HOST the hosts reach "
+          "(not 0.0.0.0), got '" + c.listen + "'");
+  require(c.ssh_command.find_first_not_of(" \t") != std::string::npos, "ssh_command is empty (default: ssh)");
+  require(ps_shard_processes(c) == 0,
+          "launcher ssh does not start ps shard processes yet: use ps_placement workers, or start each shard with "
+          "dsgd ps-server");
 }
 
 }  // namespace
@@ -39,7 +67,7 @@ void validate_trainer_config(const std::string& op, const TrainerConfig& c) {
   const bool shard_processes = c.ps_placement == PsPlacement::kProcesses;
   require(!c.ps_update_on_shards || ps, "ps_update_on_shards needs strategy ps, got '" + c.strategy.name() + "'");
   require(!shard_processes || ps, "ps_placement processes needs strategy ps, got '" + c.strategy.name() + "'");
-  require(!shard_processes || c.listen.empty() || c.num_ps_shards > 0,
+  require(!shard_processes || launcher_of(c) != Launcher::kNone || c.num_ps_shards > 0,
           "ps_placement processes in remote mode needs num_ps_shards > 0: as many shard processes as you start "
           "(dsgd ps-server --shard 0..n-1)");
   require(c.local_hosts >= 1, "local_hosts must be >= 1, got " + std::to_string(c.local_hosts));
@@ -79,6 +107,7 @@ void validate_trainer_config(const std::string& op, const TrainerConfig& c) {
     require(colon != std::string::npos && colon + 1 < c.listen.size(),
             "listen must be HOST:PORT (e.g. 0.0.0.0:29500), got '" + c.listen + "'");
   }
+  validate_launcher(c);
   if (const char* parent = std::getenv("DSGD_WORKER_OF")) {
     throw ConfigError(std::string("this process was started as a dsgd worker (by pid ") + parent +
                       ") but main() went on to create a Trainer: call dsgd::init(argc, argv) first thing in main()");

@@ -88,7 +88,7 @@ RecoveryEvent Trainer::Impl::reform(const std::string& failure, Phases* phases, 
           std::find(lost.begin(), lost.end(), w.index) != lost.end()) {
         continue;
       }
-      const bool exited = pool->exited(static_cast<pid_t>(w.pid));
+      const bool exited = pool->exited(static_cast<int>(w.index));
       const bool silent = w.since_heartbeat_s * 1000 > static_cast<double>(config.heartbeat_timeout.count());
       if (exited || silent) {
         lost.push_back(static_cast<int>(w.index));
@@ -104,7 +104,7 @@ RecoveryEvent Trainer::Impl::reform(const std::string& failure, Phases* phases, 
         // time every child was seen running, at most a tick (~100 ms) before the detection.
         const double since_detected = std::chrono::duration<double>(Clock::now() - detected).count();
         double unnoticed = std::max(0.0, w.since_heartbeat_s - since_detected);
-        if (exited && pool->local()) {
+        if (exited) {
           unnoticed = std::min(unnoticed, std::max(0.0, std::chrono::duration<double>(detected - pool->all_running_at()).count()));
         }
         ev.detect_s = std::max(ev.detect_s, unnoticed);
@@ -126,12 +126,11 @@ RecoveryEvent Trainer::Impl::reform(const std::string& failure, Phases* phases, 
   // so the job computes what it would have without the loss), else the survivors close ranks.
   pool->tend(generation, signature);  // setups finished meanwhile
   for (int id : lost) {
-    const auto info = server->workers().at(static_cast<size_t>(id));
     server->evict(id, failure);
-    if (pool->promote(id, static_cast<pid_t>(info.pid))) {
+    if (pool->promote(id)) {
       ++ev.standbys_used;
     } else {
-      pool->drop(id, static_cast<pid_t>(info.pid));
+      pool->drop(id);
     }
   }
   pool->spawn_replacements();  // new processes (local mode), set up in the background
@@ -208,7 +207,7 @@ bool Trainer::Impl::members_alive() {
   for (const auto& w : server->workers()) {
     if (!pool->is_member(static_cast<int>(w.index))) continue;
     const bool silent = w.since_heartbeat_s * 1000 > static_cast<double>(config.heartbeat_timeout.count());
-    if (!w.alive || silent || pool->exited(static_cast<pid_t>(w.pid))) return false;
+    if (!w.alive || silent || pool->exited(static_cast<int>(w.index))) return false;
   }
   return true;
 }

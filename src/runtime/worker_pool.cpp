@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <fstream>
+#include <limits>
 #include <thread>
 
 #include "dsgd/error.h"
@@ -18,33 +19,37 @@ using std::chrono::milliseconds;
 
 WorkerPool::WorkerPool(const TrainerConfig& config, control::DriverServer& server, std::string binary,
                        std::string token)
-    : config_(config), server_(server), binary_(std::move(binary)), token_(std::move(token)) {}
+    : config_(config),
+      server_(server),
+      binary_(std::move(binary)),
+      token_(std::move(token)),
+      launcher_(make_launcher(config, children_, token_)) {}
 
 bool WorkerPool::is_member(int id) const { return std::find(members_.begin(), members_.end(), id) != members_.end(); }
 
 int WorkerPool::initial_count() const {
-  return local() ? config_.num_workers + config_.standby_workers : config_.num_workers;
+  return spawns() ? config_.num_workers + config_.standby_workers : config_.num_workers;
 }
 
 void WorkerPool::choose_members() {
   members_.clear();
   auto workers = server_.workers();
-  if (local()) {  // in spawn order: position i on pseudo-host i % local_hosts, whoever registered first
-    const auto& order = children_.pids();
-    auto rank = [&](const control::WorkerInfo& w) {
-      return std::find(order.begin(), order.end(), static_cast<pid_t>(w.pid)) - order.begin();
+  if (spawns()) {  // in start order: position i on pseudo-host i % local_hosts, whoever registered first
+    auto rank = [](const control::WorkerInfo& w) {
+      return w.spawn_index >= 0 ? w.spawn_index : std::numeric_limits<int64_t>::max();
     };
     std::stable_sort(workers.begin(), workers.end(), [&](const auto& a, const auto& b) { return rank(a) < rank(b); });
   }
   for (const auto& w : workers) {
     if (!w.alive) continue;
-    const bool standby = std::find(standby_pids_.begin(), standby_pids_.end(), static_cast<pid_t>(w.pid)) != standby_pids_.end();
+    const pid_t pid = pid_of(static_cast<int>(w.index));
+    const bool standby = pid > 0 && std::find(standby_pids_.begin(), standby_pids_.end(), pid) != standby_pids_.end();
     if (!standby && static_cast<int>(members_.size()) < config_.num_workers) members_.push_back(static_cast<int>(w.index));
   }
 }
 
-void WorkerPool::drop(int id, pid_t pid) {
-  if (local()) children_.kill(pid);
+void WorkerPool::drop(int id) {
+  end_process(pid_of(id), /*failed=*/true);
   members_.erase(std::remove(members_.begin(), members_.end(), id), members_.end());
 }
 
@@ -54,7 +59,7 @@ proto::Placement WorkerPool::placement(int64_t generation) const {
   int i = 0;
   for (int id : members_) {
     (*p.mutable_ranks())[id] = i++;
-    if (auto h = pseudo_host_.find(pid_of(id)); local() && h != pseudo_host_.end()) {
+    if (auto h = pseudo_host_.find(pid_of(id)); h != pseudo_host_.end()) {
       (*p.mutable_hosts())[id] = "local-host-" + std::to_string(h->second);
     }
   }
@@ -64,13 +69,21 @@ proto::Placement WorkerPool::placement(int64_t generation) const {
 
 pid_t WorkerPool::pid_of(int id) const {
   const auto workers = server_.workers();
-  return id >= 0 && id < static_cast<int>(workers.size()) ? static_cast<pid_t>(workers[static_cast<size_t>(id)].pid) : 0;
+  if (id < 0 || id >= static_cast<int>(workers.size())) return 0;
+  const auto it = launched_.find(workers[static_cast<size_t>(id)].spawn_index);
+  return it == launched_.end() ? 0 : it->second;
+}
+
+void WorkerPool::end_process(pid_t pid, bool failed) {
+  if (pid <= 0) return;
+  if (launcher_) launcher_->released(pid, failed);
+  children_.kill(pid);
 }
 
 void WorkerPool::tend(int64_t generation, const std::string& signature) {
   if (signature.empty()) return;
   if (!pending_.empty() && Clock::now() - pending_since_ > config_.replacement_timeout) {
-    for (pid_t pid : pending_) children_.kill(pid);
+    for (pid_t pid : pending_) end_process(pid, /*failed=*/true);
     pending_.clear();
     defer_replacements("new workers did not register within " + std::to_string(config_.replacement_timeout.count()) +
                        " ms");
@@ -81,7 +94,7 @@ void WorkerPool::tend(int64_t generation, const std::string& signature) {
         std::find(ready_.begin(), ready_.end(), id) != ready_.end()) {
       continue;
     }
-    pending_.erase(std::remove(pending_.begin(), pending_.end(), static_cast<pid_t>(w.pid)), pending_.end());
+    pending_.erase(std::remove(pending_.begin(), pending_.end(), pid_of(id)), pending_.end());
     proto::Command setup;
     proto::Placement& p = *setup.mutable_setup()->mutable_placement();
     p.set_generation(generation);
@@ -115,7 +128,7 @@ void WorkerPool::tend(int64_t generation, const std::string& signature) {
                         rss > 0 ? fmt::format(" ({:.0f} MiB resident)", static_cast<double>(rss) / (1 << 20)) : "");
   }
   spawn_replacements();  // after a loss, or for a standby let go
-  // A ready worker that went silent (remote mode; local exits are check_children's) is no standby.
+  // A ready worker that went silent (a host's trouble; exits are check_children's) is no standby.
   for (const auto& w : server_.workers()) {
     const int id = static_cast<int>(w.index);
     if (w.alive && std::find(ready_.begin(), ready_.end(), id) != ready_.end() &&
@@ -129,20 +142,21 @@ void WorkerPool::discard(int id, const std::string& why) {
   control::log().warn("trainer: worker {} outside the group is let go: {}", id, why);
   const pid_t pid = pid_of(id);
   server_.evict(id, why);
-  if (local() && pid > 0) children_.kill(pid);
+  end_process(pid, /*failed=*/true);
   preparing_.erase(id);
   ready_.erase(std::remove(ready_.begin(), ready_.end(), id), ready_.end());
   defer_replacements("worker " + std::to_string(id) + " was let go");
 }
 
-bool WorkerPool::promote(int lost, pid_t lost_pid) {
+bool WorkerPool::promote(int lost) {
   auto pos = std::find(members_.begin(), members_.end(), lost);
   if (ready_.empty() || pos == members_.end()) return false;
   const int id = ready_.front();
   ready_.erase(ready_.begin());
+  const pid_t lost_pid = pid_of(lost);
   if (auto h = pseudo_host_.find(lost_pid); h != pseudo_host_.end()) pseudo_host_[pid_of(id)] = h->second;
   *pos = id;
-  if (local()) children_.kill(lost_pid);
+  end_process(lost_pid, /*failed=*/true);
   return true;
 }
 
@@ -159,7 +173,7 @@ void WorkerPool::add_members(const std::vector<int>& ids) {
 
 int64_t WorkerPool::resident_bytes(int id) const {
   const pid_t pid = pid_of(id);
-  if (!local() || pid <= 0) return 0;
+  if (launcher_of(config_) != Launcher::kLocal || pid <= 0) return 0;
   std::ifstream status("/proc/" + std::to_string(pid) + "/status");
   std::string line;
   while (std::getline(status, line)) {
@@ -177,7 +191,7 @@ void WorkerPool::spawn_initial() {
 }
 
 void WorkerPool::spawn_servers() {
-  if (!local()) return;
+  if (launcher_of(config_) != Launcher::kLocal) return;
   for (auto it = servers_.begin(); it != servers_.end();) {  // reap the lost ones
     it = children_.gone(it->first) ? servers_.erase(it) : std::next(it);
   }
@@ -194,10 +208,14 @@ void WorkerPool::spawn_servers() {
   }
 }
 
-bool WorkerPool::exited(pid_t pid) { return local() && children_.gone(pid); }
+bool WorkerPool::exited(int id) {
+  const pid_t pid = pid_of(id);
+  return pid > 0 && children_.gone(pid);
+}
 
 void WorkerPool::check_children() {
   while (auto gone = children_.check_exited()) {
+    if (launcher_) launcher_->released(gone->pid, /*failed=*/true);
     if (auto it = servers_.find(gone->pid); it != servers_.end()) {
       const int shard = it->second;
       servers_.erase(it);
@@ -210,14 +228,14 @@ void WorkerPool::check_children() {
     }
     bool outsider = false;  // registered, not a member: a standby, or one being set up
     for (const auto& w : server_.workers()) {
-      if (w.pid == gone->pid && w.alive && !is_member(static_cast<int>(w.index))) {
+      if (pid_of(static_cast<int>(w.index)) == gone->pid && w.alive && !is_member(static_cast<int>(w.index))) {
         discard(static_cast<int>(w.index), gone->what);
         outsider = true;
       }
     }
     if (outsider) continue;
     for (const auto& w : server_.workers()) {
-      if (w.pid == gone->pid) {
+      if (pid_of(static_cast<int>(w.index)) == gone->pid) {
         throw CommError("worker " + std::to_string(w.index) + " (host " + w.host + "): " + gone->what, "worker",
                         static_cast<int>(w.index), w.host);
       }
@@ -239,11 +257,16 @@ void WorkerPool::defer_replacements(const std::string& why) {
 }
 
 void WorkerPool::spawn_replacements() {
-  if (!local() || !config_.replace_lost_workers || !pending_.empty() || Clock::now() < next_spawn_) return;
+  if (!spawns() || !config_.replace_lost_workers || !pending_.empty() || Clock::now() < next_spawn_) return;
   int registered = 0;
   for (const auto& w : server_.workers()) registered += w.alive ? 1 : 0;
   for (int i = registered; i < config_.num_workers + config_.standby_workers; ++i) {
-    pending_.push_back(spawn_worker());  // pending counts
+    try {
+      pending_.push_back(spawn_worker());  // pending counts
+    } catch (const Error& e) {  // no free slot (ssh), fork failed: try again later
+      defer_replacements(e.what());
+      break;
+    }
   }
   pending_since_ = Clock::now();
 }
@@ -253,7 +276,8 @@ void WorkerPool::stop(int grace_ms) {
 }
 
 void WorkerPool::restart() {
-  for (pid_t pid : std::vector<pid_t>(children_.pids())) children_.kill(pid);
+  for (pid_t pid : std::vector<pid_t>(children_.pids())) end_process(pid, /*failed=*/false);
+  launched_.clear();
   members_.clear();
   ready_.clear();
   preparing_.clear();
@@ -274,7 +298,7 @@ int WorkerPool::pseudo_host_for_next() const {
     if (auto it = pseudo_host_.find(pid); it != pseudo_host_.end()) --deficit[static_cast<size_t>(it->second)];
   };
   const auto workers = server_.workers();
-  for (int id : members_) count(static_cast<pid_t>(workers.at(static_cast<size_t>(id)).pid));
+  for (int id : members_) count(pid_of(id));
   for (pid_t pid : pending_) count(pid);
   for (int h = 0; h < n; ++h) {
     if (deficit[static_cast<size_t>(h)] > 0) return h;
@@ -283,8 +307,9 @@ int WorkerPool::pseudo_host_for_next() const {
 }
 
 pid_t WorkerPool::spawn_worker(int host) {
-  const std::string driver = "127.0.0.1:" + std::to_string(server_.port());
-  std::vector<std::string> args = {"--dsgd-worker", "--driver", driver};
+  const int64_t index = next_spawn_index_++;
+  std::vector<std::string> args = {"--dsgd-worker", "--driver", driver_address(config_, server_.port()), "--spawn-index",
+                                   std::to_string(index)};
   if (config_.local_hosts > 1) {
     if (host < 0) host = pseudo_host_for_next();
     args.insert(args.end(), {"--host-id", "local-host-" + std::to_string(host)});
@@ -292,10 +317,16 @@ pid_t WorkerPool::spawn_worker(int host) {
   const int threads = std::max(1, config_.threads_per_worker > 0
                                       ? config_.threads_per_worker
                                       : static_cast<int>(std::thread::hardware_concurrency()) / config_.num_workers);
-  const pid_t pid = children_.spawn(binary_, args,
-                                    {"DSGD_TOKEN=" + token_, "DSGD_WORKER_OF=" + std::to_string(::getpid()),
-                                     // one OpenMP team per worker, sized by the driver (see threads_per_worker)
-                                     "OMP_NUM_THREADS=" + std::to_string(threads)});
+  std::vector<std::string> env = {"DSGD_WORKER_OF=" + std::to_string(::getpid())};
+  // One OpenMP team per worker, sized by the driver on its own host (see threads_per_worker).
+  if (launcher_of(config_) == Launcher::kLocal || config_.threads_per_worker > 0) {
+    env.push_back("OMP_NUM_THREADS=" + std::to_string(threads));
+  }
+  const pid_t pid = launcher_->start(binary_, args, env);
+  launched_[index] = pid;
+  if (const std::string where = launcher_->host_of(pid); !where.empty()) {
+    control::log().info("trainer: starting a worker on {} ({})", where, launcher_->name());
+  }
   if (config_.local_hosts > 1) pseudo_host_[pid] = host;
   return pid;
 }

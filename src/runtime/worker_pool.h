@@ -1,12 +1,15 @@
 // The driver's workers: which registered workers form the current group (members, in rank
 // order), which wait outside it set up and ready to take a lost member's place (standbys, and
-// replacements that came too late to be awaited), and, in local mode, the processes behind
-// them: the job's first workers spread over pseudo-hosts, standbys, and new processes after a
-// loss, spawned with exponential back-off. Trainer's recovery protocol (trainer_recovery.cpp)
-// decides when; this decides who and where. Torch-free.
+// replacements that came too late to be awaited), and, when the driver starts its workers
+// (launcher local or ssh, runtime/launcher.h), the processes behind them: the job's first
+// workers (local: spread over pseudo-hosts), standbys, and new processes after a loss, started
+// with exponential back-off. Each started worker gets a spawn index, which it reports when it
+// registers: that ties a registered worker to the local process standing for it (itself, or
+// its ssh client). Trainer's recovery protocol (trainer_recovery.cpp) decides when; this
+// decides who and where. Torch-free.
 //
 //   WorkerPool pool(config, server, binary, token);
-//   pool.spawn_initial();                                 // local mode
+//   pool.spawn_initial();                                 // when pool.spawns()
 //   server.wait_registered(timeout, [&] { pool.check_children(); }, pool.initial_count());
 //   pool.choose_members();
 //   ...                                                   // while training, every ~100 ms:
@@ -24,6 +27,7 @@
 
 #include "dsgd/trainer.h"
 #include "runtime/control/driver_service.h"
+#include "runtime/launcher.h"
 #include "runtime/spawn.h"
 
 namespace dsgd::runtime {
@@ -34,21 +38,22 @@ class WorkerPool {
   // to `config` and `server`, which must outlive the pool.
   WorkerPool(const TrainerConfig& config, control::DriverServer& server, std::string binary, std::string token);
 
-  bool local() const { return config_.listen.empty(); }  // the driver spawns its workers
+  // The driver starts its workers (launcher local or ssh); otherwise someone else does (none).
+  bool spawns() const { return launcher_ != nullptr; }
 
   const std::vector<int>& members() const { return members_; }
   bool is_member(int id) const;
-  // Registrations the start waits for: local mode, every process spawn_initial started;
-  // remote mode, num_workers (standbys join when they come).
+  // Registrations the start waits for: every process spawn_initial started; or, when the driver
+  // starts none, num_workers (standbys join when they come).
   int initial_count() const;
-  // The start's group: the registered workers but local standby processes (left to tend); in
-  // local mode in the order they were spawned, so the layout over pseudo-hosts is the same in
-  // every run.
+  // The start's group: the registered workers but the standbys spawn_initial started (left to
+  // tend); those the driver started in the order it started them, so the layout over
+  // pseudo-hosts is the same in every run.
   void choose_members();
   // Appends `ids` to the group (out of ready(), where they were).
   void add_members(const std::vector<int>& ids);
-  // Takes worker `id` out of the group; in local mode its process (`pid`) is killed.
-  void drop(int id, pid_t pid);
+  // Takes worker `id` out of the group; its process, if the driver started it, is killed.
+  void drop(int id);
   // Where every member sits in `generation`: its position among the members, in order, and with
   // local_hosts > 1 its pseudo-host.
   proto::Placement placement(int64_t generation) const;
@@ -62,22 +67,22 @@ class WorkerPool {
   // Set-up workers outside the group, in the order they became ready.
   const std::vector<int>& ready() const { return ready_; }
   bool preparing() const { return !preparing_.empty(); }
-  // A ready worker takes member `lost`'s place: its position in the group and, in local mode,
-  // its pseudo-host. `lost_pid`'s process is killed (local mode). False when none is ready.
-  bool promote(int lost, pid_t lost_pid);
+  // A ready worker takes member `lost`'s place: its position in the group and its pseudo-host
+  // (launcher local). The lost worker's process, if the driver started it, is killed. False
+  // when none is ready.
+  bool promote(int lost);
   // The first `n` (at most) of ready(): to add_members, which takes them out of it.
   std::vector<int> first_ready(size_t n) const;
 
-  // Local mode: num_workers workers, worker i on pseudo-host i % local_hosts, standby_workers
+  // num_workers workers (launcher local: worker i on pseudo-host i % local_hosts), standby_workers
   // standbys after them, and the ps shard processes (spawn_servers).
   void spawn_initial();
-  // Local mode, strategy ps with shard processes: starts those not running (every one at first,
-  // a lost one during recovery); shard s on pseudo-host s % local_hosts.
+  // Launcher local, strategy ps with shard processes: starts those not running (every one at
+  // first, a lost one during recovery); shard s on pseudo-host s % local_hosts.
   void spawn_servers();
-  // Local mode: true if process `pid` has exited (it is reaped).
-  bool exited(pid_t pid);
-  // When every spawned process was last seen running (local mode): one found exited since ended
-  // after it.
+  // True if the process the driver started for worker `id` has exited (it is reaped).
+  bool exited(int id);
+  // When every started process was last seen running: one found exited since ended after it.
   std::chrono::steady_clock::time_point all_running_at() const { return children_.all_running_at(); }
   // Liveness of spawned workers, checked while waiting on them. A member's or a shard process's
   // exit throws CommError (the job recovers); a pending replacement's or an outsider's (standby,
@@ -85,18 +90,20 @@ class WorkerPool {
   // registering throws CommError with op() "worker start" (a wrong binary or set-up: starting
   // again would not help).
   void check_children();
-  // Local mode, below num_workers + standby_workers registered: spawns the missing workers, unless
-  // some are still pending or the back-off since a failed attempt has not passed.
+  // Below num_workers + standby_workers registered (when the driver starts its workers): starts
+  // the missing ones, unless some are still pending or the back-off since a failed attempt has
+  // not passed.
   void spawn_replacements();
   bool replacements_pending() const { return !pending_.empty(); }
-  // Resident memory of worker `id`'s process in bytes (local mode, Linux), 0 if unknown.
+  // Resident memory of worker `id`'s process in bytes (launcher local, Linux), 0 if unknown.
   int64_t resident_bytes(int id) const;
   // Back to num_workers: the next failed attempt waits the initial back-off again.
   void reset_backoff() { backoff_ = std::chrono::milliseconds(1000); }
   // Shutdown: up to `grace_ms` for spawned workers to exit by themselves, then SIGKILL.
   void stop(int grace_ms);
-  // Local mode, a start-up that lost a process: kills every spawned process (workers and shard
-  // processes) and spawns them all again, as spawn_initial. Members are cleared.
+  // A start-up that lost a process (when the driver starts its workers): kills every started
+  // process (workers and shard processes) and starts them all again, as spawn_initial. Members
+  // are cleared.
   void restart();
 
  private:
@@ -105,12 +112,18 @@ class WorkerPool {
   void defer_replacements(const std::string& why);
   // Worker `id`, outside the group, is out of the job (evicted; its process killed): `why`.
   void discard(int id, const std::string& why);
+  // The local process the driver started for worker `id` (through its spawn index), 0 if none.
   pid_t pid_of(int id) const;
+  // Kills the process `pid` the driver started; `failed`: a loss (its host is avoided).
+  void end_process(pid_t pid, bool failed);
 
   const TrainerConfig& config_;
   control::DriverServer& server_;
   const std::string binary_, token_;
   LocalProcesses children_;
+  std::unique_ptr<ProcessLauncher> launcher_;  // nullptr: launcher none
+  int64_t next_spawn_index_ = 0;
+  std::map<int64_t, pid_t> launched_;   // spawn index -> the local process standing for the worker
   std::vector<int> members_;
   std::vector<int> ready_;                                   // set up, outside the group
   std::map<int, control::DriverServer::Pending> preparing_;  // outside the group, setup sent

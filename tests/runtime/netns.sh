@@ -15,6 +15,7 @@ tmp=$(mktemp -d)
 pids=()
 netns_cleanup() {
   for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+  ip netns pids "$ns" 2>/dev/null | xargs -r kill -9 2>/dev/null || true  # whatever still runs in it
   ip netns del "$ns" 2>/dev/null || true
   ip link del "$host_if" 2>/dev/null || true
   rm -rf "$tmp"

@@ -32,6 +32,8 @@ struct TrainFlags {
   std::string nonfinite = trainer.nonfinite_policy.name();
   std::string device = trainer.device.name();
   std::string precision = trainer.precision.name();
+  std::string launcher = trainer.launcher.name();
+  std::string hosts_file;  // launcher ssh: one "host[:slots]" a line
   std::string forward_overlap_buckets = std::to_string(trainer.forward_overlap_buckets);  // a count, or "auto" (-1)
   int64_t heartbeat_timeout_ms = trainer.heartbeat_timeout.count();
   std::string save;
@@ -196,6 +198,12 @@ void validate_flags(TrainFlags& f) {
   if (!Choice<Precision>(f.precision).known()) {
     throw ConfigError("unknown --precision '" + f.precision + "'; use " + choice_names<Precision>());
   }
+  if (!Choice<Launcher>(f.launcher).known()) {
+    throw ConfigError("unknown --launcher '" + f.launcher + "'; use " + choice_names<Launcher>());
+  }
+  if (f.in_process && (f.launcher != "auto" || !f.hosts_file.empty())) {
+    throw ConfigError("--in-process trains in this one process: it takes neither --launcher nor --hosts");
+  }
   if (f.trainer.devices_per_worker < 1) {
     throw ConfigError("--devices-per-worker must be >= 1, got " + std::to_string(f.trainer.devices_per_worker));
   }
@@ -231,6 +239,8 @@ dsgd::LocalJobResult run_with_trainer(const TrainFlags& f, ProgressPrinter* prog
   c.nonfinite_policy = f.nonfinite;
   c.device = f.device;
   c.precision = f.precision;
+  c.launcher = f.launcher;
+  if (!f.hosts_file.empty()) c.hosts = read_hosts_file(f.hosts_file);
   c.forward_overlap_buckets = f.forward_overlap_buckets == "auto" ? -1 : std::stoi(f.forward_overlap_buckets);
   c.heartbeat_timeout = std::chrono::milliseconds(f.heartbeat_timeout_ms);
   c.batch_size = j.batch_size;
@@ -474,6 +484,16 @@ void add_train_command(CLI::App& app, int* exit_code) {
   cmd->add_option("--listen", flags->trainer.listen,
                   "HOST:PORT: wait for --workers workers started elsewhere (`dsgd worker`) instead of spawning");
   cmd->add_option("--token", flags->trainer.token, "Job token for --listen (default: random, printed)");
+  cmd->add_option("--launcher", flags->launcher,
+                  "Who starts the workers: local (this host), ssh (--hosts, over the system's ssh client; needs "
+                  "--listen HOST:PORT the hosts reach), none (you do: `dsgd worker --driver`); auto: local, or none "
+                  "with --listen")
+      ->capture_default_str();
+  cmd->add_option("--hosts", flags->hosts_file,
+                  "--launcher ssh: a file of hosts, one \"host\" or \"host:slots\" a line (# comments)");
+  cmd->add_option("--ssh-command", flags->trainer.ssh_command,
+                  "--launcher ssh: the ssh client and its options (e.g. \"ssh -p 2222 -i KEY\")")
+      ->capture_default_str();
   cmd->add_option("--config", flags->config,
                   "JSON object merged into the operator's config (keys: model, dataset, data_dir, lr, momentum, "
                   "lr_decay, dropout, channels_last, cudnn_benchmark, synthetic_samples, synthetic_image_size, synthetic_channels; for --model simulated: sim_parameters, "

@@ -1,0 +1,205 @@
+#include "runtime/launcher.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <fstream>
+#include <set>
+#include <sstream>
+
+#include "dsgd/error.h"
+
+namespace dsgd::runtime {
+
+dsgd::Launcher launcher_of(const TrainerConfig& c) {
+  const dsgd::Launcher l = c.launcher.value();
+  if (l != Launcher::kAuto) return l;
+  return c.listen.empty() ? Launcher::kLocal : Launcher::kNone;
+}
+
+std::vector<HostSlots> parse_hosts(const std::vector<std::string>& entries) {
+  std::vector<HostSlots> hosts;
+  std::set<std::string> seen;
+  for (const auto& entry : entries) {
+    const auto colon = entry.rfind(':');
+    HostSlots h;
+    h.name = entry.substr(0, colon);
+    if (colon != std::string::npos) {
+      const std::string slots = entry.substr(colon + 1);
+      size_t used = 0;
+      long n = 0;
+      try {
+        n = std::stol(slots, &used);
+      } catch (const std::exception&) {
+        used = 0;
+      }
+      if (slots.empty() || used != slots.size() || n < 1 || n > 4096) {
+        throw ConfigError("hosts: '" + entry + "': slots must be a whole number in 1..4096 (\"host:slots\")");
+      }
+      h.slots = static_cast<int>(n);
+    }
+    if (h.name.empty()) throw ConfigError("hosts: '" + entry + "' names no host");
+    for (const char ch : h.name) {
+      const bool ok = std::isalnum(static_cast<unsigned char>(ch)) || ch == '.' || ch == '-' || ch == '_' ||
+                      ch == '@';
+      if (!ok) {
+        throw ConfigError("hosts: '" + entry + "': a host name holds letters, digits and . - _ @ only (ssh would read '" +
+                          std::string(1, ch) + "' otherwise)");
+      }
+    }
+    if (!seen.insert(h.name).second) {
+      throw ConfigError("hosts: '" + h.name + "' is named twice; give it once, with its slots (\"" + h.name + ":2\")");
+    }
+    hosts.push_back(h);
+  }
+  return hosts;
+}
+
+std::string driver_address(const TrainerConfig& c, int port) {
+  std::string host = "127.0.0.1";
+  if (!c.listen.empty()) {
+    const std::string h = c.listen.substr(0, c.listen.rfind(':'));
+    if (!h.empty() && h != "0.0.0.0" && h != "[::]" && h != "::") host = h;
+  }
+  return host + ":" + std::to_string(port);
+}
+
+namespace {
+
+// `s` as one word to a POSIX shell.
+std::string shell_word(const std::string& s) {
+  std::string q = "'";
+  for (const char ch : s) q += ch == '\'' ? std::string("'\\''") : std::string(1, ch);
+  return q + "'";
+}
+
+class LocalLauncher : public ProcessLauncher {
+ public:
+  LocalLauncher(LocalProcesses& processes, std::string token) : processes_(processes), token_(std::move(token)) {}
+  const char* name() const override { return "local"; }
+  pid_t start(const std::string& binary, std::vector<std::string> args, std::vector<std::string> env) override {
+    env.push_back("DSGD_TOKEN=" + token_);
+    return processes_.spawn(binary, args, env);
+  }
+
+ private:
+  LocalProcesses& processes_;
+  const std::string token_;
+};
+
+class SshLauncher : public ProcessLauncher {
+ public:
+  SshLauncher(const TrainerConfig& c, LocalProcesses& processes, std::string token)
+      : processes_(processes), token_(std::move(token)), hosts_(parse_hosts(c.hosts)) {
+    std::istringstream words(c.ssh_command);
+    for (std::string w; words >> w;) ssh_.push_back(w);
+  }
+  const char* name() const override { return "ssh"; }
+
+  pid_t start(const std::string& binary, std::vector<std::string> args, std::vector<std::string> env) override {
+    const std::string host = pick();
+    args.insert(args.end(), {"--host-id", host});
+    const pid_t pid = processes_.spawn(ssh_.at(0), ssh_arguments(ssh_, host, binary, args, env), {}, token_ + "\n");
+    host_[pid] = host;
+    return pid;
+  }
+
+  void released(pid_t pid, bool failed) override {
+    const auto it = host_.find(pid);
+    if (it == host_.end()) return;
+    if (failed) avoided_.insert(it->second);
+    host_.erase(it);
+  }
+
+  std::string host_of(pid_t pid) const override {
+    const auto it = host_.find(pid);
+    return it == host_.end() ? std::string() : it->second;
+  }
+
+ private:
+  // The host with a free slot that lost no worker and runs the fewest (in the file's order on a
+  // tie); a host that lost one only when no other has room.
+  std::string pick() const {
+    const HostSlots* best = nullptr;
+    int best_used = 0;
+    bool best_avoided = true;
+    for (const auto& h : hosts_) {
+      const int used = static_cast<int>(std::count_if(host_.begin(), host_.end(), [&](const auto& e) { return e.second == h.name; }));
+      if (used >= h.slots) continue;
+      const bool avoided = avoided_.count(h.name) > 0;
+      if (best == nullptr || (best_avoided && !avoided) || (avoided == best_avoided && used < best_used)) {
+        best = &h;
+        best_used = used;
+        best_avoided = avoided;
+      }
+    }
+    if (best == nullptr) {
+      throw Error("ssh launcher: every slot of the hosts is taken (" + std::to_string(host_.size()) +
+                  " worker(s) running); add hosts or slots");
+    }
+    return best->name;
+  }
+
+  LocalProcesses& processes_;
+  const std::string token_;
+  const std::vector<HostSlots> hosts_;
+  std::vector<std::string> ssh_;
+  std::map<pid_t, std::string> host_;  // running ssh clients
+  std::set<std::string> avoided_;      // hosts that lost a worker
+};
+
+}  // namespace
+
+std::vector<std::string> ssh_arguments(const std::vector<std::string>& ssh_command, const std::string& host,
+                                       const std::string& binary, const std::vector<std::string>& args,
+                                       const std::vector<std::string>& env) {
+  // The remote shell reads the token, starts the worker with its input closed, and keeps reading
+  // its own input: at its end (the ssh client killed, or the driver gone) it kills the worker;
+  // when the worker exits first, the client exits with its status.
+  std::string script = "IFS= read -r DSGD_TOKEN || exit 125; export DSGD_TOKEN;";
+  for (const auto& e : env) script += " export " + shell_word(e) + ";";
+  script += " exec 3<&0; " + shell_word(binary);
+  for (const auto& a : args) script += " " + shell_word(a);
+  script += " </dev/null 3<&- & w=$!;"
+            " ( while IFS= read -r _ <&3; do :; done; kill -KILL $w ) >/dev/null 2>&1 & c=$!;"
+            " wait $w; s=$?; kill -KILL $c 2>/dev/null; exit $s";
+  std::vector<std::string> out(ssh_command.begin() + 1, ssh_command.end());
+  out.insert(out.end(), {"-o", "BatchMode=yes", "-T", host, "--", "sh -c " + shell_word(script)});
+  return out;
+}
+
+std::unique_ptr<ProcessLauncher> make_launcher(const TrainerConfig& c, LocalProcesses& processes, const std::string& token) {
+  switch (launcher_of(c)) {
+    case Launcher::kLocal:
+      return std::make_unique<LocalLauncher>(processes, token);
+    case Launcher::kSsh:
+      return std::make_unique<SshLauncher>(c, processes, token);
+    default:
+      return nullptr;
+  }
+}
+
+}  // namespace dsgd::runtime
+
+namespace dsgd {
+
+std::vector<std::string> read_hosts_file(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) throw ConfigError("hosts file '" + path + "' cannot be read");
+  std::vector<std::string> entries;
+  std::string line;
+  while (std::getline(in, line)) {
+    line = line.substr(0, line.find('#'));
+    std::istringstream words(line);
+    std::string word, extra;
+    if (!(words >> word)) continue;
+    if (words >> extra) {
+      throw ConfigError("hosts file '" + path + "': '" + line + "': one host a line (\"host\" or \"host:slots\")");
+    }
+    entries.push_back(word);
+  }
+  if (entries.empty()) throw ConfigError("hosts file '" + path + "' names no host");
+  return entries;
+}
+
+}  // namespace dsgd

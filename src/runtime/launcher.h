@@ -1,0 +1,66 @@
+// How the driver starts worker processes (TrainerConfig::launcher). Every start is a process on
+// this host whose life is the worker's: the worker itself (local), or the ssh client running it
+// on one of TrainerConfig::hosts (ssh), which exits with the worker's status and whose end (or the
+// driver's) ends the worker. So WorkerPool watches, kills and reaps local processes whichever the
+// launcher; the launcher decides what runs and where. Torch-free.
+//
+//   auto launcher = make_launcher(config, processes, token);       // nullptr: launcher none
+//   pid_t pid = launcher->start(binary, {"--dsgd-worker", "--driver", address, ...}, env);
+//   ...
+//   launcher->released(pid, /*failed=*/true);                       // its host is avoided
+#pragma once
+
+#include <sys/types.h>
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "dsgd/trainer.h"
+#include "runtime/spawn.h"
+
+namespace dsgd::runtime {
+
+// The launcher TrainerConfig asks for, auto resolved: local without `listen`, none with it.
+dsgd::Launcher launcher_of(const TrainerConfig& config);
+
+// A host of TrainerConfig::hosts: "name" or "name:slots" (slots >= 1, default 1).
+struct HostSlots {
+  std::string name;
+  int slots = 1;
+};
+// ConfigError naming the entry for a bad one: empty, a character a shell or ssh would read
+// differently (space, quote, $, ;, ...), slots not a whole number >= 1, or a host named twice.
+std::vector<HostSlots> parse_hosts(const std::vector<std::string>& entries);
+
+// The driver's address as its workers reach it: `listen`'s host (127.0.0.1 for a wildcard or
+// none) and the port the driver bound.
+std::string driver_address(const TrainerConfig& config, int port);
+
+class ProcessLauncher {
+ public:
+  virtual ~ProcessLauncher() = default;
+  virtual const char* name() const = 0;
+  // Starts `binary` with `args` and `env` ("NAME=value") plus the job token as a worker; the
+  // launcher adds where it runs (ssh: --host-id <host>). Returns the local process standing for
+  // it. Throws dsgd::Error when it cannot start one (ssh: no host has a free slot).
+  virtual pid_t start(const std::string& binary, std::vector<std::string> args, std::vector<std::string> env) = 0;
+  // The process `pid` that start() returned is gone or given up: its slot is free again;
+  // `failed` (a lost worker, not a shutdown): its host is avoided while another has room.
+  virtual void released(pid_t pid, bool failed) { (void)pid, (void)failed; }
+  // Where `pid` runs ("" where the launcher has no hosts).
+  virtual std::string host_of(pid_t pid) const { (void)pid; return {}; }
+};
+
+// nullptr for launcher none. Keeps a reference to `processes`, which must outlive it.
+std::unique_ptr<ProcessLauncher> make_launcher(const TrainerConfig& config, LocalProcesses& processes, const std::string& token);
+
+// The ssh client's arguments that run `binary args` on `host` with `env` exported, reading the
+// token (one line) from standard input first, and killing the worker when standard input ends
+// (the client or the driver gone). Exposed for tests.
+std::vector<std::string> ssh_arguments(const std::vector<std::string>& ssh_command, const std::string& host,
+                                       const std::string& binary, const std::vector<std::string>& args,
+                                       const std::vector<std::string>& env);
+
+}  // namespace dsgd::runtime
