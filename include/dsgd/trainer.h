@@ -116,9 +116,16 @@ struct TrainerConfig {
   // never on a command line. The ssh client's life is the worker's: it exits with it, and ending
   // it (or the driver) ends the worker. A replacement goes to a host with a free slot, one that
   // lost no worker when there is such.
+  //
+  // mpirun: one `mpirun_command` (split at spaces) starts every worker and standby at once, on
+  // `hosts` when given (mpirun --host; else where mpirun puts them), the token exported to the
+  // ranks from the environment (-x), never on a command line. Open MPI 4's mpirun is told to
+  // keep the other ranks when one dies; a lost worker cannot be replaced, so the job goes on
+  // with fewer and says so. With hosts, `listen` must be a HOST they reach, as for ssh.
   Choice<Launcher> launcher = Launcher::kAuto;
-  std::vector<std::string> hosts;            // ssh: "host" or "host:slots" (workers there at most; 1)
+  std::vector<std::string> hosts;            // ssh, mpirun: "host" or "host:slots" (workers there at most; 1)
   std::string ssh_command = "ssh";
+  std::string mpirun_command = "mpirun";     // e.g. "mpirun --allow-run-as-root --oversubscribe"
   // Local mode: spread the workers over this many pseudo-hosts (worker i on "local-host-<i % n>";
   // a replacement on its lost worker's): shared memory joins only workers of one pseudo-host,
   // the rest goes over Gloo as between machines. For testing and measuring cross-host

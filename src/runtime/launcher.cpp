@@ -91,8 +91,7 @@ class SshLauncher : public ProcessLauncher {
  public:
   SshLauncher(const TrainerConfig& c, LocalProcesses& processes, std::string token)
       : processes_(processes), token_(std::move(token)), hosts_(parse_hosts(c.hosts)) {
-    std::istringstream words(c.ssh_command);
-    for (std::string w; words >> w;) ssh_.push_back(w);
+    ssh_ = words_of(c.ssh_command);
   }
   const char* name() const override { return "ssh"; }
 
@@ -148,7 +147,60 @@ class SshLauncher : public ProcessLauncher {
   std::set<std::string> avoided_;      // hosts that lost a worker
 };
 
+class MpirunLauncher : public ProcessLauncher {
+ public:
+  MpirunLauncher(const TrainerConfig& c, LocalProcesses& processes, std::string token)
+      : processes_(processes), token_(std::move(token)), hosts_(parse_hosts(c.hosts)), command_(words_of(c.mpirun_command)) {}
+  const char* name() const override { return "mpirun"; }
+  pid_t start(const std::string&, std::vector<std::string>, std::vector<std::string>) override {
+    throw Error("launcher mpirun starts every worker at once and cannot start another");
+  }
+  bool starts_all_at_once() const override { return true; }
+  pid_t start_all(const std::string& binary, const std::vector<std::string>& args, std::vector<std::string> env,
+                  int count) override {
+    const auto argv = mpirun_arguments(command_, hosts_, binary, args, env, count);
+    env.push_back("DSGD_TOKEN=" + token_);  // -x exports it from mpirun's environment
+    return processes_.spawn(command_.at(0), argv, env);
+  }
+
+ private:
+  LocalProcesses& processes_;
+  const std::string token_;
+  const std::vector<HostSlots> hosts_;
+  const std::vector<std::string> command_;
+};
+
 }  // namespace
+
+pid_t ProcessLauncher::start_all(const std::string&, const std::vector<std::string>&, std::vector<std::string>, int) {
+  throw Error(std::string("launcher ") + name() + " starts workers one at a time");
+}
+
+std::vector<std::string> words_of(const std::string& command) {
+  std::vector<std::string> out;
+  std::istringstream words(command);
+  for (std::string w; words >> w;) out.push_back(w);
+  return out;
+}
+
+std::vector<std::string> mpirun_arguments(const std::vector<std::string>& mpirun_command,
+                                          const std::vector<HostSlots>& hosts, const std::string& binary,
+                                          const std::vector<std::string>& args, const std::vector<std::string>& env,
+                                          int count) {
+  std::vector<std::string> out(mpirun_command.begin() + 1, mpirun_command.end());
+  out.insert(out.end(), {"-np", std::to_string(count), "-x", "DSGD_TOKEN"});
+  for (const auto& e : env) out.insert(out.end(), {"-x", e.substr(0, e.find('='))});
+  // Open MPI 4: a rank that dies does not take the others with it (the job goes on with fewer).
+  out.insert(out.end(), {"--mca", "orte_abort_on_non_zero_status", "0"});
+  if (!hosts.empty()) {
+    std::string list;
+    for (const auto& h : hosts) list += (list.empty() ? "" : ",") + h.name + ":" + std::to_string(h.slots);
+    out.insert(out.end(), {"--host", list});
+  }
+  out.push_back(binary);
+  out.insert(out.end(), args.begin(), args.end());
+  return out;
+}
 
 std::vector<std::string> ssh_arguments(const std::vector<std::string>& ssh_command, const std::string& host,
                                        const std::string& binary, const std::vector<std::string>& args,
@@ -174,6 +226,8 @@ std::unique_ptr<ProcessLauncher> make_launcher(const TrainerConfig& c, LocalProc
       return std::make_unique<LocalLauncher>(processes, token);
     case Launcher::kSsh:
       return std::make_unique<SshLauncher>(c, processes, token);
+    case Launcher::kMpirun:
+      return std::make_unique<MpirunLauncher>(c, processes, token);
     default:
       return nullptr;
   }

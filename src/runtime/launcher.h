@@ -1,8 +1,9 @@
 // How the driver starts worker processes (TrainerConfig::launcher). Every start is a process on
 // this host whose life is the worker's: the worker itself (local), or the ssh client running it
 // on one of TrainerConfig::hosts (ssh), which exits with the worker's status and whose end (or the
-// driver's) ends the worker. So WorkerPool watches, kills and reaps local processes whichever the
-// launcher; the launcher decides what runs and where. Torch-free.
+// driver's) ends the worker; or, for a launcher that starts them all at once (mpirun), one
+// process whose life is theirs together. So WorkerPool watches, kills and reaps local processes
+// whichever the launcher; the launcher decides what runs and where. Torch-free.
 //
 //   auto launcher = make_launcher(config, processes, token);       // nullptr: launcher none
 //   pid_t pid = launcher->start(binary, {"--dsgd-worker", "--driver", address, ...}, env);
@@ -34,6 +35,9 @@ struct HostSlots {
 // differently (space, quote, $, ;, ...), slots not a whole number >= 1, or a host named twice.
 std::vector<HostSlots> parse_hosts(const std::vector<std::string>& entries);
 
+// `command` split at spaces.
+std::vector<std::string> words_of(const std::string& command);
+
 // The driver's address as its workers reach it: `listen`'s host (127.0.0.1 for a wildcard or
 // none) and the port the driver bound.
 std::string driver_address(const TrainerConfig& config, int port);
@@ -51,6 +55,12 @@ class ProcessLauncher {
   virtual void released(pid_t pid, bool failed) { (void)pid, (void)failed; }
   // Where `pid` runs ("" where the launcher has no hosts).
   virtual std::string host_of(pid_t pid) const { (void)pid; return {}; }
+  // Launchers that start every worker at once (mpirun) and none later: start_all() starts
+  // `count` of them in one process, each with `args` (whose "--spawn-index mpi:B" it turns into
+  // B + its rank); start() is not theirs.
+  virtual bool starts_all_at_once() const { return false; }
+  virtual pid_t start_all(const std::string& binary, const std::vector<std::string>& args,
+                          std::vector<std::string> env, int count);
 };
 
 // nullptr for launcher none. Keeps a reference to `processes`, which must outlive it.
@@ -59,6 +69,14 @@ std::unique_ptr<ProcessLauncher> make_launcher(const TrainerConfig& config, Loca
 // The ssh client's arguments that run `binary args` on `host` with `env` exported, reading the
 // token (one line) from standard input first, and killing the worker when standard input ends
 // (the client or the driver gone). Exposed for tests.
+// mpirun's arguments (`mpirun_command` after its program) that start `count` ranks of `binary
+// args` on `hosts` (none: mpirun's choice), exporting `env`'s names and DSGD_TOKEN from its
+// environment. Exposed for tests.
+std::vector<std::string> mpirun_arguments(const std::vector<std::string>& mpirun_command,
+                                          const std::vector<HostSlots>& hosts, const std::string& binary,
+                                          const std::vector<std::string>& args, const std::vector<std::string>& env,
+                                          int count);
+
 std::vector<std::string> ssh_arguments(const std::vector<std::string>& ssh_command, const std::string& host,
                                        const std::string& binary, const std::vector<std::string>& args,
                                        const std::vector<std::string>& env);

@@ -29,12 +29,15 @@ class DriverWatch {
  public:
   DriverWatch(std::shared_ptr<comm::Store> store, milliseconds timeout) : store_(std::move(store)), timeout_(timeout) {}
 
-  // The key's value ("" while unset), or nullopt when the driver did not answer.
+  // The key's value ("" while unset), or nullopt when the driver did not answer. ConfigError
+  // when it refuses this process (a wrong token): asking again would not help.
   std::optional<std::string> generation() {
     try {
       std::string v = store_->check({kPsGenerationKey}) ? store_->get(kPsGenerationKey, milliseconds(1000)) : "";
       last_ok_ = Clock::now();
       return v;
+    } catch (const ConfigError&) {
+      throw;
     } catch (const std::exception& e) {
       last_error_ = e.what();
       return std::nullopt;
@@ -176,7 +179,13 @@ int run_ps_server(const PsServerArgs& a) {
   runtime::DriverWatch watch(base, a.driver_timeout);
   int64_t served = 0;  // the newest generation joined
   while (true) {
-    auto v = watch.generation();
+    std::optional<std::string> v;
+    try {
+      v = watch.generation();
+    } catch (const ConfigError& e) {
+      control::log().error("ps shard {}: the driver at {} refuses this process: {}", a.shard, a.driver, e.what());
+      return 2;
+    }
     if (!v) {
       if (watch.lost()) {
         control::log().error("ps shard {}: no answer from the driver at {} for {} ms ({}); exiting", a.shard, a.driver,

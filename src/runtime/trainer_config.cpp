@@ -19,28 +19,35 @@ void require(bool ok, const std::string& what) {
 void validate_launcher(const TrainerConfig& c) {
   const dsgd::Launcher launcher = launcher_of(c);  // an unknown spelling: ConfigError listing the known ones
   const std::string name = c.launcher.name();
-  require(launcher == Launcher::kSsh || c.hosts.empty(),
-          "hosts are where launcher ssh starts workers; launcher is '" + name + "' (set launcher ssh, or leave hosts out)");
+  const bool ssh = launcher == Launcher::kSsh, mpirun = launcher == Launcher::kMpirun;
+  require(ssh || mpirun || c.hosts.empty(), "hosts are where launcher ssh or mpirun starts workers; launcher is '" +
+                                                name + "' (set launcher ssh or mpirun, or leave hosts out)");
   require(launcher == Launcher::kLocal || c.local_hosts == 1,
           "local_hosts spreads workers the driver starts on this host (launcher local); launcher is '" + name + "'");
   require(launcher != Launcher::kNone || !c.listen.empty(),
           "launcher none: the workers join over TCP, so the driver needs listen (HOST:PORT)");
-  if (launcher != Launcher::kSsh) return;
-  require(!c.hosts.empty(), "launcher ssh needs hosts (\"host\" or \"host:slots\"; dsgd train --hosts FILE)");
+  if (!ssh && !mpirun) return;
+  require(ps_shard_processes(c) == 0, "launcher " + name +
+                                          " does not start ps shard processes yet: use ps_placement workers, or start "
+                                          "each shard with dsgd ps-server");
+  require(!ssh || !c.hosts.empty(), "launcher ssh needs hosts (\"host\" or \"host:slots\"; dsgd train --hosts FILE)");
+  require(!mpirun || !c.wait_for_replacements,
+          "launcher mpirun starts every worker at once and cannot start a replacement: leave wait_for_replacements "
+          "off (the job goes on with the survivors)");
+  const auto& command = ssh ? c.ssh_command : c.mpirun_command;
+  require(command.find_first_not_of(" \t") != std::string::npos,
+          std::string(ssh ? "ssh_command" : "mpirun_command") + " is empty (default: " + (ssh ? "ssh" : "mpirun") + ")");
+  if (c.hosts.empty()) return;  // mpirun on this host
   const auto hosts = parse_hosts(c.hosts);
   int slots = 0;
   for (const auto& h : hosts) slots += h.slots;
   require(slots >= c.num_workers + c.standby_workers,
-          "launcher ssh: the hosts have " + std::to_string(slots) + " slot(s) for " +
+          "launcher " + name + ": the hosts have " + std::to_string(slots) + " slot(s) for " +
               std::to_string(c.num_workers + c.standby_workers) + " worker(s) and standbys; add hosts or slots");
   const std::string host = c.listen.substr(0, c.listen.rfind(':'));
   require(!c.listen.empty() && !host.empty() && host != "0.0.0.0" && host != "::" && host != "[::]",
-          "launcher ssh tells each worker the driver's address: set listen to HOST:PORT with a HOST the hosts reach "
-          "(not 0.0.0.0), got '" + c.listen + "'");
-  require(c.ssh_command.find_first_not_of(" \t") != std::string::npos, "ssh_command is empty (default: ssh)");
-  require(ps_shard_processes(c) == 0,
-          "launcher ssh does not start ps shard processes yet: use ps_placement workers, or start each shard with "
-          "dsgd ps-server");
+          "launcher " + name + " tells each worker the driver's address: set listen to HOST:PORT with a HOST the "
+          "hosts reach (not 0.0.0.0), got '" + c.listen + "'");
 }
 
 }  // namespace

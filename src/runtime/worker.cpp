@@ -35,6 +35,17 @@ using json = nlohmann::json;
 using Clock = std::chrono::steady_clock;
 using std::chrono::milliseconds;
 
+// "--spawn-index N", or "mpi:B" from a launcher that starts every worker at once: B plus this
+// process's rank, from the variables MPI launchers set.
+static int64_t spawn_index_of(const std::string& value) {
+  if (value.rfind("mpi:", 0) != 0) return std::stoll(value);
+  for (const char* name : {"OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK"}) {
+    if (const char* rank = std::getenv(name)) return std::stoll(value.substr(4)) + std::stoll(rank);
+  }
+  throw ConfigError("--spawn-index " + value + ": no MPI rank in the environment (OMPI_COMM_WORLD_RANK, PMIX_RANK or "
+                    "PMI_RANK): start this under mpirun");
+}
+
 std::optional<WorkerArgs> parse_worker_args(int argc, char** argv) {
   bool worker = false;
   WorkerArgs a;
@@ -49,7 +60,7 @@ std::optional<WorkerArgs> parse_worker_args(int argc, char** argv) {
     else if (arg == "--token") a.token = value("--token");
     else if (arg == "--address") a.address = value("--address");
     else if (arg == "--host-id") a.host_id = value("--host-id");
-    else if (arg == "--spawn-index") a.spawn_index = std::stoll(value("--spawn-index"));
+    else if (arg == "--spawn-index") a.spawn_index = spawn_index_of(value("--spawn-index"));
   }
   if (!worker) return std::nullopt;
   if (a.driver.empty()) throw ConfigError("worker mode needs --driver HOST:PORT (the driver prints it)");

@@ -42,14 +42,15 @@ void WorkerPool::choose_members() {
   }
   for (const auto& w : workers) {
     if (!w.alive) continue;
-    const pid_t pid = pid_of(static_cast<int>(w.index));
-    const bool standby = pid > 0 && std::find(standby_pids_.begin(), standby_pids_.end(), pid) != standby_pids_.end();
+    // spawn_initial started the workers first, then the standbys.
+    const int64_t after_workers = w.spawn_index - initial_base_ - config_.num_workers;
+    const bool standby = spawns() && w.spawn_index >= 0 && after_workers >= 0 && after_workers < config_.standby_workers;
     if (!standby && static_cast<int>(members_.size()) < config_.num_workers) members_.push_back(static_cast<int>(w.index));
   }
 }
 
 void WorkerPool::drop(int id) {
-  end_process(pid_of(id), /*failed=*/true);
+  end_worker(id, /*failed=*/true);
   members_.erase(std::remove(members_.begin(), members_.end(), id), members_.end());
 }
 
@@ -78,6 +79,15 @@ void WorkerPool::end_process(pid_t pid, bool failed) {
   if (pid <= 0) return;
   if (launcher_) launcher_->released(pid, failed);
   children_.kill(pid);
+}
+
+void WorkerPool::end_worker(int id, bool failed) {
+  const pid_t pid = pid_of(id);
+  if (pid <= 0) return;
+  launched_.erase(server_.workers().at(static_cast<size_t>(id)).spawn_index);
+  // One process for several workers (mpirun): the others go on; this one, evicted, exits.
+  const bool shared = std::any_of(launched_.begin(), launched_.end(), [pid](const auto& e) { return e.second == pid; });
+  if (!shared) end_process(pid, failed);
 }
 
 void WorkerPool::tend(int64_t generation, const std::string& signature) {
@@ -140,9 +150,8 @@ void WorkerPool::tend(int64_t generation, const std::string& signature) {
 
 void WorkerPool::discard(int id, const std::string& why) {
   control::log().warn("trainer: worker {} outside the group is let go: {}", id, why);
-  const pid_t pid = pid_of(id);
   server_.evict(id, why);
-  end_process(pid, /*failed=*/true);
+  end_worker(id, /*failed=*/true);
   preparing_.erase(id);
   ready_.erase(std::remove(ready_.begin(), ready_.end(), id), ready_.end());
   defer_replacements("worker " + std::to_string(id) + " was let go");
@@ -156,7 +165,7 @@ bool WorkerPool::promote(int lost) {
   const pid_t lost_pid = pid_of(lost);
   if (auto h = pseudo_host_.find(lost_pid); h != pseudo_host_.end()) pseudo_host_[pid_of(id)] = h->second;
   *pos = id;
-  end_process(lost_pid, /*failed=*/true);
+  end_worker(lost, /*failed=*/true);
   return true;
 }
 
@@ -183,10 +192,18 @@ int64_t WorkerPool::resident_bytes(int id) const {
 }
 
 void WorkerPool::spawn_initial() {
-  for (int i = 0; i < config_.num_workers; ++i) spawn_worker(i % config_.local_hosts);
-  for (int i = 0; i < config_.standby_workers; ++i) {
-    standby_pids_.push_back(spawn_worker((config_.num_workers + i) % config_.local_hosts));
+  initial_base_ = next_spawn_index_;
+  if (launcher_->starts_all_at_once()) {
+    const int count = config_.num_workers + config_.standby_workers;
+    const pid_t pid = launcher_->start_all(binary_, {"--dsgd-worker", "--driver", driver_address(config_, server_.port()),
+                                                     "--spawn-index", "mpi:" + std::to_string(initial_base_)},
+                                           worker_env(), count);
+    for (int i = 0; i < count; ++i) launched_[next_spawn_index_++] = pid;
+    control::log().info("trainer: starting {} worker(s) at once ({})", count, launcher_->name());
+    return;
   }
+  for (int i = 0; i < config_.num_workers; ++i) spawn_worker(i % config_.local_hosts);
+  for (int i = 0; i < config_.standby_workers; ++i) spawn_worker((config_.num_workers + i) % config_.local_hosts);
   spawn_servers();
 }
 
@@ -260,6 +277,14 @@ void WorkerPool::spawn_replacements() {
   if (!spawns() || !config_.replace_lost_workers || !pending_.empty() || Clock::now() < next_spawn_) return;
   int registered = 0;
   for (const auto& w : server_.workers()) registered += w.alive ? 1 : 0;
+  if (launcher_->starts_all_at_once()) {
+    if (registered < config_.num_workers + config_.standby_workers && registered != said_short_of_) {
+      said_short_of_ = registered;
+      control::log().warn("trainer: launcher {} cannot start a replacement: the job goes on with {} worker(s)",
+                          launcher_->name(), std::min(registered, config_.num_workers));
+    }
+    return;
+  }
   for (int i = registered; i < config_.num_workers + config_.standby_workers; ++i) {
     try {
       pending_.push_back(spawn_worker());  // pending counts
@@ -281,7 +306,6 @@ void WorkerPool::restart() {
   members_.clear();
   ready_.clear();
   preparing_.clear();
-  standby_pids_.clear();
   pending_.clear();
   servers_.clear();
   pseudo_host_.clear();
@@ -306,6 +330,18 @@ int WorkerPool::pseudo_host_for_next() const {
   return 0;
 }
 
+std::vector<std::string> WorkerPool::worker_env() const {
+  std::vector<std::string> env = {"DSGD_WORKER_OF=" + std::to_string(::getpid())};
+  // One OpenMP team per worker, sized by the driver on its own host (see threads_per_worker).
+  const int threads = std::max(1, config_.threads_per_worker > 0
+                                      ? config_.threads_per_worker
+                                      : static_cast<int>(std::thread::hardware_concurrency()) / config_.num_workers);
+  if (launcher_of(config_) == Launcher::kLocal || config_.threads_per_worker > 0) {
+    env.push_back("OMP_NUM_THREADS=" + std::to_string(threads));
+  }
+  return env;
+}
+
 pid_t WorkerPool::spawn_worker(int host) {
   const int64_t index = next_spawn_index_++;
   std::vector<std::string> args = {"--dsgd-worker", "--driver", driver_address(config_, server_.port()), "--spawn-index",
@@ -314,15 +350,7 @@ pid_t WorkerPool::spawn_worker(int host) {
     if (host < 0) host = pseudo_host_for_next();
     args.insert(args.end(), {"--host-id", "local-host-" + std::to_string(host)});
   }
-  const int threads = std::max(1, config_.threads_per_worker > 0
-                                      ? config_.threads_per_worker
-                                      : static_cast<int>(std::thread::hardware_concurrency()) / config_.num_workers);
-  std::vector<std::string> env = {"DSGD_WORKER_OF=" + std::to_string(::getpid())};
-  // One OpenMP team per worker, sized by the driver on its own host (see threads_per_worker).
-  if (launcher_of(config_) == Launcher::kLocal || config_.threads_per_worker > 0) {
-    env.push_back("OMP_NUM_THREADS=" + std::to_string(threads));
-  }
-  const pid_t pid = launcher_->start(binary_, args, env);
+  const pid_t pid = launcher_->start(binary_, args, worker_env());
   launched_[index] = pid;
   if (const std::string where = launcher_->host_of(pid); !where.empty()) {
     control::log().info("trainer: starting a worker on {} ({})", where, launcher_->name());

@@ -116,6 +116,10 @@ class WorkerPool {
   pid_t pid_of(int id) const;
   // Kills the process `pid` the driver started; `failed`: a loss (its host is avoided).
   void end_process(pid_t pid, bool failed);
+  // Worker `id` is out: its process is killed unless it stands for other workers too (mpirun).
+  void end_worker(int id, bool failed);
+  // The environment every started worker gets (besides the token).
+  std::vector<std::string> worker_env() const;
 
   const TrainerConfig& config_;
   control::DriverServer& server_;
@@ -127,7 +131,8 @@ class WorkerPool {
   std::vector<int> members_;
   std::vector<int> ready_;                                   // set up, outside the group
   std::map<int, control::DriverServer::Pending> preparing_;  // outside the group, setup sent
-  std::vector<pid_t> standby_pids_;                          // spawn_initial's standbys
+  int64_t initial_base_ = 0;  // spawn_initial's first spawn index: workers, then standbys
+  int said_short_of_ = -1;     // mpirun: the worker count last said to go on with
   std::vector<pid_t> pending_;  // replacements spawned, not yet registered
   std::chrono::steady_clock::time_point pending_since_{}, next_spawn_{};
   std::chrono::milliseconds backoff_{1000};

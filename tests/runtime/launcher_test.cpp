@@ -14,6 +14,7 @@
 #include <fstream>
 #include <thread>
 
+#include "dsgd/cluster.h"
 #include "dsgd/error.h"
 #include "dsgd/image_classifier.h"
 #include "runtime/trainer_config.h"
@@ -90,13 +91,26 @@ TEST(Launcher, ConfigChecksSayWhatIsMissing) {
   expect_config_error(check, "local_hosts spreads workers");
   c.local_hosts = 1;
   c.launcher = "slurm";
-  expect_config_error(check, "unknown launcher 'slurm'; use auto, local, ssh or none");
+  expect_config_error(check, "unknown launcher 'slurm'; use auto, local, ssh, none or mpirun");
+  c.launcher = "mpirun";
+  check();  // the same hosts and slots
+  c.wait_for_replacements = true;
+  expect_config_error(check, "cannot start a replacement");
+  c.wait_for_replacements = false;
   c.launcher = "local";
-  expect_config_error(check, "hosts are where launcher ssh starts workers");
+  expect_config_error(check, "hosts are where launcher ssh or mpirun starts workers");
   c.hosts.clear();
   c.launcher = "none";
   c.listen.clear();
   expect_config_error(check, "launcher none: the workers join over TCP");
+}
+
+TEST(Launcher, MpirunStartsEveryRankExportingTheTokenByName) {
+  const auto args = mpirun_arguments({"mpirun", "--allow-run-as-root"}, parse_hosts({"a:2", "b"}), "/opt/dsgd",
+                                     {"--dsgd-worker", "--spawn-index", "mpi:4"}, {"OMP_NUM_THREADS=2"}, 3);
+  EXPECT_EQ(args, (std::vector<std::string>{"--allow-run-as-root", "-np", "3", "-x", "DSGD_TOKEN", "-x", "OMP_NUM_THREADS",
+                                            "--mca", "orte_abort_on_non_zero_status", "0", "--host", "a:2,b:1",
+                                            "/opt/dsgd", "--dsgd-worker", "--spawn-index", "mpi:4"}));
 }
 
 TEST(Launcher, AutoIsLocalWithoutListenAndNoneWithIt) {
@@ -171,6 +185,64 @@ TEST(Launcher, SshScriptGetsTheTokenOnStandardInputAndEndsTheWorkerWithIt) {
   }
   EXPECT_TRUE(gone) << "the worker outlived its ssh client";
   if (!gone) ::kill(worker_pid, SIGKILL);
+}
+
+// ---- cluster specs (dsgd/cluster.h) ----
+
+std::string spec(const std::string& cluster, const std::string& task) {
+  return "{\"cluster\": " + cluster + ", \"task\": " + task + "}";
+}
+const std::string kCluster =
+    R"({"chief": ["hostA:29500"], "worker": ["hostB", "hostC:1", "hostC:2"], "ps": ["hostD"]})";
+
+TEST(ClusterSpec, EachTaskKnowsTheDriverAndItsHost) {
+  const auto w = ClusterSpec::parse(spec(kCluster, R"({"type": "worker", "index": 2})"), "spec");
+  EXPECT_EQ(w.chief, "hostA:29500");
+  EXPECT_EQ(w.workers.size(), 3u);
+  EXPECT_EQ(w.ps, (std::vector<std::string>{"hostD"}));
+  EXPECT_EQ(w.task_name(), "worker 2");
+  EXPECT_EQ(w.task_entry(), "hostC:2");
+  EXPECT_EQ(w.task_host(), "hostC");  // shares memory with worker 1
+  const auto chief = ClusterSpec::parse(spec(kCluster, R"({"type": "chief"})"), "spec");
+  EXPECT_EQ(chief.task_index, 0);
+  EXPECT_EQ(chief.task_host(), "hostA");
+}
+
+TEST(ClusterSpec, BadSpecsSayWhatIsWrong) {
+  auto bad = [](const std::string& text, const std::string& part) {
+    expect_config_error([&] { ClusterSpec::parse(text, "cluster spec x.json"); }, part);
+  };
+  const std::string worker0 = R"({"type": "worker", "index": 0})";
+  bad("{", "cluster spec x.json is not valid JSON");
+  bad(R"({"task": {"type": "chief"}})", R"(needs {"cluster")");
+  bad(spec(R"({"chief": ["a:1"], "worker": ["b"], "master": ["c"]})", worker0), "unknown role 'master'");
+  bad(spec(R"({"worker": ["b"]})", worker0), "cluster.chief is missing");
+  bad(spec(R"({"chief": ["a:1", "a:2"], "worker": ["b"]})", worker0), "exactly one HOST:PORT");
+  bad(spec(R"({"chief": ["a"], "worker": ["b"]})", worker0), "cluster.chief must be HOST:PORT");
+  bad(spec(R"({"chief": ["a:1"], "worker": []})", worker0), "at least one worker");
+  bad(spec(R"({"chief": ["a:1"], "worker": ["b", "c", "b"]})", worker0), "'b' is named twice (worker 0 and worker 2)");
+  bad(spec(R"({"chief": ["a:1"], "worker": ["a:1"]})", worker0), "'a:1' is named twice (chief 0 and worker 0)");
+  bad(spec(R"({"chief": ["a:1"], "worker": ["b c"]})", worker0), "a host holds letters");
+  bad(spec(R"({"chief": ["a:1"], "worker": [7]})", worker0), R"(list of "HOST" or "HOST:PORT" strings)");
+  bad(spec(R"({"chief": ["a:1"], "worker": ["b"], "evaluator": ["e", "f"]})", worker0), "at most one evaluator");
+  bad(spec(kCluster, R"({"type": "worker", "index": 3})"), "task worker 3 is not in the cluster (it has 3 worker entries)");
+  bad(spec(kCluster, R"({"type": "evaluator"})"), "task evaluator 0 is not in the cluster");
+  bad(spec(kCluster, R"({"type": "driver"})"), "unknown task.type 'driver'");
+  bad(spec(kCluster, R"({"type": "ps", "index": "0"})"), "task.index must be a whole number");
+  bad(spec(kCluster, R"({"index": 0})"), R"(needs "task")");
+}
+
+TEST(ClusterSpec, LoadReadsTheFileElseDsgdCluster) {
+  testing::TempDir dir;
+  ::unsetenv("DSGD_CLUSTER");
+  EXPECT_FALSE(ClusterSpec::load("").has_value());
+  ::setenv("DSGD_CLUSTER", spec(kCluster, R"({"type": "ps"})").c_str(), 1);
+  EXPECT_EQ(ClusterSpec::load("")->task_name(), "ps 0");
+  const std::string path = dir.file("spec.json");
+  std::ofstream(path) << spec(kCluster, R"({"type": "worker", "index": 1})");
+  EXPECT_EQ(ClusterSpec::load(path)->task_name(), "worker 1");  // the file wins
+  ::unsetenv("DSGD_CLUSTER");
+  expect_config_error([&] { ClusterSpec::load(dir.file("missing.json")); }, "cannot be read");
 }
 
 }  // namespace

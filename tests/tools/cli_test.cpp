@@ -314,6 +314,50 @@ TEST(Cli, RemoteWorkersAndPsShardProcessesJoinTheDriver) {
   EXPECT_GT(j["test_accuracy"].get<double>(), 0.15);  // 10 classes: it learnt
 }
 
+// A cluster spec as a cluster manager hands it out (TF_CONFIG's shape): every process gets the
+// same cluster and its own task, from --cluster or $DSGD_CLUSTER; none is told the driver's
+// address, the worker count, its shard or its host otherwise. Tasks for the wrong command, a
+// --workers that contradicts the spec, and a bad spec are usage errors.
+TEST(Cli, EveryTaskOfAClusterSpecFindsItsPlace) {
+  dsgd::testing::TempDir dir;
+  const std::string bin = DSGD_BINARY, chief = "127.0.0.1:" + std::to_string(free_port());
+  auto spec = [&](const std::string& task) {
+    return R"({"cluster": {"chief": [")" + chief + R"("], "worker": ["host-a", "host-b"], "ps": ["host-c"]}, "task": )" +
+           task + "}";
+  };
+  auto write = [&](const std::string& name, const std::string& text) {
+    std::ofstream(dir.file(name)) << text;
+    return dir.file(name);
+  };
+  const std::string chief_spec = write("chief.json", spec(R"({"type": "chief"})"));
+  const std::string worker1 = write("worker1.json", spec(R"({"type": "worker", "index": 1})"));
+  const std::string ps0 = write("ps0.json", spec(R"({"type": "ps", "index": 0})"));
+  expect_usage_error("train --cluster " + worker1, "this process's task in the cluster spec is worker 1: run `dsgd worker");
+  expect_usage_error("train --cluster " + chief_spec + " --workers 3", "--workers 3 but the cluster spec names 2 worker(s)");
+  expect_usage_error("train --cluster " + chief_spec, "the cluster spec names ps tasks: train with --strategy ps");
+  expect_usage_error("worker --cluster " + ps0 + " --token t", "task in the cluster spec is ps 0, not a worker");
+  expect_usage_error("ps-server --cluster " + worker1 + " --token t", "task in the cluster spec is worker 1, not a ps");
+  expect_usage_error("worker --cluster " + dir.file("missing.json"), "cluster spec '" + dir.file("missing.json") + "' cannot be read");
+  expect_usage_error("worker --token t", "--driver HOST:PORT is needed (or a cluster spec");
+  // The job: worker 0 from $DSGD_CLUSTER, the others from files; the token from the environment.
+  const std::string script =
+      "export DSGD_TOKEN=t0ken; " + bin + " train --cluster " + chief_spec + " --strategy ps --model mlp "
+      "--dataset synthetic --synthetic-samples 512 --image-size 8 --batch-size 32 --threads 1 --epochs 1 --json-out " +
+      dir.file("run.json") + " & sleep 1; " + bin + " ps-server --cluster " + ps0 + " & DSGD_CLUSTER=\"$(cat " +
+      write("worker0.json", spec(R"({"type": "worker", "index": 0})")) + ")\" " + bin + " worker & " + bin +
+      " worker --cluster " + worker1 + " & wait";
+  const CliRun r = run_shell(script, 120);
+  ASSERT_EQ(r.exit_code, 0) << "a process failed or did not exit\n" << r.output;
+  EXPECT_NE(r.output.find("ps shard 0: serving generation 1"), std::string::npos) << r.output;
+  std::ifstream f(dir.file("run.json"));
+  ASSERT_TRUE(f.good()) << r.output;
+  auto j = nlohmann::json::parse(f);
+  EXPECT_EQ(j["workers"], 2);
+  EXPECT_EQ(j["strategy"], "ps");
+  EXPECT_EQ(j["steps"], 16);
+  EXPECT_GT(j["test_accuracy"].get<double>(), 0.15);  // 10 classes: it learnt
+}
+
 TEST(Cli, ARemoteWorkerBeyondNumWorkersIsAStandbyThatTakesALostWorkersPlace) {
   // A launcher starts 3 `dsgd worker` for a job of 2 with --standby 1: the last to register
   // waits set up; the first is killed while training, and the standby takes its place.

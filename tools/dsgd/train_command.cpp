@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "commands.h"
+#include "dsgd/cluster.h"
 #include "dsgd/error.h"
 #include "dsgd/trainer.h"
 #include "progress.h"
@@ -34,6 +35,7 @@ struct TrainFlags {
   std::string precision = trainer.precision.name();
   std::string launcher = trainer.launcher.name();
   std::string hosts_file;  // launcher ssh: one "host[:slots]" a line
+  std::string cluster;     // a cluster spec file (dsgd/cluster.h); "" = $DSGD_CLUSTER, if set
   std::string forward_overlap_buckets = std::to_string(trainer.forward_overlap_buckets);  // a count, or "auto" (-1)
   int64_t heartbeat_timeout_ms = trainer.heartbeat_timeout.count();
   std::string save;
@@ -156,7 +158,45 @@ void check_writable(const std::string& flag, const std::string& path) {
   }
 }
 
+// A cluster spec whose task is the chief: the driver binds its address and waits for its
+// workers (and ps shard processes), which a cluster manager starts.
+void apply_cluster(TrainFlags& f) {
+  const auto spec = ClusterSpec::load(f.cluster);
+  if (!spec) return;
+  if (spec->task_type != "chief") {
+    throw ConfigError("this process's task in the cluster spec is " + spec->task_name() + ": run `dsgd " +
+                      (spec->task_type == "ps" ? "ps-server" : spec->task_type == "worker" ? "worker" : "evaluate") +
+                      " --cluster` for it; `dsgd train` is the chief");
+  }
+  const int workers = static_cast<int>(spec->workers.size());
+  if (f.trainer.num_workers != TrainerConfig{}.num_workers && f.trainer.num_workers != workers) {
+    throw ConfigError("--workers " + std::to_string(f.trainer.num_workers) + " but the cluster spec names " +
+                      std::to_string(workers) + " worker(s); leave --workers out");
+  }
+  if (f.in_process || (f.launcher != "auto" && f.launcher != "none") || !f.trainer.listen.empty()) {
+    throw ConfigError("with a cluster spec the driver listens on its chief entry and a cluster manager starts the "
+                      "workers: it takes none of --in-process, --launcher, --listen");
+  }
+  if (!spec->ps.empty() && f.strategy != "ps") {
+    throw ConfigError("the cluster spec names ps tasks: train with --strategy ps (their shards), or leave them out");
+  }
+  if (!spec->evaluators.empty()) {
+    throw ConfigError("the cluster spec names an evaluator: dsgd has no evaluator process yet; leave it out");
+  }
+  f.trainer.num_workers = workers;
+  f.trainer.listen = spec->chief;
+  f.launcher = "none";
+  if (!spec->ps.empty()) {
+    f.ps_placement = "processes";
+    f.trainer.num_ps_shards = static_cast<int>(spec->ps.size());
+  }
+}
+
 void validate_flags(TrainFlags& f) {
+  if (f.trainer.token.empty()) {
+    if (const char* t = std::getenv("DSGD_TOKEN")) f.trainer.token = t;
+  }
+  apply_cluster(f);
   if (f.trainer.num_workers < 1) throw ConfigError("--workers must be >= 1, got " + std::to_string(f.trainer.num_workers));
   if (!Choice<Strategy>(f.strategy).known()) {
     throw ConfigError("unknown --strategy '" + f.strategy + "'; known strategies: " + choice_names<Strategy>(", "));
@@ -483,16 +523,22 @@ void add_train_command(CLI::App& app, int* exit_code) {
       ->capture_default_str();
   cmd->add_option("--listen", flags->trainer.listen,
                   "HOST:PORT: wait for --workers workers started elsewhere (`dsgd worker`) instead of spawning");
-  cmd->add_option("--token", flags->trainer.token, "Job token for --listen (default: random, printed)");
+  cmd->add_option("--token", flags->trainer.token, "Job token for --listen (default: $DSGD_TOKEN, else random, printed)");
+  cmd->add_option("--cluster", flags->cluster,
+                  "A cluster spec (TF_CONFIG's shape; default: $DSGD_CLUSTER) whose task is the chief: listen on its "
+                  "address for its workers and ps shards");
   cmd->add_option("--launcher", flags->launcher,
                   "Who starts the workers: local (this host), ssh (--hosts, over the system's ssh client; needs "
-                  "--listen HOST:PORT the hosts reach), none (you do: `dsgd worker --driver`); auto: local, or none "
-                  "with --listen")
+                  "--listen HOST:PORT the hosts reach), mpirun (all at once; --hosts optional; a lost worker is not "
+                  "replaced), none (you do: `dsgd worker --driver`); auto: local, or none with --listen")
       ->capture_default_str();
   cmd->add_option("--hosts", flags->hosts_file,
-                  "--launcher ssh: a file of hosts, one \"host\" or \"host:slots\" a line (# comments)");
+                  "--launcher ssh or mpirun: a file of hosts, one \"host\" or \"host:slots\" a line (# comments)");
   cmd->add_option("--ssh-command", flags->trainer.ssh_command,
                   "--launcher ssh: the ssh client and its options (e.g. \"ssh -p 2222 -i KEY\")")
+      ->capture_default_str();
+  cmd->add_option("--mpirun-command", flags->trainer.mpirun_command,
+                  "--launcher mpirun: mpirun and its options (e.g. \"mpirun --allow-run-as-root\")")
       ->capture_default_str();
   cmd->add_option("--config", flags->config,
                   "JSON object merged into the operator's config (keys: model, dataset, data_dir, lr, momentum, "

@@ -3,9 +3,11 @@
 // built-in operators) or as a parameter-server shard process (--ps-placement processes).
 #include <cstdlib>
 #include <iostream>
+#include <optional>
 #include <string>
 
 #include "commands.h"
+#include "dsgd/cluster.h"
 #include "dsgd/error.h"
 #include "dsgd/image_classifier.h"
 #include "dsgd/remote.h"
@@ -24,6 +26,40 @@ bool resolve_token(std::string& token, const char* command, int* exit_code) {
   return false;
 }
 
+// The cluster spec's task for `command` (worker or ps), when there is a spec: the driver's
+// address and this task's host. False (with the usage exit code) for a spec of another task.
+bool apply_cluster(const std::string& file, const char* command, const char* type, std::string& driver,
+                   std::string& host_id, int* index, int* exit_code) {
+  std::optional<ClusterSpec> spec;
+  try {
+    spec = ClusterSpec::load(file);
+  } catch (const ConfigError& e) {
+    std::cerr << "dsgd " << command << ": error: " << e.what() << "\n";
+    *exit_code = kExitUsage;
+    return false;
+  }
+  if (!spec) {
+    if (!driver.empty()) return true;
+    std::cerr << "dsgd " << command << ": error: --driver HOST:PORT is needed (or a cluster spec: --cluster FILE or "
+                                        "$DSGD_CLUSTER)\n";
+    *exit_code = kExitUsage;
+    return false;
+  }
+  if (spec->task_type != type || (!driver.empty() && driver != spec->chief)) {
+    std::cerr << "dsgd " << command << ": error: "
+              << (spec->task_type != type ? "this process's task in the cluster spec is " + spec->task_name() +
+                                                ", not a " + type
+                                          : "--driver " + driver + " is not the spec's chief, " + spec->chief)
+              << "\n";
+    *exit_code = kExitUsage;
+    return false;
+  }
+  driver = spec->chief;
+  if (host_id.empty()) host_id = spec->task_host();
+  if (index != nullptr) *index = spec->task_index;
+  return true;
+}
+
 }  // namespace
 
 void add_worker_command(CLI::App& app, int* exit_code) {
@@ -35,11 +71,14 @@ void add_worker_command(CLI::App& app, int* exit_code) {
       "  B$ dsgd worker --driver A:29500 --token s3cret\n"
       "The token may come from $DSGD_TOKEN instead of --token. The worker exits when the job ends,\n"
       "or when the driver has been unreachable for the job's heartbeat timeout.");
-  cmd->add_option("--driver", args->driver, "The driver's HOST:PORT")->required();
+  auto cluster = std::make_shared<std::string>();
+  cmd->add_option("--driver", args->driver, "The driver's HOST:PORT (or the cluster spec's chief)");
+  cmd->add_option("--cluster", *cluster, "A cluster spec whose task is a worker (default: $DSGD_CLUSTER)");
   cmd->add_option("--token", args->token, "The job token (default: $DSGD_TOKEN)");
   cmd->add_option("--address", args->address, "Address peers reach this worker at (default: the one routing to the driver)");
   cmd->add_option("--host-id", args->host_id, "Host identity for shared memory (default: the host name)");
-  cmd->callback([args, exit_code] {
+  cmd->callback([args, cluster, exit_code] {
+    if (!apply_cluster(*cluster, "worker", "worker", args->driver, args->host_id, nullptr, exit_code)) return;
     if (!resolve_token(args->token, "worker", exit_code)) return;
     dsgd::register_builtin_operators();
     *exit_code = dsgd::run_worker(*args);
@@ -56,10 +95,11 @@ void add_ps_server_command(CLI::App& app, int* exit_code) {
       "  C$ dsgd ps-server --driver A:29500 --token s3cret --shard 1\n"
       "The token may come from $DSGD_TOKEN instead of --token. A shard process exits when the job ends,\n"
       "or when the driver has been unreachable for --driver-timeout-ms.");
-  cmd->add_option("--driver", args->driver, "The driver's HOST:PORT")->required();
+  auto cluster = std::make_shared<std::string>();
+  cmd->add_option("--driver", args->driver, "The driver's HOST:PORT (or the cluster spec's chief)");
+  cmd->add_option("--cluster", *cluster, "A cluster spec whose task is a ps shard (default: $DSGD_CLUSTER)");
   cmd->add_option("--token", args->token, "The job token (default: $DSGD_TOKEN)");
-  cmd->add_option("--shard", args->shard, "Which shard this process serves: 0 .. --ps-shards - 1")
-      ->required()
+  cmd->add_option("--shard", args->shard, "Which shard this process serves: 0 .. --ps-shards - 1 (or the spec's index)")
       ->check(CLI::Range(0, 63));
   cmd->add_option("--address", args->address, "Address the workers reach this shard at (default: the one routing to the driver)");
   cmd->add_option("--host-id", args->host_id, "Host identity (default: the host name)");
@@ -67,7 +107,20 @@ void add_ps_server_command(CLI::App& app, int* exit_code) {
   cmd->add_option("--driver-timeout-ms", *timeout_ms, "Exit when the driver has not answered for this long")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
-  cmd->callback([args, timeout_ms, exit_code] {
+  cmd->callback([args, cluster, timeout_ms, exit_code] {
+    int index = -1;
+    if (!apply_cluster(*cluster, "ps-server", "ps", args->driver, args->host_id, &index, exit_code)) return;
+    if (index >= 0 && args->shard >= 0 && args->shard != index) {
+      std::cerr << "dsgd ps-server: error: --shard " << args->shard << " but the cluster spec's task is ps " << index << "\n";
+      *exit_code = kExitUsage;
+      return;
+    }
+    if (index >= 0) args->shard = index;
+    if (args->shard < 0) {
+      std::cerr << "dsgd ps-server: error: --shard is required (or a cluster spec's ps task)\n";
+      *exit_code = kExitUsage;
+      return;
+    }
     if (!resolve_token(args->token, "ps-server", exit_code)) return;
     args->driver_timeout = std::chrono::milliseconds(*timeout_ms);
     *exit_code = dsgd::run_ps_server(*args);
