@@ -11,8 +11,9 @@
 // others name their process's host, the host identity shared memory groups by (a ":N" suffix
 // tells several on one host apart; Gloo picks its own ports). `dsgd train --cluster FILE` (task
 // chief) runs the driver with num_workers and the ps shards from the spec; `dsgd worker` and
-// `dsgd ps-server --cluster FILE` (tasks worker and ps) join it; without --cluster each reads
-// $DSGD_CLUSTER (the JSON itself, as TF_CONFIG). The job token still comes from --token or
+// `dsgd ps-server --cluster FILE` (tasks worker and ps) join it, and `dsgd evaluate --cluster
+// FILE` (task evaluator) evaluates the job's checkpoints (dsgd/evaluator.h); without --cluster
+// each reads $DSGD_CLUSTER (the JSON itself, as TF_CONFIG). The job token still comes from --token or
 // $DSGD_TOKEN. Torch-free.
 #pragma once
 

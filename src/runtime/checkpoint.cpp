@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
+#include <ctime>
 #include <filesystem>
 #include <limits>
 #include <fstream>
@@ -185,6 +186,28 @@ std::vector<std::string> list_checkpoints(const std::string& root) {
   std::vector<std::string> out;
   for (auto& [step, path] : found) out.push_back(std::move(path));
   return out;
+}
+
+namespace {
+constexpr const char* kJobEnded = "job-ended";
+}
+
+void mark_job_ended(const std::string& root, bool ended) {
+  namespace fs = std::filesystem;
+  const fs::path mark = fs::path(root) / kJobEnded;
+  if (!ended) {
+    std::error_code ec;
+    fs::remove(mark, ec);
+    return;
+  }
+  std::error_code ec;
+  fs::create_directories(root, ec);
+  write_atomically(mark, "{\"ended_unix_s\": " + std::to_string(::time(nullptr)) + "}\n");
+}
+
+bool job_ended(const std::string& root) {
+  std::error_code ec;
+  return std::filesystem::exists(std::filesystem::path(root) / kJobEnded, ec);
 }
 
 Checkpoint read_latest_checkpoint(const std::string& root, std::vector<std::string>* skipped) {

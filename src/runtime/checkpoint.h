@@ -34,6 +34,11 @@ std::string write_rotating_checkpoint(const std::string& root, int64_t step, int
                                       const std::string& model_pickle);
 // The step-* checkpoint directories under root, oldest first (empty if none or no such root).
 std::vector<std::string> list_checkpoints(const std::string& root);
+// The job's end, marked in its checkpoint root for an evaluator (dsgd/evaluator.h): the driver
+// clears the mark when it starts and sets it when it shuts down.
+void mark_job_ended(const std::string& root, bool ended);
+bool job_ended(const std::string& root);
+
 // The newest intact checkpoint under root. Each damaged one passed over is appended to *skipped
 // as "path: problem". DataError, listing every problem, if none is intact.
 Checkpoint read_latest_checkpoint(const std::string& root, std::vector<std::string>* skipped);

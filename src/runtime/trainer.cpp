@@ -110,8 +110,15 @@ std::vector<proto::CommandResult> Trainer::Impl::call(const proto::Command& requ
 }
 
 json Trainer::Impl::checkpoint_header(int64_t epoch, int64_t batch) const {
-  return {{"epoch", epoch}, {"batch", batch}, {"operator", op_name}, {"strategy", config.strategy.name()},
-          {"num_workers", config.num_workers}, {"devices_per_worker", config.devices_per_worker}};
+  // The operator's config and the seed: an evaluator (dsgd/evaluator.h) builds the same models.
+  return {{"epoch", epoch},
+          {"batch", batch},
+          {"operator", op_name},
+          {"operator_config", config.config},
+          {"seed", config.seed},
+          {"strategy", config.strategy.name()},
+          {"num_workers", config.num_workers},
+          {"devices_per_worker", config.devices_per_worker}};
 }
 
 Trainer::Trainer(const std::string& operator_name, TrainerConfig config) : impl_(std::make_unique<Impl>()) {
@@ -135,6 +142,7 @@ Trainer::Trainer(const std::string& operator_name, TrainerConfig config) : impl_
   if (runtime::launcher_of(c) != Launcher::kNone) binary = c.worker_binary.empty() ? runtime::self_executable() : c.worker_binary;
   d.pool = std::make_unique<runtime::WorkerPool>(c, *d.server, binary, d.token);
   d.snapshots = std::make_unique<runtime::SnapshotPolicy>(d.config);
+  if (!c.checkpoint_dir.empty()) runtime::mark_job_ended(c.checkpoint_dir, false);  // this job runs now
 
   try {
     if (d.pool->spawns()) {
@@ -405,6 +413,13 @@ void Trainer::shutdown() {
   if (d.pool) d.pool->stop(3000);
   d.pool.reset();
   d.server.reset();
+  if (!d.config.checkpoint_dir.empty()) {  // an evaluator stops once it has evaluated what came before
+    try {
+      runtime::mark_job_ended(d.config.checkpoint_dir, true);
+    } catch (const std::exception& e) {
+      control::log().warn("trainer: cannot mark the job's end in {}: {}", d.config.checkpoint_dir, e.what());
+    }
+  }
 }
 
 const TrainerConfig& Trainer::config() const { return impl_->config; }

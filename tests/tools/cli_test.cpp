@@ -238,11 +238,12 @@ TEST(Cli, TwoWorkersSaveThenOneWorkerLoadsAndContinues) {
   CliRun a = run_dsgd(common + "--workers 2 --strategy simple --save " + dir.file("ckpt") + " --json-out " +
                       dir.file("a.json") + " --checkpoint-dir " + dir.file("ckpts") + " --checkpoint-every 5 --checkpoint-overhead 0");
   ASSERT_EQ(a.exit_code, 0) << a.output;
-  // Snapshots after steps 5, 10, 15 and 16 (the epoch's end); the newest 3 are kept.
+  // Snapshots after steps 5, 10, 15 and 16 (the epoch's end); the newest 3 are kept, and the
+  // driver marks the job's end for an evaluator.
   std::vector<std::string> kept;
   for (const auto& e : std::filesystem::directory_iterator(dir.file("ckpts"))) kept.push_back(e.path().filename());
   std::sort(kept.begin(), kept.end());
-  EXPECT_EQ(kept, (std::vector<std::string>{"step-000000000010", "step-000000000015", "step-000000000016"}));
+  EXPECT_EQ(kept, (std::vector<std::string>{"job-ended", "step-000000000010", "step-000000000015", "step-000000000016"}));
   EXPECT_NE(a.output.find("2 worker(s), simple"), std::string::npos) << a.output;
   std::ifstream fa(dir.file("a.json"));
   auto ja = nlohmann::json::parse(fa);
@@ -356,6 +357,43 @@ TEST(Cli, EveryTaskOfAClusterSpecFindsItsPlace) {
   EXPECT_EQ(j["strategy"], "ps");
   EXPECT_EQ(j["steps"], 16);
   EXPECT_GT(j["test_accuracy"].get<double>(), 0.15);  // 10 classes: it learnt
+}
+
+// The evaluator role: `dsgd evaluate` beside a training job evaluates its checkpoints as they
+// appear, the last one included, and exits when the job has ended; its metrics go to JSON lines
+// and a CSV. Without checkpoints or the job's end it gives up after --idle-timeout-s.
+TEST(Cli, AnEvaluatorEvaluatesTheCheckpointsUntilTheJobEnds) {
+  dsgd::testing::TempDir dir;
+  const std::string bin = DSGD_BINARY, ckpts = dir.file("ckpts"), out = dir.file("eval.jsonl");
+  const std::string script =
+      bin + " evaluate --checkpoint-dir " + ckpts + " --metrics-out " + out + " --idle-timeout-s 120 & " + bin +
+      " train --workers 1 --model mlp --dataset synthetic --synthetic-samples 2048 --image-size 8 --batch-size 32 "
+      "--threads 1 --epochs 3 --checkpoint-dir " + ckpts + " --checkpoint-every 16 --checkpoint-overhead 0 --quiet "
+      "--json-out " + dir.file("run.json") + "; wait $!; echo evaluator-exit=$?";
+  const CliRun r = run_shell(script, 240);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("evaluator-exit=0"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("evaluator: the job has ended; evaluated up to step 192"), std::string::npos) << r.output;
+  std::ifstream lines(out);
+  std::vector<nlohmann::json> evals;
+  for (std::string line; std::getline(lines, line);) evals.push_back(nlohmann::json::parse(line));
+  ASSERT_GE(evals.size(), 2u) << r.output;
+  for (size_t i = 1; i < evals.size(); ++i) EXPECT_GT(evals[i]["step"], evals[i - 1]["step"]);
+  EXPECT_EQ(evals.back()["step"], 192);
+  EXPECT_EQ(evals.back()["epoch"], 3);
+  EXPECT_GT(evals.back()["metrics"]["accuracy"].get<double>(), 0.15) << evals.back().dump();
+  // The job's own final evaluation of the same parameters.
+  std::ifstream run(dir.file("run.json"));
+  const auto j = nlohmann::json::parse(run);
+  EXPECT_NEAR(evals.back()["metrics"]["accuracy"].get<double>(), j["test_accuracy"].get<double>(), 1e-6);
+  std::ifstream csv(out + ".csv");
+  std::string header;
+  std::getline(csv, header);
+  EXPECT_EQ(header, "step,accuracy,loss,num_samples");
+  const CliRun idle = run_dsgd("evaluate --checkpoint-dir " + dir.file("none") + " --idle-timeout-s 1");
+  EXPECT_EQ(idle.exit_code, 3) << idle.output;
+  EXPECT_NE(idle.output.find("no new checkpoint in"), std::string::npos) << idle.output;
+  expect_usage_error("evaluate", "--checkpoint-dir is required");
 }
 
 TEST(Cli, ARemoteWorkerBeyondNumWorkersIsAStandbyThatTakesALostWorkersPlace) {

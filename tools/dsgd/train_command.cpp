@@ -180,8 +180,9 @@ void apply_cluster(TrainFlags& f) {
   if (!spec->ps.empty() && f.strategy != "ps") {
     throw ConfigError("the cluster spec names ps tasks: train with --strategy ps (their shards), or leave them out");
   }
-  if (!spec->evaluators.empty()) {
-    throw ConfigError("the cluster spec names an evaluator: dsgd has no evaluator process yet; leave it out");
+  if (!spec->evaluators.empty() && f.trainer.checkpoint_dir.empty()) {
+    throw ConfigError("the cluster spec names an evaluator, which evaluates the job's checkpoints: give "
+                      "--checkpoint-dir (a directory the evaluator's host sees too)");
   }
   f.trainer.num_workers = workers;
   f.trainer.listen = spec->chief;

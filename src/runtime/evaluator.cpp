@@ -1,0 +1,149 @@
+#include "dsgd/evaluator.h"
+
+#include <spdlog/fmt/fmt.h>
+#include <torch/torch.h>
+
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+#include "dsgd/error.h"
+#include "dsgd/operator.h"
+#include "runtime/checkpoint.h"
+#include "runtime/control/log.h"
+#include "torch/replica.h"
+
+namespace dsgd {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+int64_t step_of(const std::string& dir) {
+  const std::string name = std::filesystem::path(dir).filename().string();
+  return std::stoll(name.substr(name.find('-') + 1));
+}
+
+// The operator a checkpoint names, set up from the config it carries, its state loaded.
+class CheckpointModel {
+ public:
+  explicit CheckpointModel(int threads) : threads_(threads) {}
+
+  Metrics evaluate(const runtime::Checkpoint& c, const std::string& dir) {
+    const auto& h = c.header;
+    const std::string op = h.value("operator", std::string());
+    if (!h.contains("operator_config")) {
+      throw ConfigError(dir + ": the checkpoint does not carry its operator's config (written by an older dsgd)");
+    }
+    if (!runtime_ || op != op_ || h["operator_config"] != config_) {
+      torch_glue::ReplicaOptions o;
+      o.global_batch = 1;
+      o.seed = h.value("seed", uint64_t{1});
+      o.info.seed = o.seed;
+      o.threads = threads_;
+      runtime_ = std::make_unique<torch_glue::ReplicaRuntime>(make_operator(op), o);  // ConfigError if unknown
+      runtime_->setup(h["operator_config"]);
+      op_ = op;
+      config_ = h["operator_config"];
+    }
+    runtime_->load_state(c.state);
+    return runtime_->validate();
+  }
+
+ private:
+  const int threads_;
+  std::unique_ptr<torch_glue::ReplicaRuntime> runtime_;
+  std::string op_;
+  nlohmann::json config_;
+};
+
+// Appends one JSON line per evaluation, and a CSV row (header on the first).
+class MetricsFiles {
+ public:
+  explicit MetricsFiles(const std::string& path) : path_(path) {}
+  void write(int64_t step, const nlohmann::json& header, const std::string& dir, const Metrics& m) {
+    if (path_.empty()) return;
+    const nlohmann::json line = {{"step", step},
+                                 {"epoch", header.value("epoch", int64_t{0})},
+                                 {"checkpoint", dir},
+                                 {"metrics", m},
+                                 {"unix_s", std::chrono::duration<double>(
+                                                std::chrono::system_clock::now().time_since_epoch())
+                                                .count()}};
+    std::ofstream(path_, std::ios::app) << line.dump() << "\n" << std::flush;
+    const std::string csv = path_ + ".csv";
+    const bool fresh = !std::filesystem::exists(csv);
+    std::ofstream out(csv, std::ios::app);
+    if (fresh) {
+      out << "step";
+      for (const auto& [k, v] : m) out << "," << k;
+      out << "\n";
+    }
+    out << step;
+    for (const auto& [k, v] : m) out << "," << v;
+    out << "\n" << std::flush;
+  }
+
+ private:
+  const std::string path_;
+};
+
+}  // namespace
+
+int run_evaluator(const EvaluatorArgs& a) {
+  auto& log = control::log();
+  if (a.checkpoint_dir.empty()) {
+    log.error("evaluator: no checkpoint directory (the job's checkpoint_dir, --checkpoint-dir)");
+    return 2;
+  }
+  torch::set_num_threads(std::max(1, a.threads));
+  CheckpointModel model(a.threads);
+  MetricsFiles files(a.metrics_out);
+  int64_t done = -1;  // the newest step evaluated
+  auto last_news = Clock::now();
+  log.info("evaluator: watching {} for checkpoints", a.checkpoint_dir);
+  while (true) {
+    // Read the end mark first: every checkpoint listed after it was seen came before the end.
+    const bool ended = runtime::job_ended(a.checkpoint_dir);
+    const auto all = runtime::list_checkpoints(a.checkpoint_dir);
+    std::vector<std::string> fresh;
+    for (const auto& dir : all) {
+      if (step_of(dir) > done) fresh.push_back(dir);
+    }
+    // Only the newest: an evaluator that falls behind skips to the present, as TensorFlow's does.
+    if (!fresh.empty()) {
+      const std::string& dir = fresh.back();
+      const int64_t step = step_of(dir);
+      try {
+        const auto c = runtime::read_checkpoint(dir);
+        const auto t0 = Clock::now();
+        const Metrics m = model.evaluate(c, dir);
+        files.write(step, c.header, dir, m);
+        std::string shown;
+        for (const auto& [k, v] : m) shown += fmt::format("{}{} {:.4g}", shown.empty() ? "" : ", ", k, v);
+        log.info("evaluator: step {} (epoch {}): {} ({:.1f} s)", step, c.header.value("epoch", int64_t{0}), shown,
+                 std::chrono::duration<double>(Clock::now() - t0).count());
+      } catch (const ConfigError& e) {
+        log.error("evaluator: {}", e.what());
+        return 1;
+      } catch (const std::exception& e) {  // removed by rotation meanwhile, or damaged: the next one
+        log.warn("evaluator: passed over {}: {}", dir, e.what());
+      }
+      done = step;
+      last_news = Clock::now();
+      continue;
+    }
+    if (ended) {
+      log.info("evaluator: the job has ended; evaluated up to step {}", done);
+      return 0;
+    }
+    if (Clock::now() - last_news > a.idle_timeout) {
+      log.error("evaluator: no new checkpoint in {} and the job has not ended for {} s; exiting", a.checkpoint_dir,
+                std::chrono::duration_cast<std::chrono::seconds>(a.idle_timeout).count());
+      return 3;
+    }
+    std::this_thread::sleep_for(a.poll);
+  }
+}
+
+}  // namespace dsgd
