@@ -289,6 +289,17 @@ CliRun run_shell(const std::string& script, int timeout_s) {
   return r;
 }
 
+// The summary of 2 workers training 16 steps of strategy ps (512 samples, batch 32).
+void expect_two_worker_ps_epoch(const std::string& run_json, const CliRun& r) {
+  std::ifstream f(run_json);
+  ASSERT_TRUE(f.good()) << r.output;
+  auto j = nlohmann::json::parse(f);
+  EXPECT_EQ(j["workers"], 2);
+  EXPECT_EQ(j["strategy"], "ps");
+  EXPECT_EQ(j["steps"], 16);
+  EXPECT_GT(j["test_accuracy"].get<double>(), 0.15);  // 10 classes: it learnt
+}
+
 TEST(Cli, RemoteWorkersAndPsShardProcessesJoinTheDriver) {
   // As a launcher would start them: the driver, 2 `dsgd worker` and 2 `dsgd ps-server`, each
   // told only the driver's address and the token. Every process must exit when the job ends.
@@ -306,13 +317,7 @@ TEST(Cli, RemoteWorkersAndPsShardProcessesJoinTheDriver) {
   for (const char* s : {"ps shard 0: serving generation 1", "ps shard 1: serving generation 1"}) {
     EXPECT_NE(r.output.find(s), std::string::npos) << r.output;
   }
-  std::ifstream f(dir.file("run.json"));
-  ASSERT_TRUE(f.good()) << r.output;
-  auto j = nlohmann::json::parse(f);
-  EXPECT_EQ(j["workers"], 2);
-  EXPECT_EQ(j["strategy"], "ps");
-  EXPECT_EQ(j["steps"], 16);
-  EXPECT_GT(j["test_accuracy"].get<double>(), 0.15);  // 10 classes: it learnt
+  expect_two_worker_ps_epoch(dir.file("run.json"), r);
 }
 
 // A cluster spec as a cluster manager hands it out (TF_CONFIG's shape): every process gets the
@@ -350,13 +355,7 @@ TEST(Cli, EveryTaskOfAClusterSpecFindsItsPlace) {
   const CliRun r = run_shell(script, 120);
   ASSERT_EQ(r.exit_code, 0) << "a process failed or did not exit\n" << r.output;
   EXPECT_NE(r.output.find("ps shard 0: serving generation 1"), std::string::npos) << r.output;
-  std::ifstream f(dir.file("run.json"));
-  ASSERT_TRUE(f.good()) << r.output;
-  auto j = nlohmann::json::parse(f);
-  EXPECT_EQ(j["workers"], 2);
-  EXPECT_EQ(j["strategy"], "ps");
-  EXPECT_EQ(j["steps"], 16);
-  EXPECT_GT(j["test_accuracy"].get<double>(), 0.15);  // 10 classes: it learnt
+  expect_two_worker_ps_epoch(dir.file("run.json"), r);
 }
 
 // The evaluator role: `dsgd evaluate` beside a training job evaluates its checkpoints as they
