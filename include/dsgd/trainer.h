@@ -105,7 +105,8 @@ struct TrainerConfig {
   int threads_per_worker = 0;                // intra-op threads per worker; 0 = cores / workers (local)
 
   // Processes.
-  std::string listen;                        // "" = local mode; "HOST:PORT" = remote mode, bind here
+  std::string listen;                        // "" = loopback only (local); "HOST:PORT" = bind here, for
+                                             //   workers on other hosts
   std::string token;                         // job token; "" = random (remote mode prints it)
   std::string worker_binary;                 // what the driver starts; "" = this binary
   // Who starts the workers (dsgd/choice.h): auto is local without `listen` and none with it.

@@ -66,9 +66,6 @@ class ProcessLauncher {
 // nullptr for launcher none. Keeps a reference to `processes`, which must outlive it.
 std::unique_ptr<ProcessLauncher> make_launcher(const TrainerConfig& config, LocalProcesses& processes, const std::string& token);
 
-// The ssh client's arguments that run `binary args` on `host` with `env` exported, reading the
-// token (one line) from standard input first, and killing the worker when standard input ends
-// (the client or the driver gone). Exposed for tests.
 // mpirun's arguments (`mpirun_command` after its program) that start `count` ranks of `binary
 // args` on `hosts` (none: mpirun's choice), exporting `env`'s names and DSGD_TOKEN from its
 // environment. Exposed for tests.
@@ -77,6 +74,9 @@ std::vector<std::string> mpirun_arguments(const std::vector<std::string>& mpirun
                                           const std::vector<std::string>& args, const std::vector<std::string>& env,
                                           int count);
 
+// The ssh client's arguments that run `binary args` on `host` with `env` exported, reading the
+// token (one line) from standard input first, and killing the worker when standard input ends
+// (the client or the driver gone). Exposed for tests.
 std::vector<std::string> ssh_arguments(const std::vector<std::string>& ssh_command, const std::string& host,
                                        const std::string& binary, const std::vector<std::string>& args,
                                        const std::vector<std::string>& env);
