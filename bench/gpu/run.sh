@@ -92,7 +92,8 @@ def label(x):
 for prec in ("fp32", "bf16"):
     r = [x for x in rows if x["precision"] == prec]
     for x in r:
-        ref = [e["img_per_s"] for e in r if e["impl"] == "eager" and label(e)[5:] == label(x)[4:]]
+        setting = lambda e: (e.get("channels_last"), e.get("cudnn_benchmark", 1), e.get("sync"))
+        ref = [e["img_per_s"] for e in r if e["impl"] == "eager" and setting(e) == setting(x)]
         print(f"{prec}: {label(x):32s} {x['img_per_s']:6.0f} img/s" +
               (f"   {x['img_per_s'] / ref[0]:.3f}x its eager" if ref and x["impl"] == "dsgd" else ""))
     if not any(x["impl"] == "dsgd" for x in r) or not any(x["impl"] == "eager" for x in r):

@@ -210,6 +210,10 @@ bool job_ended(const std::string& root) {
   return std::filesystem::exists(std::filesystem::path(root) / kJobEnded, ec);
 }
 
+int64_t checkpoint_step(const std::string& dir) {
+  return step_of(std::filesystem::path(dir).filename().string());
+}
+
 Checkpoint read_latest_checkpoint(const std::string& root, std::vector<std::string>* skipped) {
   const auto all = list_checkpoints(root);
   if (all.empty()) {

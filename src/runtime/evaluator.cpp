@@ -1,7 +1,6 @@
 #include "dsgd/evaluator.h"
 
 #include <spdlog/fmt/fmt.h>
-#include <torch/torch.h>
 
 #include <filesystem>
 #include <fstream>
@@ -19,11 +18,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-int64_t step_of(const std::string& dir) {
-  const std::string name = std::filesystem::path(dir).filename().string();
-  return std::stoll(name.substr(name.find('-') + 1));
-}
-
 // The operator a checkpoint names, set up from the config it carries, its state loaded.
 class CheckpointModel {
  public:
@@ -33,7 +27,8 @@ class CheckpointModel {
     const auto& h = c.header;
     const std::string op = h.value("operator", std::string());
     if (!h.contains("operator_config")) {
-      throw ConfigError(dir + ": the checkpoint does not carry its operator's config (written by an older dsgd)");
+      throw ConfigError(dir + ": the checkpoint does not carry its operator's config (an older dsgd wrote it): load it "
+                        "into a job of this dsgd (--load) and let that job write its checkpoints");
     }
     if (!runtime_ || op != op_ || h["operator_config"] != config_) {
       torch_glue::ReplicaOptions o;
@@ -96,7 +91,6 @@ int run_evaluator(const EvaluatorArgs& a) {
     log.error("evaluator: no checkpoint directory (the job's checkpoint_dir, --checkpoint-dir)");
     return 2;
   }
-  torch::set_num_threads(std::max(1, a.threads));
   CheckpointModel model(a.threads);
   MetricsFiles files(a.metrics_out);
   int64_t done = -1;  // the newest step evaluated
@@ -108,12 +102,12 @@ int run_evaluator(const EvaluatorArgs& a) {
     const auto all = runtime::list_checkpoints(a.checkpoint_dir);
     std::vector<std::string> fresh;
     for (const auto& dir : all) {
-      if (step_of(dir) > done) fresh.push_back(dir);
+      if (runtime::checkpoint_step(dir) > done) fresh.push_back(dir);
     }
     // Only the newest: an evaluator that falls behind skips to the present, as TensorFlow's does.
     if (!fresh.empty()) {
       const std::string& dir = fresh.back();
-      const int64_t step = step_of(dir);
+      const int64_t step = runtime::checkpoint_step(dir);
       try {
         const auto c = runtime::read_checkpoint(dir);
         const auto t0 = Clock::now();

@@ -3,7 +3,9 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <fstream>
+#include <map>
 #include <set>
 #include <sstream>
 
@@ -55,13 +57,15 @@ std::vector<HostSlots> parse_hosts(const std::vector<std::string>& entries) {
   return hosts;
 }
 
+std::string reachable_listen_host(const TrainerConfig& c) {
+  if (c.listen.empty()) return "";
+  const std::string h = c.listen.substr(0, c.listen.rfind(':'));
+  return h == "0.0.0.0" || h == "[::]" || h == "::" ? "" : h;
+}
+
 std::string driver_address(const TrainerConfig& c, int port) {
-  std::string host = "127.0.0.1";
-  if (!c.listen.empty()) {
-    const std::string h = c.listen.substr(0, c.listen.rfind(':'));
-    if (!h.empty() && h != "0.0.0.0" && h != "[::]" && h != "::") host = h;
-  }
-  return host + ":" + std::to_string(port);
+  const std::string host = reachable_listen_host(c);
+  return (host.empty() ? "127.0.0.1" : host) + ":" + std::to_string(port);
 }
 
 namespace {

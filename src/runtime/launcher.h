@@ -13,7 +13,6 @@
 
 #include <sys/types.h>
 
-#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -38,8 +37,11 @@ std::vector<HostSlots> parse_hosts(const std::vector<std::string>& entries);
 // `command` split at spaces.
 std::vector<std::string> words_of(const std::string& command);
 
-// The driver's address as its workers reach it: `listen`'s host (127.0.0.1 for a wildcard or
-// none) and the port the driver bound.
+// `listen`'s host when workers elsewhere can reach it by that name: "" for none or a wildcard
+// (0.0.0.0, ::).
+std::string reachable_listen_host(const TrainerConfig& config);
+// The driver's address as its workers reach it: reachable_listen_host (else 127.0.0.1) and the
+// port the driver bound.
 std::string driver_address(const TrainerConfig& config, int port);
 
 class ProcessLauncher {

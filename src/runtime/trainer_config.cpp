@@ -44,8 +44,7 @@ void validate_launcher(const TrainerConfig& c) {
   require(slots >= c.num_workers + c.standby_workers,
           "launcher " + name + ": the hosts have " + std::to_string(slots) + " slot(s) for " +
               std::to_string(c.num_workers + c.standby_workers) + " worker(s) and standbys; add hosts or slots");
-  const std::string host = c.listen.substr(0, c.listen.rfind(':'));
-  require(!c.listen.empty() && !host.empty() && host != "0.0.0.0" && host != "::" && host != "[::]",
+  require(!reachable_listen_host(c).empty(),
           "launcher " + name + " tells each worker the driver's address: set listen to HOST:PORT with a HOST the "
           "hosts reach (not 0.0.0.0), got '" + c.listen + "'");
 }

@@ -9,7 +9,7 @@ dsgd=$1
 command -v mpirun >/dev/null || { echo "SKIP: no mpirun (openmpi-bin; scripts/install-deps.sh installs it)"; exit 77; }
 tmp=$(mktemp -d)
 driver=""
-cleanup() { [[ -n $driver ]] && kill "$driver" 2>/dev/null; [[ -n ${KEEP:-} ]] && cp "$tmp/driver.err" "$KEEP"; rm -rf "$tmp"; }
+cleanup() { [[ -n $driver ]] && kill "$driver" 2>/dev/null; rm -rf "$tmp"; }
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
