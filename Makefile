@@ -1,7 +1,7 @@
 # dsgd — the two commands of the quick start, and a few more for developers.
 #   make demo        install what is missing, build, train the CNN on Fashion-MNIST
 #   make test        install what is missing, build, run the fast test suite, then the long one
-# Also: make build | test-fast | test-long | bench | bench-comm | bench-cluster | fuzz | clean
+# Also: make build | test-fast | test-long | test-cluster | bench | bench-comm | bench-cluster | fuzz | clean
 BUILD ?= build
 JOBS  ?= $(shell nproc)
 CTEST  = ctest --test-dir $(BUILD) --output-on-failure --timeout 900
@@ -9,7 +9,7 @@ CTEST  = ctest --test-dir $(BUILD) --output-on-failure --timeout 900
 export CCACHE_BASEDIR := $(CURDIR)
 export CCACHE_NOHASHDIR := 1
 
-.PHONY: deps demo-deps configure build demo test test-fast test-long bench bench-comm bench-cluster fuzz clean
+.PHONY: deps demo-deps configure build demo test test-fast test-long test-cluster bench bench-comm bench-cluster fuzz clean
 deps:
 	@scripts/install-deps.sh
 
@@ -41,6 +41,11 @@ test-fast: build
 
 test-long: build
 	$(CTEST) -L long
+
+# A real Slurm on this machine (munged, slurmctld, 3 slurmd in network namespaces; root): submits
+# examples/slurm/train.sbatch, kills a worker, checks Slurm's replacement (~2 min). Also in test-long.
+test-cluster: build
+	tests/runtime/slurm_cluster_test.sh $(BUILD)/dsgd
 
 # Every benchmark in ~32 min, writing docs/BENCHMARKS.md: peers (PyTorch DDP, plain LibTorch),
 # allreduce on one host, the simulated cluster reduced, and recovery (bench/all.sh).

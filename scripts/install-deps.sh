@@ -19,6 +19,7 @@ build_pkgs=(
   "${demo_pkgs[@]}"
   iproute2                # network namespaces for multi-host tests
   openssh-client openssh-server   # the ssh launcher's test runs its own sshd in a namespace
+  slurmctld slurmd slurm-client munge   # `make test-cluster`: a real Slurm, nodes in namespaces
   clang libclang-rt-14-dev     # libFuzzer for the parsers' fuzz targets (tests/fuzz)
 )
 bench_pkgs=(
@@ -45,7 +46,7 @@ sudo=""
 [[ $(id -u) -eq 0 ]] || sudo="sudo"
 export DEBIAN_FRONTEND=noninteractive
 $sudo apt-get update -qq
-# Packages with a service (openssh-server) must not start it: the tests run their own daemons,
+# Packages with a service (openssh-server, munge, slurmctld, slurmd) must not start it: the tests run their own daemons,
 # on addresses of their own namespaces. Debian's way: a policy-rc.d that denies every start.
 policy=/usr/sbin/policy-rc.d
 if [[ ! -e $policy ]]; then

@@ -41,9 +41,9 @@ enum class Device { kAuto = 1, kCpu = 2, kCuda = 3 };
 enum class Precision { kFp32 = 1, kBf16 = 2 };
 // Who starts the workers (the driver's business, not in the job contract): auto (local without
 // TrainerConfig::listen, none with it), this host's processes, the hosts of a hosts file over
-// ssh, all at once under mpirun, or someone else (`dsgd worker --driver ...` by hand or by a
+// ssh, all at once under mpirun, job steps of a Slurm allocation, or someone else (`dsgd worker --driver ...` by hand or by a
 // cluster manager).
-enum class Launcher { kAuto = 1, kLocal = 2, kSsh = 3, kNone = 4, kMpirun = 5 };
+enum class Launcher { kAuto = 1, kLocal = 2, kSsh = 3, kNone = 4, kMpirun = 5, kSlurm = 6 };
 
 // The field's name and the spelling of each value (index = enum value - 1).
 template <typename E>
@@ -81,7 +81,7 @@ struct ChoiceTraits<Precision> {
 template <>
 struct ChoiceTraits<Launcher> {
   static constexpr std::string_view field = "launcher";
-  static constexpr std::array<std::string_view, 5> names = {"auto", "local", "ssh", "none", "mpirun"};
+  static constexpr std::array<std::string_view, 6> names = {"auto", "local", "ssh", "none", "mpirun", "slurm"};
 };
 template <>
 struct ChoiceTraits<SchedulerStepFreq> {

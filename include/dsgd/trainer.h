@@ -74,9 +74,10 @@ struct TrainerConfig {
   bool ps_update_on_shards = false;
   // ps: where the shards live. "workers": in the host leaders (every host serves 1/hosts of the
   // parameters: BytePS's and MXNet's arrangement). "processes": num_ps_shards processes of
-  // their own (0 = local_hosts), Ray's and TensorFlow's arrangement: spawned by the driver in
-  // local mode (shard s on pseudo-host s % local_hosts; a lost one is respawned and the job
-  // recovers from its snapshot), started with `dsgd ps-server --shard s` in remote mode.
+  // their own (0 = local_hosts), Ray's and TensorFlow's arrangement: started by the driver's
+  // launcher (local: shard s on pseudo-host s % local_hosts; ssh: a slot of the hosts each;
+  // slurm: a job step each; a lost one is started again and the job recovers from its
+  // snapshot), or with `dsgd ps-server --shard s` (launcher none; mpirun starts workers only).
   Choice<PsPlacement> ps_placement = PsPlacement::kWorkers;
   // ps_async: a replica more than this many updates ahead of the slowest on a shard waits there
   // (stale synchronous parallel); -1 = never waits. Replicas report staleness_mean/_max.
@@ -129,10 +130,18 @@ struct TrainerConfig {
   std::string mpirun_command = "mpirun";     // e.g. "mpirun --allow-run-as-root --oversubscribe"
   // Local mode: spread the workers over this many pseudo-hosts (worker i on "local-host-<i % n>";
   // a replacement on its lost worker's): shared memory joins only workers of one pseudo-host,
+  //
+  // slurm: inside a Slurm allocation (sbatch or salloc; SLURM_JOB_ID set), each worker is one job
+  // step, `srun_command` (split at spaces) with --nodes=1 --ntasks=1 --exclusive, so Slurm picks
+  // its node; a replacement's step excludes the nodes that lost a worker while the allocation
+  // has others. The token goes to the step on its standard input, never on a command line or in
+  // Slurm's records; ending srun (or the driver) cancels the step. `listen` must be a HOST the
+  // nodes reach (examples/slurm/train.sbatch uses its batch node's address).
   // the rest goes over Gloo as between machines. For testing and measuring cross-host
   // strategies on one machine.
   int local_hosts = 1;
   std::chrono::milliseconds registration_timeout{60000};
+  std::string srun_command = "srun";         // e.g. "srun --partition=gpu --time=2:00:00"
   // A worker silent this long is lost (a hung or stopped process, a cut link): evicted and the
   // job recovers. Workers beat every heartbeat_timeout / 5 (100 ms .. 1 s) and hear a recovery
   // through the same long-polled call within moments. The default holds on a machine whose cores

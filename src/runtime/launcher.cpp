@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <cctype>
+#include <csignal>
+#include <cstdlib>
 #include <fstream>
 #include <map>
 #include <set>
@@ -107,7 +109,7 @@ class SshLauncher : public ProcessLauncher {
     return pid;
   }
 
-  void released(pid_t pid, bool failed) override {
+  void released(pid_t pid, bool failed, const std::string&) override {
     const auto it = host_.find(pid);
     if (it == host_.end()) return;
     if (failed) avoided_.insert(it->second);
@@ -174,6 +176,69 @@ class MpirunLauncher : public ProcessLauncher {
   const std::vector<std::string> command_;
 };
 
+class SlurmLauncher : public ProcessLauncher {
+ public:
+  SlurmLauncher(const TrainerConfig& c, LocalProcesses& processes, std::string token)
+      : processes_(processes), token_(std::move(token)), srun_(words_of(c.srun_command)) {
+    const char* job = std::getenv("SLURM_JOB_ID");
+    job_ = job != nullptr ? job : "";
+    const char* nodes = std::getenv("SLURM_JOB_NUM_NODES");
+    nodes_ = nodes != nullptr ? std::atoi(nodes) : 0;
+  }
+  const char* name() const override { return "slurm"; }
+
+  pid_t start(const std::string& binary, std::vector<std::string> args, std::vector<std::string> env) override {
+    std::vector<std::string> exclude = avoided_;
+    if (!avoided_.empty()) {
+      // Slurm (22.05) leaves a step pending when its --exclude keeps a node that is busy in the
+      // running: so the nodes our workers run on are excluded too, while that leaves a node.
+      std::vector<std::string> busy = avoided_;
+      for (const auto& [pid, host] : placed_) {
+        if (std::find(busy.begin(), busy.end(), host) == busy.end()) busy.push_back(host);
+      }
+      if (nodes_ == 0 || static_cast<int>(busy.size()) < nodes_) exclude = busy;
+    }
+    // srun passes its environment on to the step (--export=ALL, Slurm's default).
+    const pid_t pid =
+        processes_.spawn(srun_.at(0), srun_arguments(srun_, exclude, binary, args), env, token_ + "\n", SIGTERM);
+    excluded_[pid] = exclude;
+    return pid;
+  }
+
+  void placed(pid_t pid, const std::string& host) override {
+    if (!host.empty() && excluded_.count(pid) != 0) placed_[pid] = host;
+  }
+
+  void released(pid_t pid, bool failed, const std::string& host) override {
+    excluded_.erase(pid);
+    placed_.erase(pid);
+    if (!failed || host.empty() || std::find(avoided_.begin(), avoided_.end(), host) != avoided_.end()) return;
+    avoided_.push_back(host);
+    // Every node of the allocation avoided would leave no node for a step: forget the oldest.
+    const size_t keep = nodes_ > 1 ? static_cast<size_t>(nodes_ - 1) : 1;
+    while (avoided_.size() > keep) avoided_.erase(avoided_.begin());
+  }
+
+  std::string host_of(pid_t pid) const override {
+    std::string where = "a node of Slurm job " + job_;
+    const auto it = excluded_.find(pid);
+    if (it == excluded_.end() || it->second.empty()) return where;
+    where += " but ";
+    for (size_t i = 0; i < it->second.size(); ++i) where += (i > 0 ? "," : "") + it->second[i];
+    return where;
+  }
+
+ private:
+  LocalProcesses& processes_;
+  const std::string token_;
+  const std::vector<std::string> srun_;
+  std::string job_;
+  int nodes_ = 0;                                  // in the allocation; 0: unknown
+  std::vector<std::string> avoided_;               // nodes that lost a worker, oldest first
+  std::map<pid_t, std::vector<std::string>> excluded_;  // running sruns: the nodes each excluded
+  std::map<pid_t, std::string> placed_;                 // running sruns: their worker's node, once known
+};
+
 }  // namespace
 
 pid_t ProcessLauncher::start_all(const std::string&, const std::vector<std::string>&, std::vector<std::string>, int) {
@@ -206,6 +271,25 @@ std::vector<std::string> mpirun_arguments(const std::vector<std::string>& mpirun
   return out;
 }
 
+std::vector<std::string> srun_arguments(const std::vector<std::string>& srun_command,
+                                        const std::vector<std::string>& exclude, const std::string& binary,
+                                        const std::vector<std::string>& args) {
+  std::vector<std::string> out(srun_command.begin() + 1, srun_command.end());
+  out.insert(out.end(), {"--nodes=1", "--ntasks=1", "--exclusive", "--job-name=dsgd-worker"});
+  if (!exclude.empty()) {
+    std::string list;
+    for (const auto& node : exclude) list += (list.empty() ? "" : ",") + node;
+    out.push_back("--exclude=" + list);
+  }
+  // srun hands its standard input to the task; srun's end (SIGTERM) cancels the step.
+  out.insert(out.end(), {"/bin/sh", "-c",
+                         "IFS= read -r DSGD_TOKEN || exit 125; export DSGD_TOKEN; "
+                         "exec \"$@\" --host-id \"$SLURMD_NODENAME\" </dev/null",
+                         "dsgd-worker", binary});
+  out.insert(out.end(), args.begin(), args.end());
+  return out;
+}
+
 std::vector<std::string> ssh_arguments(const std::vector<std::string>& ssh_command, const std::string& host,
                                        const std::string& binary, const std::vector<std::string>& args,
                                        const std::vector<std::string>& env) {
@@ -232,6 +316,8 @@ std::unique_ptr<ProcessLauncher> make_launcher(const TrainerConfig& c, LocalProc
       return std::make_unique<SshLauncher>(c, processes, token);
     case Launcher::kMpirun:
       return std::make_unique<MpirunLauncher>(c, processes, token);
+    case Launcher::kSlurm:
+      return std::make_unique<SlurmLauncher>(c, processes, token);
     default:
       return nullptr;
   }

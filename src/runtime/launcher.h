@@ -1,14 +1,15 @@
 // How the driver starts worker processes (TrainerConfig::launcher). Every start is a process on
-// this host whose life is the worker's: the worker itself (local), or the ssh client running it
-// on one of TrainerConfig::hosts (ssh), which exits with the worker's status and whose end (or the
-// driver's) ends the worker; or, for a launcher that starts them all at once (mpirun), one
-// process whose life is theirs together. So WorkerPool watches, kills and reaps local processes
+// this host whose life is the worker's: the worker itself (local); the ssh client running it on
+// one of TrainerConfig::hosts (ssh), or the srun running it as a job step on a node of the Slurm
+// allocation (slurm), which exits with the worker's status and whose end (or the driver's) ends
+// the worker; or, for a launcher that starts them all at once (mpirun), one process whose life
+// is theirs together. So WorkerPool watches, kills and reaps local processes
 // whichever the launcher; the launcher decides what runs and where. Torch-free.
 //
 //   auto launcher = make_launcher(config, processes, token);       // nullptr: launcher none
 //   pid_t pid = launcher->start(binary, {"--dsgd-worker", "--driver", address, ...}, env);
 //   ...
-//   launcher->released(pid, /*failed=*/true);                       // its host is avoided
+//   launcher->released(pid, /*failed=*/true, "node1");              // node1 is avoided
 #pragma once
 
 #include <sys/types.h>
@@ -49,13 +50,17 @@ class ProcessLauncher {
   virtual ~ProcessLauncher() = default;
   virtual const char* name() const = 0;
   // Starts `binary` with `args` and `env` ("NAME=value") plus the job token as a worker; the
-  // launcher adds where it runs (ssh: --host-id <host>). Returns the local process standing for
-  // it. Throws dsgd::Error when it cannot start one (ssh: no host has a free slot).
+  // launcher adds where it runs (ssh: --host-id <host>; slurm: --host-id <its node>). Returns
+  // the local process standing for it. Throws dsgd::Error when it cannot start one (ssh: no
+  // host has a free slot).
   virtual pid_t start(const std::string& binary, std::vector<std::string> args, std::vector<std::string> env) = 0;
   // The process `pid` that start() returned is gone or given up: its slot is free again;
   // `failed` (a lost worker, not a shutdown): its host is avoided while another has room.
-  virtual void released(pid_t pid, bool failed) { (void)pid, (void)failed; }
-  // Where `pid` runs ("" where the launcher has no hosts).
+  // `host`: where the worker said it ran when it registered ("" if it never did).
+  virtual void released(pid_t pid, bool failed, const std::string& host) { (void)pid, (void)failed, (void)host; }
+  // The worker behind `pid` registered from `host` (told again before every start).
+  virtual void placed(pid_t pid, const std::string& host) { (void)pid, (void)host; }
+  // Where `pid` runs, for the log ("" where the launcher does not know).
   virtual std::string host_of(pid_t pid) const { (void)pid; return {}; }
   // Launchers that start every worker at once (mpirun) and none later: start_all() starts
   // `count` of them in one process, each with `args` (whose "--spawn-index mpi:B" it turns into
@@ -75,6 +80,13 @@ std::vector<std::string> mpirun_arguments(const std::vector<std::string>& mpirun
                                           const std::vector<HostSlots>& hosts, const std::string& binary,
                                           const std::vector<std::string>& args, const std::vector<std::string>& env,
                                           int count);
+
+// srun's arguments (`srun_command` after its program) that run `binary args` as one job step of
+// one task on one node but those in `exclude`, reading the token (one line) from standard
+// input first and adding --host-id <the node's name>. Exposed for tests.
+std::vector<std::string> srun_arguments(const std::vector<std::string>& srun_command,
+                                        const std::vector<std::string>& exclude, const std::string& binary,
+                                        const std::vector<std::string>& args);
 
 // The ssh client's arguments that run `binary args` on `host` with `env` exported, reading the
 // token (one line) from standard input first, and killing the worker when standard input ends

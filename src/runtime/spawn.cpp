@@ -49,7 +49,7 @@ std::string find_program(const std::string& name) {
 }  // namespace
 
 pid_t LocalProcesses::spawn(const std::string& binary, const std::vector<std::string>& args,
-                            const std::vector<std::string>& env, const std::string& stdin_data) {
+                            const std::vector<std::string>& env, const std::string& stdin_data, int stop_signal) {
   // Everything exec needs is built before fork: the child of a threaded process may only make
   // async-signal-safe calls.
   std::vector<std::string> argv_s{find_program(binary)};
@@ -82,7 +82,7 @@ pid_t LocalProcesses::spawn(const std::string& binary, const std::vector<std::st
   }
   if (pid == 0) {
     ::setpgid(0, 0);  // its own group: kill_all reaches whatever it starts, too
-    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+    ::prctl(PR_SET_PDEATHSIG, stop_signal);
     if (::getppid() != parent) ::_exit(126);
     if (input[1] >= 0 && ::dup2(input[1], 0) != 0) ::_exit(126);  // dup2 clears close-on-exec
     ::execve(argv[0], argv.data(), envp.data());
@@ -97,6 +97,7 @@ pid_t LocalProcesses::spawn(const std::string& binary, const std::vector<std::st
   pids_.push_back(pid);
   reaped_.push_back(false);
   stdin_fds_.push_back(input[0]);
+  stop_signals_.push_back(stop_signal);
   return pid;
 }
 
@@ -138,9 +139,19 @@ bool LocalProcesses::gone(pid_t pid) {
 void LocalProcesses::kill(pid_t pid) {
   for (size_t i = 0; i < pids_.size(); ++i) {
     if (pids_[i] != pid || reaped_[i]) continue;
-    ::kill(-pid, SIGKILL);
-    ::kill(pid, SIGKILL);
-    ::waitpid(pid, nullptr, 0);
+    bool ended = false;
+    if (stop_signals_[i] != SIGKILL) {
+      ::kill(pid, stop_signals_[i]);
+      const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+      while (!(ended = ::waitpid(pid, nullptr, WNOHANG) == pid) && std::chrono::steady_clock::now() < deadline) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      }
+    }
+    ::kill(-pid, SIGKILL);  // its group: whatever it started, too
+    if (!ended) {
+      ::kill(pid, SIGKILL);
+      ::waitpid(pid, nullptr, 0);
+    }
     reaped(i);
   }
 }

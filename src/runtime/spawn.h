@@ -5,6 +5,7 @@
 
 #include <sys/types.h>
 
+#include <csignal>
 #include <chrono>
 #include <optional>
 #include <string>
@@ -22,10 +23,12 @@ class LocalProcesses {
   // Starts `binary` (a path, or a name looked up in PATH) with `args` (argv[1..]) and `env`
   // ("NAME=value") added to this environment. With `stdin_data`, its standard input is a socket
   // that gets those bytes and stays open until the process is reaped (the end of it tells an ssh
-  // client's remote side that the driver is gone); otherwise it inherits ours. Throws
+  // client's remote side that the driver is gone); otherwise it inherits ours. `stop_signal`
+  // ends it, from kill() and when the driver dies: SIGKILL, or a signal a process turns into a
+  // clean end of what it started (SIGTERM for srun, which then cancels its job step). Throws
   // dsgd::Error if the binary is not found or fork fails (an exec failure shows as exit status 127).
   pid_t spawn(const std::string& binary, const std::vector<std::string>& args, const std::vector<std::string>& env,
-              const std::string& stdin_data = {});
+              const std::string& stdin_data = {}, int stop_signal = SIGKILL);
   struct Exit {
     pid_t pid;
     std::string what;  // "process 123 exited with status 1"
@@ -37,7 +40,8 @@ class LocalProcesses {
   std::chrono::steady_clock::time_point all_running_at() const { return all_running_at_; }
   // True if `pid` (one of ours) has exited; reaps it (check_exited will not report it again).
   bool gone(pid_t pid);
-  // SIGKILL to `pid`'s process group, then reaps it.
+  // Its stop signal to `pid` (SIGKILL to its process group; another: up to 5 s to exit, then
+  // SIGKILL to the group), then reaps it.
   void kill(pid_t pid);
   // SIGTERM, up to `grace_ms` to exit, then SIGKILL; reaps all.
   void kill_all(int grace_ms = 2000);
@@ -50,6 +54,7 @@ class LocalProcesses {
   std::vector<pid_t> pids_;
   std::vector<bool> reaped_;
   std::vector<int> stdin_fds_;  // -1: none
+  std::vector<int> stop_signals_;
   std::chrono::steady_clock::time_point all_running_at_ = std::chrono::steady_clock::now();
 };
 

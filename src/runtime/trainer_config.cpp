@@ -26,10 +26,21 @@ void validate_launcher(const TrainerConfig& c) {
           "local_hosts spreads workers the driver starts on this host (launcher local); launcher is '" + name + "'");
   require(launcher != Launcher::kNone || !c.listen.empty(),
           "launcher none: the workers join over TCP, so the driver needs listen (HOST:PORT)");
-  if (!ssh && !mpirun) return;
-  require(ps_shard_processes(c) == 0, "launcher " + name +
-                                          " does not start ps shard processes yet: use ps_placement workers, or start "
-                                          "each shard with dsgd ps-server");
+  if (!ssh && !mpirun && launcher != Launcher::kSlurm) return;
+  require(!mpirun || ps_shard_processes(c) == 0,
+          "launcher mpirun starts the workers only: use ps_placement workers, or start each ps shard with dsgd "
+          "ps-server");
+  if (launcher == Launcher::kSlurm) {
+    const char* job = std::getenv("SLURM_JOB_ID");
+    require(job != nullptr && *job != '\0',
+            "launcher slurm starts each worker as a job step of this Slurm allocation, but SLURM_JOB_ID is not set: "
+            "run the driver inside one (sbatch, or salloc; examples/slurm/train.sbatch)");
+    require(c.srun_command.find_first_not_of(" \t") != std::string::npos, "srun_command is empty (default: srun)");
+    require(!reachable_listen_host(c).empty(),
+            "launcher slurm tells each worker the driver's address: set listen to HOST:PORT with a HOST the nodes "
+            "reach (not 0.0.0.0; examples/slurm/train.sbatch uses its node's address), got '" + c.listen + "'");
+    return;
+  }
   require(!ssh || !c.hosts.empty(), "launcher ssh needs hosts (\"host\" or \"host:slots\"; dsgd train --hosts FILE)");
   require(!mpirun || !c.wait_for_replacements,
           "launcher mpirun starts every worker at once and cannot start a replacement: leave wait_for_replacements "
@@ -41,9 +52,10 @@ void validate_launcher(const TrainerConfig& c) {
   const auto hosts = parse_hosts(c.hosts);
   int slots = 0;
   for (const auto& h : hosts) slots += h.slots;
-  require(slots >= c.num_workers + c.standby_workers,
-          "launcher " + name + ": the hosts have " + std::to_string(slots) + " slot(s) for " +
-              std::to_string(c.num_workers + c.standby_workers) + " worker(s) and standbys; add hosts or slots");
+  const int processes = c.num_workers + c.standby_workers + (mpirun ? 0 : ps_shard_processes(c));
+  require(slots >= processes, "launcher " + name + ": the hosts have " + std::to_string(slots) + " slot(s) for " +
+                                  std::to_string(processes) + " worker(s), standbys and ps shard processes; add "
+                                  "hosts or slots");
   require(!reachable_listen_host(c).empty(),
           "launcher " + name + " tells each worker the driver's address: set listen to HOST:PORT with a HOST the "
           "hosts reach (not 0.0.0.0), got '" + c.listen + "'");

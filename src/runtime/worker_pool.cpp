@@ -75,19 +75,30 @@ pid_t WorkerPool::pid_of(int id) const {
   return it == launched_.end() ? 0 : it->second;
 }
 
-void WorkerPool::end_process(pid_t pid, bool failed) {
+std::string WorkerPool::registered_host(pid_t pid) const {
+  for (const auto& w : server_.workers()) {
+    const auto it = launched_.find(w.spawn_index);
+    if (it != launched_.end() && it->second == pid) return w.host;
+  }
+  return "";
+}
+
+void WorkerPool::end_process(pid_t pid, bool failed) { end_process(pid, failed, registered_host(pid)); }
+
+void WorkerPool::end_process(pid_t pid, bool failed, const std::string& host) {
   if (pid <= 0) return;
-  if (launcher_) launcher_->released(pid, failed);
+  if (launcher_) launcher_->released(pid, failed, host);
   children_.kill(pid);
 }
 
 void WorkerPool::end_worker(int id, bool failed) {
   const pid_t pid = pid_of(id);
   if (pid <= 0) return;
-  launched_.erase(server_.workers().at(static_cast<size_t>(id)).spawn_index);
+  const auto w = server_.workers().at(static_cast<size_t>(id));
+  launched_.erase(w.spawn_index);
   // One process for several workers (mpirun): the others go on; this one, evicted, exits.
   const bool shared = std::any_of(launched_.begin(), launched_.end(), [pid](const auto& e) { return e.second == pid; });
-  if (!shared) end_process(pid, failed);
+  if (!shared) end_process(pid, failed, w.host);
 }
 
 void WorkerPool::tend(int64_t generation, const std::string& signature) {
@@ -208,20 +219,23 @@ void WorkerPool::spawn_initial() {
 }
 
 void WorkerPool::spawn_servers() {
-  if (launcher_of(config_) != Launcher::kLocal) return;
+  if (!launcher_ || launcher_->starts_all_at_once()) return;  // mpirun: trainer_config refuses shard processes
   for (auto it = servers_.begin(); it != servers_.end();) {  // reap the lost ones
     it = children_.gone(it->first) ? servers_.erase(it) : std::next(it);
   }
-  const std::string driver = "127.0.0.1:" + std::to_string(server_.port());
   for (int s = 0; s < ps_shard_processes(config_); ++s) {
     if (std::any_of(servers_.begin(), servers_.end(), [s](const auto& e) { return e.second == s; })) continue;
-    std::vector<std::string> args = {"--dsgd-ps-server", "--driver", driver, "--shard", std::to_string(s)};
+    std::vector<std::string> args = {"--dsgd-ps-server", "--driver", driver_address(config_, server_.port()), "--shard",
+                                     std::to_string(s)};
     if (config_.local_hosts > 1) {
       args.insert(args.end(), {"--host-id", "local-host-" + std::to_string(s % config_.local_hosts)});
     }
     // A shard sums and steps on one core; its wait for messages is not busy.
-    servers_[children_.spawn(binary_, args, {"DSGD_TOKEN=" + token_, "DSGD_WORKER_OF=" + std::to_string(::getpid()),
-                                             "OMP_NUM_THREADS=1"})] = s;
+    const pid_t pid = launcher_->start(binary_, args, {"DSGD_WORKER_OF=" + std::to_string(::getpid()), "OMP_NUM_THREADS=1"});
+    servers_[pid] = s;
+    if (const std::string where = launcher_->host_of(pid); !where.empty()) {
+      control::log().info("trainer: starting ps shard {} on {} ({})", s, where, launcher_->name());
+    }
   }
 }
 
@@ -232,7 +246,7 @@ bool WorkerPool::exited(int id) {
 
 void WorkerPool::check_children() {
   while (auto gone = children_.check_exited()) {
-    if (launcher_) launcher_->released(gone->pid, /*failed=*/true);
+    if (launcher_) launcher_->released(gone->pid, /*failed=*/true, registered_host(gone->pid));
     if (auto it = servers_.find(gone->pid); it != servers_.end()) {
       const int shard = it->second;
       servers_.erase(it);
@@ -349,6 +363,10 @@ pid_t WorkerPool::spawn_worker(int host) {
   if (config_.local_hosts > 1) {
     if (host < 0) host = pseudo_host_for_next();
     args.insert(args.end(), {"--host-id", "local-host-" + std::to_string(host)});
+  }
+  for (const auto& w : server_.workers()) {  // where the running ones are (slurm avoids busy nodes)
+    const auto it = launched_.find(w.spawn_index);
+    if (w.alive && it != launched_.end()) launcher_->placed(it->second, w.host);
   }
   const pid_t pid = launcher_->start(binary_, args, worker_env());
   launched_[index] = pid;

@@ -77,8 +77,9 @@ class WorkerPool {
   // num_workers workers (launcher local: worker i on pseudo-host i % local_hosts), standby_workers
   // standbys after them, and the ps shard processes (spawn_servers).
   void spawn_initial();
-  // Launcher local, strategy ps with shard processes: starts those not running (every one at
-  // first, a lost one during recovery); shard s on pseudo-host s % local_hosts.
+  // Strategy ps with shard processes (launcher local, ssh or slurm): starts those not running
+  // (every one at first, a lost one during recovery); local: shard s on pseudo-host
+  // s % local_hosts; ssh: on a host with a free slot; slurm: as a job step.
   void spawn_servers();
   // True if the process the driver started for worker `id` has exited (it is reaped).
   bool exited(int id);
@@ -114,8 +115,12 @@ class WorkerPool {
   void discard(int id, const std::string& why);
   // The local process the driver started for worker `id` (through its spawn index), 0 if none.
   pid_t pid_of(int id) const;
-  // Kills the process `pid` the driver started; `failed`: a loss (its host is avoided).
+  // Kills the process `pid` the driver started; `failed`: a loss (its host, the one its worker
+  // registered from, is avoided).
   void end_process(pid_t pid, bool failed);
+  void end_process(pid_t pid, bool failed, const std::string& host);
+  // Where the worker behind `pid` said it ran when it registered; "" if none did.
+  std::string registered_host(pid_t pid) const;
   // Worker `id` is out: its process is killed unless it stands for other workers too (mpirun).
   void end_worker(int id, bool failed);
   // The environment every started worker gets (besides the token).

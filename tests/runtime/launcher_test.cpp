@@ -2,7 +2,9 @@
 // LocalProcesses standard input that carries the token, and the ssh launcher's remote script run
 // by a stand-in for ssh (a local shell in a session of its own, fed by a pipe as sshd feeds the
 // remote side): the token arrives on standard input and never on a command line, and the end of
-// that input (the client killed) kills the worker. Real sshd daemons: ssh_launcher_test.sh.
+// that input (the client killed) kills the worker. The slurm launcher's srun arguments, its
+// choice of nodes to exclude (a stand-in srun records them) and the task's script, run as
+// slurmstepd would. Real sshd daemons: ssh_launcher_test.sh; a real Slurm: slurm_cluster_test.sh.
 #include "runtime/launcher.h"
 
 #include <gtest/gtest.h>
@@ -12,6 +14,7 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <thread>
 
 #include "dsgd/cluster.h"
@@ -81,7 +84,14 @@ TEST(Launcher, ConfigChecksSayWhatIsMissing) {
   check();
   c.strategy = "ps";
   c.ps_placement = "processes";
-  expect_config_error(check, "does not start ps shard processes");
+  c.num_ps_shards = 2;  // a slot each
+  expect_config_error(check, "the hosts have 3 slot(s) for 5 worker(s), standbys and ps shard processes");
+  c.hosts = {"node1:3", "node2:2"};
+  check();
+  c.launcher = "mpirun";
+  expect_config_error(check, "launcher mpirun starts the workers only");
+  c.launcher = "ssh";
+  c.hosts = {"node1", "node2:2"};
   c.strategy = "allreduce";
   c.ps_placement = "workers";
   c.ssh_command = "  ";
@@ -90,8 +100,8 @@ TEST(Launcher, ConfigChecksSayWhatIsMissing) {
   c.local_hosts = 2;
   expect_config_error(check, "local_hosts spreads workers");
   c.local_hosts = 1;
-  c.launcher = "slurm";
-  expect_config_error(check, "unknown launcher 'slurm'; use auto, local, ssh, none or mpirun");
+  c.launcher = "kubernetes";
+  expect_config_error(check, "unknown launcher 'kubernetes'; use auto, local, ssh, none, mpirun or slurm");
   c.launcher = "mpirun";
   check();  // the same hosts and slots
   c.wait_for_replacements = true;
@@ -103,25 +113,6 @@ TEST(Launcher, ConfigChecksSayWhatIsMissing) {
   c.launcher = "none";
   c.listen.clear();
   expect_config_error(check, "launcher none: the workers join over TCP");
-}
-
-TEST(Launcher, MpirunStartsEveryRankExportingTheTokenByName) {
-  const auto args = mpirun_arguments({"mpirun", "--allow-run-as-root"}, parse_hosts({"a:2", "b"}), "/opt/dsgd",
-                                     {"--dsgd-worker", "--spawn-index", "mpi:4"}, {"OMP_NUM_THREADS=2"}, 3);
-  EXPECT_EQ(args, (std::vector<std::string>{"--allow-run-as-root", "-np", "3", "-x", "DSGD_TOKEN", "-x", "OMP_NUM_THREADS",
-                                            "--mca", "orte_abort_on_non_zero_status", "0", "--host", "a:2,b:1",
-                                            "/opt/dsgd", "--dsgd-worker", "--spawn-index", "mpi:4"}));
-}
-
-TEST(Launcher, AutoIsLocalWithoutListenAndNoneWithIt) {
-  TrainerConfig c;
-  EXPECT_EQ(launcher_of(c), Launcher::kLocal);
-  EXPECT_EQ(driver_address(c, 4242), "127.0.0.1:4242");
-  c.listen = "198.18.0.1:0";
-  EXPECT_EQ(launcher_of(c), Launcher::kNone);
-  EXPECT_EQ(driver_address(c, 4242), "198.18.0.1:4242");
-  c.listen = "0.0.0.0:29500";
-  EXPECT_EQ(driver_address(c, 29500), "127.0.0.1:29500");
 }
 
 // Reads a file once it has a whole line (a process started in the background writes it).
@@ -141,6 +132,160 @@ bool process_gone(pid_t pid) {
   if (!std::getline(stat, all)) return true;
   const auto paren = all.rfind(')');
   return paren == std::string::npos || all.substr(paren + 2, 1) == "Z";  // a zombie is gone too
+}
+
+// Sets an environment variable for one test; puts back what was there.
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const std::string& value) : name_(name) {
+    if (const char* old = std::getenv(name)) old_ = old;
+    ::setenv(name, value.c_str(), 1);
+  }
+  ~ScopedEnv() { old_ ? (void)::setenv(name_, old_->c_str(), 1) : (void)::unsetenv(name_); }
+
+ private:
+  const char* name_;
+  std::optional<std::string> old_;
+};
+
+TEST(Launcher, SlurmChecksSayWhatIsMissing) {
+  register_builtin_operators();
+  TrainerConfig c;
+  c.num_workers = 2;
+  c.launcher = "slurm";
+  auto check = [&] { validate_trainer_config(kImageClassifier, c); };
+  {
+    ScopedEnv none("SLURM_JOB_ID", "");
+    expect_config_error(check, "SLURM_JOB_ID is not set: run the driver inside one (sbatch, or salloc");
+  }
+  ScopedEnv job("SLURM_JOB_ID", "42");
+  expect_config_error(check, "set listen to HOST:PORT with a HOST the nodes reach");
+  c.listen = "node0:0";
+  check();  // complete
+  c.srun_command = " ";
+  expect_config_error(check, "srun_command is empty");
+  c.srun_command = "srun";
+  c.hosts = {"node1"};
+  expect_config_error(check, "hosts are where launcher ssh or mpirun starts workers; launcher is 'slurm'");
+  c.hosts.clear();
+  c.strategy = "ps";
+  c.ps_placement = "processes";
+  check();  // shard processes are job steps too
+}
+
+TEST(Launcher, SrunRunsOneTaskStepPerWorkerOnANodeButTheExcluded) {
+  const auto args = srun_arguments({"srun", "--partition=cpu"}, {"node1", "node3"}, "/opt/dsgd",
+                                   {"--dsgd-worker", "--spawn-index", "4"});
+  ASSERT_EQ(args.size(), 14u);
+  EXPECT_EQ(std::vector<std::string>(args.begin(), args.begin() + 7),
+            (std::vector<std::string>{"--partition=cpu", "--nodes=1", "--ntasks=1", "--exclusive", "--job-name=dsgd-worker",
+                                      "--exclude=node1,node3", "/bin/sh"}));
+  EXPECT_EQ(std::vector<std::string>(args.begin() + 9, args.end()),
+            (std::vector<std::string>{"dsgd-worker", "/opt/dsgd", "--dsgd-worker", "--spawn-index", "4"}));
+  EXPECT_EQ(srun_arguments({"srun"}, {}, "/opt/dsgd", {})[3], "--job-name=dsgd-worker");  // no --exclude
+
+  // The task as slurmstepd runs it: SLURMD_NODENAME set, srun's input on its standard input.
+  testing::TempDir dir;
+  const std::string out = dir.file("worker.out"), worker = dir.file("worker.sh");
+  std::ofstream(worker) << "#!/bin/sh\necho \"$DSGD_TOKEN $*\" > " << out << "\n";
+  ::chmod(worker.c_str(), 0755);
+  const auto task = srun_arguments({"srun"}, {}, worker, {"--dsgd-worker", "it's"});
+  LocalProcesses p;
+  p.spawn(task[4], std::vector<std::string>(task.begin() + 5, task.end()), {"SLURMD_NODENAME=node7"}, "tok-9\n");
+  EXPECT_EQ(wait_for_line(out), "tok-9 --dsgd-worker it's --host-id node7");
+  for (const auto& a : task) EXPECT_EQ(a.find("tok"), std::string::npos) << a;
+}
+
+TEST(Launcher, SlurmExcludesTheNodesThatLostAWorkerWhileOthersAreLeft) {
+  testing::TempDir dir;
+  const std::string fake = dir.file("srun"), log = dir.file("srun.log");
+  // A stand-in srun: records its arguments and the token line it is given, then waits.
+  std::ofstream(fake) << "#!/bin/sh\nIFS= read -r t\necho \"$t $*\" >> " << log << "\nexec sleep 600\n";
+  ::chmod(fake.c_str(), 0755);
+  ScopedEnv job("SLURM_JOB_ID", "42"), nodes("SLURM_JOB_NUM_NODES", "3");
+  TrainerConfig c;
+  c.launcher = "slurm";
+  c.srun_command = fake + " --partition=cpu";
+  LocalProcesses processes;
+  auto launcher = make_launcher(c, processes, "tok-1");
+  ASSERT_NE(launcher, nullptr);
+  EXPECT_STREQ(launcher->name(), "slurm");
+  auto start = [&](size_t lines) {
+    const pid_t pid = launcher->start("/opt/dsgd", {"--dsgd-worker"}, {});
+    for (int i = 0; i < 200; ++i) {
+      std::ifstream in(log);
+      std::vector<std::string> all;
+      for (std::string l; std::getline(in, l);) all.push_back(l);
+      if (all.size() == lines) return std::make_pair(pid, all.back());
+      std::this_thread::sleep_for(std::chrono::milliseconds(25));
+    }
+    ADD_FAILURE() << "srun was not started";
+    return std::make_pair(pid, std::string());
+  };
+  auto excluded = [](const std::string& line) {
+    const auto at = line.find("--exclude=");
+    return at == std::string::npos ? std::string() : line.substr(at + 10, line.find(' ', at) - at - 10);
+  };
+  auto [a, line_a] = start(1);
+  EXPECT_EQ(line_a.rfind("tok-1 --partition=cpu --nodes=1 ", 0), 0u) << line_a;
+  EXPECT_EQ(excluded(line_a), "");
+  EXPECT_EQ(launcher->host_of(a), "a node of Slurm job 42");
+  launcher->placed(a, "node1");
+  auto [b, line_b] = start(2);
+  EXPECT_EQ(excluded(line_b), "") << "no node lost a worker yet";
+  launcher->placed(b, "node2");
+  launcher->released(a, /*failed=*/true, "node1");
+  processes.kill(a);
+  // The lost worker's node, and (Slurm 22.05 would leave the step pending otherwise) the
+  // busy one: node0 is left.
+  auto [c2, line_c] = start(3);
+  EXPECT_EQ(excluded(line_c), "node1,node2");
+  EXPECT_EQ(launcher->host_of(c2), "a node of Slurm job 42 but node1,node2");
+  launcher->placed(c2, "node0");
+  launcher->released(b, /*failed=*/false, "node2");  // a shutdown, not a loss: node2 comes back
+  auto [d, line_d] = start(4);
+  EXPECT_EQ(excluded(line_d), "node1,node0");
+  launcher->released(c2, /*failed=*/true, "node0");
+  launcher->placed(d, "node2");
+  // Lost and busy nodes are all 3: only the lost ones are excluded (the step waits for room).
+  auto [e, line_e] = start(5);
+  EXPECT_EQ(excluded(line_e), "node1,node0");
+  // A third lost node would leave none of the 3 for a step: the oldest comes back.
+  launcher->released(d, /*failed=*/true, "node2");
+  EXPECT_EQ(excluded(start(6).second), "node0,node2");
+}
+
+TEST(Launcher, AProcessWithAStopSignalEndsByItBeforeSigkill) {
+  testing::TempDir dir;
+  const std::string out = dir.file("out");
+  LocalProcesses p;
+  // srun's way: a SIGTERM makes it end what it started, then itself.
+  const pid_t pid = p.spawn("sh", {"-c", "trap 'echo cleaned > " + out + "; exit 0' TERM; echo up > " + out +
+                                             "; while :; do sleep 0.05; done"},
+                            {}, {}, SIGTERM);
+  ASSERT_EQ(wait_for_line(out), "up");
+  p.kill(pid);
+  EXPECT_TRUE(p.gone(pid));
+  EXPECT_EQ(wait_for_line(out), "cleaned");
+}
+
+TEST(Launcher, MpirunStartsEveryRankExportingTheTokenByName) {
+  const auto args = mpirun_arguments({"mpirun", "--allow-run-as-root"}, parse_hosts({"a:2", "b"}), "/opt/dsgd",
+                                     {"--dsgd-worker", "--spawn-index", "mpi:4"}, {"OMP_NUM_THREADS=2"}, 3);
+  EXPECT_EQ(args, (std::vector<std::string>{"--allow-run-as-root", "-np", "3", "-x", "DSGD_TOKEN", "-x", "OMP_NUM_THREADS",
+                                            "--mca", "orte_abort_on_non_zero_status", "0", "--host", "a:2,b:1",
+                                            "/opt/dsgd", "--dsgd-worker", "--spawn-index", "mpi:4"}));
+}
+
+TEST(Launcher, AutoIsLocalWithoutListenAndNoneWithIt) {
+  TrainerConfig c;
+  EXPECT_EQ(launcher_of(c), Launcher::kLocal);
+  EXPECT_EQ(driver_address(c, 4242), "127.0.0.1:4242");
+  c.listen = "198.18.0.1:0";
+  EXPECT_EQ(launcher_of(c), Launcher::kNone);
+  EXPECT_EQ(driver_address(c, 4242), "198.18.0.1:4242");
+  c.listen = "0.0.0.0:29500";
+  EXPECT_EQ(driver_address(c, 29500), "127.0.0.1:29500");
 }
 
 TEST(Launcher, SpawnHandsStandardInputDataAndKeepsItOpen) {

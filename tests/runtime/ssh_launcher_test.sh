@@ -5,8 +5,8 @@
 # worker is killed on node1 mid-training, and the driver must start its replacement on node2
 # (the host without a loss) and finish. Also checked: the worker on node1 really runs in the
 # namespace (only sshd can have put it there), the job token is on no command line, and no
-# worker outlives the job. Creates and removes its namespace, daemons and keys itself (also when
-# interrupted). Exit 77 (skip) without namespaces or sshd. Usage: ssh_launcher_test.sh DSGD_BINARY
+# worker outlives the job; a ps job's shard process is started over ssh as well. Creates and
+# removes its namespace, daemons and keys itself (also when interrupted). Exit 77 (skip) without namespaces or sshd. Usage: ssh_launcher_test.sh DSGD_BINARY
 set -euo pipefail
 dsgd=$1
 sshd=/usr/sbin/sshd
@@ -111,6 +111,19 @@ for _ in $(seq 50); do
 done
 leftover=$(pgrep -af -- "--dsgd-worker --driver $host_ip:" || true)
 [[ -z $leftover ]] || { echo "FAIL: workers outlived the job: $leftover"; exit 1; }
+
+# Parameter-server shard processes go through the launcher too: one worker and one shard, each
+# taking a slot of the hosts.
+"$dsgd" train --launcher ssh --hosts "$tmp/hosts" --ssh-command "ssh -F $tmp/ssh_config" --listen "$host_ip:0" \
+  --workers 1 --strategy ps --ps-placement processes --ps-shards 1 --model mlp --dataset synthetic \
+  --synthetic-samples 2048 --image-size 8 --epochs 1 --batch-size 64 --threads 1 --json-out "$tmp/ps.json" \
+  >"$tmp/ps.out" 2>"$tmp/ps.err" || { echo "FAIL: the ps job failed"; tail -30 "$tmp/ps.err"; exit 1; }
+grep -q "starting ps shard 0 on node[12] (ssh)" "$tmp/ps.err" ||
+  { echo "FAIL: the ps shard was not started over ssh"; tail -30 "$tmp/ps.err"; exit 1; }
+sleep 0.5
+leftover=$(pgrep -af -- "--dsgd-ps-server --driver $host_ip:" || true)
+[[ -z $leftover ]] || { echo "FAIL: the shard process outlived the job: $leftover"; exit 1; }
+echo "a ps job's shard process ran over ssh: $(grep -o 'starting ps shard 0 on node[12]' "$tmp/ps.err")"
 /usr/bin/python3 - "$tmp/run.json" <<'PY'
 import json, sys
 r = json.load(open(sys.argv[1]))

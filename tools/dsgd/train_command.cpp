@@ -531,7 +531,8 @@ void add_train_command(CLI::App& app, int* exit_code) {
   cmd->add_option("--launcher", flags->launcher,
                   "Who starts the workers: local (this host), ssh (--hosts, over the system's ssh client; needs "
                   "--listen HOST:PORT the hosts reach), mpirun (all at once; --hosts optional; a lost worker is not "
-                  "replaced), none (you do: `dsgd worker --driver`); auto: local, or none with --listen")
+                  "replaced), slurm (a job step per worker inside sbatch/salloc; needs --listen HOST:PORT the nodes reach), "
+                  "none (you do: `dsgd worker --driver`); auto: local, or none with --listen")
       ->capture_default_str();
   cmd->add_option("--hosts", flags->hosts_file,
                   "--launcher ssh or mpirun: a file of hosts, one \"host\" or \"host:slots\" a line (# comments)");
@@ -559,6 +560,9 @@ void add_train_command(CLI::App& app, int* exit_code) {
   cmd->add_flag("!--no-dropout", j.dropout, "Turn dropout layers off");
   cmd->add_option("--json-out", flags->json_out, "Also write the JSON summary to this file");
   cmd->add_flag("-q,--quiet", flags->quiet, "No progress output");
+  cmd->add_option("--srun-command", flags->trainer.srun_command,
+                  "--launcher slurm: srun and its options for every worker's step (e.g. \"srun --cpus-per-task=4\")")
+      ->capture_default_str();
   cmd->add_option("--trace", flags->trace,
                   "Write a timeline of the training to this file, a Chrome trace (open it in ui.perfetto.dev "
                   "or chrome://tracing): each worker's forward, backward, optimizer and waits for buckets, "
