@@ -17,6 +17,10 @@
 # gradient's bytes and bw the link's bytes/s:
 #   allreduce (Gloo ring among hosts; "hier": 2 workers per host, shared memory within)
 #                        2 (h-1)/h B/bw
+#   allreduce-fp16, -bf16 (--compression: 16 bits a value across hosts)
+#                        (h-1)/h B/bw
+#   allreduce-powersgd<R> (--compression powersgd:R, no plain start steps)
+#                        2 (h-1)/h B_R/bw   (B_R: 4 bytes x R (n + m) per n x m layer)
 #   ps, k shards         max((h+k-2)/k, [k<h]) B/bw  (the busiest link: a shard owner's, which
 #                        takes (h-1)/k B of pushes and sends (k-1)/k B of its own, and the
 #                        reverse for pulls; or, when k < h, a non-owner's, B each way)
@@ -38,7 +42,9 @@
 # rates above this; the box moves ~8.5 Gbit/s between namespaces in all), CONFIGS (which rows:
 # default "allreduce allreduce-no-overlap hier ps1 ps2 ps4 ps8 psh-no-overlap psph simple"; "psph": as
 # many shard processes as hosts; "allreduce-ring", "allreduce-hd": one flat Gloo allreduce with
-# that algorithm (--allreduce-algo) rather than auto's choice; any config with "-fwd<T>" appended
+# that algorithm (--allreduce-algo) rather than auto's choice; "allreduce-fp16", "allreduce-bf16":
+# allreduce with --compression fp16 or bf16; "allreduce-powersgd<R>": --compression powersgd:R;
+# any config with "-fwd<T>" appended
 # also runs with --forward-overlap-buckets T, "-fwdauto" with auto: its choice is printed, and its
 # step time includes the trial steps),
 # REPEATS (each config this many times, the configs interleaved: the step is the median, every
@@ -255,6 +261,9 @@ config_flags() {
   allreduce) flags=(--strategy allreduce) ;;
   allreduce-ring | allreduce-hd) flags=(--strategy allreduce --allreduce-algo "${base#allreduce-}") ;;
   allreduce-no-overlap) flags=(--strategy allreduce --no-overlap) ;;
+  allreduce-fp16 | allreduce-bf16) flags=(--strategy allreduce --compression "${base#allreduce-}") ;;
+  allreduce-powersgd[0-9]*)  # steady state: no plain start steps
+    flags=(--strategy allreduce --compression "powersgd:${base#allreduce-powersgd}" --powersgd-start-steps 0) ;;
   hier) per_host=2 flags=(--strategy allreduce) ;;
   ps[0-9]*) k=${base#ps}; ((k <= h)) || return 1; flags=(--strategy ps --ps-shards "$k") ;;
   psh-no-overlap) flags=(--strategy ps --ps-shards "$h" --no-overlap) ;;
@@ -328,11 +337,26 @@ report=$tmp/report.md
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]
 steps, params, step_ms, layers, bucket = sys.argv[2], int(sys.argv[3]), sys.argv[4], sys.argv[5], int(sys.argv[6])
+def powersgd_bytes(rank):
+    # The simulated layers as the model shapes them (near-square matrices), compressed where
+    # their factors are at most half their size; the head (small) as it is.
+    import math
+    total = 0
+    n_layers = int(layers)
+    for l in range(n_layers):
+        n = params // n_layers + (1 if l < params % n_layers else 0)
+        rows = int(math.isqrt(n))
+        while rows > 1 and n % rows: rows -= 1
+        cols = n // rows
+        total += rank * (rows + cols) if rows > 1 and 2 * rank * (rows + cols) <= n else n
+    return 4 * total
 def comm_ms(c, h, gbit, b):
     if gbit == 0: return 0.0  # unshaped
     c = c.split("-fwd")[0]
     bw = gbit * 1e9 / 8
-    if c.startswith("allreduce") or c == "hier": t = 2 * (h - 1) / h * b / bw
+    if c in ("allreduce-fp16", "allreduce-bf16"): t = (h - 1) / h * b / bw  # 16 bits a value
+    elif c.startswith("allreduce-powersgd"): t = 2 * (h - 1) / h * powersgd_bytes(int(c[len("allreduce-powersgd"):])) / bw
+    elif c.startswith("allreduce") or c == "hier": t = 2 * (h - 1) / h * b / bw
     elif c.startswith("psp"):
         k = h if c == "psph" else int(c[3:])
         t = max(1, h / k) * b / bw

@@ -39,6 +39,9 @@ enum class Device { kAuto = 1, kCpu = 2, kCuda = 3 };
 // The arithmetic of forward and loss: float32, or bfloat16 under autocast (float32 weights,
 // gradients and optimizer).
 enum class Precision { kFp32 = 1, kBf16 = 2 };
+// What crosses hosts (TrainerConfig::compression): float32 as computed, float16 / bfloat16 on
+// the wire (summed in float32), or PowerSGD's low-rank factors; the lossy ones with error feedback.
+enum class Compression { kNone = 1, kFp16 = 2, kBf16 = 3, kPowerSgd = 4 };
 // Who starts the workers (the driver's business, not in the job contract): auto (local without
 // TrainerConfig::listen, none with it), this host's processes, the hosts of a hosts file over
 // ssh, all at once under mpirun, job steps of a Slurm allocation, or someone else (`dsgd worker --driver ...` by hand or by a
@@ -77,6 +80,11 @@ template <>
 struct ChoiceTraits<Precision> {
   static constexpr std::string_view field = "precision";
   static constexpr std::array<std::string_view, 2> names = {"fp32", "bf16"};
+};
+template <>
+struct ChoiceTraits<Compression> {
+  static constexpr std::string_view field = "compression";
+  static constexpr std::array<std::string_view, 4> names = {"none", "fp16", "bf16", "powersgd"};
 };
 template <>
 struct ChoiceTraits<Launcher> {

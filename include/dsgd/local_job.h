@@ -89,6 +89,9 @@ struct LocalJobResult {
   double train_s = 0;             // time in training steps
   double wall_s = 0;              // everything: loading, training, evaluation
   int64_t parameters = 0;
+  // Worker jobs whose strategy counts them (allreduce): bytes each replica sent to other hosts
+  // per step, mean over replicas and steps; -1: not counted.
+  double comm_bytes_per_step = -1;
   std::vector<EpochSummary> history;
   std::map<std::string, double> profile_ms;  // as EpochSummary's, over the run (by steps)
 };

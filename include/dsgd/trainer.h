@@ -66,6 +66,17 @@ struct TrainerConfig {
   // bf16: forward and loss under autocast in bfloat16 (weights, gradients and the optimizer stay
   // float32), on the CPU or CUDA.
   Choice<Precision> precision = Precision::kFp32;
+  // What crosses hosts (strategy allreduce, allreduce_algo auto): none (float32); fp16 / bf16:
+  // each host leader sends its host's gradient sum in 16 bits and sums what it gets in float32
+  // (dsgd/comm/hierarchical.h), half the bytes; powersgd: PowerSGD's rank-`powersgd_rank`
+  // factors of each matrix-shaped gradient (after `powersgd_start_steps` plain steps; vectors
+  // and small matrices as they are). Within a host all stays float32. Error feedback: each
+  // replica keeps what compression left out (GradSync's residuals) and adds it to its next
+  // gradient; a restore from a snapshot starts it again from zero. Other strategies:
+  // ConfigError (not yet).
+  Choice<Compression> compression = Compression::kNone;
+  int powersgd_rank = 4;                     // 1..1024
+  int powersgd_start_steps = 10;             // per bucket, plain float32 first
   Choice<Strategy> strategy = Strategy::kAllreduce;  // simple | allreduce | ps | ps_async
   int num_ps_shards = 0;                     // ps: parameter-server shards (0 = one per host), 1..64
   // ps: the shards apply SGD themselves and hold the momentum of their slices (MXNet's

@@ -3,6 +3,8 @@
 // a timer here would fire spuriously on a call queued behind long (but healthy) operations.
 #include "dsgd/comm/group.h"
 
+#include "dsgd/error.h"
+
 namespace dsgd::comm {
 
 void Group::allreduce(void* data, size_t count, DataType type, ReduceOp op, AllreduceAlgorithm algorithm,
@@ -20,6 +22,12 @@ void Group::reduce_scatter(const void* in, void* out, size_t count, DataType typ
   reduce_scatter_async(in, out, count, type, op, timeout)->wait();
 }
 void Group::barrier(std::chrono::milliseconds timeout) { barrier_async(timeout)->wait(); }
+void Group::alltoall(const void* in, void* out, size_t bytes, std::chrono::milliseconds timeout) {
+  alltoall_async(in, out, bytes, timeout)->wait();
+}
+std::shared_ptr<Work> Group::alltoall_async(const void*, void*, size_t, std::chrono::milliseconds) {
+  throw Error("alltoall: this group does not offer it (Gloo groups do)");
+}
 void Group::send(const void* data, size_t bytes, int peer, uint32_t tag, std::chrono::milliseconds timeout) {
   send_async(data, bytes, peer, tag, timeout)->wait();
 }

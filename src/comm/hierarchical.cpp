@@ -27,22 +27,38 @@ HierarchicalGroup::~HierarchicalGroup() {  // stop before the groups they use
 }
 
 std::shared_ptr<Work> HierarchicalGroup::allreduce_async(void* data, size_t count, DataType type, ReduceOp op,
-                                                         std::chrono::milliseconds timeout) {
+                                                         std::chrono::milliseconds timeout, CrossHostWire wire) {
+  const bool own_stage = static_cast<bool>(wire.stage);
+  if ((wire.type != DataType::kFloat32 || own_stage) && (type != DataType::kFloat32 || op == ReduceOp::kMax)) {
+    throw Error("hierarchical allreduce: a compressed across-host stage carries float32 sums and averages, not " +
+                to_string(type) + " " + to_string(op));
+  }
   const std::string what = "hierarchical allreduce (" + std::to_string(count) + " x " + to_string(type) + ", " +
-                           to_string(op) + ")";
+                           to_string(op) +
+                           (own_stage                         ? std::string(", compressed across hosts")
+                            : wire.type != DataType::kFloat32 ? ", " + to_string(wire.type) + " across hosts"
+                                                              : std::string()) +
+                           ")";
   // Every rank makes the same calls in the same order, so they agree on each call's lane.
   const size_t lane = lanes_.empty() ? 0 : next_async_++ % (lanes_.size() + 1);
   if (lane > 0) {
     Group* g = lanes_[lane - 1].get();
-    return lane_queues_[lane - 1]->submit(
-        what, [=] { g->allreduce(data, count, type, op, AllreduceAlgorithm::kAuto, timeout); });
+    return lane_queues_[lane - 1]->submit(what, [=, this] {
+      if (wire.type == DataType::kFloat32 && !own_stage) {
+        g->allreduce(data, count, type, op, AllreduceAlgorithm::kAuto, timeout);
+        count_ring_bytes(g->size(), count * element_size(type));
+        return;
+      }
+      across_hosts(*g, data, count, type, ReduceOp::kSum, timeout, wire);
+      if (op == ReduceOp::kAverage) divide_by(data, count, type, g->size());
+    });
   }
-  return queue_->submit(what, [=, this] { run_allreduce(data, count, type, op, timeout); });
+  return queue_->submit(what, [=, this] { run_allreduce(data, count, type, op, timeout, wire); });
 }
 
 void HierarchicalGroup::allreduce(void* data, size_t count, DataType type, ReduceOp op,
-                                  std::chrono::milliseconds timeout) {
-  queue_->run("hierarchical allreduce", [=, this] { run_allreduce(data, count, type, op, timeout); });
+                                  std::chrono::milliseconds timeout, CrossHostWire wire) {
+  queue_->run("hierarchical allreduce", [=, this] { run_allreduce(data, count, type, op, timeout, wire); });
 }
 
 std::unique_ptr<HierarchicalGroup> HierarchicalGroup::create(std::shared_ptr<Store> store, int rank, int size,
@@ -89,7 +105,7 @@ void HierarchicalGroup::abort(const std::string& reason) {
 }
 
 void HierarchicalGroup::run_allreduce(void* data, size_t count, DataType type, ReduceOp op,
-                                      std::chrono::milliseconds timeout) {
+                                      std::chrono::milliseconds timeout, CrossHostWire wire) {
   if (num_hosts_ == 1) {
     // One host: the shared-memory allreduce divides each rank's block as it sums it (the same
     // sum-then-divide arithmetic as below, on 1/size of the data per rank, in the same pass).
@@ -109,9 +125,48 @@ void HierarchicalGroup::run_allreduce(void* data, size_t count, DataType type, R
   // Average = sum everywhere, then one division by the global size.
   const ReduceOp stage_op = op == ReduceOp::kAverage ? ReduceOp::kSum : op;
   local_->allreduce(data, count, type, stage_op, left("within-host sum"));
-  if (leaders_) leaders_->allreduce(data, count, type, stage_op, AllreduceAlgorithm::kAuto, left("across-host"));
+  if (leaders_) across_hosts(*leaders_, data, count, type, stage_op, left("across-host"), wire);
   local_->broadcast(data, count * element_size(type), /*root=*/0, left("within-host broadcast"));
   if (op == ReduceOp::kAverage) divide_by(data, count, type, global_->size());
+}
+
+void HierarchicalGroup::count_ring_bytes(int ranks, size_t bytes) {
+  cross_host_bytes_ += 2 * static_cast<uint64_t>(ranks - 1) * bytes / static_cast<uint64_t>(ranks);
+}
+
+void HierarchicalGroup::across_hosts(Group& group, void* data, size_t count, DataType type, ReduceOp op,
+                                     std::chrono::milliseconds timeout, CrossHostWire wire) {
+  const int n = group.size();
+  if (wire.stage) {
+    cross_host_bytes_ += wire.stage(group, static_cast<float*>(data), count,
+                                    timeout.count() > 0 ? timeout : group.timeout());
+    return;
+  }
+  if (wire.type == DataType::kFloat32) {
+    group.allreduce(data, count, type, op, AllreduceAlgorithm::kAuto, timeout);
+    count_ring_bytes(n, count * element_size(type));
+    return;
+  }
+  // Block j of this host's rounded sum goes to leader j, which sums block j of every host in
+  // float32, in leader order, and rounds the sum once more for everyone (header comment).
+  const auto deadline = std::chrono::steady_clock::now() + (timeout.count() > 0 ? timeout : group.timeout());
+  auto left = [&] {
+    return std::max(std::chrono::milliseconds(1),
+                    std::chrono::ceil<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now()));
+  };
+  const size_t block = (count + static_cast<size_t>(n) - 1) / static_cast<size_t>(n);
+  const size_t padded = block * static_cast<size_t>(n);
+  std::vector<uint16_t> mine(padded, 0), got(padded), all(padded);
+  auto* x = static_cast<float*>(data);
+  encode_16(x, wire.residual, mine.data(), count, wire.type);
+  group.alltoall(mine.data(), got.data(), block * sizeof(uint16_t), left());
+  std::vector<float> sum(block, 0.0f);
+  for (int j = 0; j < n; ++j) decode_16(got.data() + static_cast<size_t>(j) * block, sum.data(), block, wire.type, true);
+  std::vector<uint16_t> rounded(block);
+  encode_16(sum.data(), nullptr, rounded.data(), block, wire.type);
+  group.allgather(rounded.data(), all.data(), block * sizeof(uint16_t), left());
+  decode_16(all.data(), x, count, wire.type, /*accumulate=*/false);
+  cross_host_bytes_ += 2 * static_cast<uint64_t>(n - 1) * block * sizeof(uint16_t);
 }
 
 }  // namespace dsgd::comm

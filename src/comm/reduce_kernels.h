@@ -32,6 +32,15 @@ bool copy_scaled_below(float* dst, const float* src, size_t count, float scale, 
 // a gradient's accumulation and its NaN check in one pass (torch_glue::GradCheck).
 bool add_into_finite(float* dst, const float* src, size_t count);
 
+// A float32 buffer in 16 bits for the wire (`wire` kFloat16 or kBFloat16), with error feedback:
+// x = in[i] + residual[i]; out[i] = x rounded to nearest even (float16: finite values beyond its
+// range saturate to +-65504); residual[i] = x - out[i], so what was sent plus the new residual
+// is what there was to send. Where x is not finite the residual keeps its old value (the step
+// that carries it is skipped everywhere). residual null: plain rounding, nothing kept.
+void encode_16(const float* in, float* residual, uint16_t* out, size_t count, DataType wire);
+// dst[i] += float(src[i]), or dst[i] = float(src[i]) when `accumulate` is false.
+void decode_16(const uint16_t* src, float* dst, size_t count, DataType wire, bool accumulate);
+
 // 16-bit conversions (round to nearest even).
 float half_to_float(uint16_t h);
 uint16_t float_to_half(float f);

@@ -1,9 +1,12 @@
 // Simulated compute, for cluster benchmarks past what this machine can compute (bench/cluster.sh):
 // forward and backward sleep for a given time instead of computing (on a schedule: paced_sleep.h),
 // and backward hands out gradients of the given size layer by layer, last layer first, as a real
-// network's would. The communication is real; the compute is a model of it, costing no CPU.
+// network's would, each layer a matrix as near square as its size allows. The communication is
+// real; the compute is a model of it, costing no CPU.
 #include <torch/autograd.h>
 #include <torch/nn/modules/linear.h>
+
+#include <cmath>
 
 #include "dsgd/parameter_gate.h"
 #include "models/paced_sleep.h"
@@ -44,7 +47,11 @@ class Simulated : public Classifier {
         backward_ms_(o.sim_step_ms * 2 / 3 / static_cast<double>(o.sim_layers)) {
     for (int64_t l = 0; l < o.sim_layers; ++l) {
       const int64_t n = o.sim_parameters / o.sim_layers + (l < o.sim_parameters % o.sim_layers ? 1 : 0);
-      layers_.push_back(register_parameter("layer" + std::to_string(l + 1), torch::zeros({n})));
+      // A matrix as near square as n allows (what gradient compression sees of a real layer).
+      int64_t rows = static_cast<int64_t>(std::sqrt(static_cast<double>(n)));
+      while (rows > 1 && n % rows != 0) --rows;
+      layers_.push_back(register_parameter("layer" + std::to_string(l + 1),
+                                           rows > 1 ? torch::zeros({rows, n / rows}) : torch::zeros({n})));
     }
     head_ = register_module("head", torch::nn::Linear(o.in_channels * o.image_size * o.image_size, o.num_classes));
   }

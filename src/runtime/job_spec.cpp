@@ -39,6 +39,9 @@ static_assert(static_cast<int>(SchedulerStepFreq::kBatch) == proto::SCHEDULER_ST
 static_assert(static_cast<int>(Device::kCuda) == proto::DEVICE_CUDA);
 static_assert(static_cast<int>(Device::kCpu) == proto::DEVICE_CPU);
 static_assert(static_cast<int>(Precision::kBf16) == proto::PRECISION_BF16);
+static_assert(static_cast<int>(Compression::kBf16) == proto::COMPRESSION_BF16);
+static_assert(static_cast<int>(Compression::kFp16) == proto::COMPRESSION_FP16);
+static_assert(static_cast<int>(Compression::kPowerSgd) == proto::COMPRESSION_POWERSGD);
 
 }  // namespace
 
@@ -56,6 +59,8 @@ proto::Device to_proto(Device d) { return to_wire<proto::Device>(d); }
 proto::Precision to_proto(Precision p) { return to_wire<proto::Precision>(p); }
 Device from_proto(proto::Device d) { return from_wire<Device>(d); }
 Precision from_proto(proto::Precision p) { return from_wire<Precision>(p); }
+proto::Compression to_proto(Compression c) { return to_wire<proto::Compression>(c); }
+Compression from_proto(proto::Compression c) { return from_wire<Compression>(c); }
 
 proto::JobSpec make_job_spec(const std::string& op, const TrainerConfig& c) {
   int threads = c.threads_per_worker;
@@ -87,6 +92,9 @@ proto::JobSpec make_job_spec(const std::string& op, const TrainerConfig& c) {
   s.set_comm_timeout_ms(c.comm_timeout.count());
   s.set_device(to_proto(c.device.value()));
   s.set_precision(to_proto(c.precision.value()));
+  s.set_compression(to_proto(c.compression.value()));
+  s.set_powersgd_rank(c.powersgd_rank);
+  s.set_powersgd_start_steps(c.powersgd_start_steps);
   return s;
 }
 

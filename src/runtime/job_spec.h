@@ -49,6 +49,8 @@ proto::Device to_proto(Device d);
 proto::Precision to_proto(Precision p);
 Device from_proto(proto::Device d);
 Precision from_proto(proto::Precision p);
+proto::Compression to_proto(Compression c);
+Compression from_proto(proto::Compression c);
 
 }  // namespace runtime
 }  // namespace dsgd

@@ -78,6 +78,15 @@ void validate_trainer_config(const std::string& op, const TrainerConfig& c) {
   (void)c.nonfinite_policy.value();
   (void)c.device.value();
   (void)c.precision.value();
+  (void)c.compression.value();
+  require(c.powersgd_rank >= 1 && c.powersgd_rank <= 1024,
+          "powersgd_rank must be in 1..1024, got " + std::to_string(c.powersgd_rank));
+  require(c.powersgd_start_steps >= 0, "powersgd_start_steps must be >= 0, got " + std::to_string(c.powersgd_start_steps));
+  require(c.compression == Compression::kNone || (c.strategy == Strategy::kAllreduce &&
+                                                    c.allreduce_algo == AllreduceAlgo::kAuto),
+          "compression " + c.compression.name() + " applies to strategy allreduce with allreduce_algo auto (the "
+          "hierarchy's across-host stage); strategy is '" + c.strategy.name() + "', allreduce_algo '" +
+          c.allreduce_algo.name() + "'");
   require(c.max_staleness >= -1, "max_staleness must be >= -1 (-1 = unbounded), got " + std::to_string(c.max_staleness));
   require(c.num_ps_shards >= 0 && c.num_ps_shards <= 64,
           "num_ps_shards must be in 0..64 (0 = one per host), got " + std::to_string(c.num_ps_shards));

@@ -422,6 +422,10 @@ class Worker {
     so.ps_update_on_shards = job_.ps_update_on_shards();
     so.ps_placement = from_proto(job_.ps_placement());
     so.max_staleness = job_.max_staleness();
+    so.compression = {.kind = from_proto(job_.compression()),
+                      .powersgd_rank = job_.powersgd_rank(),
+                      .powersgd_start_steps = job_.powersgd_start_steps(),
+                      .seed = job_.seed()};
     if (strategy == Strategy::kSimple) {  // the driver averages: no group
       for (int i = 0; i < dpw_; ++i) {
         const int64_t rank = rank_base_ + i;

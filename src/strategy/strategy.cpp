@@ -19,15 +19,46 @@ namespace {
 
 class AllreduceStrategy final : public GradientStrategy {
  public:
-  AllreduceStrategy(std::shared_ptr<comm::HierarchicalGroup> group, const std::string& algorithm)
-      : group_(std::move(group)), algorithm_(comm::parse_allreduce_algorithm(algorithm)) {}
+  AllreduceStrategy(std::shared_ptr<comm::HierarchicalGroup> group, const std::string& algorithm,
+                    const CompressionOptions& compression)
+      : group_(std::move(group)), algorithm_(comm::parse_allreduce_algorithm(algorithm)) {
+    const Compression kind = compression.kind;
+    if (kind == Compression::kNone) return;
+    if (algorithm_ != comm::AllreduceAlgorithm::kAuto) {
+      throw ConfigError("compression " + Choice<Compression>(kind).name() +
+                        " compresses the hierarchy's across-host stage: use allreduce_algo auto");
+    }
+    if (kind == Compression::kPowerSgd) {
+      powersgd_ = std::make_shared<PowerSgd>(PowerSgd::Options{.rank = compression.powersgd_rank,
+                                                               .start_steps = compression.powersgd_start_steps,
+                                                               .seed = compression.seed});
+    } else {
+      wire_ = kind == Compression::kFp16 ? comm::DataType::kFloat16 : comm::DataType::kBFloat16;
+    }
+  }
   std::string name() const override { return "allreduce"; }
   std::shared_ptr<comm::Work> average_async(float* data, size_t count) override {
+    return average_with_feedback_async(data, count, {});
+  }
+  bool keeps_residuals() const override { return wire_ != comm::DataType::kFloat32 || powersgd_ != nullptr; }
+  std::shared_ptr<comm::Work> average_with_feedback_async(float* data, size_t count, const FeedbackBucket& b) override {
     if (algorithm_ == comm::AllreduceAlgorithm::kAuto) {
-      return group_->allreduce_async(data, count, comm::DataType::kFloat32, comm::ReduceOp::kAverage);
+      comm::CrossHostWire wire{.type = wire_, .residual = b.residual};
+      if (powersgd_) {
+        // The stage runs on the group's thread: it holds the state it needs.
+        std::shared_ptr<PowerSgd> psgd = powersgd_;
+        const PowerSgdBucket bucket{.index = b.index, .key = data, .residual = b.residual, .matrices = b.matrices};
+        wire = {.stage = [psgd, bucket](comm::Group& leaders, float* d, size_t n, std::chrono::milliseconds t) {
+          return psgd->reduce(leaders, bucket, d, n, t);
+        }};
+      }
+      return group_->allreduce_async(data, count, comm::DataType::kFloat32, comm::ReduceOp::kAverage, {}, wire);
     }
     return group_->global().allreduce_async(data, count, comm::DataType::kFloat32, comm::ReduceOp::kAverage,
                                             algorithm_);
+  }
+  int64_t cross_host_bytes() const override {  // the hierarchy's; a flat algorithm's are not counted
+    return algorithm_ == comm::AllreduceAlgorithm::kAuto ? static_cast<int64_t>(group_->cross_host_bytes()) : -1;
   }
   float* gradient_buffer(size_t count) override {  // the shared-memory stage then copies nothing in
     if (algorithm_ != comm::AllreduceAlgorithm::kAuto) return nullptr;
@@ -40,6 +71,8 @@ class AllreduceStrategy final : public GradientStrategy {
  private:
   std::shared_ptr<comm::HierarchicalGroup> group_;
   const comm::AllreduceAlgorithm algorithm_;  // kAuto: the hierarchy; else one flat Gloo allreduce
+  comm::DataType wire_ = comm::DataType::kFloat32;  // across hosts
+  std::shared_ptr<PowerSgd> powersgd_;              // compression powersgd
 };
 
 class SimpleStrategy final : public GradientStrategy {
@@ -69,8 +102,9 @@ class SimpleStrategy final : public GradientStrategy {
 }  // namespace
 
 std::unique_ptr<GradientStrategy> make_allreduce_strategy(std::shared_ptr<comm::HierarchicalGroup> group,
-                                                          const std::string& algorithm) {
-  return std::make_unique<AllreduceStrategy>(std::move(group), algorithm);
+                                                          const std::string& algorithm,
+                                                          const CompressionOptions& compression) {
+  return std::make_unique<AllreduceStrategy>(std::move(group), algorithm, compression);
 }
 
 std::unique_ptr<GradientStrategy> make_simple_strategy(CentralAverage central_average) {
@@ -80,6 +114,10 @@ std::unique_ptr<GradientStrategy> make_simple_strategy(CentralAverage central_av
 std::unique_ptr<GradientStrategy> make_strategy(const StrategyOptions& o,
                                                 std::shared_ptr<comm::HierarchicalGroup> group) {
   const Strategy kind = Choice<Strategy>(o.kind).value();
+  if (o.compression.kind != Compression::kNone && kind != Strategy::kAllreduce) {
+    throw ConfigError("compression " + Choice<Compression>(o.compression.kind).name() +
+                      " applies to strategy allreduce (not " + Choice<Strategy>(kind).name() + " yet)");
+  }
   if (kind == Strategy::kSimple) {
     if (!o.central_average) throw ConfigError("strategy simple needs the driver's central average");
     return make_simple_strategy(o.central_average);
@@ -88,7 +126,7 @@ std::unique_ptr<GradientStrategy> make_strategy(const StrategyOptions& o,
   const int shards = o.num_ps_shards > 0 ? o.num_ps_shards : group->num_hosts();
   switch (kind) {
     case Strategy::kAllreduce:
-      return make_allreduce_strategy(std::move(group), Choice<AllreduceAlgo>(o.allreduce_algo).name());
+      return make_allreduce_strategy(std::move(group), Choice<AllreduceAlgo>(o.allreduce_algo).name(), o.compression);
     case Strategy::kPsAsync:
       return make_ps_async_strategy(std::move(group), shards, o.max_staleness);
     case Strategy::kPs: {

@@ -23,6 +23,7 @@
 #include "dsgd/choice.h"
 #include "dsgd/comm/hierarchical.h"
 #include "dsgd/comm/work.h"
+#include "strategy/powersgd.h"
 
 namespace dsgd::strategy {
 
@@ -59,6 +60,21 @@ class GradientStrategy {
   virtual std::shared_ptr<comm::Work> average_async(float* data, size_t count) = 0;
   // Fails whatever is in flight or queued, from any thread.
   virtual void abort(const std::string& reason) = 0;
+  // Strategies that compress what crosses hosts with error feedback (allreduce with compression
+  // fp16, bf16 or powersgd) average through average_with_feedback_async: b.residual is count
+  // floats of this replica's feedback for that bucket (zeros at first), which the call reads and
+  // updates; the caller keeps it (GradSync, with the replica's state).
+  struct FeedbackBucket {
+    uint64_t index = 0;                                  // its position in the plan, the same on every replica
+    float* residual = nullptr;
+    const std::vector<MatrixSlot>* matrices = nullptr;  // its matrix-shaped gradients (PowerSGD)
+  };
+  virtual bool keeps_residuals() const { return false; }
+  virtual std::shared_ptr<comm::Work> average_with_feedback_async(float* data, size_t count, const FeedbackBucket&) {
+    return average_async(data, count);
+  }
+  // Bytes this replica has sent to other hosts so far; -1 where the strategy does not count them.
+  virtual int64_t cross_host_bytes() const { return -1; }
   // Memory for `count` floats of gradients that this strategy averages faster where they lie
   // (a host's shared memory: nothing copied in), or null: use memory of your own. It stays valid
   // while the strategy lives. Every replica must ask for the same sizes in the same order.
@@ -98,9 +114,19 @@ class GradientStrategy {
 
 // `allreduce`: the communication core's hierarchical allreduce (shared memory within a host,
 // Gloo among host leaders). algorithm "auto" uses the hierarchy; "ring" or "hd" run one flat
-// Gloo allreduce over every replica (for comparison). The strategy shares ownership of `group`.
+// Gloo allreduce over every replica (for comparison). `compression` fp16 or bf16 sends the
+// across-host stage in 16 bits with error feedback (comm::CrossHostWire), powersgd a rank-R
+// approximation of each matrix (powersgd.h); "auto" only. The strategy shares ownership of
+// `group`.
+struct CompressionOptions {
+  Compression kind = Compression::kNone;
+  int powersgd_rank = 4;
+  int powersgd_start_steps = 10;
+  uint64_t seed = 1;
+};
 std::unique_ptr<GradientStrategy> make_allreduce_strategy(std::shared_ptr<comm::HierarchicalGroup> group,
-                                                          const std::string& algorithm = "auto");
+                                                          const std::string& algorithm = "auto",
+                                                          const CompressionOptions& compression = {});
 
 // `ps`: synchronous parameter servers, sharded, the shards living in the worker processes (each
 // host leader serves a share of every bucket: BytePS's and MXNet's arrangement, which spreads
@@ -163,6 +189,7 @@ struct StrategyOptions {
   bool ps_update_on_shards = false;
   PsPlacement ps_placement = PsPlacement::kWorkers;
   int max_staleness = -1;                 // ps_async
+  CompressionOptions compression;         // allreduce: across hosts
   CentralAverage central_average;         // simple: the driver's average
   // ps with ps_placement processes, called on host leaders: joins the shard processes' group
   // (PsOptions::servers) of this many shards.
@@ -171,7 +198,7 @@ struct StrategyOptions {
 
 // The strategy `options.kind` over `group` (the replica's group; unused, and may be null, for
 // simple). ConfigError for options the strategy rejects (a shard count out of range, a simple
-// strategy without its central_average).
+// strategy without its central_average, compression on a strategy other than allreduce).
 std::unique_ptr<GradientStrategy> make_strategy(const StrategyOptions& options,
                                                 std::shared_ptr<comm::HierarchicalGroup> group);
 

@@ -85,6 +85,19 @@ GradSync::GradSync(std::vector<torch::Tensor> params, size_t grad_shard_bytes,
     throw ConfigError("forward_overlap_buckets is CPU-only: set it to 0 with device cuda");
   }
   set_deferred_buckets(deferred);
+  if (strategy_ && strategy_->keeps_residuals()) {
+    residuals_ = torch::zeros({static_cast<int64_t>(plan_.total_elements())}, torch::TensorOptions(torch::kFloat32));
+    // Each parameter of two or more dimensions as a matrix, its first dimension by the rest
+    // (DDP's PowerSGD view); its slot is dense, so any layout reads as such a matrix.
+    for (const auto& b : plan_.buckets()) {
+      auto& ms = matrices_.emplace_back();
+      for (size_t i : b.params) {
+        if (params_[i].dim() < 2) continue;
+        const auto rows = static_cast<size_t>(params_[i].size(0));
+        ms.push_back({plan_.slot(i).offset - b.offset, rows, static_cast<size_t>(params_[i].numel()) / rows});
+      }
+    }
+  }
   torch::NoGradGuard no_grad;
   // Averages are elementwise, so a slot may keep its parameter's layout (channels_last: the
   // optimizer's multi-tensor kernels want gradients laid out as their parameters, as c10d's
@@ -201,10 +214,17 @@ void GradSync::launch_ready_locked(bool after_backward) {
       float* data = flat_.data_ptr<float>() + buckets[i].offset;
       // Tells every replica: the average's first element is then NaN everywhere.
       if (!bucket_ok_[i] && buckets[i].count > 0) data[0] = std::numeric_limits<float>::quiet_NaN();
-      works_[i] = strategy_->average_async(data, buckets[i].count);
+      works_[i] = average_async(i, data);
     }
     ++next_launch_;
   }
+}
+
+std::shared_ptr<comm::Work> GradSync::average_async(size_t bucket, float* data) {
+  const auto& b = plan_.buckets()[bucket];
+  if (!residuals_.defined()) return strategy_->average_async(data, b.count);
+  return strategy_->average_with_feedback_async(
+      data, b.count, {.index = bucket, .residual = residuals_.data_ptr<float>() + b.offset, .matrices = &matrices_[bucket]});
 }
 
 void GradSync::stage_locked(size_t bucket) {
@@ -237,7 +257,7 @@ void GradSync::stage_loop() {
     lock.lock();
     try {
       comm::timeline::BucketScope scope(static_cast<int64_t>(item.bucket));
-      works_[item.bucket] = strategy_->average_async(data, b.count);
+      works_[item.bucket] = average_async(item.bucket, data);
     } catch (...) {
       auto failed = std::make_shared<comm::Work>("staged bucket " + std::to_string(item.bucket));
       failed->complete(std::current_exception());

@@ -86,6 +86,10 @@ class GradSync {
   const torch::Tensor& param(size_t i) const { return params_[i]; }
   // Fails communication in flight (from any thread).
   void abort(const std::string& reason) { strategy_->abort(reason); }
+  // Error feedback of a strategy that compresses (strategy::GradientStrategy::keeps_residuals):
+  // one float per gradient element, in the flat buffer's layout; undefined otherwise. Part of
+  // the replica's state: a snapshot or checkpoint holds it, a restore writes it back.
+  torch::Tensor& residuals() { return residuals_; }
 
   // ---- the deferred step: communication overlapped with the next forward ----
   // With T > 0 deferred buckets, T buckets spread over the layers (strategy::overlap_schedule)
@@ -145,6 +149,7 @@ class GradSync {
   void start_servers_now();
   void copy_state_flat(torch::Tensor& params, torch::Tensor& momentum);  // momentum undefined: not all have one
   void finalize();
+  std::shared_ptr<comm::Work> average_async(size_t bucket, float* data);  // with its residual, if kept
   void stage_locked(size_t bucket);      // CUDA: the bucket's copy to the host, queued for the stager
   void stage_loop();
   void reset_backward_locked();          // after a backward's end, for the next one
@@ -158,6 +163,8 @@ class GradSync {
   bool flat_shared_ = false;                    // host_ is the strategy's gradient_buffer
   torch::Tensor host_;                          // plan_.total_elements() floats the strategy averages
   torch::Tensor flat_;                          // the gradients on device_ (host_ itself on the CPU)
+  torch::Tensor residuals_;                     // error feedback (host, flat layout), if the strategy keeps it
+  std::vector<std::vector<strategy::MatrixSlot>> matrices_;  // with residuals_: per bucket, its matrices
   std::vector<torch::Tensor> slots_;            // flat_'s storage, one per parameter, shaped like it
   double weight_ = 1.0;
   const bool overlap_;

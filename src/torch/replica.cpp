@@ -272,6 +272,7 @@ Metrics ReplicaRuntime::train(int64_t max_batches, bool profile) {
   for (auto& s : syncs_) s->take_times();
   gate_s_ = 0;
   batch_ends_.clear();
+  const int64_t bytes0 = syncs_.empty() ? -1 : syncs_[0]->strategy().cross_host_bytes();
   const auto t0 = Clock::now();
   comm::timeline::set_thread_name("replica " + std::to_string(options_.info.rank));
   Metrics m;
@@ -320,6 +321,10 @@ Metrics ReplicaRuntime::train(int64_t max_batches, bool profile) {
   }
   m["batches"] = static_cast<double>(batches);
   m["skipped_steps"] = static_cast<double>(skipped_this_call_);
+  if (bytes0 >= 0 && batches > 0) {  // what this replica sent to other hosts, per step
+    m["comm_bytes_per_step"] =
+        static_cast<double>(syncs_[0]->strategy().cross_host_bytes() - bytes0) / static_cast<double>(batches);
+  }
   if (!syncs_.empty() && syncs_[0]->strategy().starts_servers_eagerly()) {  // asynchronous: how stale
     const auto st = syncs_[0]->strategy().take_staleness();
     m["staleness_mean"] = st.updates > 0 ? static_cast<double>(st.sum) / static_cast<double>(st.updates) : 0.0;
@@ -345,7 +350,11 @@ void ReplicaRuntime::load_state(const std::string& bytes) {
   const ReplicaState state = load_replica_state(*op_, bytes, options_.info.device);
   position_ = state.position;
   step_schedules_to(state.schedule_t);
-  for (auto& s : syncs_) s->restart_servers();
+  for (auto& s : syncs_) {
+    s->restart_servers();
+    // Error feedback starts again from nothing: a snapshot does not hold it (yet).
+    if (s->residuals().defined()) s->residuals().zero_();
+  }
 }
 
 std::vector<std::pair<std::string, torch::Tensor>> ReplicaRuntime::named_tensors() const {

@@ -4,8 +4,10 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <thread>
 
+#include "comm/reduce_kernels.h"
 #include "dsgd/error.h"
 #include "testing/ranks.h"
 
@@ -109,6 +111,85 @@ TEST(Hierarchical, OneRankPerHostRunsAsyncCallsOnTwoLanes) {
     std::vector<float> v(10, 1.0f);
     for (int k = 0; k < 2; ++k) {  // one call on each lane
       EXPECT_THROW(h->allreduce_async(v.data(), v.size(), DataType::kFloat32, ReduceOp::kSum)->wait(), CommError);
+    }
+  });
+}
+
+// The across-host stage in 16 bits (CrossHostWire), on hosts of 2, 1 and 2 ranks and on one
+// rank per host (the lanes): every rank ends with the same bits; each leader's error feedback
+// holds exactly what its rounding left out (so the average plus the leaders' residuals, spread
+// over the ranks, is the float32 average up to the second rounding); the leaders' count of
+// bytes sent to other hosts is half the float32 ring's for the same data.
+void check_compressed(int size, int hosts, DataType wire) {
+  constexpr size_t kCount = 10007;
+  auto store = make_memory_store();
+  std::vector<std::vector<float>> results(static_cast<size_t>(size));
+  std::vector<uint64_t> bytes_fp32(static_cast<size_t>(size)), bytes_wire(static_cast<size_t>(size));
+  testing::run_ranks(size, [&](int rank) {
+    GroupOptions o;
+    o.timeout = milliseconds(5000);
+    o.host = "host" + std::to_string(rank * hosts / size);
+    auto h = HierarchicalGroup::create(store, rank, size, o);
+    auto value = [](int r, size_t i) { return std::sin(static_cast<float>(i * 7 + static_cast<size_t>(r))) / 3.0f; };
+    std::vector<float> v(kCount);
+    for (size_t i = 0; i < kCount; ++i) v[i] = value(rank, i);
+    h->allreduce_async(v.data(), kCount, DataType::kFloat32, ReduceOp::kAverage)->wait();
+    const std::vector<float> exact = v;
+    bytes_fp32[static_cast<size_t>(rank)] = h->cross_host_bytes();
+    std::vector<float> residual(kCount, 0.0f);
+    for (size_t i = 0; i < kCount; ++i) v[i] = value(rank, i);
+    h->allreduce_async(v.data(), kCount, DataType::kFloat32, ReduceOp::kAverage, {},
+                       {.type = wire, .residual = residual.data()})
+        ->wait();
+    bytes_wire[static_cast<size_t>(rank)] = h->cross_host_bytes() - bytes_fp32[static_cast<size_t>(rank)];
+    results[static_cast<size_t>(rank)] = v;
+    const bool leader = h->local().rank() == 0;
+    const float tolerance = wire == DataType::kFloat16 ? 2e-3f : 1.6e-2f;
+    for (size_t i = 0; i < kCount; ++i) {
+      ASSERT_NEAR(v[i], exact[i], tolerance) << "element " << i;
+      if (!leader) {
+        ASSERT_EQ(residual[i], 0.0f) << "only leaders send across hosts";
+      }
+    }
+  });
+  for (int r = 1; r < size; ++r) EXPECT_EQ(results[static_cast<size_t>(r)], results[0]) << "rank " << r;
+  for (int r = 0; r < size; ++r) {
+    const auto fp32 = bytes_fp32[static_cast<size_t>(r)], sent = bytes_wire[static_cast<size_t>(r)];
+    if (fp32 == 0) {
+      EXPECT_EQ(sent, 0u) << "rank " << r;
+      continue;
+    }
+    const double ratio = static_cast<double>(fp32) / static_cast<double>(sent);
+    EXPECT_NEAR(ratio, 2.0, 0.01) << "rank " << r << ": " << fp32 << " bytes in float32, " << sent << " compressed";
+  }
+}
+
+TEST(Hierarchical, Float16AcrossHostsHalvesTheBytesAndEveryRankGetsTheSameBits) {
+  check_compressed(5, 3, DataType::kFloat16);  // hosts of 2, 1 and 2 ranks
+}
+TEST(Hierarchical, BFloat16AcrossHostsOnOneRankPerHost) { check_compressed(3, 3, DataType::kBFloat16); }
+
+// The leaders' residual: their host's float32 sum minus what they sent, exactly.
+TEST(Hierarchical, ALeadersResidualIsWhatItsRoundingLeftOut) {
+  constexpr size_t kCount = 999;
+  auto store = make_memory_store();
+  testing::run_ranks(2, [&](int rank) {
+    GroupOptions o;
+    o.timeout = milliseconds(5000);
+    o.host = "host" + std::to_string(rank);
+    auto h = HierarchicalGroup::create(store, rank, 2, o);
+    std::vector<float> v(kCount), residual(kCount), old(kCount);
+    for (size_t i = 0; i < kCount; ++i) {
+      v[i] = 1.0f + static_cast<float>(i) * 1e-4f * static_cast<float>(rank + 1);
+      residual[i] = old[i] = static_cast<float>(i % 3) * 1e-4f;
+    }
+    const std::vector<float> grad = v;
+    h->allreduce(v.data(), kCount, DataType::kFloat32, ReduceOp::kSum, {},
+                 {.type = DataType::kFloat16, .residual = residual.data()});
+    // What this leader sent: grad + old residual, rounded; float16 has 1024 steps in [1, 2).
+    for (size_t i = 0; i < kCount; ++i) {
+      const float sent = half_to_float(float_to_half(grad[i] + old[i]));
+      ASSERT_EQ(sent + residual[i], grad[i] + old[i]) << i;
     }
   });
 }

@@ -3,8 +3,11 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <vector>
+
+#include "dsgd/error.h"
 
 namespace dsgd::comm {
 namespace {
@@ -112,6 +115,66 @@ TEST(ReduceKernels, AddIntoFiniteAddsAndChecksTheSums) {
   }
   std::vector<float> big = {3e38f}, more = {3e38f};
   EXPECT_FALSE(add_into_finite(big.data(), more.data(), 1));  // overflows to infinity
+}
+
+// Error feedback, for both wires and across the vectorised body and its scalar tail: what was
+// sent plus the new residual is exactly what there was to send (the gradient plus the old
+// residual, in float32), element by element; a value beyond float16's range saturates, its
+// excess kept; a NaN or infinity is sent as it is and leaves the residual alone.
+TEST(ReduceKernels, EncodeSixteenBitSentPlusNewResidualIsGradientPlusOldResidual) {
+  for (DataType wire : {DataType::kFloat16, DataType::kBFloat16}) {
+    const size_t n = 1003;  // not a multiple of 8: the tail too
+    std::vector<float> grad(n), residual(n), old(n);
+    for (size_t i = 0; i < n; ++i) {
+      grad[i] = std::sin(static_cast<float>(i)) * std::pow(10.0f, static_cast<float>(i % 7) - 4.0f);
+      residual[i] = std::cos(static_cast<float>(i)) * 1e-4f;
+    }
+    grad[5] = 1e6f;  // beyond float16
+    grad[17] = NAN;
+    grad[18] = INFINITY;
+    old = residual;
+    std::vector<uint16_t> out(n);
+    encode_16(grad.data(), residual.data(), out.data(), n, wire);
+    std::vector<float> sent(n);
+    decode_16(out.data(), sent.data(), n, wire, /*accumulate=*/false);
+    for (size_t i = 0; i < n; ++i) {
+      if (i == 17 || i == 18) continue;
+      ASSERT_EQ(sent[i] + residual[i], grad[i] + old[i]) << to_string(wire) << " element " << i;
+      // Rounded to a neighbour: the new residual is within the gap to the next 16-bit value.
+      auto value = [&](uint16_t c) { return wire == DataType::kFloat16 ? half_to_float(c) : bfloat16_to_float(c); };
+      const uint16_t c = out[i];
+      float gap = std::fabs(value(static_cast<uint16_t>(c + 1)) - sent[i]);
+      if ((c & 0x7fff) != 0) gap = std::max(gap, std::fabs(sent[i] - value(static_cast<uint16_t>(c - 1))));
+      if (i != 5) {
+        ASSERT_LE(std::fabs(residual[i]), gap) << to_string(wire) << " element " << i;
+      }
+    }
+    if (wire == DataType::kFloat16) {
+      EXPECT_EQ(sent[5], 65504.0f);
+    }
+    EXPECT_TRUE(std::isnan(sent[17]));
+    EXPECT_TRUE(std::isinf(sent[18]));
+    EXPECT_EQ(residual[17], old[17]);
+    EXPECT_EQ(residual[18], old[18]);
+    // Without a residual: plain rounding, as the one-value conversions round.
+    encode_16(grad.data(), nullptr, out.data(), n, wire);
+    for (size_t i = 0; i < n; ++i) {
+      if (i == 5 || i == 17) continue;
+      ASSERT_EQ(out[i], wire == DataType::kFloat16 ? float_to_half(grad[i]) : float_to_bfloat16(grad[i])) << i;
+    }
+    // decode_16 accumulates in float32.
+    std::vector<float> acc(n, 1.0f), plain(n);
+    decode_16(out.data(), acc.data(), n, wire, /*accumulate=*/true);
+    decode_16(out.data(), plain.data(), n, wire, /*accumulate=*/false);
+    for (size_t i = 0; i < n; ++i) {
+      if (i != 17) {
+        ASSERT_EQ(acc[i], 1.0f + plain[i]) << i;
+      }
+    }
+  }
+  std::vector<uint16_t> out(1);
+  float x = 1;
+  EXPECT_THROW(encode_16(&x, nullptr, out.data(), 1, DataType::kFloat32), Error);
 }
 
 }  // namespace

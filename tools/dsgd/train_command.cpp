@@ -33,6 +33,7 @@ struct TrainFlags {
   std::string nonfinite = trainer.nonfinite_policy.name();
   std::string device = trainer.device.name();
   std::string precision = trainer.precision.name();
+  std::string compression = trainer.compression.name();
   std::string launcher = trainer.launcher.name();
   std::string hosts_file;  // launcher ssh: one "host[:slots]" a line
   std::string cluster;     // a cluster spec file (dsgd/cluster.h); "" = $DSGD_CLUSTER, if set
@@ -140,6 +141,11 @@ nlohmann::json to_json(const TrainFlags& f, const dsgd::LocalJobResult& r, const
                       {"history", history},
                       {"recoveries", recoveries}};
   if (f.profile) j["profile_ms"] = r.profile_ms;
+  if (r.comm_bytes_per_step >= 0) j["comm_bytes_per_step"] = r.comm_bytes_per_step;
+  if (!f.in_process) {
+    j["compression"] =
+        f.compression == "powersgd" ? "powersgd:" + std::to_string(f.trainer.powersgd_rank) : f.compression;
+  }
   return j;
 }
 
@@ -239,6 +245,27 @@ void validate_flags(TrainFlags& f) {
   if (!Choice<Precision>(f.precision).known()) {
     throw ConfigError("unknown --precision '" + f.precision + "'; use " + choice_names<Precision>());
   }
+  // "powersgd:R" is powersgd at rank R.
+  if (const auto colon = f.compression.find(':'); colon != std::string::npos) {
+    const std::string name = f.compression.substr(0, colon), rank = f.compression.substr(colon + 1);
+    size_t used = 0;
+    int r = 0;
+    try {
+      r = std::stoi(rank, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (name != "powersgd" || rank.empty() || used != rank.size() || r < 1 || r > 1024) {
+      throw ConfigError("--compression '" + f.compression + "': only powersgd takes a rank, a whole number in 1..1024 "
+                        "(e.g. powersgd:4)");
+    }
+    f.compression = name;
+    f.trainer.powersgd_rank = r;
+  }
+  if (!Choice<Compression>(f.compression).known()) {
+    throw ConfigError("unknown --compression '" + f.compression + "'; use " + choice_names<Compression>() +
+                      " (powersgd:R for rank R)");
+  }
   if (!Choice<Launcher>(f.launcher).known()) {
     throw ConfigError("unknown --launcher '" + f.launcher + "'; use " + choice_names<Launcher>());
   }
@@ -256,8 +283,9 @@ void validate_flags(TrainFlags& f) {
     if (!f.config_json.is_object()) throw ConfigError("--config must be a JSON object, e.g. '{\"lr\": 0.1}'");
     if (f.in_process) throw ConfigError("--config applies to worker jobs, not --in-process");
   }
-  if (f.in_process && (f.device == "cuda" || f.precision != "fp32")) {
-    throw ConfigError("--device cuda and --precision apply to worker jobs; --in-process trains float32 on the CPU");
+  if (f.in_process && (f.device == "cuda" || f.precision != "fp32" || f.compression != "none")) {
+    throw ConfigError("--device cuda, --precision and --compression apply to worker jobs; --in-process trains float32 "
+                      "on the CPU");
   }
   if (f.job.threads == 0) {
     const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
@@ -280,6 +308,7 @@ dsgd::LocalJobResult run_with_trainer(const TrainFlags& f, ProgressPrinter* prog
   c.nonfinite_policy = f.nonfinite;
   c.device = f.device;
   c.precision = f.precision;
+  c.compression = f.compression;
   c.launcher = f.launcher;
   if (!f.hosts_file.empty()) c.hosts = read_hosts_file(f.hosts_file);
   c.forward_overlap_buckets = f.forward_overlap_buckets == "auto" ? -1 : std::stoi(f.forward_overlap_buckets);
@@ -322,6 +351,8 @@ dsgd::LocalJobResult run_with_trainer(const TrainFlags& f, ProgressPrinter* prog
   Trainer trainer(dsgd::kImageClassifier, c);
   if (!f.load.empty()) trainer.load(f.load);
   (void)train_start;
+  double comm_bytes = 0;  // sent to other hosts, summed over the calls that counted them
+  int64_t comm_steps = 0;
   while (epoch <= j.epochs) {
     const int64_t left = j.max_steps > 0 ? j.max_steps - result.steps : 0;
     if (j.max_steps > 0 && left <= 0) break;
@@ -333,6 +364,10 @@ dsgd::LocalJobResult run_with_trainer(const TrainFlags& f, ProgressPrinter* prog
     const int64_t samples = static_cast<int64_t>(r.metrics.at("num_samples"));
     result.steps += batches;
     result.samples += samples;
+    if (const auto it = r.metrics.find("comm_bytes_per_step"); it != r.metrics.end()) {
+      comm_bytes += it->second * static_cast<double>(batches);
+      comm_steps += batches;
+    }
     result.train_s += epoch_s;
     train_before = result.train_s;
     steps_before = result.steps;
@@ -383,6 +418,7 @@ dsgd::LocalJobResult run_with_trainer(const TrainFlags& f, ProgressPrinter* prog
   if (!f.save.empty()) trainer.save(f.save);
   if (f.profile) result.profile_ms = mean_profile(result.history, epoch_steps);
   result.parameters = trainer.parameter_count();
+  if (comm_steps > 0) result.comm_bytes_per_step = comm_bytes / static_cast<double>(comm_steps);
   result.samples_per_s = result.train_s > 0 ? static_cast<double>(result.samples) / result.train_s : 0;
   result.wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - wall_start).count();
   return result;
@@ -518,6 +554,14 @@ void add_train_command(CLI::App& app, int* exit_code) {
       ->capture_default_str();
   cmd->add_option("--precision", flags->precision,
                   "fp32, or bf16: forward and loss under bfloat16 autocast (float32 weights and optimizer)")
+      ->capture_default_str();
+  cmd->add_option("--compression", flags->compression,
+                  "What crosses hosts (allreduce): none; fp16 / bf16: 16 bits a value on the wire, summed in "
+                  "float32; powersgd:R: PowerSGD's rank-R factors of each matrix (R default 4); the lossy ones with "
+                  "error feedback")
+      ->capture_default_str();
+  cmd->add_option("--powersgd-start-steps", flags->trainer.powersgd_start_steps,
+                  "--compression powersgd: plain float32 steps first")
       ->capture_default_str();
   cmd->add_option("--nonfinite", flags->nonfinite,
                   "A NaN/infinite gradient: skip (the step, everywhere, and warn) or error (stop)")

@@ -83,6 +83,10 @@ class Group {
   virtual std::shared_ptr<Work> reduce_scatter_async(const void* in, void* out, size_t count, DataType type,
                                                      ReduceOp op, std::chrono::milliseconds timeout = {}) = 0;
   virtual std::shared_ptr<Work> barrier_async(std::chrono::milliseconds timeout = {}) = 0;
+  // in holds size() blocks of `bytes`: block j goes to rank j; out (size() * bytes) receives
+  // block rank() of every rank, in rank order. Gloo groups only (others throw dsgd::Error).
+  virtual std::shared_ptr<Work> alltoall_async(const void* in, void* out, size_t bytes,
+                                               std::chrono::milliseconds timeout = {});
   // Point-to-point. A send matches the recv with the same (sender, receiver, tag); sizes must
   // agree. Not sequence-numbered: peers that are not involved need not call anything.
   virtual std::shared_ptr<Work> send_async(const void* data, size_t bytes, int peer, uint32_t tag,
@@ -98,6 +102,7 @@ class Group {
   void reduce_scatter(const void* in, void* out, size_t count, DataType type, ReduceOp op,
                       std::chrono::milliseconds timeout = {});
   void barrier(std::chrono::milliseconds timeout = {});
+  void alltoall(const void* in, void* out, size_t bytes, std::chrono::milliseconds timeout = {});
   void send(const void* data, size_t bytes, int peer, uint32_t tag, std::chrono::milliseconds timeout = {});
   void recv(void* data, size_t bytes, int peer, uint32_t tag, std::chrono::milliseconds timeout = {});
 

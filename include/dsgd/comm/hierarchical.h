@@ -12,6 +12,13 @@
 // at most what the earlier ones left. allreduce_async queues the three stages on the group's own
 // thread and returns a Work at once. Thread-safe. Torch-free.
 //
+// Compressed across hosts (CrossHostWire, TrainerConfig::compression fp16 / bf16): a float32
+// sum or average whose across-host stage sends 16 bits per value. Each leader rounds its host's
+// sum (plus its error-feedback residual) to float16 or bfloat16, sends block j of it to leader j
+// (Gloo's alltoall), sums the blocks it gets in float32 in leader order, rounds that sum once
+// more and shares it (Gloo's allgather): 2(h-1)/h * B/2 bytes per leader against the float32
+// ring's 2(h-1)/h * B, every leader ending with the same bits. Within a host all stays float32.
+//
 // With one rank per host (no shared-memory stage), allreduce_async calls alternate between two
 // lanes, each a Gloo group with a thread of its own, so two allreduces are in flight at once and
 // one's transfer fills the other's gaps. Their Works may then complete out of call order, and
@@ -21,6 +28,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -33,6 +41,18 @@ namespace dsgd::comm {
 
 class OpQueue;
 
+// How an allreduce's across-host stage travels (HierarchicalGroup::allreduce_async).
+struct CrossHostWire {
+  DataType type = DataType::kFloat32;  // kFloat16 or kBFloat16: 16 bits a value (float32 data only)
+  // count floats of error feedback for this rank (used where it leads its host): what rounding
+  // left out of its last sends, added to the next. Null: none kept.
+  float* residual = nullptr;
+  // Or a stage of the caller's own (PowerSGD, strategy/powersgd.h): called on each host's
+  // leader with the leaders' group (or the lane's), the host's float32 sum in `data`, to leave
+  // the sum over hosts there; returns the bytes it sent. `type` and `residual` unused then.
+  std::function<uint64_t(Group& leaders, float* data, size_t count, std::chrono::milliseconds timeout)> stage = {};
+};
+
 class HierarchicalGroup {
  public:
   // Forms the global group, then this host's ShmGroup and (for leaders) the leaders' Group, under
@@ -44,8 +64,9 @@ class HierarchicalGroup {
   ~HierarchicalGroup();
 
   std::shared_ptr<Work> allreduce_async(void* data, size_t count, DataType type, ReduceOp op,
-                                        std::chrono::milliseconds timeout = {});
-  void allreduce(void* data, size_t count, DataType type, ReduceOp op, std::chrono::milliseconds timeout = {});
+                                        std::chrono::milliseconds timeout = {}, CrossHostWire wire = {});
+  void allreduce(void* data, size_t count, DataType type, ReduceOp op, std::chrono::milliseconds timeout = {},
+                 CrossHostWire wire = {});
 
   // Fails whatever is in flight or queued on all three groups, from any thread (as Group::abort:
   // sticky, every later operation fails naming `reason`).
@@ -63,10 +84,19 @@ class HierarchicalGroup {
   // The leaders' group; null on ranks that are not their host's leader (local rank 0).
   Group* leaders() { return leaders_.get(); }
   int num_hosts() const { return num_hosts_; }
+  // Bytes this rank has sent to other hosts in allreduces (by each algorithm's count: the
+  // float32 ring's 2(h-1)/h * B per leader, the compressed stage's half of it; none from ranks
+  // that do not lead their host).
+  uint64_t cross_host_bytes() const { return cross_host_bytes_.load(); }
 
  private:
   HierarchicalGroup();
-  void run_allreduce(void* data, size_t count, DataType type, ReduceOp op, std::chrono::milliseconds timeout);
+  void run_allreduce(void* data, size_t count, DataType type, ReduceOp op, std::chrono::milliseconds timeout,
+                     CrossHostWire wire);
+  void count_ring_bytes(int ranks, size_t bytes);  // a float32 ring allreduce of `bytes` among `ranks`
+  // The across-host stage on `group` (the leaders', or a lane): `op` (not kAverage) in place.
+  void across_hosts(Group& group, void* data, size_t count, DataType type, ReduceOp op,
+                    std::chrono::milliseconds timeout, CrossHostWire wire);
 
   std::unique_ptr<Group> global_;
   std::unique_ptr<ShmGroup> local_;
@@ -75,6 +105,7 @@ class HierarchicalGroup {
   std::vector<std::unique_ptr<Group>> lanes_;  // one rank per host: lanes 1.., each a group of its own
   std::atomic<uint64_t> next_async_{0};        // allreduce_async calls so far (their lanes)
   std::atomic<size_t> shared_taken_{0};        // bytes of local_'s shared region handed out
+  std::atomic<uint64_t> cross_host_bytes_{0};
   std::unique_ptr<OpQueue> queue_;             // lane 0; destroyed first (see the destructor)
   std::vector<std::unique_ptr<OpQueue>> lane_queues_;
 };

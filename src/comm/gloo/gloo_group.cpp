@@ -6,6 +6,7 @@
 // queue), and each gets a waiter thread: Gloo can only block on one buffer at a time, and
 // completing them in posting order could deadlock two ranks that receive in different orders.
 #include <gloo/allgather.h>
+#include <gloo/alltoall.h>
 #include <gloo/allreduce.h>
 #include <gloo/barrier.h>
 #include <gloo/broadcast.h>
@@ -180,6 +181,25 @@ class GlooGroup : public Group, public std::enable_shared_from_this<GlooGroup> {
                      o.setInput<uint8_t>(const_cast<uint8_t*>(static_cast<const uint8_t*>(in)), bytes);
                      o.setOutput<uint8_t>(dst, bytes * static_cast<size_t>(size_));
                      gloo::allgather(o);
+                   });
+  }
+
+  std::shared_ptr<Work> alltoall_async(const void* in, void* out, size_t bytes, milliseconds timeout) override {
+    return enqueue("alltoall", std::to_string(bytes) + " bytes per pair", timeout,
+                   [=, this](uint32_t tag, milliseconds t) {
+                     if (bytes == 0) return;
+                     uint8_t* dst = static_cast<uint8_t*>(out);
+                     if (size_ == 1) {
+                       std::memmove(dst, in, bytes);
+                       return;
+                     }
+                     const size_t all = bytes * static_cast<size_t>(size_);
+                     gloo::AlltoallOptions o(context_);
+                     o.setTag(tag);
+                     o.setTimeout(t);
+                     o.setInput<uint8_t>(const_cast<uint8_t*>(static_cast<const uint8_t*>(in)), all);
+                     o.setOutput<uint8_t>(dst, all);
+                     gloo::alltoall(o);
                    });
   }
 
@@ -549,6 +569,9 @@ class GroupHandle : public Group {
   std::shared_ptr<Work> reduce_scatter_async(const void* in, void* out, size_t count, DataType type, ReduceOp op,
                                              milliseconds timeout) override {
     return g_->reduce_scatter_async(in, out, count, type, op, timeout);
+  }
+  std::shared_ptr<Work> alltoall_async(const void* in, void* out, size_t bytes, milliseconds timeout) override {
+    return g_->alltoall_async(in, out, bytes, timeout);
   }
   std::shared_ptr<Work> barrier_async(milliseconds timeout) override { return g_->barrier_async(timeout); }
   std::shared_ptr<Work> send_async(const void* data, size_t bytes, int peer, uint32_t tag,
