@@ -10,7 +10,8 @@
 #     workers) in its summary,
 # then prints one JSON line: launcher, nodes, workers, test_accuracy, recoveries. Every daemon,
 # job and namespace it made is gone on any exit (also when interrupted). Runs as root (slurmd
-# starts steps as their user); exit 77 (skip) without root, namespaces or Slurm.
+# starts steps as their user); exit 77 (skip) without root, namespaces, a cgroup filesystem or
+# Slurm.
 # Usage: slurm_cluster_test.sh DSGD_BINARY [EXTRA dsgd train ARGUMENTS]
 set -euo pipefail
 dsgd=$(realpath "$1")
@@ -23,6 +24,10 @@ for daemon in munged slurmctld slurmd; do
 done
 export PATH=$PATH:/usr/sbin
 [[ $(id -u) -eq 0 ]] || { echo "SKIP: needs root (network namespaces, slurmd)"; exit 77; }
+# slurmd loads its cgroup plugin even with proctrack/linuxproc, and will not start without a
+# cgroup filesystem: a machine without one cannot run this test (a container's, say).
+grep -q " /sys/fs/cgroup[/ ]" /proc/mounts ||
+  { echo "SKIP: no cgroup filesystem at /sys/fs/cgroup, which slurmd needs to start"; exit 77; }
 
 id=$$
 tag=dsgd-s$((id % 100000))
