@@ -16,6 +16,7 @@
 #include "dsgd/error.h"
 #include "dsgd/trainer.h"
 #include "progress.h"
+#include "train_summary.h"
 #include "dsgd/image_classifier.h"
 #include "dsgd/local_job.h"
 
@@ -59,50 +60,6 @@ std::string trace_path_of(const std::string& path, int64_t epoch, int64_t epochs
   const bool has_ext = dot != std::string::npos && (slash == std::string::npos || dot > slash + 1);
   const std::string suffix = "-epoch" + std::to_string(epoch);
   return has_ext ? path.substr(0, dot) + suffix + path.substr(dot) : path + suffix;
-}
-
-// The phases --profile reports: TrainOptions::profile's metric, and its key in profile_ms.
-struct Phase {
-  const char* metric;
-  const char* key;
-};
-constexpr Phase kPhases[] = {
-    {"forward_s", "forward"}, {"backward_s", "backward"}, {"optimizer_s", "optimizer"}, {"comm_wait_s", "comm_wait"}};
-
-// Milliseconds per step of each phase, over the epochs of a run, weighted by their steps.
-std::map<std::string, double> mean_profile(const std::vector<dsgd::EpochSummary>& history,
-                                           const std::vector<int64_t>& steps) {
-  std::map<std::string, double> sum;
-  double n = 0;
-  for (size_t i = 0; i < history.size(); ++i) {
-    if (history[i].profile_ms.empty()) continue;
-    const auto w = static_cast<double>(steps[i]);
-    for (const auto& [k, v] : history[i].profile_ms) sum[k] += w * v;
-    n += w;
-  }
-  if (n > 0) {
-    for (auto& [k, v] : sum) v /= n;
-  }
-  return sum;
-}
-
-// One object per recovery and scale-up, in order: the JSON summary's "recoveries".
-nlohmann::json recovery_json(const dsgd::RecoveryEvent& e) {
-  nlohmann::json phases = nlohmann::json::object();
-  for (const auto& [name, s] : e.phases) phases[name] = phases.value(name, 0.0) + s;
-  // When training resumed, in seconds since the epoch: for scripts that time a fault themselves.
-  const auto resumed = std::chrono::system_clock::now() - (std::chrono::steady_clock::now() - e.resumed_at);
-  return {{"kind", e.kind},
-          {"resumed_at_unix_s", std::chrono::duration<double>(resumed.time_since_epoch()).count()},
-          {"failure", e.failure},
-          {"lost", e.lost},
-          {"at_step", e.at_step},
-          {"rolled_back_steps", e.rolled_back_steps},
-          {"detect_s", e.detect_s},
-          {"recovery_s", e.recovery_s},
-          {"workers_after", e.workers_after},
-          {"standbys_used", e.standbys_used},
-          {"phases_s", phases}};
 }
 
 nlohmann::json to_json(const TrainFlags& f, const dsgd::LocalJobResult& r, const nlohmann::json& recoveries) {

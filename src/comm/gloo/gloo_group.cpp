@@ -21,6 +21,7 @@
 #include <algorithm>
 #include <atomic>
 #include <deque>
+#include <type_traits>
 #include <list>
 #include <functional>
 #include <mutex>
@@ -167,40 +168,36 @@ class GlooGroup : public Group, public std::enable_shared_from_this<GlooGroup> {
   }
 
   std::shared_ptr<Work> allgather_async(const void* in, void* out, size_t bytes, milliseconds timeout) override {
-    return enqueue("allgather", std::to_string(bytes) + " bytes per rank", timeout,
-                   [=, this](uint32_t tag, milliseconds t) {
-                     if (bytes == 0) return;
-                     uint8_t* dst = static_cast<uint8_t*>(out);
-                     if (size_ == 1) {
-                       std::memmove(dst, in, bytes);
-                       return;
-                     }
-                     gloo::AllgatherOptions o(context_);
-                     o.setTag(tag);
-                     o.setTimeout(t);
-                     o.setInput<uint8_t>(const_cast<uint8_t*>(static_cast<const uint8_t*>(in)), bytes);
-                     o.setOutput<uint8_t>(dst, bytes * static_cast<size_t>(size_));
-                     gloo::allgather(o);
-                   });
+    return exchange<gloo::AllgatherOptions>("allgather", bytes, "per rank", bytes, in, out, timeout);
   }
 
   std::shared_ptr<Work> alltoall_async(const void* in, void* out, size_t bytes, milliseconds timeout) override {
-    return enqueue("alltoall", std::to_string(bytes) + " bytes per pair", timeout,
-                   [=, this](uint32_t tag, milliseconds t) {
-                     if (bytes == 0) return;
-                     uint8_t* dst = static_cast<uint8_t*>(out);
-                     if (size_ == 1) {
-                       std::memmove(dst, in, bytes);
-                       return;
-                     }
-                     const size_t all = bytes * static_cast<size_t>(size_);
-                     gloo::AlltoallOptions o(context_);
-                     o.setTag(tag);
-                     o.setTimeout(t);
-                     o.setInput<uint8_t>(const_cast<uint8_t*>(static_cast<const uint8_t*>(in)), all);
-                     o.setOutput<uint8_t>(dst, all);
-                     gloo::alltoall(o);
-                   });
+    return exchange<gloo::AlltoallOptions>("alltoall", bytes, "per pair", bytes * static_cast<size_t>(size_), in, out,
+                                           timeout);
+  }
+
+  // allgather and alltoall: `in_bytes` in, size() * `bytes` out (a copy on one rank).
+  template <typename Options>
+  std::shared_ptr<Work> exchange(const char* op, size_t bytes, const char* per, size_t in_bytes, const void* in,
+                                 void* out, milliseconds timeout) {
+    return enqueue(op, std::to_string(bytes) + " bytes " + per, timeout, [=, this](uint32_t tag, milliseconds t) {
+      if (bytes == 0) return;
+      uint8_t* dst = static_cast<uint8_t*>(out);
+      if (size_ == 1) {
+        std::memmove(dst, in, bytes);
+        return;
+      }
+      Options o(context_);
+      o.setTag(tag);
+      o.setTimeout(t);
+      o.template setInput<uint8_t>(const_cast<uint8_t*>(static_cast<const uint8_t*>(in)), in_bytes);
+      o.template setOutput<uint8_t>(dst, bytes * static_cast<size_t>(size_));
+      if constexpr (std::is_same_v<Options, gloo::AllgatherOptions>) {
+        gloo::allgather(o);
+      } else {
+        gloo::alltoall(o);
+      }
+    });
   }
 
   // Gloo's unbound API has no reduce-scatter: allreduce a copy and keep this rank's block. This
