@@ -72,7 +72,9 @@ struct TrainerConfig {
   // factors of each matrix-shaped gradient (after `powersgd_start_steps` plain steps; vectors
   // and small matrices as they are). Within a host all stays float32. Error feedback: each
   // replica keeps what compression left out (GradSync's residuals) and adds it to its next
-  // gradient; a restore from a snapshot starts it again from zero. Other strategies:
+  // gradient. Every replica's feedback (and PowerSGD's warm start) is part of snapshots and
+  // checkpoints, so a recovery to the same number of workers is exact; a job of another size
+  // loads a checkpoint with its feedback starting from zero (logged). Other strategies:
   // ConfigError (not yet).
   Choice<Compression> compression = Compression::kNone;
   int powersgd_rank = 4;                     // 1..1024

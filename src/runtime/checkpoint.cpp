@@ -97,8 +97,16 @@ void write_checkpoint(const std::string& dir, const Checkpoint& checkpoint, cons
   header["format"] = kFormat;
   header["version"] = kVersion;
   header["state_bytes"] = checkpoint.state.size();
-  header["state_crc32"] = crc_of(checkpoint.state);
-  write_atomically(std::filesystem::path(dir) / "checkpoint.dsgd", header.dump() + "\n" + checkpoint.state);
+  std::string body = checkpoint.state;
+  if (!checkpoint.feedback.empty()) {
+    auto& fb = header["feedback"] = nlohmann::json::array();
+    for (const auto& [rank, bytes] : checkpoint.feedback) {
+      fb.push_back({{"rank", rank}, {"bytes", bytes.size()}});
+      body += bytes;
+    }
+  }
+  header["state_crc32"] = crc_of(body);  // of all that follows the header
+  write_atomically(std::filesystem::path(dir) / "checkpoint.dsgd", header.dump() + "\n" + body);
   if (!model_pickle.empty()) write_atomically(std::filesystem::path(dir) / "model.pt", model_pickle);
 }
 
@@ -133,16 +141,39 @@ Checkpoint read_checkpoint(const std::string& dir) {
     throw DataError(path, "checkpoint version " + std::to_string(version) + " is not supported by this build (version " +
                               std::to_string(kVersion) + ")");
   }
+  std::vector<std::pair<int64_t, int64_t>> feedback;  // (rank, bytes)
+  try {
+    if (const auto it = c.header.find("feedback"); it != c.header.end()) {
+      if (!it->is_array()) throw std::invalid_argument("\"feedback\" is not an array");
+      for (const auto& f : *it) {
+        const int64_t bytes = integer_field(f, "bytes", int64_t{0});
+        if (bytes < 0) throw std::invalid_argument("a feedback entry of negative size");
+        feedback.emplace_back(integer_field(f, "rank", int64_t{0}), bytes);
+      }
+    }
+  } catch (const std::exception& e) {
+    throw DataError(path, std::string("damaged header: ") + e.what());
+  }
   std::ostringstream rest;
   rest << in.rdbuf();
-  c.state = rest.str();
-  if (static_cast<int64_t>(c.state.size()) != expected) {
-    throw DataError(path, "truncated or damaged: " + std::to_string(c.state.size()) + " state bytes, header says " +
-                              std::to_string(expected));
+  std::string body = rest.str();
+  int64_t total = expected;
+  for (const auto& [rank, bytes] : feedback) total += bytes;
+  if (static_cast<int64_t>(body.size()) != total) {
+    throw DataError(path, "truncated or damaged: " + std::to_string(body.size()) + " bytes after the header, header says " +
+                              std::to_string(total));
   }
-  if (crc_of(c.state) != crc) {
+  if (crc_of(body) != crc) {
     throw DataError(path, "checksum mismatch: the file is damaged");
   }
+  size_t at = static_cast<size_t>(expected);
+  for (const auto& [rank, bytes] : feedback) {
+    c.feedback[rank] = body.substr(at, static_cast<size_t>(bytes));
+    at += static_cast<size_t>(bytes);
+  }
+  body.resize(static_cast<size_t>(expected));
+  c.state = std::move(body);
+  c.header.erase("feedback");
   return c;
 }
 

@@ -1,7 +1,8 @@
 // Checkpoint directories on disk. Torch-free: the state arrives as bytes.
 //
 //   <dir>/checkpoint.dsgd   one JSON header line (format, version, size, crc32, epoch, ...) then
-//                           the state bytes (models, optimizers, schedules, operator state)
+//                           the state bytes (models, optimizers, schedules, operator state),
+//                           then each replica's error feedback (compression), if any
 //   <dir>/model.pt          model 0 as a name -> tensor dict, for Python's torch.load
 //
 // Each file is written to a temporary name, fsynced and renamed over the old one (then the
@@ -14,6 +15,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -23,6 +25,9 @@ namespace dsgd::runtime {
 struct Checkpoint {
   nlohmann::json header;   // without the integrity fields
   std::string state;
+  // Error feedback (compression) by replica rank, opaque bytes: after the state in the file,
+  // their ranks and sizes in the header ("feedback"), under the same checksum.
+  std::map<int64_t, std::string> feedback;
 };
 
 void write_checkpoint(const std::string& dir, const Checkpoint& checkpoint, const std::string& model_pickle);

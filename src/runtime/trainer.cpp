@@ -197,7 +197,7 @@ void Trainer::Impl::start_up() {
       connect_group();
       // Start every replica from replica 0's parameters (and optimizer state).
       take_snapshot(/*before_steps=*/true);
-      if (config.num_workers > 1 || config.devices_per_worker > 1) raw_call(set_state_command(snapshot));
+      if (config.num_workers > 1 || config.devices_per_worker > 1) raw_call(set_state_command(snapshot, snapshot_feedback));
       return;
     } catch (const CommError& e) {
       // A process lost before the first step: start them all again (the survivors hold nothing
@@ -342,14 +342,16 @@ std::vector<json> Trainer::foreach_worker(const std::string& name, const json& a
 
 void Trainer::save(const std::string& path) {
   auto& d = *impl_;
-  std::string state = d.recovering([&] { return d.read_state(); });
+  Feedback feedback;
+  std::string state = d.recovering([&] { return d.read_state(&feedback); });
   d.snapshot = state;  // as good as a snapshot: the state now
+  d.snapshot_feedback = feedback;
   d.snapshots->reset();
   d.snapshots->resized(state.size());
   auto pickle = d.call(command(&proto::Command::mutable_get_pickle), true);
   auto pos = d.call(command(&proto::Command::mutable_position), true);
   const proto::Position& p = pos[0].position();
-  runtime::Checkpoint c{d.checkpoint_header(p.epoch(), p.batch()), std::move(state)};
+  runtime::Checkpoint c{d.checkpoint_header(p.epoch(), p.batch()), std::move(state), std::move(feedback)};
   runtime::write_checkpoint(path, c, pickle[0].pickle().pickle());
 }
 
@@ -368,8 +370,9 @@ void Trainer::load(const std::string& path) {
   if (op != impl_->op_name) {
     throw ConfigError(path + ": the checkpoint is of operator '" + op + "', this trainer runs '" + impl_->op_name + "'");
   }
-  impl_->call(set_state_command(c.state));
+  impl_->call(set_state_command(c.state, c.feedback));
   impl_->snapshot = c.state;
+  impl_->snapshot_feedback = c.feedback;
   impl_->snapshots->reset();
   impl_->snapshots->resized(c.state.size());
 }

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <exception>
 #include <functional>
+#include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -33,9 +34,13 @@ proto::Command command(Request* (proto::Command::*mutable_request)()) {
   return c;
 }
 
-inline proto::Command set_state_command(const std::string& state) {
+// Error feedback by replica rank (compression; empty without): runtime::Checkpoint::feedback.
+using Feedback = std::map<int64_t, std::string>;
+
+inline proto::Command set_state_command(const std::string& state, const Feedback& feedback) {
   proto::Command c;
   c.mutable_set_state()->set_state(state);
+  for (const auto& [rank, bytes] : feedback) (*c.mutable_set_state()->mutable_feedback())[rank] = bytes;
   return c;
 }
 
@@ -53,6 +58,7 @@ struct Trainer::Impl {
   std::string signature;               // of the members' models (SetupReply): a newcomer's must match
   int64_t generation = 1;              // of the communication group; +1 per re-formation
   std::string snapshot;                // replica state at the last consistent point
+  Feedback snapshot_feedback;          // every replica's error feedback at that point
   std::unique_ptr<runtime::SnapshotPolicy> snapshots;  // when to take it; the steps since
   runtime::OverlapTuner overlap_tuner;                   // forward_overlap_buckets -1: T's choice
   int failures = 0;
@@ -165,10 +171,11 @@ struct Trainer::Impl {
   void try_scale_up();
 
   // The first member's state (models, optimizers, position). Optimizer state held on the ps
-  // shards comes back into the replicas' optimizers first (a collective: every member).
-  std::string read_state();
+  // shards comes back into the replicas' optimizers first (a collective: every member). With
+  // compression, *feedback (if given) gets every replica's error feedback (every member).
+  std::string read_state(Feedback* feedback = nullptr);
 
-  // `snapshot` = read_state(), timed for SnapshotPolicy and snapshot_s. `before_steps`: the
+  // `snapshot`, `snapshot_feedback` = read_state(), timed for SnapshotPolicy and snapshot_s. `before_steps`: the
   // constructor's, of a state no step has touched.
   void take_snapshot(bool before_steps = false);
 

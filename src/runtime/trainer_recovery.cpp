@@ -162,7 +162,7 @@ void Trainer::Impl::form_group(const std::vector<int>& joining, PhaseClock* cloc
   server->set_world(generation, world);
   connect_group();
   clock->mark("connect");
-  raw_call(set_state_command(snapshot));
+  raw_call(set_state_command(snapshot, snapshot_feedback));
   clock->mark("restore");
   replay();
   clock->mark("replay");
@@ -256,11 +256,19 @@ void Trainer::Impl::try_scale_up() {
   }
 }
 
-std::string Trainer::Impl::read_state() {
+std::string Trainer::Impl::read_state(Feedback* feedback) {
   if (config.ps_update_on_shards || config.strategy == "ps_async") {
     proto::Command gather;
     gather.mutable_gather_state()->set_keep(pool->members().at(0));
     raw_call(gather);
+  }
+  if (feedback != nullptr) {
+    feedback->clear();
+    if (config.compression != "none") {
+      for (auto& r : raw_call(command(&proto::Command::mutable_get_feedback))) {
+        for (auto& [rank, bytes] : *r.mutable_feedback()->mutable_feedback()) (*feedback)[rank] = std::move(bytes);
+      }
+    }
   }
   return std::move(*raw_call(command(&proto::Command::mutable_get_state), {pool->members().at(0)})[0]
                         .mutable_state()
@@ -269,8 +277,12 @@ std::string Trainer::Impl::read_state() {
 
 void Trainer::Impl::take_snapshot(bool before_steps) {
   const auto t0 = Clock::now();
-  snapshot = read_state();
-  snapshots->taken(std::chrono::duration<double>(Clock::now() - t0).count(), snapshot.size(), before_steps);
+  Feedback feedback;
+  snapshot = read_state(&feedback);
+  snapshot_feedback = std::move(feedback);
+  size_t bytes = snapshot.size();
+  for (const auto& [rank, b] : snapshot_feedback) bytes += b.size();
+  snapshots->taken(std::chrono::duration<double>(Clock::now() - t0).count(), bytes, before_steps);
   snapshot_s += snapshots->cost_s();
   control::log().debug("trainer: snapshot of {} bytes in {:.3f} s", snapshot.size(), snapshots->cost_s());
 }
@@ -292,7 +304,7 @@ void Trainer::Impl::flush_snapshot() {
 void Trainer::Impl::persist_snapshot(int64_t epoch, int64_t batch, int64_t batches_per_epoch) {
   if (config.checkpoint_dir.empty()) return;
   const auto t0 = Clock::now();
-  runtime::Checkpoint c{checkpoint_header(epoch, batch), snapshot};
+  runtime::Checkpoint c{checkpoint_header(epoch, batch), snapshot, snapshot_feedback};
   auto pickle = call(command(&proto::Command::mutable_get_pickle), true);  // a recovery restores `snapshot`
   const auto path = runtime::write_rotating_checkpoint(config.checkpoint_dir, epoch * batches_per_epoch + batch,
                                                        config.checkpoint_keep, c, pickle[0].pickle().pickle());

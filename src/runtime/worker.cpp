@@ -242,7 +242,8 @@ class Worker {
     switch (cmd.request_case()) {
       case C::kSetup: *out.mutable_setup() = on_setup(cmd.setup()); break;
       case C::kConnect: connect(cmd.connect().placement()); break;
-      case C::kSetState: each_replica([&](int i) { replica(i).load_state(cmd.set_state().state()); }); break;
+      case C::kSetState: on_set_state(cmd.set_state()); break;
+      case C::kGetFeedback: *out.mutable_feedback() = on_get_feedback(); break;
       case C::kGatherState: on_gather_state(cmd.gather_state()); break;
       case C::kGetState: *out.mutable_state() = on_get_state(); break;
       case C::kGetPickle: *out.mutable_pickle() = on_get_pickle(); break;
@@ -296,6 +297,25 @@ class Worker {
     if (in.keep() != index_) {
       for (auto& r : replicas_) r->drop_server_state_copy();
     }
+  }
+
+  // Feedback saved by a world of another size is no one's here: each replica starts from zero.
+  void on_set_state(const proto::SetStateRequest& in) {
+    const auto& fb = in.feedback();
+    const bool ours = static_cast<int>(fb.size()) == world_;
+    each_replica([&](int i) {
+      const auto it = ours ? fb.find(rank_base_ + i) : fb.end();
+      replica(i).load_state(in.state(), it != fb.end() ? it->second : std::string());
+    });
+  }
+
+  proto::FeedbackReply on_get_feedback() {
+    proto::FeedbackReply out;
+    for (int i = 0; i < dpw_; ++i) {
+      std::string bytes = replica(i).save_feedback();
+      if (!bytes.empty()) (*out.mutable_feedback())[rank_base_ + i] = std::move(bytes);
+    }
+    return out;
   }
 
   proto::StateReply on_get_state() {

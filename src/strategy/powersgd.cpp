@@ -82,15 +82,10 @@ PowerSgd::PowerSgd(Options options) : options_(options) {
   }
 }
 
-PowerSgd::BucketState& PowerSgd::state_of(const void* key) {
-  std::lock_guard<std::mutex> lock(mutex_);
-  return state_[key];
-}
-
 uint64_t PowerSgd::reduce(comm::Group& group, const PowerSgdBucket& bucket, float* data, size_t count,
                           std::chrono::milliseconds timeout) {
   const int h = group.size();
-  BucketState& st = state_of(bucket.key);
+  PowerSgdState& st = *bucket.state;
   ++st.calls;
   std::vector<const MatrixSlot*> comp;
   if (bucket.matrices != nullptr && bucket.residual != nullptr && st.calls > options_.start_steps) {

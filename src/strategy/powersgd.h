@@ -19,15 +19,13 @@
 // matrix of rank <= R comes back exact (up to float rounding).
 //
 // Bytes per leader: 2(h-1)/h x 4 (R(n + m) per matrix + the rest) against 2(h-1)/h x 4 nm.
-// Thread-safe across buckets; one call at a time per bucket (the strategy's ordering contract).
-// Torch-free.
+// Stateless but for its options (each bucket's state is the caller's): thread-safe, one call at
+// a time per bucket (the strategy's ordering contract). Torch-free.
 #pragma once
 
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
-#include <map>
-#include <mutex>
 #include <vector>
 
 #include "dsgd/comm/group.h"
@@ -42,10 +40,18 @@ struct MatrixSlot {
   size_t cols = 0;
 };
 
+// What PowerSGD carries from one call to the next for a bucket: the calls so far (the plain
+// start) and each compressed matrix's Q (the warm start). The caller keeps it with the
+// bucket's residual (GradSync), so both travel in snapshots and checkpoints.
+struct PowerSgdState {
+  int64_t calls = 0;
+  std::vector<std::vector<float>> q;  // per compressed matrix, R x cols (Q transposed, row-major)
+};
+
 // One bucket as PowerSGD sees it.
 struct PowerSgdBucket {
   uint64_t index = 0;       // its position in its model's plan: the same on every leader (seeds Q)
-  const void* key = nullptr;  // its identity in this process (its data), for its state
+  PowerSgdState* state = nullptr;  // its state (never null)
   float* residual = nullptr;  // count floats of this host's error feedback
   const std::vector<MatrixSlot>* matrices = nullptr;  // null: none
 };
@@ -69,15 +75,7 @@ class PowerSgd {
   static bool compresses(size_t rows, size_t cols, int rank);
 
  private:
-  struct BucketState {
-    int64_t calls = 0;
-    std::vector<std::vector<float>> q;  // per compressed matrix, cols x rank (row-major)
-  };
-  BucketState& state_of(const void* key);
-
   const Options options_;
-  std::mutex mutex_;  // guards state_'s structure (entries are per bucket)
-  std::map<const void*, BucketState> state_;
 };
 
 // Gram-Schmidt on the `cols` columns of the row-major rows x cols matrix `a`, in place: each

@@ -44,10 +44,10 @@ class AllreduceStrategy final : public GradientStrategy {
   std::shared_ptr<comm::Work> average_with_feedback_async(float* data, size_t count, const FeedbackBucket& b) override {
     if (algorithm_ == comm::AllreduceAlgorithm::kAuto) {
       comm::CrossHostWire wire{.type = wire_, .residual = b.residual};
-      if (powersgd_) {
+      if (powersgd_ && b.powersgd != nullptr) {
         // The stage runs on the group's thread: it holds the state it needs.
         std::shared_ptr<PowerSgd> psgd = powersgd_;
-        const PowerSgdBucket bucket{.index = b.index, .key = data, .residual = b.residual, .matrices = b.matrices};
+        const PowerSgdBucket bucket{.index = b.index, .state = b.powersgd, .residual = b.residual, .matrices = b.matrices};
         wire = {.stage = [psgd, bucket](comm::Group& leaders, float* d, size_t n, std::chrono::milliseconds t) {
           return psgd->reduce(leaders, bucket, d, n, t);
         }};

@@ -63,11 +63,13 @@ class GradientStrategy {
   // Strategies that compress what crosses hosts with error feedback (allreduce with compression
   // fp16, bf16 or powersgd) average through average_with_feedback_async: b.residual is count
   // floats of this replica's feedback for that bucket (zeros at first), which the call reads and
-  // updates; the caller keeps it (GradSync, with the replica's state).
+  // updates, and b.powersgd its PowerSGD state; the caller keeps both (GradSync, with the
+  // replica's state). PowerSGD without a state (null) sends the bucket as float32.
   struct FeedbackBucket {
     uint64_t index = 0;                                  // its position in the plan, the same on every replica
     float* residual = nullptr;
     const std::vector<MatrixSlot>* matrices = nullptr;  // its matrix-shaped gradients (PowerSGD)
+    PowerSgdState* powersgd = nullptr;                   // PowerSGD's state of the bucket (kept with residual)
   };
   virtual bool keeps_residuals() const { return false; }
   virtual std::shared_ptr<comm::Work> average_with_feedback_async(float* data, size_t count, const FeedbackBucket&) {

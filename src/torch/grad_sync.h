@@ -87,9 +87,17 @@ class GradSync {
   // Fails communication in flight (from any thread).
   void abort(const std::string& reason) { strategy_->abort(reason); }
   // Error feedback of a strategy that compresses (strategy::GradientStrategy::keeps_residuals):
-  // one float per gradient element, in the flat buffer's layout; undefined otherwise. Part of
-  // the replica's state: a snapshot or checkpoint holds it, a restore writes it back.
+  // one float per gradient element, in the flat buffer's layout; undefined otherwise. With it,
+  // per bucket, PowerSGD's state (calls and warm-start Q, on host leaders).
   torch::Tensor& residuals() { return residuals_; }
+  // That feedback as bytes (appended to *out; nothing without residuals), for snapshots and
+  // checkpoints: the residuals (left out when all zero, as on every replica but a host's
+  // leader) and the PowerSGD states. load_feedback reads what save_feedback wrote from
+  // [*p, end) and advances *p; where it is of another layout (bucket sizes) or absent, it
+  // resets the feedback to zero and returns false.
+  void save_feedback(std::string* out) const;
+  bool load_feedback(const char** p, const char* end);
+  void clear_feedback();
 
   // ---- the deferred step: communication overlapped with the next forward ----
   // With T > 0 deferred buckets, T buckets spread over the layers (strategy::overlap_schedule)
@@ -165,6 +173,7 @@ class GradSync {
   torch::Tensor flat_;                          // the gradients on device_ (host_ itself on the CPU)
   torch::Tensor residuals_;                     // error feedback (host, flat layout), if the strategy keeps it
   std::vector<std::vector<strategy::MatrixSlot>> matrices_;  // with residuals_: per bucket, its matrices
+  std::vector<strategy::PowerSgdState> powersgd_;  // with residuals_: per bucket
   std::vector<torch::Tensor> slots_;            // flat_'s storage, one per parameter, shaped like it
   double weight_ = 1.0;
   const bool overlap_;

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 
 #include "comm/timeline.h"
 #include "dsgd/comm/cuda.h"
@@ -345,16 +346,48 @@ size_t ReplicaRuntime::state_bytes() const { return replica_state_bytes(*op_, {p
 
 size_t ReplicaRuntime::gradient_bytes() const { return torch_glue::gradient_bytes(*op_); }
 
-void ReplicaRuntime::load_state(const std::string& bytes) {
+namespace {
+constexpr char kFeedbackMagic[8] = {'d', 's', 'g', 'd', 'f', 'b', '0', '1'};
+}  // namespace
+
+void ReplicaRuntime::load_state(const std::string& bytes, const std::string& feedback) {
   for (auto& s : syncs_) s->discard_pending();
   const ReplicaState state = load_replica_state(*op_, bytes, options_.info.device);
   position_ = state.position;
   step_schedules_to(state.schedule_t);
-  for (auto& s : syncs_) {
-    s->restart_servers();
-    // Error feedback starts again from nothing: a snapshot does not hold it (yet).
-    if (s->residuals().defined()) s->residuals().zero_();
+  for (auto& s : syncs_) s->restart_servers();
+  const bool keeps = std::any_of(syncs_.begin(), syncs_.end(), [](const auto& s) { return s->residuals().defined(); });
+  if (!keeps) return;
+  const char* p = feedback.data();
+  const char* const end = p + feedback.size();
+  bool ok = feedback.size() >= sizeof kFeedbackMagic && std::memcmp(p, kFeedbackMagic, sizeof kFeedbackMagic) == 0;
+  uint64_t syncs = 0;
+  if (ok) {
+    p += sizeof kFeedbackMagic;
+    ok = static_cast<size_t>(end - p) >= sizeof syncs && (std::memcpy(&syncs, p, sizeof syncs), syncs == syncs_.size());
+    p += ok ? sizeof syncs : 0;
   }
+  for (auto& s : syncs_) {
+    if (ok) ok = s->load_feedback(&p, end);
+    if (!ok) s->clear_feedback();
+  }
+  if (!ok && options_.info.rank == 0) {
+    dsgd::log().info(feedback.empty() ? "error feedback starts from zero: the state loaded holds none for this replica "
+                                        "(saved without compression, or by a job of another size)"
+                                      : "error feedback starts from zero: the state loaded holds it for another layout "
+                                        "(bucket sizes or models differ)");
+  }
+}
+
+std::string ReplicaRuntime::save_feedback() const {
+  std::string out;
+  const bool keeps = std::any_of(syncs_.begin(), syncs_.end(), [](const auto& s) { return s->residuals().defined(); });
+  if (!keeps) return out;
+  out.append(kFeedbackMagic, sizeof kFeedbackMagic);
+  const uint64_t syncs = syncs_.size();
+  out.append(reinterpret_cast<const char*>(&syncs), sizeof syncs);
+  for (const auto& s : syncs_) s->save_feedback(&out);
+  return out;
 }
 
 std::vector<std::pair<std::string, torch::Tensor>> ReplicaRuntime::named_tensors() const {

@@ -107,7 +107,13 @@ class ReplicaRuntime : private ParameterGate, private ReplicaHost {
   // The shared memory its GradSyncs will ask the strategy for: each model's trainable float32
   // parameters, 64-byte aligned (comm::ShmOptions::shared_bytes for the replica's group).
   size_t gradient_bytes() const;
-  void load_state(const std::string& bytes);  // drops steps still pending (forward overlap)
+  // Drops steps still pending (forward overlap). `feedback`: this replica's save_feedback() from
+  // the same point, or "" (the error feedback then starts from zero).
+  void load_state(const std::string& bytes, const std::string& feedback = {});
+  // This replica's error feedback (compression: GradSync's residuals and PowerSGD states), "" when
+  // it keeps none. Per replica: each host leader's differs. load_state takes it back; bytes of
+  // another layout (bucket sizes, models) are dropped with a notice and feedback starts at zero.
+  std::string save_feedback() const;
   // The models' named parameters and buffers ("model<i>.<name>" for i > 0).
   std::vector<std::pair<std::string, torch::Tensor>> named_tensors() const;
 

@@ -19,7 +19,7 @@ namespace {
 
 namespace fs = std::filesystem;
 
-Checkpoint state_of(int64_t step) { return {{{"step", step}}, "state of step " + std::to_string(step)}; }
+Checkpoint state_of(int64_t step) { return {{{"step", step}}, "state of step " + std::to_string(step), {}}; }
 
 void flip_a_byte(const std::string& file) {
   std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
@@ -47,7 +47,7 @@ TEST(CheckpointRotation, RewritingAStepReplacesIt) {
   testing::TempDir dir;
   const std::string root = dir.file("ckpts");
   write_rotating_checkpoint(root, 7, 3, state_of(7), "");
-  write_rotating_checkpoint(root, 7, 3, {{{"step", 7}}, "again"}, "");
+  write_rotating_checkpoint(root, 7, 3, {{{"step", 7}}, "again", {}}, "");
   EXPECT_EQ(list_checkpoints(root).size(), 1u);
   EXPECT_EQ(read_latest_checkpoint(root, nullptr).state, "again");
 }
@@ -67,6 +67,24 @@ TEST(CheckpointRotation, DamagedOrTruncatedNewestFallsBackToThePreviousAndNamesI
   skipped.clear();
   EXPECT_EQ(read_latest_checkpoint(root, &skipped).state, "state of step 1");
   EXPECT_EQ(skipped.size(), 2u);
+}
+
+// Each replica's error feedback follows the state under the same checksum, by rank.
+TEST(CheckpointFile, FeedbackComesBackByRankAndIsCoveredByTheChecksum) {
+  testing::TempDir dir;
+  Checkpoint c = state_of(4);
+  c.feedback = {{0, std::string("leader \0 zero", 13)}, {2, "leader two"}, {3, ""}};
+  write_checkpoint(dir.file("c"), c, "");
+  const Checkpoint back = read_checkpoint(dir.file("c"));
+  EXPECT_EQ(back.state, c.state);
+  EXPECT_EQ(back.feedback, c.feedback);
+  EXPECT_EQ(back.header.value("step", 0), 4);
+  EXPECT_FALSE(back.header.contains("feedback"));
+  flip_a_byte(dir.file("c") + "/checkpoint.dsgd");  // inside rank 2's bytes
+  EXPECT_THROW(read_checkpoint(dir.file("c")), DataError);
+  // Without feedback the file is what it always was: state only.
+  write_checkpoint(dir.file("d"), state_of(5), "");
+  EXPECT_TRUE(read_checkpoint(dir.file("d")).feedback.empty());
 }
 
 TEST(CheckpointRotation, AHalfWrittenCheckpointIsNeverPickedUp) {

@@ -674,6 +674,45 @@ void expect_checkpoint_moves(const TrainerConfig& from, const TrainerConfig& to)
   EXPECT_LT(max_difference(params_of(*a.get_model()), params_of(*b.get_model())), 1e-5);
 }
 
+// With compression a checkpoint holds every replica's error feedback: a job of the same shape
+// goes on from it bit for bit. One of another size or compression loads it too, from zero
+// feedback (with a notice), and trains on.
+TEST(TrainerCheckpoint, WithCompressionTheFeedbackComesBackAndOtherJobsLoadItFromZero) {
+  testing::TempDir dir;
+  const std::string path = dir.file("ckpt");
+  auto c = base_config(2, "allreduce", 64);
+  c.local_hosts = 2;
+  c.compression = "powersgd";
+  c.powersgd_start_steps = 2;
+  Trainer a(dsgd::kImageClassifier, c);
+  a.train({.num_steps = 6});
+  a.save(path);
+  Trainer b(dsgd::kImageClassifier, c);
+  b.load(path);
+  a.train({.num_steps = 4});
+  b.train({.num_steps = 4});
+  EXPECT_EQ(max_difference(params_of(*a.get_model()), params_of(*b.get_model())), 0.0);
+  {  // without the feedback the same job parts from it at once
+    Trainer z(dsgd::kImageClassifier, c);
+    auto ck = runtime::read_checkpoint(path);
+    ASSERT_EQ(ck.feedback.size(), 2u) << "a feedback per replica";
+    ck.feedback.clear();
+    runtime::write_checkpoint(dir.file("bare"), ck, "");
+    z.load(dir.file("bare"));
+    z.train({.num_steps = 4});
+    EXPECT_GT(max_difference(params_of(*a.get_model()), params_of(*z.get_model())), 0.0);
+  }
+  for (auto other : {base_config(3, "allreduce", 66), base_config(2, "allreduce", 64)}) {
+    other.local_hosts = 2;
+    other.compression = other.num_workers == 3 ? "powersgd" : "fp16";
+    Trainer d(dsgd::kImageClassifier, other);
+    d.load(path);
+    auto r = d.train({.num_steps = 2});
+    EXPECT_EQ(r.batch, 8);
+    EXPECT_TRUE(std::isfinite(r.metrics.at("loss")));
+  }
+}
+
 TEST(TrainerCheckpoint, SavedWithMomentumOnPsShardsContinuesIdenticallyUnderAllreduce) {
   expect_checkpoint_moves(ps_update_config(2, 2, 2), base_config(2, "allreduce", 64));
 }
@@ -1224,6 +1263,24 @@ TEST(TrainerRecovery, WaitingForReplacementsAKilledWorkersReplacementTakesItsPla
   EXPECT_LT(ev.detect_s, 2.0) << "a process that exits is seen before the heartbeat timeout";
   std::cout << "recovery: " << ev.recovery_s << " s, detected " << ev.detect_s << " s after the victim's last "
             << "sign of life, rolled back " << ev.rolled_back_steps << " steps\n";
+}
+
+// Compression keeps error feedback per replica (each host leader's own residual) and PowerSGD's
+// state (its calls and warm-start Q): both travel with the snapshot, so a replacement's run ends
+// equal to the fault-free run with the same compression. (Restarted from zero they part: the
+// first step after the restore sends other values.)
+TEST(TrainerRecovery, WithCompressionTheErrorFeedbackComesBackAndTheResultEqualsAFaultFreeRun) {
+  for (const char* compression : {"fp16", "powersgd"}) {
+    SCOPED_TRACE(compression);
+    auto c = base_config(2, "allreduce", 64);
+    c.local_hosts = 2;
+    c.compression = compression;
+    c.powersgd_start_steps = 3;  // compressed from step 4: Q warm by the snapshot at 10
+    c.wait_for_replacements = true;
+    auto r = train_through_fault(c, SIGKILL, nullptr, std::numeric_limits<double>::denorm_min());  // bit for bit
+    ASSERT_EQ(r.recoveries.size(), 1u);
+    EXPECT_EQ(r.recoveries[0].workers_after, 2);
+  }
 }
 
 // The call's scale-up, if it had one.

@@ -65,10 +65,11 @@ Outcome run(int hosts, int rank, int start_steps, int calls, const std::function
     auto group = comm::Group::create(store, h, hosts, o);
     PowerSgd psgd({.rank = rank, .start_steps = start_steps, .seed = 7});
     std::vector<float> residual(layout.count, 0.0f), data(layout.count);
+    PowerSgdState state;
     uint64_t bytes = 0;
     for (int c = 0; c < calls; ++c) {
       for (size_t e = 0; e < layout.count; ++e) data[e] = fill(h, e);
-      const PowerSgdBucket bucket{.index = 3, .key = data.data(), .residual = residual.data(),
+      const PowerSgdBucket bucket{.index = 3, .state = &state, .residual = residual.data(),
                                   .matrices = &layout.matrices};
       bytes = psgd.reduce(*group, bucket, data.data(), layout.count, milliseconds(5000));
     }
@@ -134,11 +135,12 @@ TEST(PowerSgd, ErrorFeedbackKeepsWhatTheApproximationLeftOut) {
     auto group = comm::Group::create(store, h, 2, o);
     PowerSgd psgd({.rank = 1, .start_steps = 0, .seed = 7});
     std::vector<float> residual(layout.count, 0.0f), data(layout.count);
+    PowerSgdState state;
     auto& mine = sent[static_cast<size_t>(h)];
     mine.assign(layout.count, 0.0);
     for (int c = 0; c < calls; ++c) {
       for (size_t e = 0; e < layout.count; ++e) data[e] = full(h, e);
-      psgd.reduce(*group, {.index = 0, .key = data.data(), .residual = residual.data(), .matrices = &layout.matrices},
+      psgd.reduce(*group, {.index = 0, .state = &state, .residual = residual.data(), .matrices = &layout.matrices},
                   data.data(), layout.count, milliseconds(5000));
       for (size_t e = 0; e < layout.count; ++e) mine[e] += data[e];
     }
