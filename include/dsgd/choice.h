@@ -38,7 +38,7 @@ enum class SchedulerStepFreq { kBatch = 1, kEpoch = 2, kManual = 3 };
 enum class Device { kAuto = 1, kCpu = 2, kCuda = 3 };
 // The arithmetic of forward and loss: float32, or bfloat16 under autocast (float32 weights,
 // gradients and optimizer).
-enum class Precision { kFp32 = 1, kBf16 = 2 };
+enum class Precision { kFp32 = 1, kBf16 = 2, kFp16 = 3 };
 // What crosses hosts (TrainerConfig::compression): float32 as computed, float16 / bfloat16 on
 // the wire (summed in float32), or PowerSGD's low-rank factors; the lossy ones with error feedback.
 enum class Compression { kNone = 1, kFp16 = 2, kBf16 = 3, kPowerSgd = 4 };
@@ -79,7 +79,7 @@ struct ChoiceTraits<Device> {
 template <>
 struct ChoiceTraits<Precision> {
   static constexpr std::string_view field = "precision";
-  static constexpr std::array<std::string_view, 2> names = {"fp32", "bf16"};
+  static constexpr std::array<std::string_view, 3> names = {"fp32", "bf16", "fp16"};
 };
 template <>
 struct ChoiceTraits<Compression> {

@@ -13,7 +13,8 @@
 //   DSGD_REGISTER_OPERATOR(MnistOperator);   // workers construct it by this name
 //
 // The defaults run the usual supervised loop: train_epoch walks this replica's share of each
-// global batch (see sampler()), train_batch does zero_grad, forward, loss, backward, step.
+// global batch (see sampler()), train_batch does zero_grad, forward, loss, backward (of
+// scale_loss(loss)), check_gradients, step.
 // Gradients are averaged over every replica inside backward(): autograd hooks hand each bucket
 // to the strategy as soon as its last gradient is ready, and backward returns with the average
 // in every parameter's .grad. Custom train_batch code therefore looks like single-process code
@@ -142,6 +143,12 @@ class TrainingOperator {
   // replica gets the same answer. Checked as backward makes the gradients: changes made to
   // .grad after backward are not.
   bool check_gradients();
+  // The loss to call backward() on: `loss` times the loss scale where the job scales losses
+  // (TrainerConfig::loss_scale; precision fp16 by default), `loss` itself otherwise. The
+  // runtime unscales the averaged gradients, and check_gradients() skips the step and backs
+  // the scale off when they overflowed. Custom train_batch code: scale_loss(loss).backward(),
+  // then check_gradients() before each optimizer step.
+  torch::Tensor scale_loss(const torch::Tensor& loss);
   // Steps every registered schedule once (for scheduler_step_freq "manual"; the runtime does it
   // per batch or per epoch otherwise).
   void step_schedulers();

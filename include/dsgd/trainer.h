@@ -64,8 +64,20 @@ struct TrainerConfig {
   // forward_overlap_buckets.
   Choice<Device> device = Device::kAuto;
   // bf16: forward and loss under autocast in bfloat16 (weights, gradients and the optimizer stay
-  // float32), on the CPU or CUDA.
+  // float32), on the CPU or CUDA. fp16: the same in float16, CUDA only (LibTorch's CPU autocast
+  // has no float16: ConfigError, use bf16), with dynamic loss scaling by default.
   Choice<Precision> precision = Precision::kFp32;
+  // Dynamic loss scaling, PyTorch's GradScaler: the loss times S before backward, the averaged
+  // gradients times 1/S before the step; a step whose gradients are not finite is skipped on
+  // every replica (counted in skipped_steps, whatever nonfinite_policy says, until S is at
+  // its minimum 2^-24) and S halved; S doubles after loss_scale_growth_interval finite steps in
+  // a row. 0: on from S = 65536 under fp16, off otherwise; > 0: on from that S (a power of two,
+  // so scaling is exact: float32 gradients that do not overflow give the unscaled step bit for
+  // bit); -1: off. S is reported ("loss_scale" in the train metrics) and kept in snapshots and
+  // checkpoints. The optimizer step must be the replicas' own, once per check_gradients: not
+  // with ps_async, ps_update_on_shards or forward_overlap_buckets (ConfigError).
+  double loss_scale = 0;
+  int64_t loss_scale_growth_interval = 2000;
   // What crosses hosts (strategy allreduce, allreduce_algo auto): none (float32); fp16 / bf16:
   // each host leader sends its host's gradient sum in 16 bits and sums what it gets in float32
   // (dsgd/comm/hierarchical.h), half the bytes; powersgd: PowerSGD's rank-`powersgd_rank`

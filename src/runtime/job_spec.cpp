@@ -39,6 +39,7 @@ static_assert(static_cast<int>(SchedulerStepFreq::kBatch) == proto::SCHEDULER_ST
 static_assert(static_cast<int>(Device::kCuda) == proto::DEVICE_CUDA);
 static_assert(static_cast<int>(Device::kCpu) == proto::DEVICE_CPU);
 static_assert(static_cast<int>(Precision::kBf16) == proto::PRECISION_BF16);
+static_assert(static_cast<int>(Precision::kFp16) == proto::PRECISION_FP16);
 static_assert(static_cast<int>(Compression::kBf16) == proto::COMPRESSION_BF16);
 static_assert(static_cast<int>(Compression::kFp16) == proto::COMPRESSION_FP16);
 static_assert(static_cast<int>(Compression::kPowerSgd) == proto::COMPRESSION_POWERSGD);
@@ -95,6 +96,8 @@ proto::JobSpec make_job_spec(const std::string& op, const TrainerConfig& c) {
   s.set_compression(to_proto(c.compression.value()));
   s.set_powersgd_rank(c.powersgd_rank);
   s.set_powersgd_start_steps(c.powersgd_start_steps);
+  s.set_loss_scale(loss_scale_of(c));
+  s.set_loss_scale_growth_interval(c.loss_scale_growth_interval);
   return s;
 }
 
@@ -112,6 +115,8 @@ torch_glue::ReplicaOptions replica_options(const proto::JobSpec& spec, const Rep
   o.info.device = torch_glue::replica_device(from_proto(spec.device()),
                                              info.worker * spec.devices_per_worker() + info.local_replica);
   o.precision = from_proto(spec.precision());
+  o.loss_scale = spec.loss_scale();
+  o.loss_scale_growth_interval = spec.loss_scale_growth_interval();
   return o;
 }
 

@@ -7,6 +7,7 @@
 #include "dsgd/operator.h"
 #include "runtime/launcher.h"
 #include "runtime/worker_functions.h"
+#include "torch/loss_scaler.h"
 
 namespace dsgd::runtime {
 
@@ -87,6 +88,18 @@ void validate_trainer_config(const std::string& op, const TrainerConfig& c) {
           "compression " + c.compression.name() + " applies to strategy allreduce with allreduce_algo auto (the "
           "hierarchy's across-host stage); strategy is '" + c.strategy.name() + "', allreduce_algo '" +
           c.allreduce_algo.name() + "'");
+  require(c.loss_scale >= 0 || c.loss_scale == -1,
+          "loss_scale must be > 0 (dynamic from that scale), 0 (dynamic under fp16, else off) or -1 (off), got " +
+              std::to_string(c.loss_scale));
+  if (const double s = loss_scale_of(c); s > 0) {
+    torch_glue::LossScaler({.init_scale = s, .growth_interval = c.loss_scale_growth_interval});  // its checks
+    require(c.strategy != Strategy::kPsAsync && !c.ps_update_on_shards && c.forward_overlap_buckets == 0,
+            "loss scaling needs the optimizer step in the replicas, once per batch after the gradient check: not "
+            "with ps_async, ps_update_on_shards or forward_overlap_buckets (set it to 0)" +
+                std::string(c.precision == Precision::kFp16 ? "; precision fp16 scales the loss by default" : ""));
+  }
+  require(c.precision != Precision::kFp16 || c.device != Device::kCpu,
+          "precision fp16 needs CUDA: LibTorch's CPU autocast runs bfloat16 only. Use precision bf16 on the CPU");
   require(c.max_staleness >= -1, "max_staleness must be >= -1 (-1 = unbounded), got " + std::to_string(c.max_staleness));
   require(c.num_ps_shards >= 0 && c.num_ps_shards <= 64,
           "num_ps_shards must be in 0..64 (0 = one per host), got " + std::to_string(c.num_ps_shards));
@@ -139,6 +152,11 @@ void validate_trainer_config(const std::string& op, const TrainerConfig& c) {
     throw ConfigError(std::string("this process was started as a dsgd worker (by pid ") + parent +
                       ") but main() went on to create a Trainer: call dsgd::init(argc, argv) first thing in main()");
   }
+}
+
+double loss_scale_of(const TrainerConfig& c) {
+  if (c.loss_scale > 0) return c.loss_scale;
+  return c.loss_scale == 0 && c.precision == Precision::kFp16 ? 65536.0 : 0.0;
 }
 
 int ps_shard_processes(const TrainerConfig& c) {

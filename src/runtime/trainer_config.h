@@ -19,4 +19,8 @@ void validate_trainer_config(const std::string& op, const TrainerConfig& c);
 // "processes": num_ps_shards, 0 resolved to local_hosts); 0 for every other configuration.
 int ps_shard_processes(const TrainerConfig& c);
 
+// The loss scaling the job runs with: 0 (off), or the initial scale (loss_scale 0 resolved to
+// 65536 under precision fp16, off otherwise; -1 off).
+double loss_scale_of(const TrainerConfig& c);
+
 }  // namespace dsgd::runtime

@@ -68,7 +68,7 @@ AutocastScope::AutocastScope(torch::Device device, Precision precision) : type_(
   on_ = true;
   was_enabled_ = autocast_enabled(type_);
   was_dtype_ = autocast_dtype(type_);
-  set_autocast(type_, true, torch::kBFloat16);
+  set_autocast(type_, true, precision == Precision::kFp16 ? torch::kHalf : torch::kBFloat16);
 }
 
 AutocastScope::~AutocastScope() {

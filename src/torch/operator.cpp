@@ -146,6 +146,7 @@ bool TrainingOperator::next_train_batch(Batch& batch, int64_t max_batches) {
 void TrainingOperator::after_batch() { host("after_batch").after_batch(); }
 void TrainingOperator::step_schedulers() { host("step_schedulers").step_schedules(); }
 bool TrainingOperator::check_gradients() { return host("check_gradients").check_gradients(); }
+torch::Tensor TrainingOperator::scale_loss(const torch::Tensor& loss) { return host("scale_loss").scale_loss(loss); }
 int64_t TrainingOperator::batches_per_epoch() const { return host("batches_per_epoch").batches_per_epoch(); }
 
 Metrics TrainingOperator::train_epoch(int64_t max_batches) {
@@ -175,7 +176,7 @@ Metrics TrainingOperator::train_batch(const Batch& batch) {
   t = Clock::now();
   {
     comm::timeline::Span span("backward");
-    loss_value.backward();
+    runtime.scale_loss(loss_value).backward();
   }
   if (prof) runtime.add_phase("backward_s", since(t));
   t = Clock::now();

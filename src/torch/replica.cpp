@@ -32,6 +32,10 @@ ReplicaRuntime::ReplicaRuntime(std::unique_ptr<TrainingOperator> op, const Repli
     : op_(std::move(op)), options_(options),
       deferred_(*op_, options.nonfinite.value(), /*warn=*/options.info.rank == 0) {
   OperatorAccess::attach(*op_, this, options.info);
+  if (options_.loss_scale > 0) {
+    scaler_.emplace(LossScaler::Options{.init_scale = options_.loss_scale,
+                                        .growth_interval = options_.loss_scale_growth_interval});
+  }
 }
 
 ReplicaRuntime::~ReplicaRuntime() {
@@ -58,6 +62,10 @@ void ReplicaRuntime::setup(const nlohmann::json& config) {
                       " samples, fewer than the " + std::to_string(options_.info.world_size) + " replicas");
   }
   to_device();
+  if (options_.precision == Precision::kFp16 && !options_.info.device.is_cuda()) {
+    throw ConfigError("precision fp16 needs CUDA, and this replica computes on " + options_.info.device.str() +
+                      ": LibTorch's CPU autocast runs bfloat16 only. Use precision bf16 on the CPU");
+  }
   step_schedules_to(0);
 }
 
@@ -196,7 +204,8 @@ bool ReplicaRuntime::next_batch(Batch& batch, int64_t max_batches) {
   auto idx = order_.slice(0, begin, end);
   batch.data = gather(op_->train_data(), idx);
   batch.target = op_->train_targets().defined() ? gather(op_->train_targets(), idx) : torch::Tensor();
-  for (auto& sync : syncs_) sync->set_weight(s.weight(position_.batch));
+  batch_weight_ = s.weight(position_.batch);
+  set_weights();
   ++taken_this_call_;
   return true;
 }
@@ -211,6 +220,16 @@ torch::Tensor ReplicaRuntime::gather(const torch::Tensor& data, const torch::Ten
   auto staged = torch::empty(sizes, data.options().pinned_memory(true));
   torch::index_select_out(staged, data, 0, idx);
   return staged.to(device, /*non_blocking=*/true);
+}
+
+void ReplicaRuntime::set_weights() {
+  // The loss scale is a power of two: dividing by it is exact.
+  const double w = scaler_ ? batch_weight_ / scaler_->scale() : batch_weight_;
+  for (auto& sync : syncs_) sync->set_weight(w);
+}
+
+torch::Tensor ReplicaRuntime::scale_loss(const torch::Tensor& loss) {
+  return scaler_ ? loss * scaler_->scale() : loss;
 }
 
 void ReplicaRuntime::after_batch() {
@@ -236,19 +255,36 @@ void ReplicaRuntime::step_schedules_to(int64_t t) {
 bool ReplicaRuntime::check_gradients() {
   bool finite = true;
   if (!syncs_.empty()) {
-    for (auto& s : syncs_) finite = finite && s->last_finite();
-  } else if (check_) {
-    finite = check_->take();  // checked as backward made them
+    for (auto& s : syncs_) finite = finite && s->last_finite();  // unscaled by their weight
   } else {
-    // A lone replica on a GPU (or after the hooks were detached): all gradients at once, one
-    // host sync (isfinite().all() per parameter cost the MLP ~20% of its step).
     std::vector<torch::Tensor> grads;
-    for (auto& m : op_->models()) {
-      for (auto& p : m->parameters()) {
-        if (p.grad().defined()) grads.push_back(p.grad());
+    if (scaler_ || !check_) {
+      for (auto& m : op_->models()) {
+        for (auto& p : m->parameters()) {
+          if (p.grad().defined()) grads.push_back(p.grad());
+        }
       }
     }
-    finite = all_finite(grads);
+    if (scaler_) {
+      torch::NoGradGuard no_grad;
+      for (auto& g : grads) g.mul_(1.0 / scaler_->scale());
+    }
+    // Checked as backward made them; or, a lone replica on a GPU (or after the hooks were
+    // detached), all gradients at once, one host sync (isfinite().all() per parameter cost the
+    // MLP ~20% of its step).
+    finite = check_ ? check_->take() : all_finite(grads);
+  }
+  if (scaler_ && (finite || !scaler_->at_minimum())) {
+    const double was = scaler_->scale();
+    scaler_->update(finite);
+    set_weights();
+    if (finite) return true;
+    ++skipped_this_call_;
+    if (options_.info.rank == 0) {
+      dsgd::log().debug("gradient overflow at {}: step skipped on every replica, loss scale {} -> {}", where(), was,
+                        scaler_->scale());
+    }
+    return false;
   }
   if (finite) return true;
   if (options_.nonfinite == NonfinitePolicy::kError) {
@@ -322,6 +358,7 @@ Metrics ReplicaRuntime::train(int64_t max_batches, bool profile) {
   }
   m["batches"] = static_cast<double>(batches);
   m["skipped_steps"] = static_cast<double>(skipped_this_call_);
+  if (scaler_) m["loss_scale"] = scaler_->scale();
   if (bytes0 >= 0 && batches > 0) {  // what this replica sent to other hosts, per step
     m["comm_bytes_per_step"] =
         static_cast<double>(syncs_[0]->strategy().cross_host_bytes() - bytes0) / static_cast<double>(batches);
@@ -340,9 +377,18 @@ Metrics ReplicaRuntime::validate() {
   return op_->validate();
 }
 
-std::string ReplicaRuntime::save_state() const { return save_replica_state(*op_, {position_, schedule_t_}); }
+ReplicaState ReplicaRuntime::state() const {
+  ReplicaState s{position_, schedule_t_};
+  if (scaler_) {
+    s.loss_scale = scaler_->scale();
+    s.loss_scale_good_steps = scaler_->good_steps();
+  }
+  return s;
+}
 
-size_t ReplicaRuntime::state_bytes() const { return replica_state_bytes(*op_, {position_, schedule_t_}); }
+std::string ReplicaRuntime::save_state() const { return save_replica_state(*op_, state()); }
+
+size_t ReplicaRuntime::state_bytes() const { return replica_state_bytes(*op_, state()); }
 
 size_t ReplicaRuntime::gradient_bytes() const { return torch_glue::gradient_bytes(*op_); }
 
@@ -355,6 +401,8 @@ void ReplicaRuntime::load_state(const std::string& bytes, const std::string& fee
   const ReplicaState state = load_replica_state(*op_, bytes, options_.info.device);
   position_ = state.position;
   step_schedules_to(state.schedule_t);
+  // A state saved without loss scaling leaves the scale where it is.
+  if (scaler_ && state.loss_scale > 0) scaler_->restore(state.loss_scale, state.loss_scale_good_steps);
   for (auto& s : syncs_) s->restart_servers();
   const bool keeps = std::any_of(syncs_.begin(), syncs_.end(), [](const auto& s) { return s->residuals().defined(); });
   if (!keeps) return;

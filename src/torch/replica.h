@@ -23,6 +23,7 @@
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -34,6 +35,7 @@
 #include "torch/grad_check.h"
 #include "torch/deferred_steps.h"
 #include "torch/grad_sync.h"
+#include "torch/loss_scaler.h"
 #include "torch/replica_host.h"
 #include "torch/replica_state.h"
 #include "torch/sampler.h"
@@ -54,7 +56,9 @@ struct ReplicaOptions {
   // -1: chosen per train() call (set_forward_overlap_buckets; 0 until then).
   int64_t forward_overlap_buckets = 0;
   Choice<NonfinitePolicy> nonfinite = NonfinitePolicy::kSkip;  // non-finite gradients: skip the step, or fail
-  Choice<Precision> precision = Precision::kFp32;  // bf16: train and validate under autocast
+  Choice<Precision> precision = Precision::kFp32;  // bf16, fp16: train and validate under autocast
+  double loss_scale = 0;                       // > 0: dynamic loss scaling from this scale (LossScaler)
+  int64_t loss_scale_growth_interval = 2000;
 };
 
 class ReplicaRuntime : private ParameterGate, private ReplicaHost {
@@ -137,7 +141,10 @@ class ReplicaRuntime : private ParameterGate, private ReplicaHost {
   void after_batch() override;
   // After backward: true if the (averaged) gradients are finite. Otherwise, per the policy,
   // counts a skipped step and warns (skip) or throws dsgd::Error naming the step (error).
+  // With loss scaling: unscales a lone replica's gradients first; a non-finite gradient
+  // (above the minimum scale) skips the step and backs the scale off whatever the policy.
   bool check_gradients() override;
+  torch::Tensor scale_loss(const torch::Tensor& loss) override;
   bool profiling() const override { return profiling_; }
   void add_phase(const char* name, double seconds) override { phase_s_[name] += seconds; }
   void report_loss(double loss) override { progress_.loss = loss; }
@@ -152,6 +159,8 @@ class ReplicaRuntime : private ParameterGate, private ReplicaHost {
   torch::Tensor gather(const torch::Tensor& data, const torch::Tensor& idx) const;
   void start_epoch_order();
   void step_schedules_to(int64_t t);
+  void set_weights();  // batch_weight_ / the loss scale, into every GradSync
+  ReplicaState state() const;  // what save_state writes besides the operator's
 
   std::unique_ptr<TrainingOperator> op_;
   ReplicaOptions options_;
@@ -165,6 +174,8 @@ class ReplicaRuntime : private ParameterGate, private ReplicaHost {
   int64_t taken_this_call_ = 0;
   int64_t schedule_t_ = 0;
   int64_t skipped_this_call_ = 0;
+  std::optional<LossScaler> scaler_;  // loss scaling, if on
+  double batch_weight_ = 1.0;          // this batch's share (EpochSampler::weight)
   bool profiling_ = false;
   std::map<std::string, double> phase_s_;
   double gate_s_ = 0;                // profiling: seconds in wait() (the forward overlap's gate)

@@ -20,12 +20,13 @@ namespace dsgd::torch_glue {
 class ReplicaHost {
  public:
   virtual ~ReplicaHost() = default;
-  // TrainingOperator::next_train_batch, after_batch, step_schedulers, check_gradients and
-  // batches_per_epoch, as documented there.
+  // TrainingOperator::next_train_batch, after_batch, step_schedulers, check_gradients,
+  // scale_loss and batches_per_epoch, as documented there.
   virtual bool next_batch(Batch& batch, int64_t max_batches) = 0;
   virtual void after_batch() = 0;
   virtual void step_schedules() = 0;
   virtual bool check_gradients() = 0;
+  virtual torch::Tensor scale_loss(const torch::Tensor& loss) = 0;
   virtual int64_t batches_per_epoch() const = 0;
   // The default train_batch's reports: whether this call profiles, a phase's seconds (added up
   // per call), and the last batch's loss (for the driver's progress display).

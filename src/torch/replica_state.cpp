@@ -26,6 +26,10 @@ void write_replica_state(const TrainingOperator& op, const ReplicaState& state,
   }
   archive.write("position",
                 torch::tensor({state.position.epoch, state.position.batch, state.schedule_t}, torch::kInt64));
+  if (state.loss_scale > 0) {
+    archive.write("loss_scale", torch::tensor({state.loss_scale, static_cast<double>(state.loss_scale_good_steps)},
+                                              torch::kFloat64));
+  }
   torch::serialize::OutputArchive extra;
   op.state_dict(extra);
   archive.write("extra", extra);
@@ -84,6 +88,11 @@ ReplicaState load_replica_state(TrainingOperator& op, const std::string& bytes, 
   s.position.epoch = pos[0].item<int64_t>();
   s.position.batch = pos[1].item<int64_t>();
   s.schedule_t = pos[2].item<int64_t>();
+  torch::Tensor scale;
+  if (archive.try_read("loss_scale", scale) && scale.numel() == 2) {
+    s.loss_scale = scale[0].item<double>();
+    s.loss_scale_good_steps = static_cast<int64_t>(scale[1].item<double>());
+  }
   torch::serialize::InputArchive extra;
   if (archive.try_read("extra", extra)) op.load_state_dict(extra);
   torch::Tensor rng;

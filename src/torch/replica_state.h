@@ -5,7 +5,8 @@
 //   ReplicaState s = load_replica_state(op, bytes);          // models and optimizers restored
 //
 // The archive (torch::serialize) holds "model<i>" and "optimizer<i>" for every registered model
-// and optimizer, "position" (epoch, next batch, schedule step), "extra" (the operator's own
+// and optimizer, "position" (epoch, next batch, schedule step), "loss_scale" (scale and good
+// steps, with loss scaling on), "extra" (the operator's own
 // state_dict) and "cpu_rng" (the process's default CPU generator, which dropout draws from: the
 // saver's, restored on load, so steps redone after a recovery draw what they drew before; one
 // per process, so replicas that draw unequal amounts, an uneven batch split, are restored to the
@@ -30,6 +31,10 @@ struct Position {
 struct ReplicaState {
   Position position;
   int64_t schedule_t = 0;  // learning-rate schedule steps taken
+  // Dynamic loss scaling (LossScaler): its scale (0: off, or a state saved without it) and the
+  // finite steps since its last change.
+  double loss_scale = 0;
+  int64_t loss_scale_good_steps = 0;
 };
 
 // The archive, handed to `writer` piece by piece (it returns the bytes it took).

@@ -964,6 +964,32 @@ TEST(TrainerBadInput, ClearErrorsBeforeAnyProcessIsSpawned) {
 
 // Where LibTorch sees no GPU (Debian's LibTorch has no CUDA), device cuda fails at the workers'
 // setup with what to do, not later in training.
+TEST(TrainerBadInput, Fp16OnTheCpuOrLossScalingWhereTheServersStepSaysWhatToUse) {
+  auto expect_error = [](TrainerConfig c, const std::string& says) {
+    try {
+      Trainer t(dsgd::kImageClassifier, c);
+      FAIL() << "accepted; expected: " << says;
+    } catch (const ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find(says), std::string::npos) << e.what();
+    }
+  };
+  auto c = base_config(1, "allreduce", 64);
+  c.precision = "fp16";
+  c.device = "cpu";
+  expect_error(c, "precision fp16 needs CUDA");  // before any process starts
+  if (!torch::cuda::is_available()) {
+    c.device = "auto";  // resolved to the CPU by the worker
+    expect_error(c, "Use precision bf16 on the CPU");
+  }
+  c = base_config(2, "ps", 64);
+  c.ps_update_on_shards = true;
+  c.loss_scale = 256;
+  expect_error(c, "loss scaling needs the optimizer step in the replicas");
+  c = base_config(1, "allreduce", 64);
+  c.loss_scale = 1000;
+  expect_error(c, "loss_scale must be a power of two");
+}
+
 TEST(TrainerBadInput, DeviceCudaWithoutAGpuSaysWhatToDo) {
   if (torch::cuda::is_available()) GTEST_SKIP() << "this machine has a GPU";
   auto c = base_config(1, "allreduce", 64);
@@ -1081,6 +1107,67 @@ TEST(TrainerNonFinite, ErrorPolicyStopsNamingTheStep) {
   try {
     t.train({.num_steps = 6});
     FAIL() << "a NaN gradient passed";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("non-finite gradient at epoch 1, batch 3"), std::string::npos) << e.what();
+  }
+}
+
+// Loss scaling by a power of two is exact: float32 training with it is training without it, bit
+// for bit (2 workers through GradSync's weight, and a lone replica's own unscale), and reports
+// the scale.
+TEST(TrainerLossScaling, AScaledFloat32JobIsTheUnscaledJobBitForBit) {
+  for (int workers : {2, 1}) {
+    SCOPED_TRACE(workers);
+    auto run = [&](double scale) {
+      auto c = base_config(workers, "allreduce", 64);
+      c.loss_scale = scale;
+      Trainer t(dsgd::kImageClassifier, c);
+      auto r = t.train({.num_steps = 6});
+      return std::make_pair(params_of(*t.get_model()), r);
+    };
+    const auto [plain, rp] = run(-1);
+    const auto [scaled, rs] = run(0x1p20);
+    EXPECT_EQ(max_difference(plain, scaled), 0.0);
+    EXPECT_EQ(rp.metrics.count("loss_scale"), 0u);
+    EXPECT_EQ(rs.metrics.at("loss_scale"), 0x1p20);
+    EXPECT_EQ(rs.metrics.at("loss"), rp.metrics.at("loss"));  // reported unscaled
+  }
+}
+
+// A non-finite gradient under loss scaling is an overflow: the step is skipped on every replica
+// and the scale halved, whatever nonfinite_policy says; it grows again after N good steps. The
+// result is the unscaled run that skipped the same step. At the minimum scale the policy
+// decides again. The scale and its count come back from checkpoints.
+TEST(TrainerLossScaling, AnOverflowSkipsTheStepEverywhereBacksOffAndTheScaleIsCheckpointed) {
+  auto c = nan_config(2);  // replica 1's third loss is NaN
+  c.nonfinite_policy = "error";
+  c.loss_scale = 1024;
+  c.loss_scale_growth_interval = 2;
+  Trainer t(operator_of<NanOperator>(), c);
+  auto r = t.train({.num_steps = 6});
+  // good, good (-> 2048), NaN (-> 1024, skipped), good, good (-> 2048), good
+  EXPECT_EQ(r.metrics.at("skipped_steps"), 1.0);
+  EXPECT_EQ(r.metrics.at("loss_scale"), 2048);
+  auto sums = t.foreach_worker("weight_sum");
+  EXPECT_EQ(sums[0], sums[1]);
+  auto plain = nan_config(2);  // the same NaN, skipped by the policy
+  Trainer u(operator_of<NanOperator>(), plain);
+  u.train({.num_steps = 6});
+  EXPECT_EQ(max_difference(params_of(*t.get_model()), params_of(*u.get_model())), 0.0);
+
+  testing::TempDir dir;
+  t.save(dir.file("ckpt"));
+  Trainer back(operator_of<NanOperator>(), c);
+  back.load(dir.file("ckpt"));
+  // 2048 with one good step counted: the next good step doubles it (a fresh job would be at 1024).
+  EXPECT_EQ(back.train({.num_steps = 1}).metrics.at("loss_scale"), 4096);
+
+  c.loss_scale = 0x1p-24;  // LossScaler::kMinScale, and kept there
+  c.loss_scale_growth_interval = 100;
+  Trainer low(operator_of<NanOperator>(), c);
+  try {
+    low.train({.num_steps = 6});
+    FAIL() << "a NaN at the minimum scale passed under the error policy";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("non-finite gradient at epoch 1, batch 3"), std::string::npos) << e.what();
   }
@@ -1735,6 +1822,30 @@ TEST(TrainerGpu, Bf16AutocastTrainsTheCnnLikeFloat32) {
   }
   EXPECT_NEAR(runs["bf16"].first, runs["fp32"].first, 0.1);
   EXPECT_GT(max_difference(runs["bf16"].second, runs["fp32"].second), 1e-5) << "bf16 ran as float32";
+}
+
+// float16 autocast with dynamic loss scaling (65536 by default): trains like float32, 2 replicas
+// stay identical, and a scale that overflows at once backs off until steps are taken.
+TEST(TrainerGpu, Fp16AutocastWithLossScalingTrainsTheCnnLikeFloat32) {
+  SKIP_WITHOUT_CUDA();
+  TrainerConfig c = gpu_config(2, "cnn");
+  c.precision = "fp16";
+  c.config["lr"] = 0.05;
+  Trainer t(dsgd::kImageClassifier, c);
+  auto r0 = t.train({.num_steps = 5});
+  EXPECT_EQ(r0.metrics.at("loss_scale"), 65536.0);
+  t.train({.num_steps = 25});
+  const double last = t.train({.num_steps = 5}).metrics.at("loss");
+  std::cout << "fp16: loss " << r0.metrics.at("loss") << " -> " << last << "\n";
+  EXPECT_LT(last, r0.metrics.at("loss"));
+  c.loss_scale = 0x1p40;  // float16 activation gradients overflow at once: backs off, then trains
+  Trainer high(dsgd::kImageClassifier, c);
+  auto r = high.train({.num_steps = 40});
+  std::cout << "from 2^40: " << r.metrics.at("skipped_steps") << " steps skipped, scale now " << r.metrics.at("loss_scale")
+            << "\n";
+  EXPECT_GT(r.metrics.at("skipped_steps"), 0.0);
+  EXPECT_LT(r.metrics.at("skipped_steps"), 40.0);
+  EXPECT_LT(r.metrics.at("loss_scale"), 0x1p40);
 }
 
 }  // namespace

@@ -240,9 +240,10 @@ void validate_flags(TrainFlags& f) {
     if (!f.config_json.is_object()) throw ConfigError("--config must be a JSON object, e.g. '{\"lr\": 0.1}'");
     if (f.in_process) throw ConfigError("--config applies to worker jobs, not --in-process");
   }
-  if (f.in_process && (f.device == "cuda" || f.precision != "fp32" || f.compression != "none")) {
-    throw ConfigError("--device cuda, --precision and --compression apply to worker jobs; --in-process trains float32 "
-                      "on the CPU");
+  if (f.in_process && (f.device == "cuda" || f.precision != "fp32" || f.compression != "none" ||
+                       f.trainer.loss_scale > 0)) {
+    throw ConfigError("--device cuda, --precision, --compression and --loss-scale apply to worker jobs; --in-process "
+                      "trains float32 on the CPU");
   }
   if (f.job.threads == 0) {
     const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
@@ -510,7 +511,14 @@ void add_train_command(CLI::App& app, int* exit_code) {
                   "Where replicas compute: auto (CUDA when the workers' LibTorch sees a GPU), cpu or cuda")
       ->capture_default_str();
   cmd->add_option("--precision", flags->precision,
-                  "fp32, or bf16: forward and loss under bfloat16 autocast (float32 weights and optimizer)")
+                  "fp32; bf16: forward and loss under bfloat16 autocast (float32 weights and optimizer); fp16: "
+                  "the same in float16 with dynamic loss scaling (CUDA only)")
+      ->capture_default_str();
+  cmd->add_option("--loss-scale", flags->trainer.loss_scale,
+                  "Dynamic loss scaling from this scale (a power of two); 0: 65536 under fp16, else off; -1: off")
+      ->capture_default_str();
+  cmd->add_option("--loss-scale-growth-interval", flags->trainer.loss_scale_growth_interval,
+                  "Finite steps in a row before the loss scale doubles")
       ->capture_default_str();
   cmd->add_option("--compression", flags->compression,
                   "What crosses hosts (allreduce): none; fp16 / bf16: 16 bits a value on the wire, summed in "
