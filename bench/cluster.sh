@@ -24,6 +24,7 @@
 #   ps, k shards         max((h+k-2)/k, [k<h]) B/bw  (the busiest link: a shard owner's, which
 #                        takes (h-1)/k B of pushes and sends (k-1)/k B of its own, and the
 #                        reverse for pulls; or, when k < h, a non-owner's, B each way)
+#   ps<k>-fp16, ps<k>-bf16 (ps with k shards, --compression fp16 / bf16): half of ps's
 #   psp, k shard processes on k hosts of their own ("psp<k>": --ps-placement processes)
 #                        max(1, h/k) B/bw         (a worker's link carries B each way; a shard's
 #                                                  h B/k)
@@ -265,6 +266,8 @@ config_flags() {
   allreduce-powersgd[0-9]*)  # steady state: no plain start steps
     flags=(--strategy allreduce --compression "powersgd:${base#allreduce-powersgd}" --powersgd-start-steps 0) ;;
   hier) per_host=2 flags=(--strategy allreduce) ;;
+  ps[0-9]*-fp16 | ps[0-9]*-bf16) k=${base#ps}; k=${k%%-*}; ((k <= h)) || return 1
+    flags=(--strategy ps --ps-shards "$k" --compression "${base##*-}") ;;
   ps[0-9]*) k=${base#ps}; ((k <= h)) || return 1; flags=(--strategy ps --ps-shards "$k") ;;
   psh-no-overlap) flags=(--strategy ps --ps-shards "$h" --no-overlap) ;;
   psp*) k=${base#psp}; [[ "$k" == h ]] && k=$h; ((k <= h)) || return 1
@@ -361,8 +364,9 @@ def comm_ms(c, h, gbit, b):
         k = h if c == "psph" else int(c[3:])
         t = max(1, h / k) * b / bw
     elif c.startswith("ps") or c == "psh-no-overlap":
-        k = h if c == "psh-no-overlap" else int(c[2:])
+        k = h if c == "psh-no-overlap" else int(c[2:].split("-")[0])
         t = max((h + k - 2) / k, 1 if k < h else 0) * b / bw
+        if c.endswith("-fp16") or c.endswith("-bf16"): t /= 2  # 16 bits a value, both ways
     elif c == "simple": t = h * b / bw
     return 1000 * t
 print(f"Simulated compute: {params} parameters in {layers} tensors ({params * 4 / 1e6:.1f} MB of gradients, "

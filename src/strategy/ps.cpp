@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "comm/op_queue.h"
+#include "comm/reduce_kernels.h"
 #include "dsgd/error.h"
 #include "strategy/ps_wire.h"
 #include "strategy/sgd.h"
@@ -24,7 +25,11 @@ class PsStrategy final : public GradientStrategy {
  public:
   PsStrategy(std::shared_ptr<comm::HierarchicalGroup> group, const PsOptions& o)
       : group_(std::move(group)), num_shards_(o.num_shards), update_on_shards_(o.update_on_shards),
-        shard_processes_(o.shard_processes), servers_(o.servers), queue_("ps strategy") {
+        shard_processes_(o.shard_processes), servers_(o.servers), wire_(o.wire), queue_("ps strategy") {
+    if (wire_ != DataType::kFloat32 && (update_on_shards_ || shard_processes_)) {
+      throw ConfigError("ps compresses gradients with its shards in the workers and averaging only (not with "
+                        "update on shards or shard processes)");
+    }
     if (num_shards_ < 1 || num_shards_ > kMaxShards) {
       throw ConfigError("num_ps_shards must be in 1.." + std::to_string(kMaxShards) + ", got " +
                         std::to_string(num_shards_));
@@ -53,6 +58,18 @@ class PsStrategy final : public GradientStrategy {
       average(seq, data, count);
     });
   }
+
+  bool keeps_residuals() const override { return wire_ != DataType::kFloat32; }
+  std::shared_ptr<comm::Work> average_with_feedback_async(float* data, size_t count, const FeedbackBucket& b) override {
+    if (wire_ == DataType::kFloat32) return average_async(data, count);
+    const uint64_t seq = next_seq_++;
+    return queue_.submit("ps average #" + std::to_string(seq), [this, seq, data, count, residual = b.residual] {
+      check_not_aborted();
+      average(seq, data, count, residual);
+    });
+  }
+  // What this leader sent to the other leaders; shard processes' traffic is not counted.
+  int64_t cross_host_bytes() const override { return shard_processes_ ? -1 : static_cast<int64_t>(cross_bytes_.load()); }
 
   bool updates_on_servers() const override { return update_on_shards_; }
 
@@ -141,7 +158,8 @@ class PsStrategy final : public GradientStrategy {
   int leader_index() { return group_->leaders() != nullptr ? group_->leaders()->rank() : 0; }
   int owner(int s) const { return s % group_->num_hosts(); }
 
-  void average(uint64_t seq, float* data, size_t count) {
+  // `residual`: this replica's error feedback, with a 16-bit wire (count floats).
+  void average(uint64_t seq, float* data, size_t count, float* residual = nullptr) {
     auto& local = group_->local();
     if (local.size() > 1) local.allreduce(data, count, DataType::kFloat32, ReduceOp::kSum);  // the host's sum
     if (shard_processes_) {
@@ -149,7 +167,9 @@ class PsStrategy final : public GradientStrategy {
     } else if (group_->num_hosts() == 1) {  // the host's sum is everyone's (and identical on every rank)
       scale(data, count);
       return;
-    } else if (auto* leaders = group_->leaders()) {
+    } else if (auto* leaders = group_->leaders(); leaders != nullptr && wire_ != DataType::kFloat32) {
+      average_16(*leaders, seq, data, count, residual);
+    } else if (leaders != nullptr) {
       auto pushed = push(*leaders, seq, data, count);
       serve(leaders, seq, data, count, [&](int s, size_t b, size_t n) {
         sum_pushes(*leaders, s, data + b, n, pushed);
@@ -208,6 +228,61 @@ class PsStrategy final : public GradientStrategy {
     return has != 0;
   }
 
+  // average()'s exchange among the leaders with a 16-bit wire (PsOptions::wire): push this
+  // host's rounded sum, sum each owned shard's pushes in float32 in leader order, round the
+  // average once, pull it.
+  void average_16(comm::Group& leaders, uint64_t seq, float* data, size_t count, float* residual) {
+    const int hosts = leaders.size(), me = leaders.rank();
+    constexpr size_t kHalf = sizeof(uint16_t);
+    std::vector<uint16_t> mine(count);
+    comm::encode_16(data, residual, mine.data(), count, wire_);
+    std::vector<std::vector<uint16_t>> pushed(static_cast<size_t>(num_shards_ * hosts));
+    std::vector<std::shared_ptr<comm::Work>> works;
+    uint64_t sent = 0;
+    for (int s = 0; s < num_shards_; ++s) {
+      const size_t b = shard_begin(count, s), n = shard_begin(count, s + 1) - b;
+      if (n == 0) continue;
+      if (owner(s) != me) {
+        works.push_back(leaders.send_async(mine.data() + b, n * kHalf, owner(s), tag(seq, s, Leg::kPush)));
+        sent += n * kHalf;
+        continue;
+      }
+      for (int p = 0; p < hosts; ++p) {
+        if (p == me) continue;
+        auto& buf = pushed[static_cast<size_t>(s * hosts + p)];
+        buf.resize(n);
+        works.push_back(leaders.recv_async(buf.data(), n * kHalf, p, tag(seq, s, Leg::kPush)));
+      }
+    }
+    comm::wait_all(works);
+    works.clear();
+    const float inv = 1.0f / static_cast<float>(group_->global().size());
+    std::vector<float> sum;
+    for (int s = 0; s < num_shards_; ++s) {
+      const size_t b = shard_begin(count, s), n = shard_begin(count, s + 1) - b;
+      if (n == 0) continue;
+      if (owner(s) != me) {  // its slot of `mine` went out with the push: the average lands there
+        works.push_back(leaders.recv_async(mine.data() + b, n * kHalf, owner(s), tag(seq, s, Leg::kPull)));
+        continue;
+      }
+      sum.assign(n, 0.0f);
+      for (int p = 0; p < hosts; ++p) {
+        const uint16_t* part = p == me ? mine.data() + b : pushed[static_cast<size_t>(s * hosts + p)].data();
+        comm::decode_16(part, sum.data(), n, wire_, /*accumulate=*/true);
+      }
+      for (float& x : sum) x *= inv;
+      comm::encode_16(sum.data(), nullptr, mine.data() + b, n, wire_);
+      for (int p = 0; p < hosts; ++p) {
+        if (p == me) continue;
+        works.push_back(leaders.send_async(mine.data() + b, n * kHalf, p, tag(seq, s, Leg::kPull)));
+        sent += n * kHalf;
+      }
+    }
+    comm::wait_all(works);
+    comm::decode_16(mine.data(), data, count, wire_, /*accumulate=*/false);
+    cross_bytes_ += sent;
+  }
+
   void scale(float* data, size_t count) const {
     const float inv = 1.0f / static_cast<float>(group_->global().size());
     for (size_t i = 0; i < count; ++i) data[i] *= inv;
@@ -225,6 +300,7 @@ class PsStrategy final : public GradientStrategy {
       if (n == 0) continue;
       if (owner(s) != me) {
         works.push_back(leaders.send_async(data + b, n * sizeof(float), owner(s), tag(seq, s, Leg::kPush)));
+        cross_bytes_ += n * sizeof(float);
         continue;
       }
       for (int p = 0; p < hosts; ++p) {
@@ -274,6 +350,7 @@ class PsStrategy final : public GradientStrategy {
       for (int p = 0; p < hosts; ++p) {
         if (p == me) continue;
         works.push_back(leaders->send_async(data + b, n * sizeof(float), p, tag(seq, s, Leg::kPull)));
+        cross_bytes_ += n * sizeof(float);
         if (flagged) works.push_back(leaders->send_async(flag, sizeof(float), p, tag(seq, s, Leg::kFlag)));
       }
     }
@@ -391,6 +468,8 @@ class PsStrategy final : public GradientStrategy {
   const bool update_on_shards_;
   const bool shard_processes_;
   std::shared_ptr<comm::Group> servers_;  // shard processes: the leaders' and shards' group (leaders only)
+  const DataType wire_;                    // across hosts: float32, or 16 bits with error feedback
+  std::atomic<uint64_t> cross_bytes_{0};   // sent to other leaders
   std::atomic<uint64_t> next_seq_{0};
   std::atomic<bool> aborted_{false};
   std::string reason_;

@@ -114,9 +114,14 @@ std::unique_ptr<GradientStrategy> make_simple_strategy(CentralAverage central_av
 std::unique_ptr<GradientStrategy> make_strategy(const StrategyOptions& o,
                                                 std::shared_ptr<comm::HierarchicalGroup> group) {
   const Strategy kind = Choice<Strategy>(o.kind).value();
-  if (o.compression.kind != Compression::kNone && kind != Strategy::kAllreduce) {
-    throw ConfigError("compression " + Choice<Compression>(o.compression.kind).name() +
-                      " applies to strategy allreduce (not " + Choice<Strategy>(kind).name() + " yet)");
+  const Compression compression = o.compression.kind;
+  const bool ps_compresses = kind == Strategy::kPs && !o.ps_update_on_shards &&
+                             o.ps_placement == PsPlacement::kWorkers &&
+                             (compression == Compression::kFp16 || compression == Compression::kBf16);
+  if (compression != Compression::kNone && kind != Strategy::kAllreduce && !ps_compresses) {
+    throw ConfigError("compression " + Choice<Compression>(compression).name() + " does not apply to strategy " +
+                      Choice<Strategy>(kind).name() + " as configured: allreduce takes every scheme, ps fp16 and "
+                      "bf16 with its shards in the workers and averaging only");
   }
   if (kind == Strategy::kSimple) {
     if (!o.central_average) throw ConfigError("strategy simple needs the driver's central average");
@@ -132,7 +137,10 @@ std::unique_ptr<GradientStrategy> make_strategy(const StrategyOptions& o,
     case Strategy::kPs: {
       PsOptions po{.num_shards = shards,
                    .update_on_shards = o.ps_update_on_shards,
-                   .shard_processes = o.ps_placement == PsPlacement::kProcesses};
+                   .shard_processes = o.ps_placement == PsPlacement::kProcesses,
+                   .wire = !ps_compresses                    ? comm::DataType::kFloat32
+                           : compression == Compression::kFp16 ? comm::DataType::kFloat16
+                                                               : comm::DataType::kBFloat16};
       if (po.shard_processes && group->local().rank() == 0) {
         if (!o.join_ps_servers) throw ConfigError("ps_placement processes needs a way to join the shard processes");
         po.servers = o.join_ps_servers(shards);

@@ -150,11 +150,16 @@ std::unique_ptr<GradientStrategy> make_allreduce_strategy(std::shared_ptr<comm::
 // the group of the host leaders (ranks 0..hosts-1, in leader order) and the shards (ranks
 // hosts..hosts+num_shards-1), over Gloo also on one host. The sums, divisions and SGD are the
 // same in the same order, so both placements give bit-identical results.
+// `wire` kFloat16 or kBFloat16 (compression fp16, bf16; shards in the workers, averaging only):
+// each leader rounds its host's sum plus its residual (error feedback) to 16 bits and pushes
+// that, the owner sums the pushes in float32, in leader order, rounds the average once and
+// sends it back in 16 bits: half the bytes of float32 both ways.
 struct PsOptions {
   int num_shards = 1;
   bool update_on_shards = false;
   bool shard_processes = false;
   std::shared_ptr<comm::Group> servers = nullptr;  // shard_processes: set on host leaders, null elsewhere
+  comm::DataType wire = comm::DataType::kFloat32;
 };
 std::unique_ptr<GradientStrategy> make_ps_strategy(std::shared_ptr<comm::HierarchicalGroup> group,
                                                    const PsOptions& options);
@@ -191,7 +196,7 @@ struct StrategyOptions {
   bool ps_update_on_shards = false;
   PsPlacement ps_placement = PsPlacement::kWorkers;
   int max_staleness = -1;                 // ps_async
-  CompressionOptions compression;         // allreduce: across hosts
+  CompressionOptions compression;         // allreduce (any), ps (fp16, bf16): across hosts
   CentralAverage central_average;         // simple: the driver's average
   // ps with ps_placement processes, called on host leaders: joins the shard processes' group
   // (PsOptions::servers) of this many shards.
@@ -200,7 +205,7 @@ struct StrategyOptions {
 
 // The strategy `options.kind` over `group` (the replica's group; unused, and may be null, for
 // simple). ConfigError for options the strategy rejects (a shard count out of range, a simple
-// strategy without its central_average, compression on a strategy other than allreduce).
+// strategy without its central_average, compression a strategy does not take).
 std::unique_ptr<GradientStrategy> make_strategy(const StrategyOptions& options,
                                                 std::shared_ptr<comm::HierarchicalGroup> group);
 

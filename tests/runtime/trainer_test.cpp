@@ -290,7 +290,8 @@ void expect_equivalent(TrainerConfig config, int64_t steps = 20) {
 // (7): after 3 steps here 6.0e-7 and 5.5e-6 apart (later, trajectories part at the rate any
 // rounding change makes them: 8 steps, 2e-5 both). compression none is the equivalence tests'
 // path, unchanged. PowerSGD at rank 4 (no plain start): 30x fewer bytes here, 2.2e-4 from
-// float32 after 3 steps. Other strategies refuse compression.
+// float32 after 3 steps. ps takes fp16 and bf16 (shards in the workers, averaging); other
+// strategies and schemes refuse.
 TEST(TrainerCompression, EachSchemeCutsTheBytesAcrossHostsAndTrainsNearFloat32) {
   constexpr int64_t kSteps = 3;
   auto run = [](const char* compression) {
@@ -327,15 +328,45 @@ TEST(TrainerCompression, EachSchemeCutsTheBytesAcrossHostsAndTrainsNearFloat32) 
     EXPECT_GT(d, diff["bf16"]) << "rank 4 should lose more than 16-bit rounding";
     EXPECT_LT(d, 1e-2);
   }
-  auto c = base_config(2, "ps", 64);
-  c.compression = "fp16";
-  try {
-    Trainer t(dsgd::kImageClassifier, c);
-    FAIL() << "compression on ps was accepted";
-  } catch (const ConfigError& e) {
-    EXPECT_NE(std::string(e.what()).find("compression fp16 applies to strategy allreduce"), std::string::npos)
-        << e.what();
+  {  // ps: its pushes and pulls in 16 bits, half the bytes, near its own float32 run
+    auto ps = base_config(2, "ps", 64);
+    ps.local_hosts = 2;
+    ps.num_ps_shards = 2;
+    std::map<std::string, std::pair<Params, double>> runs;
+    for (const char* compression : {"none", "fp16", "bf16"}) {
+      ps.compression = compression;
+      Trainer trainer(dsgd::kImageClassifier, ps);
+      auto r = trainer.train({.num_steps = kSteps});
+      runs[compression] = {params_of(*trainer.get_model()), r.metrics.at("comm_bytes_per_step")};
+    }
+    EXPECT_GT(runs["none"].second, 0);
+    for (const char* c : {"fp16", "bf16"}) {
+      EXPECT_NEAR(runs["none"].second / runs[c].second, 2.0, 0.02) << c;
+      const double d = max_difference(runs["none"].first, runs[c].first);
+      EXPECT_GT(d, 0) << c << ": compression changed nothing";
+      EXPECT_LT(d, 5e-5) << c;
+    }
+    EXPECT_LT(max_difference(runs["none"].first, p32), 5e-5) << "ps and allreduce average alike";
   }
+  auto reject = [](TrainerConfig c, const char* why) {
+    try {
+      Trainer t(dsgd::kImageClassifier, c);
+      FAIL() << "accepted: " << why;
+    } catch (const ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find("fp16 / bf16 to strategy ps with its shards in the workers"),
+                std::string::npos)
+          << e.what();
+    }
+  };
+  auto c = base_config(2, "ps", 64);
+  c.compression = "powersgd";
+  reject(c, "powersgd on ps");
+  c.compression = "fp16";
+  c.ps_update_on_shards = true;
+  reject(c, "fp16 with update on shards");
+  c = base_config(2, "ps_async", 64);
+  c.compression = "bf16";
+  reject(c, "bf16 on ps_async");
 }
 
 TEST(TrainerEquivalence, TwoWorkersAllreduceEqualOneProcessWithTheGlobalBatch) {
@@ -1357,9 +1388,11 @@ TEST(TrainerRecovery, WaitingForReplacementsAKilledWorkersReplacementTakesItsPla
 // equal to the fault-free run with the same compression. (Restarted from zero they part: the
 // first step after the restore sends other values.)
 TEST(TrainerRecovery, WithCompressionTheErrorFeedbackComesBackAndTheResultEqualsAFaultFreeRun) {
-  for (const char* compression : {"fp16", "powersgd"}) {
-    SCOPED_TRACE(compression);
-    auto c = base_config(2, "allreduce", 64);
+  for (const std::string run : {"allreduce fp16", "allreduce powersgd", "ps bf16"}) {
+    SCOPED_TRACE(run);
+    const auto space = run.find(' ');
+    const std::string strategy = run.substr(0, space), compression = run.substr(space + 1);
+    auto c = base_config(2, strategy, 64);
     c.local_hosts = 2;
     c.compression = compression;
     c.powersgd_start_steps = 3;  // compressed from step 4: Q warm by the snapshot at 10

@@ -3,10 +3,12 @@
 // many buckets in flight at once (pipelined) stay in order; abort fails what is queued; with
 // update on shards, SGD (decay, momentum, dampening, Nesterov) against its closed form. Each also
 // with the shards in processes of their own (PsServer, here on threads of their own), which must
-// give bit-identical results to the shards inside the leaders.
+// give bit-identical results to the shards inside the leaders. And with a 16-bit wire.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <functional>
 #include <limits>
@@ -236,6 +238,71 @@ void check_abort(bool processes) {
       EXPECT_NE(std::string(e.what()).find("test abort"), std::string::npos) << e.what();
     }
   });
+}
+
+// A 16-bit wire (compression fp16, bf16): 6 ranks on 3 hosts, 4 shards (each leader owns some,
+// one owns two). Every replica gets the same bits, within the wire's rounding (twice: the push
+// and the pulled average) of the average, and leaders send half float32's bytes. Each leader
+// keeps what rounding its push left out (its residual, at most half a unit in the last place of
+// its host's sum plus the last residual; the identity itself: ReduceKernels.EncodeSixteenBit...);
+// the others keep nothing (their sums never cross hosts).
+void check_sixteen_bits(comm::DataType wire, double rounding) {
+  constexpr int kSize = 6, kHosts = 3, kCalls = 3;
+  constexpr size_t kCount = 4099;
+  auto grad = [](int rank, size_t i) { return 0.1f * static_cast<float>(rank + 1) + 1e-3f * static_cast<float>(i % 97) + 0.3337f; };
+  std::vector<double> exact(kCount);
+  for (size_t i = 0; i < kCount; ++i) {
+    for (int r = 0; r < kSize; ++r) exact[i] += grad(r, i) / kSize;
+  }
+  std::vector<std::vector<float>> result(kSize), residuals(kSize);
+  std::vector<int64_t> bytes(kSize), float_bytes(kSize);
+  auto store = comm::make_memory_store();
+  run_job(kSize, kHosts, 4, false, store, [&](int rank) {
+    auto s = make_ps(store, rank, kSize, kHosts, {.num_shards = 4, .wire = wire});
+    EXPECT_TRUE(s->keeps_residuals());
+    std::vector<float> residual(kCount, 0.0f), data(kCount);
+    for (int c = 0; c < kCalls; ++c) {
+      for (size_t i = 0; i < kCount; ++i) data[i] = grad(rank, i);
+      s->average_with_feedback_async(data.data(), kCount, {.index = 0, .residual = residual.data()})->wait();
+    }
+    result[static_cast<size_t>(rank)] = data;
+    residuals[static_cast<size_t>(rank)] = residual;
+    bytes[static_cast<size_t>(rank)] = s->cross_host_bytes() / kCalls;
+    // The same exchange in float32, for its bytes.
+    auto plain = make_ps(std::make_shared<comm::PrefixStore>(store, "f32/"), rank, kSize, kHosts, {.num_shards = 4});
+    for (size_t i = 0; i < kCount; ++i) data[i] = grad(rank, i);
+    plain->average_async(data.data(), kCount)->wait();
+    float_bytes[static_cast<size_t>(rank)] = plain->cross_host_bytes();
+  });
+  double off = 0;
+  for (size_t i = 0; i < kCount; ++i) off = std::max(off, std::fabs(result[0][i] - exact[i]) / exact[i]);
+  std::printf("%s: %.2e from the average\n", comm::to_string(wire).c_str(), off);
+  EXPECT_GT(off, 0.0);
+  EXPECT_LT(off, 2 * rounding);
+  for (int r = 0; r < kSize; ++r) {
+    ASSERT_EQ(0, std::memcmp(result[0].data(), result[static_cast<size_t>(r)].data(), kCount * sizeof(float))) << r;
+    const auto& res = residuals[static_cast<size_t>(r)];
+    double largest = 0;
+    for (size_t i = 0; i < kCount; ++i) {
+      const double host_sum = grad(r, i) + grad(r + 1, i);  // ranks r, r + 1 share a host
+      largest = std::max(largest, std::fabs(res[i]) / host_sum);
+    }
+    if (r % 2 == 1) {  // not a leader: sends nothing across hosts
+      EXPECT_EQ(largest, 0.0) << "rank " << r;
+      EXPECT_EQ(bytes[static_cast<size_t>(r)], 0);
+      continue;
+    }
+    EXPECT_GT(largest, 0.0) << "rank " << r;
+    EXPECT_LE(largest, rounding) << "rank " << r;
+    EXPECT_GT(bytes[static_cast<size_t>(r)], 0);
+    EXPECT_EQ(2 * bytes[static_cast<size_t>(r)], float_bytes[static_cast<size_t>(r)]) << "rank " << r;
+  }
+}
+TEST(PsStrategy, Float16WireHalvesTheBytesAndEachLeaderKeepsWhatItsRoundingLeftOut) {
+  check_sixteen_bits(comm::DataType::kFloat16, 0x1p-11);
+}
+TEST(PsStrategy, BFloat16WireHalvesTheBytesAndEachLeaderKeepsWhatItsRoundingLeftOut) {
+  check_sixteen_bits(comm::DataType::kBFloat16, 0x1p-8);
 }
 
 TEST(PsStrategy, AbortFailsQueuedAveragesWithTheReason) { check_abort(false); }
