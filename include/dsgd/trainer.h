@@ -308,6 +308,9 @@ class Trainer {
   void save(const std::string& path);
   // Restores a checkpoint saved under any worker count and strategy. `path` is a checkpoint
   // directory, or a checkpoint_dir root: then the newest intact step-* in it.
+  // The optimizers' state (momentum buffers) comes from the checkpoint; their hyper-parameters
+  // (each param group's learning rate, momentum, ...) stay as this job's setup() made them from
+  // its config, as LibTorch's optimizer load leaves them (schedules then apply their step).
   void load(const std::string& path);
   // The trained model(s) in this process: an operator set up here with the workers' state.
   std::shared_ptr<torch::nn::Module> get_model(size_t index = 0);

@@ -46,6 +46,8 @@ size_t replica_state_bytes(const TrainingOperator& op, const ReplicaState& state
 // Loads models, optimizers (their per-parameter state replaced, not merged) and the operator's
 // extra state; returns the position and schedule step for the caller to restore.
 // Tensors are read onto `device` (the replica's), whatever device saved them.
+// LibTorch's optimizer load sets the per-parameter state only: each param group's options (lr,
+// momentum, ...) stay as the operator's setup made them.
 ReplicaState load_replica_state(TrainingOperator& op, const std::string& bytes,
                                 torch::Device device = torch::kCPU);
 

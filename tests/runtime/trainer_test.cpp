@@ -744,6 +744,22 @@ TEST(TrainerCheckpoint, WithCompressionTheFeedbackComesBackAndOtherJobsLoadItFro
   }
 }
 
+// A job loading another's checkpoint takes its state but keeps its own learning rate (what PBT's
+// exploit relies on: the checkpoint's state, the perturbed values).
+TEST(TrainerCheckpoint, LoadingTakesTheStateButKeepsThisJobsLearningRate) {
+  testing::TempDir dir;
+  auto c = base_config(1, "allreduce", 64);
+  c.config["lr"] = 0.1;
+  Trainer a(dsgd::kImageClassifier, c);
+  a.train({.num_steps = 3});
+  a.save(dir.file("ckpt"));
+  c.config["lr"] = 0.025;
+  Trainer b(dsgd::kImageClassifier, c);
+  b.load(dir.file("ckpt"));
+  EXPECT_DOUBLE_EQ(b.foreach_worker("learning_rate")[0].get<double>(), 0.025);
+  EXPECT_LT(max_difference(params_of(*a.get_model()), params_of(*b.get_model())), 1e-7);
+}
+
 TEST(TrainerCheckpoint, SavedWithMomentumOnPsShardsContinuesIdenticallyUnderAllreduce) {
   expect_checkpoint_moves(ps_update_config(2, 2, 2), base_config(2, "allreduce", 64));
 }

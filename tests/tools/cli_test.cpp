@@ -426,9 +426,9 @@ bool process_gone(pid_t pid) {
   return close != std::string::npos && line.size() > close + 2 && line[close + 2] == 'Z';
 }
 
-// `dsgd train ARGS...` as a child process, its output thrown away.
-pid_t start_train(const std::vector<std::string>& args) {
-  std::vector<const char*> argv{"dsgd", "train"};
+// `dsgd COMMAND ARGS...` as a child process, its output thrown away.
+pid_t start_dsgd(const std::string& command, const std::vector<std::string>& args) {
+  std::vector<const char*> argv{"dsgd", command.c_str()};
   for (const auto& a : args) argv.push_back(a.c_str());
   argv.push_back(nullptr);
   const pid_t pid = ::fork();
@@ -441,6 +441,7 @@ pid_t start_train(const std::vector<std::string>& args) {
   }
   return pid;
 }
+pid_t start_train(const std::vector<std::string>& args) { return start_dsgd("train", args); }
 
 // The driver's worker processes, once `n` exist (empty after 30 s without them).
 std::vector<pid_t> children_of(pid_t driver, size_t n) {
@@ -550,6 +551,124 @@ TEST(CliBench, BadFlagsAreUsageErrors) {
   expect_usage_error("bench allreduce --bytes 12Q", "unknown unit 'Q'");
   expect_usage_error("bench allreduce --algo hier --procs 2 --hosts 3", "--hosts must be in 1..--procs (2), got 3");
   expect_usage_error("bench", "subcommand");
+}
+
+
+// ---- dsgd tune ----
+
+// A space file for small, fast trials: the MLP on synthetic images, a few steps an iteration.
+std::string small_space_file(const dsgd::testing::TempDir& dir, int trials, int iterations) {
+  const std::string path = dir.file("space.json");
+  std::ofstream(path) << R"({"space": {"lr": {"loguniform": [0.001, 0.3]}, "momentum": {"uniform": [0.0, 0.9]}},
+    "base": {"model": "mlp", "dataset": "synthetic", "synthetic_samples": 1024, "synthetic_image_size": 8,
+             "batch_size": 32},
+    "trials": )" << trials << R"(, "max_iterations": )" << iterations << R"(, "steps_per_iteration": 6})";
+  return path;
+}
+
+TEST(Cli, TuneBadInputIsAUsageErrorBeforeAnythingRuns) {
+  dsgd::testing::TempDir dir;
+  const std::string d = " --dir " + dir.file("t");
+  expect_usage_error("tune --space /nonexistent.json" + d, "cannot read it");
+  std::ofstream(dir.file("empty.json")) << "{}";
+  expect_usage_error("tune --space " + dir.file("empty.json") + d, "is empty");
+  std::ofstream(dir.file("unknown.json")) << R"({"learning_rate": {"choice": [0.1]}})";
+  expect_usage_error("tune --space " + dir.file("unknown.json") + d, "unknown image classifier config key 'learning_rate'");
+  std::ofstream(dir.file("dist.json")) << R"({"lr": {"gaussian": [0.1, 1]}})";
+  expect_usage_error("tune --space " + dir.file("dist.json") + d, "unknown distribution 'gaussian'");
+  const std::string ok = small_space_file(dir, 2, 2);
+  expect_usage_error("tune --space " + ok + d + " --cores 100000", "cores must be in");
+  expect_usage_error("tune --space " + ok + d + " --scheduler grid", "unknown scheduler 'grid'");
+  EXPECT_FALSE(std::filesystem::exists(dir.file("t")));
+}
+
+// The contract for scripts: --json-out holds best.test_accuracy, trials and trials_stopped_early;
+// the table and the plot come too.
+TEST(Cli, TuneWritesBestTrialsAndTrialsStoppedEarly) {
+  dsgd::testing::TempDir dir;
+  const CliRun r = run_dsgd("tune --space " + small_space_file(dir, 4, 3) + " --scheduler asha --reduction-factor 2 " +
+                            "--cores 2 --dir " + dir.file("t") + " --json-out " + dir.file("out.json"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const auto j = nlohmann::json::parse(std::ifstream(dir.file("out.json")));
+  ASSERT_TRUE(j.contains("best")) << j.dump(1);
+  EXPECT_TRUE(j["best"]["test_accuracy"].is_number());
+  EXPECT_TRUE(j["best"]["params"].contains("lr"));
+  EXPECT_TRUE(std::filesystem::exists(j["best"]["checkpoint"].get<std::string>() + "/checkpoint.dsgd"));
+  EXPECT_EQ(j["trials"].size(), 4u);
+  EXPECT_TRUE(j["trials_stopped_early"].is_number_integer());
+  EXPECT_NE(r.output.find("| trial | config |"), std::string::npos) << r.output;
+  EXPECT_TRUE(std::filesystem::exists(dir.file("t") + "/tune.png"));
+  EXPECT_TRUE(std::filesystem::exists(dir.file("t") + "/results.json"));
+}
+
+// Every process under `pid`, any of its threads' children (the tuner's trials start their
+// workers from its pool threads).
+std::vector<pid_t> descendants_of(pid_t pid) {
+  std::vector<pid_t> out;
+  std::error_code ec;
+  for (const auto& task : std::filesystem::directory_iterator("/proc/" + std::to_string(pid) + "/task", ec)) {
+    std::ifstream children(task.path() / "children");
+    pid_t p;
+    while (children >> p) {
+      out.push_back(p);
+      for (pid_t q : descendants_of(p)) out.push_back(q);
+    }
+  }
+  return out;
+}
+
+// Killed mid-search (kill -9) and started again with the same --dir: the trials that had ended
+// are not run again (their histories unchanged), the rest finish; the killed search's workers
+// do not outlive it.
+TEST(Cli, TuneKilledAndRestartedFinishesWithoutRerunningFinishedTrialsOrLeavingWorkers) {
+  dsgd::testing::TempDir dir;
+  const std::string space = small_space_file(dir, 6, 4), tdir = dir.file("t");
+  const std::vector<std::string> args = {"--space", space, "--scheduler", "fifo", "--cores", "2", "--dir", tdir};
+  const pid_t tune = start_dsgd("tune", args);
+  ASSERT_GT(tune, 0);
+  nlohmann::json before;
+  std::vector<pid_t> workers;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+  while (std::chrono::steady_clock::now() < deadline) {  // until a trial is done and another runs
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    std::ifstream f(tdir + "/tune.json");
+    if (!f) continue;
+    try {
+      before = nlohmann::json::parse(f);
+    } catch (const std::exception&) {
+      continue;
+    }
+    int done = 0, running = 0;
+    for (const auto& t : before["trials"]) done += t["state"] == "done", running += t["state"] == "running";
+    workers = descendants_of(tune);
+    if (done >= 1 && running >= 1 && !workers.empty()) break;
+  }
+  ASSERT_FALSE(workers.empty()) << "no trial was running";
+  ::kill(tune, SIGKILL);
+  ::waitpid(tune, nullptr, 0);
+  const auto t0 = std::chrono::steady_clock::now();
+  for (pid_t w : workers) {
+    while (!process_gone(w) && std::chrono::steady_clock::now() - t0 < std::chrono::seconds(15)) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    EXPECT_TRUE(process_gone(w)) << "process " << w << " outlived the killed search";
+  }
+  std::string args_text;
+  for (const auto& a : args) args_text += " " + a;
+  const CliRun r = run_dsgd("tune" + args_text + " --json-out " + dir.file("out.json"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("resuming"), std::string::npos) << r.output;
+  const auto after = nlohmann::json::parse(std::ifstream(tdir + "/tune.json"));
+  int kept = 0;
+  for (size_t i = 0; i < before["trials"].size(); ++i) {
+    EXPECT_EQ(after["trials"][i]["state"], "done") << i;
+    EXPECT_EQ(after["trials"][i]["history"].size(), 4u) << i;
+    if (before["trials"][i]["state"] == "done") {
+      EXPECT_EQ(after["trials"][i]["history"], before["trials"][i]["history"]) << "trial " << i << " ran again";
+      ++kept;
+    }
+  }
+  EXPECT_GE(kept, 1);
 }
 
 }  // namespace

@@ -22,6 +22,9 @@ void add_ps_server_command(CLI::App& app, int* exit_code);
 // `dsgd evaluate`: the evaluator role, evaluating a job's checkpoints as they appear.
 void add_evaluate_command(CLI::App& app, int* exit_code);
 
+// `dsgd tune`: hyper-parameter search (dsgd/tune.h).
+void add_tune_command(CLI::App& app, int* exit_code);
+
 // `dsgd bench allreduce`: communication benchmarks.
 void add_bench_command(CLI::App& app, int* exit_code);
 
