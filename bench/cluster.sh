@@ -62,6 +62,10 @@
 # scratch files to DIR at exit: each run's JSON summary with its --profile phases, the driver's and
 # the workers' logs, the link meter's samples), TRACE_DIR=DIR (each run also writes its timeline,
 # `dsgd train --trace`, to DIR/CONFIG-<h>h-<g>g.json; bench/trace_gaps.py reads them).
+# MODEL=cnn trains the real CNN on Fashion-MNIST instead of the simulated model, EPOCHS epochs
+# (3) at lr 0.02 x 0.7 per epoch, momentum 0.9, test accuracy after each (STEPS unused): the
+# table adds each run's time to 90% test accuracy (training seconds to the end of the first
+# epoch at or above it) and its final accuracy; compute alone is 40 steps of one worker.
 # Needs root (or CAP_NET_ADMIN) for namespaces; creates them with this script's pid in their names
 # and removes them on any exit, also when interrupted. Addresses: 198.19.1.0/24, only inside them.
 set -euo pipefail
@@ -161,14 +165,35 @@ set_common() {
           --max-steps "$steps" --grad-shard-bytes "$bucket_bytes" --checkpoint-every 0
           --config "{\"sim_parameters\": $params, \"sim_step_ms\": $1, \"sim_layers\": $layers}")
 }
+model=${MODEL:-simulated}
+epochs=${EPOCHS:-3}
+alone_flags=()
+if [[ "$model" == cnn ]]; then
+  [[ "${COMM_ALONE:-0}" == 1 ]] && { echo "cluster.sh: COMM_ALONE needs the simulated model" >&2; exit 2; }
+  set_common() {
+    common=(--model cnn --epochs "$epochs" --lr 0.02 --lr-decay 0.7 --momentum 0.9 --threads 1 --quiet --profile
+            --grad-shard-bytes "$bucket_bytes" --checkpoint-every 0)
+  }
+  alone_flags=(--max-steps 40 --no-eval)
+elif [[ "$model" != simulated ]]; then
+  echo "cluster.sh: MODEL '$model': use simulated or cnn" >&2
+  exit 2
+fi
 set_common "$step_ms"
 port=29600
 
 # Sets run_ms (per training step: the run's time per step less its snapshots, as --profile
 # measures them) and run_parameters from the JSON summary in $1.
+# Also run_bytes (a worker's bytes to other hosts per step, -1 where not counted); with MODEL=cnn
+# run_to90 (training seconds until the test accuracy first reached 90%, or null) and
+# run_accuracy (the last).
 read_summary() {
-  read -r run_ms run_parameters < <(/usr/bin/python3 -c "import json, sys; r = json.load(open(sys.argv[1]));
-p = r['profile_ms']; print(p['step'] - p['snapshot'], r['parameters'])" "$1")
+  read -r run_ms run_parameters run_to90 run_accuracy run_bytes < <(/usr/bin/python3 -c "import json, sys; r = json.load(open(sys.argv[1]))
+p = r['profile_ms']; t, to90 = 0.0, 'null'
+for e in r.get('history', []):
+    t += e['epoch_s']
+    if to90 == 'null' and e.get('test_accuracy', -1) >= 0.9: to90 = round(t, 1)
+print(p['step'] - p['snapshot'], r['parameters'], to90, r.get('test_accuracy', -1), r.get('comm_bytes_per_step', -1))" "$1")
 }
 
 # run NAME HOSTS WORKERS_PER_HOST FLAGS...: one job across the cluster; sets run_ms (per step).
@@ -228,7 +253,7 @@ run() {
 }
 
 # Compute alone: one worker, no communication (the efficiency's numerator and the bound's compute).
-"$dsgd" train "${common[@]}" --workers 1 --batch-size "$per_worker_batch" --json-out "$tmp/one.json" >/dev/null
+"$dsgd" train "${common[@]}" "${alone_flags[@]}" --workers 1 --batch-size "$per_worker_batch" --json-out "$tmp/one.json" >/dev/null
 read_summary "$tmp/one.json"
 compute_ms=$run_ms parameters=$run_parameters
 echo "one worker alone: $compute_ms ms per step, $parameters parameters" >&2
@@ -301,13 +326,13 @@ for gbit in "${rates[@]}"; do
     [[ "${LINK_CHECK:-0}" == 1 ]] && link_check "$gbit" "$h"
     # Each config REPEATS times, the configs interleaved (the machine is shared and noisy); a row
     # per config with the median step and every run's.
-    declare -A runs_of=() busy_of=() alone_of=()
+    declare -A runs_of=() busy_of=() alone_of=() to90_of=() accuracy_of=() bytes_of=()
     for r in $(seq "$repeats"); do
       for c in "${configs[@]}"; do
         config_flags "$c" "$h" || continue
         echo "$(date +%T) $h hosts, $gbit Gbit/s: $c$( ((repeats > 1)) && echo " (run $r of $repeats)")" >&2
         run "$c" "$h" "$per_host" "${flags[@]}" "${fwd[@]}"
-        runs_of[$c]+="$run_ms," busy_of[$c]+="$run_busy,"
+        runs_of[$c]+="$run_ms," busy_of[$c]+="$run_busy," to90_of[$c]+="$run_to90," accuracy_of[$c]+="$run_accuracy," bytes_of[$c]=$run_bytes
         if [[ "${COMM_ALONE:-0}" == 1 && $r == 1 ]]; then  # the same job with no compute: its communication alone
           set_common 0
           run "$c-alone" "$h" "$per_host" "${flags[@]}" "${fwd[@]}"
@@ -319,27 +344,34 @@ for gbit in "${rates[@]}"; do
     for c in "${configs[@]}"; do
       config_flags "$c" "$h" || continue
       /usr/bin/python3 - "$c" "$h" "$gbit" "${runs_of[$c]}" "${busy_of[$c]}" "$compute_ms" "$parameters" "$step_ms" \
-        "${alone_of[$c]:-null}" "$shared" >>"$rows" <<'PY'
+        "${alone_of[$c]:-null}" "$shared" "${to90_of[$c]}" "${accuracy_of[$c]}" "${bytes_of[$c]}" >>"$rows" <<'PY'
 import json, statistics, sys
-c, h, gbit, runs, busy, compute, params, sim, alone, shared = sys.argv[1:]
+c, h, gbit, runs, busy, compute, params, sim, alone, shared, to90, accuracy, sent = sys.argv[1:]
 runs = [float(x) for x in runs.split(",") if x]
 busy = [float(x) for x in busy.split(",") if x and x != "null"]
+to90 = [None if x == "null" else float(x) for x in to90.split(",") if x]
+accuracy = [float(x) for x in accuracy.split(",") if x and float(x) >= 0]
 print(json.dumps({"config": c, "hosts": int(h), "gbit": float(gbit), "step_ms": statistics.median(runs),
+                  "to90_s": to90 if accuracy else None, "test_accuracy": accuracy or None,
+                  "comm_bytes_per_step": float(sent) if float(sent) >= 0 else None,
                   "step_runs_ms": runs, "compute_ms": float(compute), "parameters": int(params),
                   "sim_step_ms": float(sim), "comm_alone_ms": json.loads(alone), "shared_compute_ms": json.loads(shared),
                   "link_busy": statistics.median(busy) if busy else None}))
 PY
     done
-    unset runs_of busy_of alone_of
+    unset runs_of busy_of alone_of to90_of accuracy_of bytes_of
   done
 done
 [[ -n "${JSON_OUT:-}" ]] && cp "$rows" "$JSON_OUT"
 
 report=$tmp/report.md
-/usr/bin/python3 - "$rows" "$steps" "$params" "$step_ms" "$layers" "$bucket_bytes" >"$report" <<'PY'
+/usr/bin/python3 - "$rows" "$steps" "$params" "$step_ms" "$layers" "$bucket_bytes" "$model" "$epochs" >"$report" <<'PY'
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]
 steps, params, step_ms, layers, bucket = sys.argv[2], int(sys.argv[3]), sys.argv[4], sys.argv[5], int(sys.argv[6])
+model, epochs = sys.argv[7], sys.argv[8]
+cnn = model == "cnn"
+bytes_of = {(r["config"], r["hosts"], r["gbit"]): r.get("comm_bytes_per_step") for r in rows}
 def powersgd_bytes(rank):
     # The simulated layers as the model shapes them (near-square matrices), compressed where
     # their factors are at most half their size; the head (small) as it is.
@@ -358,6 +390,8 @@ def comm_ms(c, h, gbit, b):
     c = c.split("-fwd")[0]
     bw = gbit * 1e9 / 8
     if c in ("allreduce-fp16", "allreduce-bf16"): t = (h - 1) / h * b / bw  # 16 bits a value
+    elif c.startswith("allreduce-powersgd") and cnn:  # the CNN's own layers: the bytes its leaders sent
+        t = (bytes_of.get((c, h, gbit)) or 0) / bw
     elif c.startswith("allreduce-powersgd"): t = 2 * (h - 1) / h * powersgd_bytes(int(c[len("allreduce-powersgd"):])) / bw
     elif c.startswith("allreduce") or c == "hier": t = 2 * (h - 1) / h * b / bw
     elif c.startswith("psp"):
@@ -369,10 +403,17 @@ def comm_ms(c, h, gbit, b):
         if c.endswith("-fp16") or c.endswith("-bf16"): t /= 2  # 16 bits a value, both ways
     elif c == "simple": t = h * b / bw
     return 1000 * t
-print(f"Simulated compute: {params} parameters in {layers} tensors ({params * 4 / 1e6:.1f} MB of gradients, "
-      f"{bucket >> 10} KiB buckets), "
-      f"{step_ms} ms forward + backward; 32 samples per worker, {steps} steps per run. One worker alone: "
-      f"{rows[0]['compute_ms']:.1f} ms per step (the compute in the bounds).\n")
+if cnn:
+    p = rows[0]["parameters"]
+    print(f"The CNN on Fashion-MNIST: {p} parameters ({p * 4 / 1e6:.1f} MB of gradients, {bucket >> 10} KiB "
+          f"buckets); 32 samples per worker, {epochs} epochs per run (lr 0.02 x 0.7 per epoch, momentum 0.9). One "
+          f"worker alone: {rows[0]['compute_ms']:.1f} ms per step (the compute in the bounds; the backward-overlap "
+          f"bound assumes the simulated model's split of forward and backward, so it is left out).\n")
+else:
+    print(f"Simulated compute: {params} parameters in {layers} tensors ({params * 4 / 1e6:.1f} MB of gradients, "
+          f"{bucket >> 10} KiB buckets), "
+          f"{step_ms} ms forward + backward; 32 samples per worker, {steps} steps per run. One worker alone: "
+          f"{rows[0]['compute_ms']:.1f} ms per step (the compute in the bounds).\n")
 for gbit in sorted({r["gbit"] for r in rows}):
     if gbit == 0:
         print("\nUnshaped links: this machine's own cost (the floor under the shaped figures)\n")
@@ -384,10 +425,11 @@ for gbit in sorted({r["gbit"] for r in rows}):
           "backward-overlap bound ms | step / it | scaling efficiency |"
           + (" compute, h at once ms | communication alone ms | step / max(both) |" if alone else "")
           + (" busiest link busy | its bytes / formula's |" if busy else "")
-          + (" runs: step ms |" if any(len(r.get("step_runs_ms", [])) > 1 for r in rows if r["gbit"] == gbit) else ""))
+          + (" runs: step ms |" if any(len(r.get("step_runs_ms", [])) > 1 for r in rows if r["gbit"] == gbit) else "")
+          + (" to 90% s | test accuracy |" if cnn else ""))
     repeated = any(len(r.get("step_runs_ms", [])) > 1 for r in rows if r["gbit"] == gbit)
     print("|---|---|---|---|---|---|---|---|---|" + ("---|---|---|" if alone else "") + ("---|---|" if busy else "")
-          + ("---|" if repeated else ""))
+          + ("---|" if repeated else "") + ("---|---|" if cnn else ""))
     for r in [r for r in rows if r["gbit"] == gbit]:
         b, t = 4 * r["parameters"], r["compute_ms"]
         comm = comm_ms(r["config"], r["hosts"], gbit, b)
@@ -396,7 +438,8 @@ for gbit in sorted({r["gbit"] for r in rows}):
         else:
             bound, bwd_bound = max(t, comm), t + max(0, comm - 2 * float(step_ms) / 3)
         line = (f"| {r['hosts']} | {r['config']} | {r['step_ms']:.1f} | {comm:.1f} | {bound:.1f} | "
-                f"{r['step_ms'] / bound:.2f} | {bwd_bound:.1f} | {r['step_ms'] / bwd_bound:.2f} | {t / r['step_ms']:.2f} |")
+                f"{r['step_ms'] / bound:.2f} | " + ("- | - |" if cnn else f"{bwd_bound:.1f} | {r['step_ms'] / bwd_bound:.2f} |")
+                + f" {t / r['step_ms']:.2f} |")
         if alone:
             a, sc = r.get("comm_alone_ms"), r.get("shared_compute_ms") or t
             measured = (sc + a) if "no-overlap" in r["config"] else max(sc, a)
@@ -407,6 +450,9 @@ for gbit in sorted({r["gbit"] for r in rows}):
             line += f" {u:.2f} | {u * r['step_ms'] / comm:.2f} |" if u is not None and comm > 0 else " - | - |"
         if repeated:
             line += " " + ", ".join(f"{x:.1f}" for x in r.get("step_runs_ms", [r["step_ms"]])) + " |"
+        if cnn:
+            line += (" " + ", ".join("not reached" if x is None else f"{x:.0f}" for x in (r.get("to90_s") or [])) + " | "
+                     + ", ".join(f"{x:.4f}" for x in (r.get("test_accuracy") or [])) + " |")
         print(line)
 PY
 cat "$report"

@@ -15,6 +15,9 @@
 # Prints markdown tables; RESULTS_JSON=FILE also writes every measurement. WORKLOADS="cnn" runs
 # one workload only; EPOCHS 0 leaves out the time-to-accuracy pair (for repeated throughput runs);
 # SYSTEMS="plain-1t dsgd-allreduce-1w" keeps only the rows named (e.g. for one ratio, repeated).
+# PRECISIONS="fp32 bf16" adds each workload's dsgd allreduce and DDP rows at 1 and 2 workers under
+# bf16 autocast (`--precision bf16`; DDP: torch.autocast("cpu", bfloat16)), named *-bf16, beside
+# the float32 rows: bf16's speed-up for both systems, measured in the same run.
 # The one-core rows (1 thread, 1 worker, world size 1: every process of the row, dsgd's driver
 # included) run on one and the same core, the last this script may use: left to the scheduler,
 # plain LibTorch started from a shell stayed on one core and dsgd's worker, spawned by its
@@ -49,6 +52,15 @@ for w in $workloads; do
     "ddp-1w|$w|$py bench/peers/ddp_train.py --world-size 1 --model $w --batch-size $b --max-steps $steps --no-eval --threads 1"
     "ddp-2w|$w|$py bench/peers/ddp_train.py --world-size 2 --model $w --batch-size $b --max-steps $steps --no-eval --threads 1"
   )
+  for p in ${PRECISIONS:-fp32}; do
+    case $p in fp32) continue ;; bf16) ;; *) echo "train_peers: PRECISIONS has '$p'; use fp32, bf16" >&2; exit 2 ;; esac
+    configs+=(
+      "dsgd-allreduce-1w-$p|$w|$dsgd train --workers 1 --strategy allreduce --threads 1 --batch-size $b --precision $p $common"
+      "dsgd-allreduce-2w-$p|$w|$dsgd train --workers 2 --strategy allreduce --threads 1 --batch-size $((2 * b)) --precision $p $common"
+      "ddp-1w-$p|$w|$py bench/peers/ddp_train.py --world-size 1 --model $w --batch-size $b --max-steps $steps --no-eval --threads 1 --precision $p"
+      "ddp-2w-$p|$w|$py bench/peers/ddp_train.py --world-size 2 --model $w --batch-size $b --max-steps $steps --no-eval --threads 1 --precision $p"
+    )
+  done
 done
 if [ -n "${SYSTEMS:-}" ]; then
   rows=" "
@@ -76,7 +88,7 @@ for r in $(seq "$repeats"); do
     IFS='|' read -r name workload cmd <<<"$c"
     out="$tmp/$workload.$name.$r.json"
     prefix=()
-    case $name in *-1t | *-1w) prefix=("${pin[@]}") ;; esac
+    case $name in *-1t | *-1w | *-1w-*) prefix=("${pin[@]}") ;; esac
     # shellcheck disable=SC2086
     if ! OMP_NUM_THREADS=1 "${prefix[@]}" $cmd --json-out "$out" >/dev/null 2>"$tmp/err"; then
       echo "train_peers: $workload $name failed:" >&2; tail -5 "$tmp/err" >&2; exit 1
@@ -108,7 +120,7 @@ for f in glob.glob(os.path.join(tmp, "*.*.*.json")):
     runs.setdefault((workload, name), []).append(json.load(open(f))["samples_per_s"])
 med = {k: statistics.median(v) for k, v in runs.items()}
 order = ["plain-1t", "plain-2t", "dsgd-allreduce-1w", "dsgd-allreduce-2w", "dsgd-simple-1w", "dsgd-simple-2w",
-         "ddp-1w", "ddp-2w"]
+         "ddp-1w", "ddp-2w", "dsgd-allreduce-1w-bf16", "dsgd-allreduce-2w-bf16", "ddp-1w-bf16", "ddp-2w-bf16"]
 targets = {"cnn": 1.08, "mlp": 1.4}
 out = {"steps": steps, "repeats": repeats, "throughput": {}, "time_to_accuracy": {}}
 for w, label in (("cnn", "CNN, 64 samples per worker"), ("mlp", "MLP 784-2048-2048-10, 32 samples per worker")):
@@ -121,8 +133,9 @@ for w, label in (("cnn", "CNN, 64 samples per worker"), ("mlp", "MLP 784-2048-20
         if (w, n) not in med:
             continue
         v = med[(w, n)]
-        workers = "2" if n.endswith("2w") else "1"
-        ddp = med.get((w, f"ddp-{workers}w"))
+        workers = "2" if "-2w" in n else "1"
+        precision = "-bf16" if n.endswith("-bf16") else ""
+        ddp = med.get((w, f"ddp-{workers}w{precision}"))
         vs_ddp = f"{v / ddp:.2f}x" if ddp and n.startswith("dsgd") else ""
         print(f"| {n} | {v:.0f} | {v / med[(w, 'plain-1t')]:.2f}x | {vs_ddp} | {', '.join(f'{x:.0f}' for x in sorted(runs[(w, n)]))} |")
     out["throughput"][w] = {n: {"median": med[(w, n)], "runs": runs[(w, n)]} for n in order if (w, n) in med}
@@ -135,6 +148,11 @@ for w, label in (("cnn", "CNN, 64 samples per worker"), ("mlp", "MLP 784-2048-20
         found.append(f"against one process with 2 threads: {a2 / p2:.2f}x")
     if a1:
         found.append(f"1 worker against plain LibTorch: {a1 / med[(w, 'plain-1t')]:.3f}x")
+    for sysname in ("dsgd-allreduce", "ddp"):  # bf16 against float32, the same system and workers
+        for k in ("1w", "2w"):
+            f32, b16 = med.get((w, f"{sysname}-{k}")), med.get((w, f"{sysname}-{k}-bf16"))
+            if f32 and b16:
+                found.append(f"{sysname} {k[0]} worker(s) bf16 against fp32: {b16 / f32:.2f}x")
     if found:
         line = "; ".join(found)
         print("\n" + line[0].upper() + line[1:] + ".")

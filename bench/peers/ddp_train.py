@@ -83,7 +83,8 @@ def worker(rank, args, port, out):
                 break
             idx = order[(s * w + rank) * b:(s * w + rank + 1) * b]
             opt.zero_grad()
-            loss = F.cross_entropy(ddp(x[idx]), y[idx])
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.precision == "bf16"):
+                loss = F.cross_entropy(ddp(x[idx]), y[idx])
             loss.backward()
             opt.step()
             steps += 1
@@ -93,13 +94,14 @@ def worker(rank, args, port, out):
         if not args.no_eval:
             model.eval()
             with torch.no_grad():
-                logits = torch.cat([model(tx[i:i + 1000]) for i in range(0, tx.shape[0], 1000)])
+                with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.precision == "bf16"):
+                    logits = torch.cat([model(tx[i:i + 1000]) for i in range(0, tx.shape[0], 1000)]).float()
             entry["test_accuracy"] = (logits.argmax(1) == ty).float().mean().item()
         history.append(entry)
         if args.max_steps and steps >= args.max_steps:
             break
     if rank == 0:
-        out.put({"system": "pytorch-ddp-gloo", "world_size": w, "model": args.model, "batch_size_per_worker": b,
+        out.put({"system": "pytorch-ddp-gloo", "world_size": w, "precision": args.precision, "model": args.model, "batch_size_per_worker": b,
                  "threads": args.threads, "steps": steps, "samples": samples, "train_s": train_s,
                  "samples_per_s": samples / train_s, "history": history,
                  "test_accuracy": history[-1].get("test_accuracy", -1)})
@@ -118,6 +120,8 @@ def main():
     p.add_argument("--momentum", type=float, default=0.9)
     p.add_argument("--threads", type=int, default=1, help="per process")
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--precision", choices=["fp32", "bf16"], default="fp32",
+                   help="bf16: forward and loss under CPU autocast in bfloat16 (float32 weights and optimizer)")
     p.add_argument("--no-eval", action="store_true")
     p.add_argument("--data-dir", default="/usr/share/datasets/fashion-mnist")
     p.add_argument("--json-out")
