@@ -79,9 +79,10 @@ struct TrainerConfig {
   double loss_scale = 0;
   int64_t loss_scale_growth_interval = 2000;
   // What crosses hosts (strategy allreduce, allreduce_algo auto; ps with ps_placement workers and
-  // without ps_update_on_shards: fp16 and bf16): none (float32); fp16 / bf16: each host leader
+  // without ps_update_on_shards): none (float32); fp16 / bf16: each host leader
   // sends its host's gradient sum in 16 bits and sums what it gets in float32 (allreduce:
-  // dsgd/comm/hierarchical.h; ps: pushes and pulls), half the bytes; powersgd: PowerSGD's rank-`powersgd_rank`
+  // dsgd/comm/hierarchical.h; ps: pushes and pulls), half the bytes; powersgd (ps: its factors
+  // summed among the host leaders): PowerSGD's rank-`powersgd_rank`
   // factors of each matrix-shaped gradient (after `powersgd_start_steps` plain steps; vectors
   // and small matrices as they are). Within a host all stays float32. Error feedback: each
   // replica keeps what compression left out (GradSync's residuals) and adds it to its next

@@ -83,14 +83,12 @@ void validate_trainer_config(const std::string& op, const TrainerConfig& c) {
   require(c.powersgd_rank >= 1 && c.powersgd_rank <= 1024,
           "powersgd_rank must be in 1..1024, got " + std::to_string(c.powersgd_rank));
   require(c.powersgd_start_steps >= 0, "powersgd_start_steps must be >= 0, got " + std::to_string(c.powersgd_start_steps));
-  const bool sixteen_bits = c.compression == Compression::kFp16 || c.compression == Compression::kBf16;
   require(c.compression == Compression::kNone ||
               (c.strategy == Strategy::kAllreduce && c.allreduce_algo == AllreduceAlgo::kAuto) ||
-              (c.strategy == Strategy::kPs && sixteen_bits && !c.ps_update_on_shards &&
-               c.ps_placement == PsPlacement::kWorkers),
+              (c.strategy == Strategy::kPs && !c.ps_update_on_shards && c.ps_placement == PsPlacement::kWorkers),
           "compression " + c.compression.name() + " applies to strategy allreduce with allreduce_algo auto (the "
-          "hierarchy's across-host stage), and fp16 / bf16 to strategy ps with its shards in the workers, without "
-          "ps_update_on_shards; strategy is '" + c.strategy.name() + "', allreduce_algo '" + c.allreduce_algo.name() +
+          "hierarchy's across-host stage), and to strategy ps with its shards in the workers, without "
+          "ps_update_on_shards (gradients, not parameters, cross hosts); strategy is '" + c.strategy.name() + "', allreduce_algo '" + c.allreduce_algo.name() +
           "'" + (c.strategy == Strategy::kPs ? ", ps_placement '" + c.ps_placement.name() + "'" +
                                                    (c.ps_update_on_shards ? ", ps_update_on_shards" : "")
                                              : std::string()));

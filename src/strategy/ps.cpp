@@ -25,8 +25,9 @@ class PsStrategy final : public GradientStrategy {
  public:
   PsStrategy(std::shared_ptr<comm::HierarchicalGroup> group, const PsOptions& o)
       : group_(std::move(group)), num_shards_(o.num_shards), update_on_shards_(o.update_on_shards),
-        shard_processes_(o.shard_processes), servers_(o.servers), wire_(o.wire), queue_("ps strategy") {
-    if (wire_ != DataType::kFloat32 && (update_on_shards_ || shard_processes_)) {
+        shard_processes_(o.shard_processes), servers_(o.servers), wire_(o.wire), powersgd_(o.powersgd),
+        queue_("ps strategy") {
+    if ((wire_ != DataType::kFloat32 || powersgd_) && (update_on_shards_ || shard_processes_)) {
       throw ConfigError("ps compresses gradients with its shards in the workers and averaging only (not with "
                         "update on shards or shard processes)");
     }
@@ -59,13 +60,13 @@ class PsStrategy final : public GradientStrategy {
     });
   }
 
-  bool keeps_residuals() const override { return wire_ != DataType::kFloat32; }
+  bool keeps_residuals() const override { return wire_ != DataType::kFloat32 || powersgd_ != nullptr; }
   std::shared_ptr<comm::Work> average_with_feedback_async(float* data, size_t count, const FeedbackBucket& b) override {
-    if (wire_ == DataType::kFloat32) return average_async(data, count);
+    if (!keeps_residuals()) return average_async(data, count);
     const uint64_t seq = next_seq_++;
-    return queue_.submit("ps average #" + std::to_string(seq), [this, seq, data, count, residual = b.residual] {
+    return queue_.submit("ps average #" + std::to_string(seq), [this, seq, data, count, b] {
       check_not_aborted();
-      average(seq, data, count, residual);
+      average(seq, data, count, &b);
     });
   }
   // What this leader sent to the other leaders; shard processes' traffic is not counted.
@@ -158,8 +159,8 @@ class PsStrategy final : public GradientStrategy {
   int leader_index() { return group_->leaders() != nullptr ? group_->leaders()->rank() : 0; }
   int owner(int s) const { return s % group_->num_hosts(); }
 
-  // `residual`: this replica's error feedback, with a 16-bit wire (count floats).
-  void average(uint64_t seq, float* data, size_t count, float* residual = nullptr) {
+  // `feedback`: this replica's error feedback and PowerSGD state, with compression.
+  void average(uint64_t seq, float* data, size_t count, const FeedbackBucket* feedback = nullptr) {
     auto& local = group_->local();
     if (local.size() > 1) local.allreduce(data, count, DataType::kFloat32, ReduceOp::kSum);  // the host's sum
     if (shard_processes_) {
@@ -167,8 +168,14 @@ class PsStrategy final : public GradientStrategy {
     } else if (group_->num_hosts() == 1) {  // the host's sum is everyone's (and identical on every rank)
       scale(data, count);
       return;
-    } else if (auto* leaders = group_->leaders(); leaders != nullptr && wire_ != DataType::kFloat32) {
-      average_16(*leaders, seq, data, count, residual);
+    } else if (auto* leaders = group_->leaders(); leaders != nullptr && feedback != nullptr && powersgd_ &&
+                                                  feedback->powersgd != nullptr) {
+      const PowerSgdBucket bucket{.index = feedback->index, .state = feedback->powersgd,
+                                  .residual = feedback->residual, .matrices = feedback->matrices};
+      cross_bytes_ += powersgd_->reduce(*leaders, bucket, data, count, leaders->timeout());  // the sum over hosts
+      scale(data, count);
+    } else if (leaders != nullptr && wire_ != DataType::kFloat32) {
+      average_16(*leaders, seq, data, count, feedback != nullptr ? feedback->residual : nullptr);
     } else if (leaders != nullptr) {
       auto pushed = push(*leaders, seq, data, count);
       serve(leaders, seq, data, count, [&](int s, size_t b, size_t n) {
@@ -469,6 +476,7 @@ class PsStrategy final : public GradientStrategy {
   const bool shard_processes_;
   std::shared_ptr<comm::Group> servers_;  // shard processes: the leaders' and shards' group (leaders only)
   const DataType wire_;                    // across hosts: float32, or 16 bits with error feedback
+  const std::shared_ptr<PowerSgd> powersgd_;  // or PowerSGD's factors, summed among the leaders
   std::atomic<uint64_t> cross_bytes_{0};   // sent to other leaders
   std::atomic<uint64_t> next_seq_{0};
   std::atomic<bool> aborted_{false};

@@ -116,12 +116,11 @@ std::unique_ptr<GradientStrategy> make_strategy(const StrategyOptions& o,
   const Strategy kind = Choice<Strategy>(o.kind).value();
   const Compression compression = o.compression.kind;
   const bool ps_compresses = kind == Strategy::kPs && !o.ps_update_on_shards &&
-                             o.ps_placement == PsPlacement::kWorkers &&
-                             (compression == Compression::kFp16 || compression == Compression::kBf16);
+                             o.ps_placement == PsPlacement::kWorkers && compression != Compression::kNone;
   if (compression != Compression::kNone && kind != Strategy::kAllreduce && !ps_compresses) {
     throw ConfigError("compression " + Choice<Compression>(compression).name() + " does not apply to strategy " +
-                      Choice<Strategy>(kind).name() + " as configured: allreduce takes every scheme, ps fp16 and "
-                      "bf16 with its shards in the workers and averaging only");
+                      Choice<Strategy>(kind).name() + " as configured: allreduce takes it, and ps with its shards "
+                      "in the workers, averaging only");
   }
   if (kind == Strategy::kSimple) {
     if (!o.central_average) throw ConfigError("strategy simple needs the driver's central average");
@@ -138,9 +137,14 @@ std::unique_ptr<GradientStrategy> make_strategy(const StrategyOptions& o,
       PsOptions po{.num_shards = shards,
                    .update_on_shards = o.ps_update_on_shards,
                    .shard_processes = o.ps_placement == PsPlacement::kProcesses,
-                   .wire = !ps_compresses                    ? comm::DataType::kFloat32
-                           : compression == Compression::kFp16 ? comm::DataType::kFloat16
-                                                               : comm::DataType::kBFloat16};
+                   .wire = !ps_compresses || compression == Compression::kPowerSgd ? comm::DataType::kFloat32
+                           : compression == Compression::kFp16                         ? comm::DataType::kFloat16
+                                                                                       : comm::DataType::kBFloat16};
+      if (ps_compresses && compression == Compression::kPowerSgd) {
+        po.powersgd = std::make_shared<PowerSgd>(PowerSgd::Options{.rank = o.compression.powersgd_rank,
+                                                                   .start_steps = o.compression.powersgd_start_steps,
+                                                                   .seed = o.compression.seed});
+      }
       if (po.shard_processes && group->local().rank() == 0) {
         if (!o.join_ps_servers) throw ConfigError("ps_placement processes needs a way to join the shard processes");
         po.servers = o.join_ps_servers(shards);

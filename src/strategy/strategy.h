@@ -153,13 +153,17 @@ std::unique_ptr<GradientStrategy> make_allreduce_strategy(std::shared_ptr<comm::
 // `wire` kFloat16 or kBFloat16 (compression fp16, bf16; shards in the workers, averaging only):
 // each leader rounds its host's sum plus its residual (error feedback) to 16 bits and pushes
 // that, the owner sums the pushes in float32, in leader order, rounds the average once and
-// sends it back in 16 bits: half the bytes of float32 both ways.
+// sends it back in 16 bits: half the bytes of float32 both ways. `powersgd` (same conditions):
+// the host sums cross hosts as PowerSGD's factors (powersgd.h), summed among the host leaders
+// rather than through the shards (its second round needs the first's sum at once, which a
+// push and a pull per round would only delay).
 struct PsOptions {
   int num_shards = 1;
   bool update_on_shards = false;
   bool shard_processes = false;
   std::shared_ptr<comm::Group> servers = nullptr;  // shard_processes: set on host leaders, null elsewhere
   comm::DataType wire = comm::DataType::kFloat32;
+  std::shared_ptr<PowerSgd> powersgd = nullptr;
 };
 std::unique_ptr<GradientStrategy> make_ps_strategy(std::shared_ptr<comm::HierarchicalGroup> group,
                                                    const PsOptions& options);
@@ -196,7 +200,7 @@ struct StrategyOptions {
   bool ps_update_on_shards = false;
   PsPlacement ps_placement = PsPlacement::kWorkers;
   int max_staleness = -1;                 // ps_async
-  CompressionOptions compression;         // allreduce (any), ps (fp16, bf16): across hosts
+  CompressionOptions compression;         // allreduce, ps: across hosts
   CentralAverage central_average;         // simple: the driver's average
   // ps with ps_placement processes, called on host leaders: joins the shard processes' group
   // (PsOptions::servers) of this many shards.
