@@ -90,7 +90,7 @@ struct TuneOptions {
   int max_iterations = 4;            // per trial
   int64_t steps_per_iteration = 0;   // 0: an epoch
   int grace_period = 1;              // asha
-  int reduction_factor = 3;          // asha
+  int reduction_factor = 4;          // asha (Ray's AsyncHyperBandScheduler default)
   int perturbation_interval = 2;     // pbt, in iterations
   double quantile = 0.25;            // pbt
   double resample_probability = 0.25;  // pbt

@@ -24,7 +24,7 @@ class Asha {
  public:
   struct Options {
     int grace_period = 1;
-    int reduction_factor = 3;
+    int reduction_factor = 4;
     int max_iterations = 9;
     bool maximize = true;
   };
