@@ -1001,7 +1001,7 @@ TEST(TrainerBadInput, ClearErrorsBeforeAnyProcessIsSpawned) {
   expect_config_error(dsgd::kImageClassifier, bad, "unknown device 'tpu'; use auto, cpu or cuda");
   bad = c;
   bad.precision = "fp8";
-  expect_config_error(dsgd::kImageClassifier, bad, "unknown precision 'fp8'; use fp32 or bf16");
+  expect_config_error(dsgd::kImageClassifier, bad, "unknown precision 'fp8'; use fp32, bf16 or fp16");
   bad = c;
   bad.device = "cuda";
   bad.forward_overlap_buckets = 2;
