@@ -21,11 +21,11 @@ build_pkgs=(
   openssh-client openssh-server   # the ssh launcher's test runs its own sshd in a namespace
   slurmctld slurmd slurm-client munge   # `make test-cluster`: a real Slurm, nodes in namespaces
   clang libclang-rt-14-dev     # libFuzzer for the parsers' fuzz targets (tests/fuzz)
+  gnuplot-nox             # `dsgd tune`'s plot (its test checks it), and the plots in docs/BENCHMARKS.md
 )
 bench_pkgs=(
   python3-torch           # PyTorch DDP, the peer we measure against (/usr/bin/python3)
   openmpi-bin libopenmpi-dev   # MPI_Allreduce peer
-  gnuplot-nox             # plots in docs/BENCHMARKS.md
 )
 
 case "${1:-}" in
