@@ -165,11 +165,11 @@ int run(TuneFlags& f) {
   const TuneResult r = tuner.run();
   print_table(r, f.tune);
   const json out = r.to_json(f.tune);
-  std::ofstream(fs::path(f.dir) / "results.json") << out.dump(1) << "\n";
-  if (!f.json_out.empty()) {
-    std::ofstream o(f.json_out);
+  for (const std::string& path : {(fs::path(f.dir) / "results.json").string(), f.json_out}) {
+    if (path.empty()) continue;
+    std::ofstream o(path);
     o << out.dump(1) << "\n";
-    if (!o) throw DataError(f.json_out, "cannot write the results");
+    if (!o) throw DataError(path, "cannot write the results (the table above has them)");
   }
   plot(r, f.tune, f.plot.empty() ? (fs::path(f.dir) / "tune.png").string() : f.plot);
   return r.best >= 0 ? 0 : kExitFailure;
