@@ -181,8 +181,8 @@ Outcome train_once(const Options& o, const Setup& s, const Fault& f, double* rec
 }  // namespace
 
 int main(int argc, char** argv) {
+  dsgd::register_builtin_operators();  // before init: a spawned worker constructs the operator
   dsgd::init(argc, argv);
-  dsgd::register_builtin_operators();
   Options o;
   CLI::App app{"dsgd_soak: training jobs with random faults injected; reports recovery and checks the results"};
   app.add_option("--runs", o.runs, "Jobs to run (the first 6 cover 2 and 3 workers on each strategy)")
@@ -257,7 +257,8 @@ int main(int argc, char** argv) {
       run.accuracy = got.accuracy;
       run.reference_accuracy = ref.accuracy;
       run.replicas_identical = got.replicas_identical && ref.replicas_identical;
-      run.ok = run.replicas_identical && run.recoveries >= 1 && run.sample_error == 0 && (o.standby == 0 || run.max_param_diff < 5e-5) &&
+      run.ok = run.replicas_identical && run.recoveries >= 1 && run.sample_error == 0 &&
+               (o.standby == 0 || run.max_param_diff < 5e-5) &&
                std::fabs(run.accuracy - run.reference_accuracy) <= 0.01 && run.recovery_s >= 0 &&
                run.recovery_s <= o.max_recovery_s;
     } catch (const std::exception& e) {
@@ -277,8 +278,11 @@ int main(int argc, char** argv) {
   int timed = 0;
   json jruns = json::array();
   std::vector<std::pair<std::string, double>> phase_sums;  // over the timed runs, in order of first appearance
-  if (o.standby == 0) std::printf("--standby 0: the survivors go on alone; parameters are not checked (see the header)\n");
-  std::printf("| run | setup | fault | victim | at step | recovery (s) | lost/repeated samples | replicas identical | max param diff | accuracy | reference | ok |\n");
+  if (o.standby == 0)
+    std::printf("--standby 0: the survivors go on alone; parameters are not checked (see the header)\n");
+  std::printf(
+      "| run | setup | fault | victim | at step | recovery (s) | lost/repeated samples | replicas identical | max "
+      "param diff | accuracy | reference | ok |\n");
   std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|\n");
   for (size_t i = 0; i < runs.size(); ++i) {
     const auto& r = runs[i];
@@ -300,16 +304,26 @@ int main(int argc, char** argv) {
       max_acc_delta = std::max(max_acc_delta, r.accuracy - r.reference_accuracy);
     }
     const char* sig = r.fault.signal == SIGKILL ? "SIGKILL" : "SIGSTOP";
-    std::printf("| %zu | %s | %s | %d | %lld | %.2f | %lld | %s | %.1e | %.4f | %.4f | %s |\n", i + 1, r.setup.key().c_str(),
-                sig, r.fault.victim, static_cast<long long>(r.fault.at_step), r.recovery_s,
-                static_cast<long long>(r.sample_error), r.replicas_identical ? "yes" : "NO", r.max_param_diff, r.accuracy, r.reference_accuracy,
-                r.ok ? "yes" : ("NO " + r.error).c_str());
+    std::printf("| %zu | %s | %s | %d | %lld | %.2f | %lld | %s | %.1e | %.4f | %.4f | %s |\n", i + 1,
+                r.setup.key().c_str(), sig, r.fault.victim, static_cast<long long>(r.fault.at_step), r.recovery_s,
+                static_cast<long long>(r.sample_error), r.replicas_identical ? "yes" : "NO", r.max_param_diff,
+                r.accuracy, r.reference_accuracy, r.ok ? "yes" : ("NO " + r.error).c_str());
     json jphases = json::array();
     for (const auto& [name, s] : r.phases) jphases.push_back({name, s});
-    jruns.push_back({{"setup", r.setup.key()}, {"fault", sig}, {"victim", r.fault.victim}, {"at_step", r.fault.at_step},
-                     {"recovery_s", r.recovery_s}, {"phases", jphases}, {"lost", r.lost}, {"sample_error", r.sample_error}, {"replicas_identical", r.replicas_identical},
-                     {"max_param_diff", r.max_param_diff}, {"accuracy", r.accuracy},
-                     {"reference_accuracy", r.reference_accuracy}, {"ok", r.ok}, {"error", r.error}});
+    jruns.push_back({{"setup", r.setup.key()},
+                     {"fault", sig},
+                     {"victim", r.fault.victim},
+                     {"at_step", r.fault.at_step},
+                     {"recovery_s", r.recovery_s},
+                     {"phases", jphases},
+                     {"lost", r.lost},
+                     {"sample_error", r.sample_error},
+                     {"replicas_identical", r.replicas_identical},
+                     {"max_param_diff", r.max_param_diff},
+                     {"accuracy", r.accuracy},
+                     {"reference_accuracy", r.reference_accuracy},
+                     {"ok", r.ok},
+                     {"error", r.error}});
   }
   // Where the recoveries' seconds went, per run.
   std::printf("\n| run | recovery (s) |");

@@ -13,6 +13,7 @@
 #include "dsgd/trainer.h"
 
 int main(int argc, char** argv) {
+  dsgd::register_builtin_operators();  // before init: a spawned worker constructs the operator
   dsgd::init(argc, argv);
   std::string model = "resnet50", precision = "fp32", device = "auto";
   int64_t batch = 128, image_size = 224, channels = 3, samples = 1024, warmup = 10, steps = 40;
@@ -36,7 +37,6 @@ int main(int argc, char** argv) {
   app.add_option("--cudnn-benchmark", cudnn_benchmark, "The image classifier's cudnn_benchmark")->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   try {
-    dsgd::register_builtin_operators();
     dsgd::TrainerConfig c;
     c.num_workers = workers;
     c.batch_size = batch;
@@ -66,11 +66,19 @@ int main(int argc, char** argv) {
     const auto t0 = std::chrono::steady_clock::now();
     const auto done = static_cast<double>(run(steps, &loss));
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    std::cout << nlohmann::json{{"impl", "dsgd"},      {"model", model},   {"precision", precision},
-                                {"workers", workers},  {"batch", batch},   {"steps", done},
-                                {"seconds", s},        {"img_per_s", done * static_cast<double>(batch) / s},
-                                {"loss", loss},         {"sync", "step"},   {"cudnn_benchmark", cudnn_benchmark ? 1 : 0},
-                                {"channels_last", channels_last == "1" || (channels_last == "auto" && device != "cpu") ? 1 : 0}}
+    std::cout << nlohmann::json{{"impl", "dsgd"},
+                                {"model", model},
+                                {"precision", precision},
+                                {"workers", workers},
+                                {"batch", batch},
+                                {"steps", done},
+                                {"seconds", s},
+                                {"img_per_s", done * static_cast<double>(batch) / s},
+                                {"loss", loss},
+                                {"sync", "step"},
+                                {"cudnn_benchmark", cudnn_benchmark ? 1 : 0},
+                                {"channels_last",
+                                 channels_last == "1" || (channels_last == "auto" && device != "cpu") ? 1 : 0}}
                      .dump()
               << std::endl;
   } catch (const std::exception& e) {

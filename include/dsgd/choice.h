@@ -3,7 +3,7 @@
 //   dsgd::TrainerConfig c;
 //   c.strategy = "ps";                            // as on the command line and in --config JSON
 //   if (c.strategy == dsgd::Strategy::kPs) ...    // or switch (c.strategy.value())
-//   std::cout << c.strategy;                      // "ps"
+//   std::cout << c.strategy;                      // "ps" (name(): for messages and JSON only)
 //
 // A Choice<E> holds an enum value, or the spelling it was given when that names none: a bad
 // spelling is kept, not thrown at assignment, so that the Trainer's constructor reports it with
@@ -44,8 +44,8 @@ enum class Precision { kFp32 = 1, kBf16 = 2, kFp16 = 3 };
 enum class Compression { kNone = 1, kFp16 = 2, kBf16 = 3, kPowerSgd = 4 };
 // Who starts the workers (the driver's business, not in the job contract): auto (local without
 // TrainerConfig::listen, none with it), this host's processes, the hosts of a hosts file over
-// ssh, all at once under mpirun, job steps of a Slurm allocation, or someone else (`dsgd worker --driver ...` by hand or by a
-// cluster manager).
+// ssh, all at once under mpirun, job steps of a Slurm allocation, or someone else (`dsgd worker --driver ...` by hand
+// or by a cluster manager).
 enum class Launcher { kAuto = 1, kLocal = 2, kSsh = 3, kNone = 4, kMpirun = 5, kSlurm = 6 };
 
 // The field's name and the spelling of each value (index = enum value - 1).
@@ -127,7 +127,8 @@ class Choice {
   // The value; ConfigError for an unknown spelling.
   E value() const {
     if (!known()) {
-      throw ConfigError("unknown " + std::string(ChoiceTraits<E>::field) + " '" + name_ + "'; use " + choice_names<E>());
+      throw ConfigError("unknown " + std::string(ChoiceTraits<E>::field) + " '" + name_ + "'; use " +
+                        choice_names<E>());
     }
     return value_;
   }
@@ -136,14 +137,16 @@ class Choice {
     return known() ? std::string(ChoiceTraits<E>::names[static_cast<size_t>(value_) - 1]) : name_;
   }
 
-  // Code written when these fields were strings keeps compiling.
-  operator std::string() const { return name(); }  // NOLINT: implicit
-
-  friend bool operator==(const Choice& a, const Choice& b) { return a.name() == b.name(); }
-  friend bool operator==(const Choice& a, const std::string& b) { return a.name() == b; }
+  // Compared with a value (c.strategy == Strategy::kPs), never with a spelling: an enum is not
+  // turned into a string and back. Two Choices are equal when both name the same value, or
+  // both carry the same unknown spelling.
+  friend bool operator==(const Choice& a, const Choice& b) {
+    return a.known() == b.known() && (a.known() ? a.value_ == b.value_ : a.name_ == b.name_);
+  }
   friend bool operator==(const Choice& a, E b) { return a.known() && a.value_ == b; }
-  friend bool operator==(const Choice& a, std::string_view b) { return a.name() == b; }
-  friend bool operator==(const Choice& a, const char* b) { return a.name() == b; }
+  friend bool operator==(const Choice&, const char*) = delete;  // compare with E, not a spelling
+  friend bool operator==(const Choice&, const std::string&) = delete;
+  friend bool operator==(const Choice&, std::string_view) = delete;
   friend std::ostream& operator<<(std::ostream& out, const Choice& c) { return out << c.name(); }
 
  private:

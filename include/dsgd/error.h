@@ -9,6 +9,7 @@
 
 #include <stdexcept>
 #include <string>
+#include <utility>
 
 namespace dsgd {
 
@@ -19,9 +20,16 @@ class Error : public std::runtime_error {
 };
 
 // A configuration value, CLI flag or API argument is invalid. Thrown before any work starts.
+// field() names the TrainerConfig field at fault ("num_workers", "compression"), where one is,
+// so a front end can name its own spelling of it (the CLI's --workers); "" otherwise.
 class ConfigError : public Error {
  public:
-  using Error::Error;
+  explicit ConfigError(const std::string& message, std::string field = "")
+      : Error(message), field_(std::move(field)) {}
+  const std::string& field() const { return field_; }
+
+ private:
+  std::string field_;
 };
 
 // A data file is missing or malformed. path() names the file; what() says the problem.

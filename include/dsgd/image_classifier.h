@@ -23,9 +23,9 @@ inline constexpr const char* kImageClassifier = "dsgd.ImageClassifier";
 void register_builtin_operators();
 
 // The image classifier's config (keys: model, dataset, data_dir, lr, momentum, lr_decay,
-// dropout, channels_last, cudnn_benchmark, synthetic_samples, synthetic_image_size, synthetic_channels, sim_parameters, sim_layers, sim_step_ms)
-// over the defaults, validated. ConfigError for anything else: not an object, an unknown key, a
-// value of the wrong type or out of range.
+// dropout, channels_last, cudnn_benchmark, synthetic_samples, synthetic_image_size, synthetic_channels, sim_parameters,
+// sim_layers, sim_step_ms) over the defaults, validated. ConfigError for anything else: not an object, an unknown key,
+// a value of the wrong type or out of range.
 LocalJobOptions image_classifier_options(const nlohmann::json& config);
 
 }  // namespace dsgd

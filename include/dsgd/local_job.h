@@ -7,7 +7,8 @@
 //
 // The options also describe the built-in image classifier's job for the Trainer
 // (dsgd/image_classifier.h). Torch-free header. run_local_job throws dsgd::ConfigError for bad
-// options (before loading anything) and dsgd::DataError for bad data files.
+// options (before loading anything) and dsgd::DataError for bad data files. It reports in
+// dsgd::fit's types (dsgd/fit.h), so one listener follows either kind of job.
 #pragma once
 
 #include <cstdint>
@@ -17,6 +18,8 @@
 #include <string>
 #include <string_view>
 #include <vector>
+
+#include "dsgd/fit.h"
 
 namespace dsgd {
 
@@ -52,57 +55,8 @@ void validate(const LocalJobOptions& options);
 // ConfigError for anything the JSON parser rejects (syntax, numbers out of range, bad UTF-8).
 nlohmann::json parse_config_text(std::string_view text, const std::string& what);
 
-struct BatchProgress {
-  int64_t epoch = 0;              // 1-based
-  int64_t epochs = 0;
-  int64_t batch = 0;              // 1-based, within the epoch
-  int64_t batches_per_epoch = 0;
-  int64_t step = 0;               // 1-based, over the whole job
-  int64_t total_steps = 0;
-  double loss = 0;                // this batch's mean loss
-  double samples_per_s = 0;       // training throughput so far
-  double elapsed_s = 0;           // training time so far (excludes loading and evaluation)
-};
-
-struct EpochSummary {
-  int64_t epoch = 0;
-  double train_loss = 0;          // mean over the epoch's samples
-  double test_loss = -1;          // -1 when not evaluated
-  double test_accuracy = -1;      // fraction in [0, 1]; -1 when not evaluated
-  double samples_per_s = 0;
-  double epoch_s = 0;             // training time of this epoch
-  int64_t recoveries = 0;         // lost workers survived during the epoch (worker jobs)
-  // With `dsgd train --profile`: milliseconds per step of each phase of the default train_batch,
-  // each its own work only, mean over workers (TrainOptions::profile's keys, "_s" dropped:
-  // forward, backward, optimizer, comm_wait), and step, the whole step. Empty otherwise.
-  std::map<std::string, double> profile_ms;
-};
-
-struct LocalJobResult {
-  double train_loss = 0;          // last epoch's mean training loss
-  double test_loss = -1;          // after the last epoch; -1 when not evaluated
-  double test_accuracy = -1;
-  int64_t epochs = 0;             // epochs started (the last may be partial with max_steps)
-  int64_t steps = 0;
-  int64_t samples = 0;            // training samples processed
-  double samples_per_s = 0;       // samples / train_s
-  double train_s = 0;             // time in training steps
-  double wall_s = 0;              // everything: loading, training, evaluation
-  int64_t parameters = 0;
-  // Worker jobs whose strategy counts them (allreduce): bytes each replica sent to other hosts
-  // per step, mean over replicas and steps; -1: not counted.
-  double comm_bytes_per_step = -1;
-  std::vector<EpochSummary> history;
-  std::map<std::string, double> profile_ms;  // as EpochSummary's, over the run (by steps)
-};
-
-// Receives progress; called on the training thread, so keep it cheap.
-class ProgressListener {
- public:
-  virtual ~ProgressListener() = default;
-  virtual void on_batch(const BatchProgress& /*progress*/) {}
-  virtual void on_epoch(const EpochSummary& /*summary*/) {}
-};
+// The job's results and progress, in dsgd::fit's types (dsgd/fit.h).
+using LocalJobResult = FitResult;
 
 LocalJobResult run_local_job(const LocalJobOptions& options, ProgressListener* listener = nullptr);
 

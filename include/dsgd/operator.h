@@ -131,10 +131,10 @@ class TrainingOperator {
   const torch::Tensor& validation_targets() const { return val_targets_; }
 
   // For custom train_epoch code, while a Trainer runs the operator (ConfigError otherwise: an
-  // operator made with make_operator has no sampler or schedules). next_train_batch fills `batch` with this replica's part of the
-  // next global batch of the epoch (never empty) and returns false at the end of the epoch or
-  // once `max_batches` (> 0) were taken by this call of train_epoch. Call after_batch() after
-  // each step: it advances the sampler position and steps per-batch schedules.
+  // operator made with make_operator has no sampler or schedules). next_train_batch fills `batch` with this replica's
+  // part of the next global batch of the epoch (never empty) and returns false at the end of the epoch or once
+  // `max_batches` (> 0) were taken by this call of train_epoch. Call after_batch() after each step: it advances the
+  // sampler position and steps per-batch schedules.
   bool next_train_batch(Batch& batch, int64_t max_batches = 0);
   void after_batch();
   // After backward, before the optimizer step: true if every replica's gradients are finite. If
@@ -190,6 +190,14 @@ void register_operator(const std::string& name, OperatorFactory factory);
 std::unique_ptr<TrainingOperator> make_operator(const std::string& name);  // ConfigError if unknown
 bool has_operator(const std::string& name);
 std::vector<std::string> operator_names();
+// An operator's own check of its config (TrainerConfig::config), run by the Trainer's validation
+// in the driver before any process starts (and by dsgd::validate_config): throws ConfigError
+// naming the key that is wrong. Optional; without one, the config is the operator's setup()'s
+// business alone.
+using OperatorConfigCheck = std::function<void(const nlohmann::json& config)>;
+void register_operator_config_check(const std::string& name, OperatorConfigCheck check);
+// Runs `name`'s config check, if it registered one.
+void check_operator_config(const std::string& name, const nlohmann::json& config);
 
 // The name DSGD_REGISTER_OPERATOR(T) registered T under ("T"). ConfigError if T was not registered.
 std::string operator_name(const std::type_info& type);

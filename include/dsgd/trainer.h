@@ -109,7 +109,8 @@ struct TrainerConfig {
   // ps_async: a replica more than this many updates ahead of the slowest on a shard waits there
   // (stale synchronous parallel); -1 = never waits. Replicas report staleness_mean/_max.
   int max_staleness = 4;
-  Choice<AllreduceAlgo> allreduce_algo = AllreduceAlgo::kAuto;  // auto (shared memory within a host, Gloo across) | ring | hd
+  Choice<AllreduceAlgo> allreduce_algo =
+      AllreduceAlgo::kAuto;                  // auto (shared memory within a host, Gloo across) | ring | hd
   int64_t grad_shard_bytes = 10 << 20;       // gradient bucket size
   bool overlap = true;                       // false: communicate after backward, not during
   // > 0: communication also overlaps the next forward. This many buckets, spread evenly over
@@ -124,7 +125,8 @@ struct TrainerConfig {
   // faster; logged at info level). Those steps train as usual; calls of fewer than 3 steps
   // (step()) are not timed, and T stays 0 until the trials are done.
   int forward_overlap_buckets = 0;
-  Choice<NonfinitePolicy> nonfinite_policy = NonfinitePolicy::kSkip;  // a NaN/inf gradient: skip the step (and warn) | error
+  Choice<NonfinitePolicy> nonfinite_policy =
+      NonfinitePolicy::kSkip;                // a NaN/inf gradient: skip the step (and warn) | error
   int64_t batch_size = 64;                   // global: split across all replicas
   Choice<SchedulerStepFreq> scheduler_step_freq = SchedulerStepFreq::kEpoch;  // batch | epoch | manual
   uint64_t seed = 1;
@@ -319,6 +321,10 @@ class Trainer {
   void shutdown();
 
   const TrainerConfig& config() const;
+  // Replaces config().on_progress and on_recovery, for a front end that drives the calls
+  // (dsgd::fit, dsgd/fit.h); empty functions turn them off.
+  void set_callbacks(std::function<void(const TrainProgress&)> on_progress,
+                     std::function<void(const RecoveryEvent&)> on_recovery);
   // Trainable parameter elements of all models of one replica.
   int64_t parameter_count() const;
   // The control plane's address ("HOST:PORT") and the job token, for remote workers.
@@ -329,6 +335,22 @@ class Trainer {
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };
+
+// Values derived from a TrainerConfig, one function each (nothing keeps a copy of them).
+// Worker processes the job keeps running: num_workers plus standby_workers.
+int worker_processes(const TrainerConfig& config);
+// Parameter-server shard processes (strategy ps with ps_placement processes: num_ps_shards, 0
+// resolved to local_hosts); 0 otherwise.
+int ps_shard_processes(const TrainerConfig& config);
+// The loss scaling the job runs with: 0 (off), or the initial scale (loss_scale 0 resolved to
+// 65536 under precision fp16, off otherwise; -1 off).
+double loss_scale_of(const TrainerConfig& config);
+
+// Checks `config` for a job of `operator_name` as the Trainer's constructor does, starting
+// nothing: throws the same ConfigError (naming the field, the value and what is allowed),
+// including the operator's own check of config.config where it registered one
+// (register_operator_config_check). For front ends that check many configs up front (dsgd tune).
+void validate_config(const std::string& operator_name, const TrainerConfig& config);
 
 // A hosts file for TrainerConfig::hosts: one "host" or "host:slots" a line; blank lines and
 // text from '#' on are ignored. ConfigError if it cannot be read or names no host (the entries

@@ -74,14 +74,16 @@ std::unique_ptr<HierarchicalGroup> HierarchicalGroup::create(std::shared_ptr<Sto
   h->num_hosts_ = static_cast<int>(hosts.size());
   const std::vector<int> local = h->global_->local_ranks();
   const int local_rank = static_cast<int>(std::find(local.begin(), local.end(), rank) - local.begin());
-  const int host_index = static_cast<int>(std::find(hosts.begin(), hosts.end(), h->global_->host(rank)) - hosts.begin());
+  const int host_index =
+      static_cast<int>(std::find(hosts.begin(), hosts.end(), h->global_->host(rank)) - hosts.begin());
   h->local_ = ShmGroup::create(std::make_shared<PrefixStore>(store, "local/" + std::to_string(host_index) + "/"),
                                local_rank, static_cast<int>(local.size()), shm_options);
   if (local_rank == 0 && h->num_hosts_ > 1) {
     h->leaders_ = Group::create(std::make_shared<PrefixStore>(store, "leaders/"), host_index, h->num_hosts_, options);
   }
   for (int l = 1; l < kLanes && h->num_hosts_ == size && size > 1; ++l) {  // one rank per host: more lanes
-    h->lanes_.push_back(Group::create(std::make_shared<PrefixStore>(store, "lane" + std::to_string(l) + "/"), rank, size, options));
+    h->lanes_.push_back(
+        Group::create(std::make_shared<PrefixStore>(store, "lane" + std::to_string(l) + "/"), rank, size, options));
     h->lane_queues_.push_back(std::make_unique<OpQueue>("hierarchical group, lane " + std::to_string(l)));
   }
   return h;
@@ -161,7 +163,8 @@ void HierarchicalGroup::across_hosts(Group& group, void* data, size_t count, Dat
   encode_16(x, wire.residual, mine.data(), count, wire.type);
   group.alltoall(mine.data(), got.data(), block * sizeof(uint16_t), left());
   std::vector<float> sum(block, 0.0f);
-  for (int j = 0; j < n; ++j) decode_16(got.data() + static_cast<size_t>(j) * block, sum.data(), block, wire.type, true);
+  for (int j = 0; j < n; ++j)
+    decode_16(got.data() + static_cast<size_t>(j) * block, sum.data(), block, wire.type, true);
   std::vector<uint16_t> rounded(block);
   encode_16(sum.data(), nullptr, rounded.data(), block, wire.type);
   group.allgather(rounded.data(), all.data(), block * sizeof(uint16_t), left());

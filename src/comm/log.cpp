@@ -1,4 +1,4 @@
-#include "comm/log.h"
+#include "dsgd/log.h"
 
 #include <spdlog/sinks/stdout_color_sinks.h>
 

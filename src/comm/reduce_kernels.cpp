@@ -104,7 +104,8 @@ void reduce_many_16(void* dst, const void* const* srcs, int num_srcs, size_t cou
     for (size_t i = 0; i < m; ++i) acc[i] = ToFloat(d[start + i]);
     for (int k = 0; k < num_srcs; ++k) {
       const auto* s = static_cast<const uint16_t*>(srcs[k]) + start;
-      for (size_t i = 0; i < m; ++i) acc[i] = op == ReduceOp::kMax ? std::max(acc[i], ToFloat(s[i])) : acc[i] + ToFloat(s[i]);
+      for (size_t i = 0; i < m; ++i)
+        acc[i] = op == ReduceOp::kMax ? std::max(acc[i], ToFloat(s[i])) : acc[i] + ToFloat(s[i]);
     }
     const float scale = divisor > 1 ? 1.0f / static_cast<float>(divisor) : 1.0f;
     for (size_t i = 0; i < m; ++i) d[start + i] = FromFloat(divisor > 1 ? acc[i] * scale : acc[i]);

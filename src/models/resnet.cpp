@@ -141,7 +141,8 @@ class ResNet : public Classifier {
 }  // namespace
 
 std::shared_ptr<Classifier> make_resnet(int depth, const ModelOptions& o) {
-  if (depth == 18) return std::make_shared<ResNet>(static_cast<BasicBlock*>(nullptr), std::array<int, 4>{2, 2, 2, 2}, o);
+  if (depth == 18)
+    return std::make_shared<ResNet>(static_cast<BasicBlock*>(nullptr), std::array<int, 4>{2, 2, 2, 2}, o);
   return std::make_shared<ResNet>(static_cast<Bottleneck*>(nullptr), std::array<int, 4>{3, 4, 6, 3}, o);
 }
 

@@ -30,7 +30,8 @@ OverlapSchedule overlap_schedule(size_t buckets, size_t deferred) {
   OverlapSchedule s;
   s.deferred.assign(buckets, deferred >= buckets);
   if (deferred > 0 && deferred < buckets) {
-    for (size_t i = 0; i < deferred; ++i) s.deferred[1 + i * (buckets - 1) / deferred] = true;  // distinct: (n-1)/d >= 1
+    for (size_t i = 0; i < deferred; ++i)
+      s.deferred[1 + i * (buckets - 1) / deferred] = true;  // distinct: (n-1)/d >= 1
   }
   for (size_t b = 0; b < buckets; ++b) {
     if (!s.deferred[b]) s.launch_order.push_back(b);

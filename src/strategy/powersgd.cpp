@@ -73,14 +73,104 @@ bool PowerSgd::compresses(size_t rows, size_t cols, int rank) {
   return rows > 1 && cols > 1 && 2 * r * (rows + cols) <= rows * cols;
 }
 
-PowerSgd::PowerSgd(Options options) : options_(options) {
-  if (options_.rank < 1 || options_.rank > 1024) {
-    throw ConfigError("powersgd rank must be in 1..1024, got " + std::to_string(options_.rank));
+void PowerSgd::validate(const Options& o) {
+  if (o.rank < 1 || o.rank > 1024) {
+    throw ConfigError("powersgd_rank must be in 1..1024, got " + std::to_string(o.rank), "powersgd_rank");
   }
-  if (options_.start_steps < 0) {
-    throw ConfigError("powersgd start steps must be >= 0, got " + std::to_string(options_.start_steps));
+  if (o.start_steps < 0) {
+    throw ConfigError("powersgd_start_steps must be >= 0, got " + std::to_string(o.start_steps),
+                      "powersgd_start_steps");
   }
 }
+
+PowerSgd::PowerSgd(Options options) : options_(options) { validate(options_); }
+
+namespace {
+
+// The first compressed call of a bucket: each matrix's Q (transposed, rank x cols) random, the
+// same on every leader (seeded by the job's seed, the bucket and the matrix).
+void initial_q(PowerSgdState& st, const std::vector<const MatrixSlot*>& comp, uint64_t seed, size_t bucket,
+               size_t r) {
+  st.q.assign(comp.size(), {});
+  for (size_t i = 0; i < comp.size(); ++i) {
+    std::mt19937_64 gen(seed * 0x9e3779b97f4a7c15ULL + bucket * 1000003ULL + i);
+    std::normal_distribution<float> normal;
+    st.q[i].resize(r * comp[i]->cols);
+    for (float& x : st.q[i]) x = normal(gen);
+  }
+}
+
+// The first round's message: this host's M (its sum plus its residual, made in place in
+// `data`) projected on Q, every P first, then every value not compressed (as they are). Marks
+// the compressed elements in `compressed`; `p_floats` gets the P's length.
+std::vector<float> first_round(const PowerSgdBucket& bucket, const std::vector<const MatrixSlot*>& comp, float* data,
+                               size_t count, size_t r, std::vector<char>* compressed, size_t* p_floats) {
+  compressed->assign(count, 0);
+  *p_floats = 0;
+  for (const auto* m : comp) {
+    const size_t n = m->rows * m->cols;
+    for (size_t e = m->offset; e < m->offset + n; ++e) {
+      data[e] += bucket.residual[e];
+      (*compressed)[e] = 1;
+    }
+    *p_floats += m->rows * r;
+  }
+  std::vector<float> first(*p_floats);
+  first.reserve(*p_floats + count);
+  for (size_t e = 0; e < count; ++e) {
+    if (!(*compressed)[e]) first.push_back(data[e]);
+  }
+  size_t at = 0;
+  for (size_t i = 0; i < comp.size(); ++i) {
+    project(data + comp[i]->offset, bucket.state->q[i].data(), first.data() + at, comp[i]->rows, comp[i]->cols, r);
+    at += comp[i]->rows * r;
+  }
+  return first;
+}
+
+// The second round's message: each P (summed) made orthonormal in place, then Q = M^T P.
+std::vector<float> second_round(const std::vector<const MatrixSlot*>& comp, const float* data, float* ps,
+                                size_t r) {
+  size_t q_floats = 0;
+  for (const auto* m : comp) q_floats += m->cols * r;
+  std::vector<float> second(q_floats);
+  size_t at = 0, qat = 0;
+  for (const auto* m : comp) {
+    orthonormalize_columns(ps + at, m->rows, r);
+    back_project(data + m->offset, ps + at, second.data() + qat, m->rows, m->cols, r);
+    at += m->rows * r;
+    qat += m->cols * r;
+  }
+  return second;
+}
+
+// Each matrix becomes P Q^T (the sum over hosts' approximation); where the step is `finite`,
+// the residual keeps what it left out of this host's share and Q is kept for the next call.
+void decompress(const PowerSgdBucket& bucket, const std::vector<const MatrixSlot*>& comp, const float* ps,
+                const float* qs, float* data, size_t r, float share, bool finite) {
+  size_t at = 0, qat = 0;
+  for (size_t i = 0; i < comp.size(); ++i) {
+    const auto& m = *comp[i];
+    const float* p = ps + at;
+    const float* q = qs + qat;
+    std::vector<float> approx(m.cols);
+    for (size_t row = 0; row < m.rows; ++row) {
+      float* di = data + m.offset + row * m.cols;
+      float* ri = bucket.residual + m.offset + row * m.cols;
+      std::fill(approx.begin(), approx.end(), 0.0f);
+      for (size_t j = 0; j < r; ++j) axpy(approx.data(), q + j * m.cols, p[row * r + j], m.cols);
+      for (size_t k = 0; k < m.cols; ++k) {
+        if (finite) ri[k] = di[k] - share * approx[k];
+        di[k] = approx[k];
+      }
+    }
+    if (finite) bucket.state->q[i].assign(q, q + r * m.cols);
+    at += m.rows * r;
+    qat += m.cols * r;
+  }
+}
+
+}  // namespace
 
 uint64_t PowerSgd::reduce(comm::Group& group, const PowerSgdBucket& bucket, float* data, size_t count,
                           std::chrono::milliseconds timeout) {
@@ -99,86 +189,29 @@ uint64_t PowerSgd::reduce(comm::Group& group, const PowerSgdBucket& bucket, floa
     return ring_bytes(h, count);
   }
   const size_t r = static_cast<size_t>(options_.rank);
-  if (st.q.size() != comp.size()) {  // the first compressed call: Q random, the same on every leader
-    st.q.assign(comp.size(), {});
-    for (size_t i = 0; i < comp.size(); ++i) {
-      std::mt19937_64 gen(options_.seed * 0x9e3779b97f4a7c15ULL + bucket.index * 1000003ULL + i);
-      std::normal_distribution<float> normal;
-      st.q[i].resize(r * comp[i]->cols);  // transposed: R x cols
-      for (float& x : st.q[i]) x = normal(gen);
-    }
-  }
-  // This host's M: its sum plus its residual, in place.
-  std::vector<char> compressed(count, 0);
-  size_t p_floats = 0, q_floats = 0;
-  for (const auto* m : comp) {
-    const size_t n = m->rows * m->cols;
-    for (size_t e = m->offset; e < m->offset + n; ++e) {
-      data[e] += bucket.residual[e];
-      compressed[e] = 1;
-    }
-    p_floats += m->rows * r;
-    q_floats += m->cols * r;
-  }
-  // First allreduce: every P, then every value not compressed.
-  std::vector<float> first(p_floats);
-  first.reserve(p_floats + count);
-  for (size_t e = 0; e < count; ++e) {
-    if (!compressed[e]) first.push_back(data[e]);
-  }
-  size_t at = 0;
-  for (size_t i = 0; i < comp.size(); ++i) {
-    project(data + comp[i]->offset, st.q[i].data(), first.data() + at, comp[i]->rows, comp[i]->cols, r);
-    at += comp[i]->rows * r;
-  }
+  if (st.q.size() != comp.size()) initial_q(st, comp, options_.seed, bucket.index, r);
   const auto deadline = std::chrono::steady_clock::now() + (timeout.count() > 0 ? timeout : group.timeout());
   auto left = [&] {
     return std::max(std::chrono::milliseconds(1),
                     std::chrono::ceil<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now()));
   };
+  // First allreduce: every P, then every value not compressed.
+  std::vector<char> compressed;
+  size_t p_floats = 0;
+  std::vector<float> first = first_round(bucket, comp, data, count, r, &compressed, &p_floats);
   group.allreduce(first.data(), first.size(), comm::DataType::kFloat32, comm::ReduceOp::kSum,
                   comm::AllreduceAlgorithm::kAuto, left());
   for (size_t e = 0, rest = p_floats; e < count; ++e) {
     if (!compressed[e]) data[e] = first[rest++];
   }
   // Second allreduce: Q = M^T P with P orthonormal (each Q transposed, R x cols).
-  std::vector<float> second(q_floats);
-  at = 0;
-  size_t qat = 0;
-  for (size_t i = 0; i < comp.size(); ++i) {
-    float* p = first.data() + at;
-    orthonormalize_columns(p, comp[i]->rows, r);
-    back_project(data + comp[i]->offset, p, second.data() + qat, comp[i]->rows, comp[i]->cols, r);
-    at += comp[i]->rows * r;
-    qat += comp[i]->cols * r;
-  }
+  std::vector<float> second = second_round(comp, data, first.data(), r);
   group.allreduce(second.data(), second.size(), comm::DataType::kFloat32, comm::ReduceOp::kSum,
                   comm::AllreduceAlgorithm::kAuto, left());
   // A NaN or infinity (a replica's failed check) reaches every leader: the step is skipped
   // everywhere, and the residuals and Q stay as they were.
   const bool finite = comm::all_finite(second.data(), second.size()) && comm::all_finite(first.data(), p_floats);
-  at = 0;
-  qat = 0;
-  const float share = 1.0f / static_cast<float>(h);
-  for (size_t i = 0; i < comp.size(); ++i) {
-    const auto& m = *comp[i];
-    const float* p = first.data() + at;
-    const float* q = second.data() + qat;
-    std::vector<float> approx(m.cols);
-    for (size_t row = 0; row < m.rows; ++row) {
-      float* di = data + m.offset + row * m.cols;
-      float* ri = bucket.residual + m.offset + row * m.cols;
-      std::fill(approx.begin(), approx.end(), 0.0f);
-      for (size_t j = 0; j < r; ++j) axpy(approx.data(), q + j * m.cols, p[row * r + j], m.cols);
-      for (size_t k = 0; k < m.cols; ++k) {
-        if (finite) ri[k] = di[k] - share * approx[k];
-        di[k] = approx[k];
-      }
-    }
-    if (finite) st.q[i].assign(q, q + r * m.cols);
-    at += m.rows * r;
-    qat += m.cols * r;
-  }
+  decompress(bucket, comp, first.data(), second.data(), data, r, 1.0f / static_cast<float>(h), finite);
   return ring_bytes(h, first.size()) + ring_bytes(h, second.size());
 }
 

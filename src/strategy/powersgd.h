@@ -63,6 +63,9 @@ class PowerSgd {
     int start_steps = 10;  // plain float32 allreduces per bucket first
     uint64_t seed = 1;     // of the initial Q
   };
+  // ConfigError (its field() naming the TrainerConfig field) for a rank outside 1..1024 or
+  // start_steps < 0: the one check of these settings, made by strategy::validate and here.
+  static void validate(const Options& options);
   explicit PowerSgd(Options options);
 
   // The across-host stage for one bucket: `data` holds this host's float32 sum (count values)

@@ -27,10 +27,7 @@ class PsStrategy final : public GradientStrategy {
       : group_(std::move(group)), num_shards_(o.num_shards), update_on_shards_(o.update_on_shards),
         shard_processes_(o.shard_processes), servers_(o.servers), wire_(o.wire), powersgd_(o.powersgd),
         queue_("ps strategy") {
-    if ((wire_ != DataType::kFloat32 || powersgd_) && (update_on_shards_ || shard_processes_)) {
-      throw ConfigError("ps compresses gradients with its shards in the workers and averaging only (not with "
-                        "update on shards or shard processes)");
-    }
+    // Compression only with the shards in the workers, averaging: strategy::validate's rule.
     if (num_shards_ < 1 || num_shards_ > kMaxShards) {
       throw ConfigError("num_ps_shards must be in 1.." + std::to_string(kMaxShards) + ", got " +
                         std::to_string(num_shards_));
@@ -70,7 +67,9 @@ class PsStrategy final : public GradientStrategy {
     });
   }
   // What this leader sent to the other leaders; shard processes' traffic is not counted.
-  int64_t cross_host_bytes() const override { return shard_processes_ ? -1 : static_cast<int64_t>(cross_bytes_.load()); }
+  int64_t cross_host_bytes() const override {
+    return shard_processes_ ? -1 : static_cast<int64_t>(cross_bytes_.load());
+  }
 
   bool updates_on_servers() const override { return update_on_shards_; }
 

@@ -59,7 +59,8 @@ void PsServer::serve() {
       // queue behind the answer's bytes on the same connection (and pushes would not overlap
       // pulls).
       if (std::all_of(next->header_works.begin(), next->header_works.end(), [](const auto& w) { return w->test(); }) &&
-          std::none_of(next->header_works.begin(), next->header_works.end(), [](const auto& w) { return w->error(); })) {
+          std::none_of(next->header_works.begin(), next->header_works.end(),
+                       [](const auto& w) { return w->error(); })) {
         check_headers(*next);
         post_data(*next);
       }

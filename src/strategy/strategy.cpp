@@ -19,20 +19,15 @@ namespace {
 
 class AllreduceStrategy final : public GradientStrategy {
  public:
-  AllreduceStrategy(std::shared_ptr<comm::HierarchicalGroup> group, const std::string& algorithm,
+  AllreduceStrategy(std::shared_ptr<comm::HierarchicalGroup> group, comm::AllreduceAlgorithm algorithm,
                     const CompressionOptions& compression)
-      : group_(std::move(group)), algorithm_(comm::parse_allreduce_algorithm(algorithm)) {
+      : group_(std::move(group)), algorithm_(algorithm) {
     const Compression kind = compression.kind;
-    if (kind == Compression::kNone) return;
-    if (algorithm_ != comm::AllreduceAlgorithm::kAuto) {
-      throw ConfigError("compression " + Choice<Compression>(kind).name() +
-                        " compresses the hierarchy's across-host stage: use allreduce_algo auto");
-    }
     if (kind == Compression::kPowerSgd) {
       powersgd_ = std::make_shared<PowerSgd>(PowerSgd::Options{.rank = compression.powersgd_rank,
                                                                .start_steps = compression.powersgd_start_steps,
                                                                .seed = compression.seed});
-    } else {
+    } else if (kind != Compression::kNone) {
       wire_ = kind == Compression::kFp16 ? comm::DataType::kFloat16 : comm::DataType::kBFloat16;
     }
   }
@@ -47,7 +42,8 @@ class AllreduceStrategy final : public GradientStrategy {
       if (powersgd_ && b.powersgd != nullptr) {
         // The stage runs on the group's thread: it holds the state it needs.
         std::shared_ptr<PowerSgd> psgd = powersgd_;
-        const PowerSgdBucket bucket{.index = b.index, .state = b.powersgd, .residual = b.residual, .matrices = b.matrices};
+        const PowerSgdBucket bucket{
+            .index = b.index, .state = b.powersgd, .residual = b.residual, .matrices = b.matrices};
         wire = {.stage = [psgd, bucket](comm::Group& leaders, float* d, size_t n, std::chrono::milliseconds t) {
           return psgd->reduce(leaders, bucket, d, n, t);
         }};
@@ -102,8 +98,11 @@ class SimpleStrategy final : public GradientStrategy {
 }  // namespace
 
 std::unique_ptr<GradientStrategy> make_allreduce_strategy(std::shared_ptr<comm::HierarchicalGroup> group,
-                                                          const std::string& algorithm,
+                                                          comm::AllreduceAlgorithm algorithm,
                                                           const CompressionOptions& compression) {
+  if (compression.kind != Compression::kNone && algorithm != comm::AllreduceAlgorithm::kAuto) {
+    validate({.kind = Strategy::kAllreduce, .allreduce_algo = AllreduceAlgo::kRing, .compression = compression});
+  }
   return std::make_unique<AllreduceStrategy>(std::move(group), algorithm, compression);
 }
 
@@ -111,17 +110,63 @@ std::unique_ptr<GradientStrategy> make_simple_strategy(CentralAverage central_av
   return std::make_unique<SimpleStrategy>(std::move(central_average));
 }
 
+namespace {
+
+void require(bool ok, const char* field, const std::string& what) {
+  if (!ok) throw ConfigError(what, field);
+}
+
+// Whether ps sends gradients across hosts in the workers, which compression can shrink.
+bool ps_averages_in_workers(const StrategyOptions& o) {
+  return o.kind == Strategy::kPs && !o.ps_update_on_shards && o.ps_placement == PsPlacement::kWorkers;
+}
+
+comm::AllreduceAlgorithm comm_algorithm(AllreduceAlgo a) {
+  switch (a) {
+    case AllreduceAlgo::kAuto: return comm::AllreduceAlgorithm::kAuto;
+    case AllreduceAlgo::kRing: return comm::AllreduceAlgorithm::kRing;
+    case AllreduceAlgo::kHalvingDoubling: return comm::AllreduceAlgorithm::kHalvingDoubling;
+  }
+  throw ConfigError("unknown allreduce_algo", "allreduce_algo");
+}
+
+}  // namespace
+
+void validate(const StrategyOptions& o) {
+  const std::string strategy = Choice<Strategy>(o.kind).name();
+  const CompressionOptions& c = o.compression;
+  if (c.kind != Compression::kNone) {
+    const std::string name = Choice<Compression>(c.kind).name();
+    const bool allreduce = o.kind == Strategy::kAllreduce;
+    require((allreduce && o.allreduce_algo == AllreduceAlgo::kAuto) || ps_averages_in_workers(o), "compression",
+            "compression " + name + " applies to strategy allreduce with allreduce_algo auto (the hierarchy's "
+            "across-host stage), and to strategy ps with its shards in the workers, without ps_update_on_shards "
+            "(gradients, not parameters, cross hosts); strategy is '" + strategy + "'" +
+                (allreduce ? ", allreduce_algo '" +
+                                 Choice<AllreduceAlgo>(o.allreduce_algo).name() + "'"
+                           : "") +
+                (o.kind == Strategy::kPs
+                     ? std::string(o.ps_placement == PsPlacement::kProcesses ? ", ps_placement 'processes'" : "") +
+                           (o.ps_update_on_shards ? ", ps_update_on_shards" : "")
+                     : std::string()));
+  }
+  PowerSgd::validate({.rank = c.powersgd_rank, .start_steps = c.powersgd_start_steps});
+  require(o.num_ps_shards >= 0 && o.num_ps_shards <= 64, "num_ps_shards",
+          "num_ps_shards must be in 0..64 (0 = one per host), got " + std::to_string(o.num_ps_shards));
+  require(o.max_staleness >= -1, "max_staleness",
+          "max_staleness must be >= -1 (-1 = unbounded), got " + std::to_string(o.max_staleness));
+  require(!o.ps_update_on_shards || o.kind == Strategy::kPs, "ps_update_on_shards",
+          "ps_update_on_shards needs strategy ps, got '" + strategy + "'");
+  require(o.ps_placement != PsPlacement::kProcesses || o.kind == Strategy::kPs, "ps_placement",
+          "ps_placement processes needs strategy ps, got '" + strategy + "'");
+}
+
 std::unique_ptr<GradientStrategy> make_strategy(const StrategyOptions& o,
                                                 std::shared_ptr<comm::HierarchicalGroup> group) {
-  const Strategy kind = Choice<Strategy>(o.kind).value();
+  validate(o);
+  const Strategy kind = o.kind;
   const Compression compression = o.compression.kind;
-  const bool ps_compresses = kind == Strategy::kPs && !o.ps_update_on_shards &&
-                             o.ps_placement == PsPlacement::kWorkers && compression != Compression::kNone;
-  if (compression != Compression::kNone && kind != Strategy::kAllreduce && !ps_compresses) {
-    throw ConfigError("compression " + Choice<Compression>(compression).name() + " does not apply to strategy " +
-                      Choice<Strategy>(kind).name() + " as configured: allreduce takes it, and ps with its shards "
-                      "in the workers, averaging only");
-  }
+  const bool ps_compresses = ps_averages_in_workers(o) && compression != Compression::kNone;
   if (kind == Strategy::kSimple) {
     if (!o.central_average) throw ConfigError("strategy simple needs the driver's central average");
     return make_simple_strategy(o.central_average);
@@ -130,7 +175,7 @@ std::unique_ptr<GradientStrategy> make_strategy(const StrategyOptions& o,
   const int shards = o.num_ps_shards > 0 ? o.num_ps_shards : group->num_hosts();
   switch (kind) {
     case Strategy::kAllreduce:
-      return make_allreduce_strategy(std::move(group), Choice<AllreduceAlgo>(o.allreduce_algo).name(), o.compression);
+      return make_allreduce_strategy(std::move(group), comm_algorithm(o.allreduce_algo), o.compression);
     case Strategy::kPsAsync:
       return make_ps_async_strategy(std::move(group), shards, o.max_staleness);
     case Strategy::kPs: {

@@ -115,10 +115,10 @@ class GradientStrategy {
 };
 
 // `allreduce`: the communication core's hierarchical allreduce (shared memory within a host,
-// Gloo among host leaders). algorithm "auto" uses the hierarchy; "ring" or "hd" run one flat
+// Gloo among host leaders). algorithm kAuto uses the hierarchy; kRing or kHalvingDoubling run one flat
 // Gloo allreduce over every replica (for comparison). `compression` fp16 or bf16 sends the
 // across-host stage in 16 bits with error feedback (comm::CrossHostWire), powersgd a rank-R
-// approximation of each matrix (powersgd.h); "auto" only. The strategy shares ownership of
+// approximation of each matrix (powersgd.h); kAuto only (validate). The strategy shares ownership of
 // `group`.
 struct CompressionOptions {
   Compression kind = Compression::kNone;
@@ -126,9 +126,9 @@ struct CompressionOptions {
   int powersgd_start_steps = 10;
   uint64_t seed = 1;
 };
-std::unique_ptr<GradientStrategy> make_allreduce_strategy(std::shared_ptr<comm::HierarchicalGroup> group,
-                                                          const std::string& algorithm = "auto",
-                                                          const CompressionOptions& compression = {});
+std::unique_ptr<GradientStrategy> make_allreduce_strategy(
+    std::shared_ptr<comm::HierarchicalGroup> group,
+    comm::AllreduceAlgorithm algorithm = comm::AllreduceAlgorithm::kAuto, const CompressionOptions& compression = {});
 
 // `ps`: synchronous parameter servers, sharded, the shards living in the worker processes (each
 // host leader serves a share of every bucket: BytePS's and MXNet's arrangement, which spreads
@@ -207,9 +207,17 @@ struct StrategyOptions {
   std::function<std::shared_ptr<comm::Group>(int num_shards)> join_ps_servers;
 };
 
+// The strategies' own rules, the one place each is checked: what combines with what
+// (compression with allreduce's hierarchy or ps averaging in the workers; ps_update_on_shards
+// and ps_placement processes with ps), and the ranges of their settings (num_ps_shards,
+// max_staleness, powersgd_rank, powersgd_start_steps). The Trainer's validation calls it on
+// the driver, before any process starts; make_strategy calls it too. ConfigError naming the
+// TrainerConfig field (ConfigError::field()).
+void validate(const StrategyOptions& options);
+
 // The strategy `options.kind` over `group` (the replica's group; unused, and may be null, for
-// simple). ConfigError for options the strategy rejects (a shard count out of range, a simple
-// strategy without its central_average, compression a strategy does not take).
+// simple). ConfigError for options validate() rejects, a simple strategy without its
+// central_average, or a group-based one without its group.
 std::unique_ptr<GradientStrategy> make_strategy(const StrategyOptions& options,
                                                 std::shared_ptr<comm::HierarchicalGroup> group);
 

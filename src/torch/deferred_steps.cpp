@@ -3,8 +3,8 @@
 #include <unordered_set>
 #include <utility>
 
-#include "comm/log.h"
 #include "dsgd/error.h"
+#include "dsgd/log.h"
 
 namespace dsgd::torch_glue {
 

@@ -24,9 +24,10 @@ bool finite(const torch::Tensor& t) {
 GradCheck::GradCheck(std::vector<torch::Tensor> params) : params_(std::move(params)) {
   for (size_t i = 0; i < params_.size(); ++i) {
     // Captures the index, not the tensor: a tensor in its own hook would never be freed.
-    hook_ids_.push_back(params_[i].requires_grad()
-                            ? params_[i].register_hook([this, i](const torch::Tensor& grad) { return on_grad(i, grad); })
-                            : ~0u);
+    hook_ids_.push_back(params_[i].requires_grad() ? params_[i].register_hook([this, i](const torch::Tensor& grad) {
+      return on_grad(i, grad);
+    })
+                                                   : ~0u);
   }
 }
 

@@ -21,9 +21,9 @@
 // by the next backward; keep a clone to hold on to it. The gradient of one backward is
 // averaged, whatever .grad held before it (accumulating gradients over several backwards is not
 // supported). One GradSync per model; a backward that gives none of its parameters a gradient
-// launches nothing. Parameters must be float32, all on the CPU or all on one CUDA device. The flat buffer is the strategy's
-// gradient_buffer where it offers one (a host's shared memory, which the allreduce then reads in
-// place); a .grad still sharing it when the GradSync goes is replaced by a copy.
+// launches nothing. Parameters must be float32, all on the CPU or all on one CUDA device. The flat buffer is the
+// strategy's gradient_buffer where it offers one (a host's shared memory, which the allreduce then reads in place); a
+// .grad still sharing it when the GradSync goes is replaced by a copy.
 //
 // On a CUDA device the flat buffer lives on the device and the strategy averages a host copy
 // (staging): each full bucket is copied to pinned host memory (or the strategy's shared memory)
@@ -106,8 +106,8 @@ class GradSync {
   // waiting: .grad stays undefined (so the operator's optimizer.step() skips them), and each
   // bucket's step (every bucket's, deferred or not) is taken by `apply` when the next forward
   // asks for one of its parameters (wait_for), or at the latest at flush() or at the next
-  // backward's end. Any other backward waits, as with T = 0. A forward that uses a parameter whose update is still pending, without wait_for,
-  // makes the next backward throw (its result would be stale).
+  // backward's end. Any other backward waits, as with T = 0. A forward that uses a parameter whose update is still
+  // pending, without wait_for, makes the next backward throw (its result would be stale).
   struct DeferredStep {
     std::function<void()> begin;  // at a deferred backward's end: capture what its steps need
     // The parameters' .grad hold their bucket's average; `finite`: no NaN or infinity in it.

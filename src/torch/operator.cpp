@@ -44,6 +44,7 @@ class MetricsMean {
 struct Registry {
   std::mutex mutex;
   std::map<std::string, OperatorFactory> factories;
+  std::map<std::string, OperatorConfigCheck> config_checks;
   std::unordered_map<std::type_index, std::string> names;
 };
 
@@ -207,8 +208,9 @@ Metrics TrainingOperator::validate() {
   constexpr int64_t kBatch = 1000;
   for (int64_t s = begin; s < end; s += kBatch) {
     const int64_t e = std::min(end, s + kBatch);
-    Batch b{val_data_.slice(0, s, e).to(info_.device, /*non_blocking=*/true),
-            val_targets_.defined() ? val_targets_.slice(0, s, e).to(info_.device, /*non_blocking=*/true) : torch::Tensor()};
+    Batch b{
+        val_data_.slice(0, s, e).to(info_.device, /*non_blocking=*/true),
+        val_targets_.defined() ? val_targets_.slice(0, s, e).to(info_.device, /*non_blocking=*/true) : torch::Tensor()};
     mean.add(validate_batch(b));
   }
   for (auto& m : models_) m->train();
@@ -247,6 +249,24 @@ std::string operator_name(const std::type_info& type) {
                       " is not registered; add DSGD_REGISTER_OPERATOR(YourOperator) to a .cpp of the binary");
   }
   return it->second;
+}
+
+void register_operator_config_check(const std::string& name, OperatorConfigCheck check) {
+  auto& r = registry();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  r.config_checks[name] = std::move(check);
+}
+
+void check_operator_config(const std::string& name, const nlohmann::json& config) {
+  OperatorConfigCheck check;
+  {
+    auto& r = registry();
+    std::lock_guard<std::mutex> lock(r.mutex);
+    const auto it = r.config_checks.find(name);
+    if (it == r.config_checks.end()) return;
+    check = it->second;
+  }
+  check(config);
 }
 
 bool has_operator(const std::string& name) {

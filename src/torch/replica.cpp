@@ -1,6 +1,6 @@
 #include "torch/replica.h"
 
-#include "comm/log.h"
+#include "dsgd/log.h"
 
 #include <ATen/Parallel.h>
 #include <torch/utils.h>
@@ -20,7 +20,7 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// The seed's epoch permutation; runtime/local_job.cpp draws the same one.
+// The seed's epoch permutation; apps/local_job.cpp draws the same one.
 torch::Tensor epoch_order(int64_t n, uint64_t seed, int64_t epoch) {
   auto gen = at::detail::createCPUGenerator(seed * 0x9E3779B97F4A7C15ULL + static_cast<uint64_t>(epoch + 1));
   return torch::randperm(n, gen);
@@ -123,7 +123,8 @@ void ReplicaRuntime::attach(std::shared_ptr<strategy::GradientStrategy> strategy
     }
     if (params.empty()) continue;
     const size_t s = syncs_.size();
-    syncs_.push_back(std::make_unique<GradSync>(params, options_.grad_shard_bytes, strategy, options_.overlap, deferred));
+    syncs_.push_back(
+        std::make_unique<GradSync>(params, options_.grad_shard_bytes, strategy, options_.overlap, deferred));
     if (strategy->updates_on_servers()) {
       syncs_.back()->set_server_optimizer(static_cast<uint32_t>(m), server_optimizer(*op_, m, params));
     }

@@ -69,7 +69,8 @@ ReplicaState load_replica_state(TrainingOperator& op, const std::string& bytes, 
   for (size_t i = 0; i < op.models().size(); ++i) {
     torch::serialize::InputArchive sub;
     if (!archive.try_read("model" + std::to_string(i), sub)) {
-      throw ConfigError("the state has no model " + std::to_string(i) + "; it was saved by an operator with fewer models");
+      throw ConfigError("the state has no model " + std::to_string(i) +
+                        "; it was saved by an operator with fewer models");
     }
     op.models()[i]->load(sub);
   }

@@ -23,7 +23,8 @@ GradSync::ServerOptimizer server_optimizer(const TrainingOperator& op, size_t m,
       const auto& group = opt->param_groups()[g].params();
       if (!contains(group, params[0])) continue;
       auto* sgd = dynamic_cast<torch::optim::SGD*>(opt);
-      const bool all = std::all_of(params.begin(), params.end(), [&](const torch::Tensor& p) { return contains(group, p); });
+      const bool all =
+          std::all_of(params.begin(), params.end(), [&](const torch::Tensor& p) { return contains(group, p); });
       if (sgd == nullptr || !all) {
         throw ConfigError("the ps servers apply SGD themselves (ps_update_on_shards, ps_async), so model " +
                           std::to_string(m) + "'s parameters must all be in one param group of a " +

@@ -15,11 +15,9 @@
 #include <sstream>
 #include <thread>
 
-#include "comm/log.h"
 #include "dsgd/error.h"
-#include "dsgd/image_classifier.h"
+#include "dsgd/log.h"
 #include "dsgd/tune.h"
-#include "runtime/trainer_config.h"
 #include "tune/schedulers.h"
 
 namespace dsgd {
@@ -63,7 +61,9 @@ json fingerprint(const std::string& op, const SearchSpace& space, const TuneOpti
           {"seed", o.seed}};
 }
 
-int cores_of(const TrainerConfig& c) { return c.num_workers * c.devices_per_worker * std::max(1, c.threads_per_worker); }
+int cores_of(const TrainerConfig& c) {
+  return c.num_workers * c.devices_per_worker * std::max(1, c.threads_per_worker);
+}
 
 bool ended(const json& t) {
   const auto s = t.value("state", std::string());
@@ -398,7 +398,8 @@ Tuner::Tuner(std::string op, TrainerConfig base, SearchSpace space, TuneOptions 
   require(o.scheduler == "fifo" || o.scheduler == "asha" || o.scheduler == "pbt",
           "tune: unknown scheduler '" + o.scheduler + "'; use fifo, asha or pbt");
   require(o.mode == "max" || o.mode == "min", "tune: mode must be max or min, got '" + o.mode + "'");
-  require(o.num_trials >= 1 && o.num_trials <= 10000, "tune: trials must be in 1..10000, got " + std::to_string(o.num_trials));
+  require(o.num_trials >= 1 && o.num_trials <= 10000,
+          "tune: trials must be in 1..10000, got " + std::to_string(o.num_trials));
   require(o.max_iterations >= 1, "tune: max_iterations must be >= 1, got " + std::to_string(o.max_iterations));
   require(o.steps_per_iteration >= 0, "tune: steps_per_iteration must be >= 0 (0: an epoch)");
   const int machine = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
@@ -425,8 +426,7 @@ Tuner::Tuner(std::string op, TrainerConfig base, SearchSpace space, TuneOptions 
     TrainerConfig c = apply_values(base_, params);
     if (c.threads_per_worker == 0) c.threads_per_worker = 1;
     try {
-      runtime::validate_trainer_config(op_, c);
-      if (op_ == kImageClassifier) image_classifier_options(c.config);
+      validate_config(op_, c);
     } catch (const ConfigError& e) {
       throw ConfigError("tune: trial " + std::to_string(i) + " " + params.dump() + ": " + e.what() +
                         " (a key is a TrainerConfig field: " + [] {

@@ -24,7 +24,8 @@ void step(Group& g, const std::string& op, std::vector<float>& buf, std::vector<
   if (op == "allreduce") g.allreduce(buf.data(), buf.size(), DataType::kFloat32, ReduceOp::kAverage);
   if (op == "broadcast") g.broadcast(buf.data(), bytes, 0);
   if (op == "allgather") g.allgather(buf.data(), out.data(), bytes / n);
-  if (op == "reduce_scatter") g.reduce_scatter(buf.data(), out.data(), buf.size() / n, DataType::kFloat32, ReduceOp::kSum);
+  if (op == "reduce_scatter")
+    g.reduce_scatter(buf.data(), out.data(), buf.size() / n, DataType::kFloat32, ReduceOp::kSum);
   if (op == "barrier") g.barrier();
   if (op == "sendrecv") {  // a ring: send right, receive from the left
     auto s = g.send_async(buf.data(), bytes, (r + 1) % n, 7);

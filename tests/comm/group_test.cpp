@@ -47,7 +47,9 @@ void check_allreduce(Group& g, DataType type) {
         for (size_t i = 0; i < count; ++i) {
           const T base = static_cast<T>(i % 7 + 1);
           const T sum = base * static_cast<T>(n * (n + 1) / 2);
-          const T expected = op == ReduceOp::kSum ? sum : op == ReduceOp::kMax ? base * static_cast<T>(n) : sum / static_cast<T>(n);
+          const T expected = op == ReduceOp::kSum   ? sum
+                             : op == ReduceOp::kMax ? base * static_cast<T>(n)
+                                                    : sum / static_cast<T>(n);
           if (v[i] != expected) {
             FAIL() << "rank " << g.rank() << "/" << n << " " << to_string(type) << " " << to_string(op) << " "
                    << to_string(algorithm) << " count " << count << ": element " << i << " is " << v[i]

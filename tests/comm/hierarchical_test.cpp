@@ -2,7 +2,12 @@
 // shared-memory stage within a host, Gloo among leaders, against closed forms.
 #include "dsgd/comm/hierarchical.h"
 
+#include <dirent.h>
 #include <gtest/gtest.h>
+#include <linux/tcp.h>  // struct tcp_info with tcpi_bytes_sent (Linux 4.19); glibc's lacks it
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <cmath>
 #include <thread>
@@ -162,6 +167,67 @@ void check_compressed(int size, int hosts, DataType wire) {
     const double ratio = static_cast<double>(fp32) / static_cast<double>(sent);
     EXPECT_NEAR(ratio, 2.0, 0.01) << "rank " << r << ": " << fp32 << " bytes in float32, " << sent << " compressed";
   }
+}
+
+// Bytes the kernel has sent on every TCP socket of this process (TCP_INFO's tcpi_bytes_sent:
+// payload, Gloo's headers included), the ground truth beside the groups' own counts.
+uint64_t tcp_bytes_sent_by_this_process() {
+  uint64_t total = 0;
+  DIR* dir = ::opendir("/proc/self/fd");
+  if (dir == nullptr) return 0;
+  while (const dirent* e = ::readdir(dir)) {
+    const int fd = std::atoi(e->d_name);
+    if (fd <= 2 || fd == ::dirfd(dir)) continue;
+    tcp_info info{};
+    socklen_t len = sizeof(info);
+    if (::getsockopt(fd, IPPROTO_TCP, TCP_INFO, &info, &len) == 0 && len >= offsetof(tcp_info, tcpi_bytes_sent) + 8) {
+      total += info.tcpi_bytes_sent;
+    }
+  }
+  ::closedir(dir);
+  return total;
+}
+
+// The compression checks above compare the groups' own counts (cross_host_bytes). Here the
+// kernel counts what the two host leaders' sockets really sent: the 16-bit wire sends half the
+// float32 ring's bytes, and cross_host_bytes agrees with the sockets within Gloo's headers.
+TEST(Hierarchical, TheSocketsSendHalfTheBytesWithA16BitWireAndAsMuchAsCounted) {
+  constexpr size_t kCount = 1 << 20;  // 4 MB a call: Gloo's per-message headers are noise
+  constexpr int kCalls = 3;
+  auto store = make_memory_store();
+  std::vector<uint64_t> counted_fp32(2), counted_fp16(2);
+  uint64_t sent_fp32 = 0, sent_fp16 = 0;
+  std::vector<std::unique_ptr<HierarchicalGroup>> groups(2);
+  testing::run_ranks(2, [&](int rank) {
+    GroupOptions o;
+    o.timeout = milliseconds(10000);
+    o.host = "host" + std::to_string(rank);
+    groups[static_cast<size_t>(rank)] = HierarchicalGroup::create(store, rank, 2, o);
+  });
+  std::vector<std::vector<float>> data(2, std::vector<float>(kCount, 0.25f)), residual(2, std::vector<float>(kCount));
+  const auto run = [&](DataType wire, std::vector<uint64_t>& counted) {
+    const uint64_t before = tcp_bytes_sent_by_this_process();
+    testing::run_ranks(2, [&](int rank) {
+      auto& h = *groups[static_cast<size_t>(rank)];
+      const uint64_t c0 = h.cross_host_bytes();
+      for (int i = 0; i < kCalls; ++i) {
+        h.allreduce_async(data[static_cast<size_t>(rank)].data(), kCount, DataType::kFloat32, ReduceOp::kAverage, {},
+                          {.type = wire, .residual = residual[static_cast<size_t>(rank)].data()})
+            ->wait();
+      }
+      counted[static_cast<size_t>(rank)] = h.cross_host_bytes() - c0;
+    });
+    return tcp_bytes_sent_by_this_process() - before;
+  };
+  sent_fp32 = run(DataType::kFloat32, counted_fp32);
+  sent_fp16 = run(DataType::kFloat16, counted_fp16);
+  groups.clear();
+  const double payload_fp32 = 2.0 * kCalls * kCount * sizeof(float);  // 2 leaders, a ring of 2: B each way
+  ASSERT_GT(sent_fp32, payload_fp32 * 0.99) << "the sockets sent less than the data: is TCP_INFO counting?";
+  EXPECT_NEAR(static_cast<double>(sent_fp32) / static_cast<double>(sent_fp16), 2.0, 0.04)
+      << sent_fp32 << " bytes on the sockets in float32, " << sent_fp16 << " with the float16 wire";
+  EXPECT_NEAR(static_cast<double>(counted_fp32[0] + counted_fp32[1]) / static_cast<double>(sent_fp32), 1.0, 0.02);
+  EXPECT_NEAR(static_cast<double>(counted_fp16[0] + counted_fp16[1]) / static_cast<double>(sent_fp16), 1.0, 0.02);
 }
 
 TEST(Hierarchical, Float16AcrossHostsHalvesTheBytesAndEveryRankGetsTheSameBits) {

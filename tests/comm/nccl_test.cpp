@@ -82,7 +82,11 @@ TEST(NcclGroup, TwoRanksOnTwoGpusAverageAndKnowTheirHosts) {
 TEST(NcclGroup, AMissingRankTimesOutAtRendezvous) {
   SKIP_WITHOUT_GPUS(1);
   const auto t0 = std::chrono::steady_clock::now();
-  EXPECT_THROW(make_nccl_group(make_memory_store(), 0, 2, NcclOptions{.device = 0, .input_stream = nullptr, .host = "", .timeout = std::chrono::milliseconds(300)}), TimeoutError);
+  EXPECT_THROW(
+      make_nccl_group(
+          make_memory_store(), 0, 2,
+          NcclOptions{.device = 0, .input_stream = nullptr, .host = "", .timeout = std::chrono::milliseconds(300)}),
+      TimeoutError);
   EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(5));
 }
 

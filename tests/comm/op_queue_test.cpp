@@ -15,7 +15,8 @@ TEST(OpQueue, RunsInSubmissionOrder) {
   OpQueue q("test");
   std::vector<int> order;
   std::vector<std::shared_ptr<Work>> works;
-  for (int i = 0; i < 100; ++i) works.push_back(q.submit("op " + std::to_string(i), [&order, i] { order.push_back(i); }));
+  for (int i = 0; i < 100; ++i)
+    works.push_back(q.submit("op " + std::to_string(i), [&order, i] { order.push_back(i); }));
   works.back()->wait(std::chrono::milliseconds(5000));
   for (auto& w : works) EXPECT_TRUE(w->test());
   ASSERT_EQ(order.size(), 100u);

@@ -70,7 +70,9 @@ void check_allreduce(ShmGroup& g, DataType type, Place place) {
       for (size_t i = 0; i < count; ++i) {
         const T base = static_cast<T>(i % 7 + 1);
         const T sum = base * static_cast<T>(n * (n + 1) / 2);
-        const T expected = op == ReduceOp::kSum ? sum : op == ReduceOp::kMax ? base * static_cast<T>(n) : sum / static_cast<T>(n);
+        const T expected = op == ReduceOp::kSum   ? sum
+                           : op == ReduceOp::kMax ? base * static_cast<T>(n)
+                                                  : sum / static_cast<T>(n);
         ASSERT_EQ(v[i], expected) << "rank " << g.rank() << "/" << n << " " << to_string(type) << " " << to_string(op)
                                   << " count " << count << (zero_copy ? " zero-copy" : "") << " element " << i;
       }

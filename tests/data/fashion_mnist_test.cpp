@@ -19,7 +19,8 @@ using testing::idx_bytes;
 void write_split(const testing::TempDir& dir, uint32_t n, uint32_t side = 28, int labels = -1,
                  int first_label = 0) {
   const uint32_t num_labels = labels < 0 ? n : static_cast<uint32_t>(labels);
-  testing::write_gzip(dir.file("t10k-images-idx3-ubyte.gz"), idx_bytes({n, side, side}, counting_bytes(n * side * side)));
+  testing::write_gzip(dir.file("t10k-images-idx3-ubyte.gz"),
+                      idx_bytes({n, side, side}, counting_bytes(n * side * side)));
   std::string l(num_labels, '\0');
   for (uint32_t i = 0; i < num_labels; ++i) l[i] = static_cast<char>((first_label + i) % 10);
   testing::write_gzip(dir.file("t10k-labels-idx1-ubyte.gz"), idx_bytes({num_labels}, l));

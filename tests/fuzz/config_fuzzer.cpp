@@ -3,7 +3,7 @@
 // The only acceptable outcomes are valid options or a dsgd::ConfigError; anything else (a crash,
 // another exception, a sanitizer report) is a bug. It found two: '{"lr": 1e400}' escaped the
 // CLI as nlohmann's out_of_range and aborted `dsgd train`, and '{"synthetic_samples": 10000E020}'
-// was an unchecked float-to-integer cast (runtime/json_fields.h). Run with tests/fuzz/run.sh.
+// was an unchecked float-to-integer cast (dsgd/json_fields.h). Run with tests/fuzz/run.sh.
 #include <cstddef>
 #include <cstdint>
 #include <string_view>

@@ -15,7 +15,7 @@ flags=(-std=c++20 -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recov
        -I"$root/include" -I"$root/src")
 # Each target with the torch-free sources it exercises.
 declare -A sources=(
-  [config_fuzzer]="src/runtime/job_options.cpp src/models/model_names.cpp"
+  [config_fuzzer]="src/apps/image_classifier_options.cpp src/models/model_names.cpp"
   [idx_fuzzer]="src/data/idx.cpp"
 )
 declare -A libs=([config_fuzzer]="" [idx_fuzzer]="-lz")

@@ -1,6 +1,6 @@
 // Checkpoint rotation on disk: keep the newest K, never expose a half-written one, and fall back
 // past damaged ones to the newest intact checkpoint.
-#include "runtime/checkpoint.h"
+#include "runtime/driver/checkpoint.h"
 
 #include <gtest/gtest.h>
 

@@ -5,7 +5,7 @@
 // that input (the client killed) kills the worker. The slurm launcher's srun arguments, its
 // choice of nodes to exclude (a stand-in srun records them) and the task's script, run as
 // slurmstepd would. Real sshd daemons: ssh_launcher_test.sh; a real Slurm: slurm_cluster_test.sh.
-#include "runtime/launcher.h"
+#include "runtime/launch/launcher.h"
 
 #include <gtest/gtest.h>
 #include <signal.h>
@@ -20,7 +20,6 @@
 #include "dsgd/cluster.h"
 #include "dsgd/error.h"
 #include "dsgd/image_classifier.h"
-#include "runtime/trainer_config.h"
 #include "testing/temp_dir.h"
 
 namespace dsgd::runtime {
@@ -70,7 +69,7 @@ TEST(Launcher, ConfigChecksSayWhatIsMissing) {
   TrainerConfig c;
   c.num_workers = 2;
   c.launcher = "ssh";
-  auto check = [&] { validate_trainer_config(kImageClassifier, c); };
+  auto check = [&] { validate_config(kImageClassifier, c); };
   expect_config_error(check, "launcher ssh needs hosts");
   c.hosts = {"node1", "node2"};
   expect_config_error(check, "set listen to HOST:PORT");
@@ -153,7 +152,7 @@ TEST(Launcher, SlurmChecksSayWhatIsMissing) {
   TrainerConfig c;
   c.num_workers = 2;
   c.launcher = "slurm";
-  auto check = [&] { validate_trainer_config(kImageClassifier, c); };
+  auto check = [&] { validate_config(kImageClassifier, c); };
   {
     ScopedEnv none("SLURM_JOB_ID", "");
     expect_config_error(check, "SLURM_JOB_ID is not set: run the driver inside one (sbatch, or salloc");
@@ -178,8 +177,8 @@ TEST(Launcher, SrunRunsOneTaskStepPerWorkerOnANodeButTheExcluded) {
                                    {"--dsgd-worker", "--spawn-index", "4"});
   ASSERT_EQ(args.size(), 14u);
   EXPECT_EQ(std::vector<std::string>(args.begin(), args.begin() + 7),
-            (std::vector<std::string>{"--partition=cpu", "--nodes=1", "--ntasks=1", "--exclusive", "--job-name=dsgd-worker",
-                                      "--exclude=node1,node3", "/bin/sh"}));
+            (std::vector<std::string>{"--partition=cpu", "--nodes=1", "--ntasks=1", "--exclusive",
+                                      "--job-name=dsgd-worker", "--exclude=node1,node3", "/bin/sh"}));
   EXPECT_EQ(std::vector<std::string>(args.begin() + 9, args.end()),
             (std::vector<std::string>{"dsgd-worker", "/opt/dsgd", "--dsgd-worker", "--spawn-index", "4"}));
   EXPECT_EQ(srun_arguments({"srun"}, {}, "/opt/dsgd", {})[3], "--job-name=dsgd-worker");  // no --exclude
@@ -272,9 +271,9 @@ TEST(Launcher, AProcessWithAStopSignalEndsByItBeforeSigkill) {
 TEST(Launcher, MpirunStartsEveryRankExportingTheTokenByName) {
   const auto args = mpirun_arguments({"mpirun", "--allow-run-as-root"}, parse_hosts({"a:2", "b"}), "/opt/dsgd",
                                      {"--dsgd-worker", "--spawn-index", "mpi:4"}, {"OMP_NUM_THREADS=2"}, 3);
-  EXPECT_EQ(args, (std::vector<std::string>{"--allow-run-as-root", "-np", "3", "-x", "DSGD_TOKEN", "-x", "OMP_NUM_THREADS",
-                                            "--mca", "orte_abort_on_non_zero_status", "0", "--host", "a:2,b:1",
-                                            "/opt/dsgd", "--dsgd-worker", "--spawn-index", "mpi:4"}));
+  EXPECT_EQ(args, (std::vector<std::string>{"--allow-run-as-root", "-np", "3", "-x", "DSGD_TOKEN", "-x",
+                                            "OMP_NUM_THREADS", "--mca", "orte_abort_on_non_zero_status", "0", "--host",
+                                            "a:2,b:1", "/opt/dsgd", "--dsgd-worker", "--spawn-index", "mpi:4"}));
 }
 
 TEST(Launcher, AutoIsLocalWithoutListenAndNoneWithIt) {
@@ -293,8 +292,9 @@ TEST(Launcher, SpawnHandsStandardInputDataAndKeepsItOpen) {
   const std::string out = dir.file("out");
   LocalProcesses p;
   // Reads one line, writes it out, then waits for the end of its input.
-  const pid_t pid = p.spawn("sh", {"-c", "IFS= read -r x; echo \"got $x\" > " + out + "; cat >/dev/null; echo eof >> " + out},
-                            {}, "the-token\n");
+  const pid_t pid =
+      p.spawn("sh", {"-c", "IFS= read -r x; echo \"got $x\" > " + out + "; cat >/dev/null; echo eof >> " + out}, {},
+              "the-token\n");
   EXPECT_EQ(wait_for_line(out), "got the-token");
   std::this_thread::sleep_for(std::chrono::milliseconds(200));
   EXPECT_FALSE(p.gone(pid)) << "its standard input ended while the process was ours";
@@ -370,7 +370,8 @@ TEST(ClusterSpec, BadSpecsSayWhatIsWrong) {
   bad(spec(R"({"chief": ["a:1"], "worker": ["b c"]})", worker0), "a host holds letters");
   bad(spec(R"({"chief": ["a:1"], "worker": [7]})", worker0), R"(list of "HOST" or "HOST:PORT" strings)");
   bad(spec(R"({"chief": ["a:1"], "worker": ["b"], "evaluator": ["e", "f"]})", worker0), "at most one evaluator");
-  bad(spec(kCluster, R"({"type": "worker", "index": 3})"), "task worker 3 is not in the cluster (it has 3 worker entries)");
+  bad(spec(kCluster, R"({"type": "worker", "index": 3})"),
+      "task worker 3 is not in the cluster (it has 3 worker entries)");
   bad(spec(kCluster, R"({"type": "evaluator"})"), "task evaluator 0 is not in the cluster");
   bad(spec(kCluster, R"({"type": "driver"})"), "unknown task.type 'driver'");
   bad(spec(kCluster, R"({"type": "ps", "index": "0"})"), "task.index must be a whole number");

@@ -33,7 +33,7 @@ TEST_P(LongTrainer, TwoWorkersReach90PercentOnFashionMnist) {
   c.strategy = GetParam();
   c.batch_size = 64;
   c.threads_per_worker = 1;
-  if (c.strategy == "ps" || c.strategy == "ps_async") c.local_hosts = 2;
+  if (c.strategy == Strategy::kPs || c.strategy == Strategy::kPsAsync) c.local_hosts = 2;
   c.config = {{"model", "cnn"}, {"lr", 0.02}, {"lr_decay", 0.7}, {"momentum", 0.9}};
   Trainer trainer(dsgd::kImageClassifier, c);
   double accuracy = 0;

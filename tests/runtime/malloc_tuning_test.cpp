@@ -1,6 +1,6 @@
 // tune_malloc(): after it, a 16 MB block comes from the heap (not a fresh mmap, whose pages would
 // fault in zeroed on every step) and stays in the process when freed.
-#include "runtime/malloc_tuning.h"
+#include "runtime/worker/malloc_tuning.h"
 
 #include <gtest/gtest.h>
 #include <malloc.h>

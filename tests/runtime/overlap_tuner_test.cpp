@@ -1,5 +1,5 @@
 // forward_overlap_buckets auto: the trial order, the chunk lengths, and the choice.
-#include "runtime/overlap_tuner.h"
+#include "runtime/driver/overlap_tuner.h"
 
 #include <gtest/gtest.h>
 

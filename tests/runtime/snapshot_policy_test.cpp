@@ -1,6 +1,6 @@
 // When the driver snapshots during train(): the interval from the checkpoint budget, scaled to
 // the state's size, and the steps a recovery replays.
-#include "runtime/snapshot_policy.h"
+#include "runtime/driver/snapshot_policy.h"
 
 #include <gtest/gtest.h>
 

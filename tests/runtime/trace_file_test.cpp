@@ -1,5 +1,5 @@
 // TraceFile: the workers' timelines as one Chrome trace.
-#include "runtime/trace_file.h"
+#include "runtime/worker/trace_file.h"
 
 #include <gtest/gtest.h>
 
@@ -39,11 +39,13 @@ TEST(TraceFile, WorkersBecomeProcessesAndTheirThreadsKeepOneRowAcrossChunks) {
   std::map<int, std::string> process_names;
   std::vector<json> events;
   for (const auto& e : t.at("traceEvents")) {
-    if (e.at("ph") == "M" && e.at("name") == "thread_name") thread_names[{e.at("pid"), e.at("tid")}] = e["args"]["name"];
+    if (e.at("ph") == "M" && e.at("name") == "thread_name")
+      thread_names[{e.at("pid"), e.at("tid")}] = e["args"]["name"];
     if (e.at("ph") == "M" && e.at("name") == "process_name") process_names[e.at("pid")] = e["args"]["name"];
     if (e.at("ph") != "M") events.push_back(e);
   }
-  EXPECT_EQ(process_names, (std::map<int, std::string>{{0, "worker 0 (host a, pid 1)"}, {1, "worker 1 (host b, pid 2)"}}));
+  EXPECT_EQ(process_names,
+            (std::map<int, std::string>{{0, "worker 0 (host a, pid 1)"}, {1, "worker 1 (host b, pid 2)"}}));
   EXPECT_EQ(thread_names.size(), 3u);  // worker 0: replica 0, lane; worker 1: replica 0
   ASSERT_EQ(events.size(), 4u);
   auto row = [&](const json& e) { return thread_names.at({e.at("pid"), e.at("tid")}); };
@@ -66,8 +68,9 @@ TEST(TraceFile, WorkersBecomeProcessesAndTheirThreadsKeepOneRowAcrossChunks) {
 
 TEST(TraceFile, AMalformedTraceNamesTheWorker) {
   TraceFile file;
-  for (const json& bad : {json(), json{{"threads", json::array()}}, json{{"threads", {"a"}}, {"events", {{"x", -1, 5, 0, 1}}}},
-                          json{{"threads", {"a"}}, {"events", {{"x", -1, 0, "soon", 1}}}}}) {
+  for (const json& bad :
+       {json(), json{{"threads", json::array()}}, json{{"threads", {"a"}}, {"events", {{"x", -1, 5, 0, 1}}}},
+        json{{"threads", {"a"}}, {"events", {{"x", -1, 0, "soon", 1}}}}}) {
     try {
       file.add(3, "worker 3 (host c, pid 9)", bad, 0);
       FAIL() << "accepted " << bad.dump();

@@ -1,5 +1,6 @@
 // The trainer tests' main: like every program that uses dsgd::Trainer, it calls dsgd::init
-// first, so the driver can spawn this same binary as its workers.
+// first, so the driver can spawn this same binary as its workers; the built-in operators are
+// registered before it, so a spawned worker can construct them.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -7,6 +8,7 @@
 #include <cstring>
 #include <iostream>
 
+#include "dsgd/image_classifier.h"
 #include "dsgd/trainer.h"
 
 int main(int argc, char** argv) {
@@ -19,6 +21,7 @@ int main(int argc, char** argv) {
       return 3;
     }
   }
+  dsgd::register_builtin_operators();
   dsgd::init(argc, argv);
   ::testing::InitGoogleTest(&argc, argv);
   return RUN_ALL_TESTS();

@@ -20,7 +20,8 @@ TrainerConfig config() {
   c.seed = 7;
   c.allreduce_algo = "ring";  // Gloo on every worker: listening ports of its own
   c.threads_per_worker = 1;
-  c.config = {{"model", "cnn"}, {"dataset", "synthetic"}, {"synthetic_samples", 2048}, {"lr", 0.01}, {"dropout", false}};
+  c.config = {
+      {"model", "cnn"}, {"dataset", "synthetic"}, {"synthetic_samples", 2048}, {"lr", 0.01}, {"dropout", false}};
   return c;
 }
 

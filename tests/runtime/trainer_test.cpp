@@ -28,9 +28,9 @@
 #include <thread>
 
 #include "dsgd/error.h"
-#include "dsgd/operator.h"
 #include "dsgd/image_classifier.h"
-#include "runtime/checkpoint.h"
+#include "dsgd/operator.h"
+#include "runtime/driver/checkpoint.h"
 #include "testing/temp_dir.h"
 #include "torch/replica.h"
 
@@ -46,13 +46,19 @@ DSGD_REGISTER_WORKER_FUNCTION(replica_info, [](TrainingOperator* op, const json&
           {"arg", arg}};
 });
 
+// The initialization hook counts its runs in the worker and notes whether an operator existed
+// yet (it runs before setup: none); hook_runs_here reports both to the driver, where the test
+// asserts them (an EXPECT in a worker process could not fail the test).
 std::atomic<int> hook_runs{0};
+std::atomic<int> hook_runs_with_operator{0};
 DSGD_REGISTER_WORKER_FUNCTION(count_hook, [](TrainingOperator* op, const json&) -> json {
-  EXPECT_EQ(op, nullptr);  // runs before setup
   ++hook_runs;
+  if (op != nullptr) ++hook_runs_with_operator;
   return {};
 });
-DSGD_REGISTER_WORKER_FUNCTION(hook_runs_here, [](TrainingOperator*, const json&) -> json { return hook_runs.load(); });
+DSGD_REGISTER_WORKER_FUNCTION(hook_runs_here, [](TrainingOperator*, const json&) -> json {
+  return {{"runs", hook_runs.load()}, {"with_operator", hook_runs_with_operator.load()}};
+});
 
 // A worker that dies at start-up, before setup: with DSGD_TEST_DIE_ONCE=FILE the first worker to
 // create FILE, with DSGD_TEST_DIE_ALWAYS set every worker.
@@ -158,6 +164,44 @@ class DiesInSnapshotOperator : public RegressionOperator {
 };
 DSGD_REGISTER_OPERATOR(DiesInSnapshotOperator);
 
+// Counts the batches its replica trained in state of its own (state_dict/load_state_dict), and
+// halves its learning rate every second batch by stepping its schedule itself (for
+// scheduler_step_freq manual).
+class CountingOperator : public RegressionOperator {
+ public:
+  void setup(const json& config) override {
+    RegressionOperator::setup(config);
+    register_scheduler([](int64_t t) { return std::pow(0.5, static_cast<double>(t)); });
+  }
+  Metrics train_batch(const Batch& batch) override {
+    auto m = RegressionOperator::train_batch(batch);
+    if (++batches_ % 2 == 0) step_schedulers();
+    return m;
+  }
+  void state_dict(torch::serialize::OutputArchive& archive) const override {
+    archive.write("batches", torch::tensor(batches_));
+  }
+  void load_state_dict(torch::serialize::InputArchive& archive) override {
+    torch::Tensor t;
+    archive.read("batches", t);
+    batches_ = t.item<int64_t>();
+  }
+  int64_t batches_ = 0;
+};
+DSGD_REGISTER_OPERATOR(CountingOperator);
+DSGD_REGISTER_WORKER_FUNCTION(counted_batches, [](TrainingOperator* op, const json&) -> json {
+  return dynamic_cast<CountingOperator&>(*op).batches_;
+});
+
+// Refuses a config key in setup(), in the worker: it registers no config check of its own.
+class PickyOperator : public RegressionOperator {
+  void setup(const json& config) override {
+    if (config.contains("modle")) throw ConfigError("unknown picky config key 'modle'");
+    RegressionOperator::setup(config);
+  }
+};
+DSGD_REGISTER_OPERATOR(PickyOperator);
+
 DSGD_REGISTER_WORKER_FUNCTION(weight_sum, [](TrainingOperator* op, const json&) -> json {
   double s = 0;
   for (const auto& p : op->model(0).parameters()) s += p.sum().item<double>();
@@ -203,7 +247,7 @@ Params params_of(torch::nn::Module& m) {
 
 // One process, no dsgd communication: the global batch at once.
 Params single_process(int64_t batch, int64_t steps, const json& config = synthetic_config(),
-                      const std::string& scheduler_step_freq = "epoch") {
+                      SchedulerStepFreq scheduler_step_freq = SchedulerStepFreq::kEpoch) {
   dsgd::register_builtin_operators();
   torch_glue::ReplicaOptions o;
   o.global_batch = batch;
@@ -274,7 +318,7 @@ double max_difference(const Params& a, const Params& b) {
 // for that and still fails any real error: weighting the uneven split's 32 and 31 samples alike
 // ends 4.8e-3 apart, and a lost or unaveraged gradient further.
 void expect_equivalent(TrainerConfig config, int64_t steps = 20) {
-  const Params reference = single_process(config.batch_size, steps, config.config, config.scheduler_step_freq);
+  const Params reference = single_process(config.batch_size, steps, config.config, config.scheduler_step_freq.value());
   Trainer trainer(dsgd::kImageClassifier, config);
   const Params before = params_of(*trainer.get_model());
   auto r = trainer.train({.num_steps = steps});
@@ -323,7 +367,8 @@ TEST(TrainerCompression, EachSchemeCutsTheBytesAcrossHostsAndTrainsNearFloat32) 
     auto r = trainer.train({.num_steps = kSteps});
     const double b = r.metrics.at("comm_bytes_per_step");
     const double d = max_difference(p32, params_of(*trainer.get_model()));
-    std::printf("powersgd:4: %.1fx fewer bytes, %g from float32 after %d steps\n", b32 / b, d, static_cast<int>(kSteps));
+    std::printf("powersgd:4: %.1fx fewer bytes, %g from float32 after %d steps\n", b32 / b, d,
+                static_cast<int>(kSteps));
     EXPECT_GT(b32 / b, 8.0);
     EXPECT_GT(d, diff["bf16"]) << "rank 4 should lose more than 16-bit rounding";
     EXPECT_LT(d, 1e-2);
@@ -458,9 +503,15 @@ TEST(TrainerEquivalence, PsShardProcessesTwoShards) { expect_equivalent(ps_proce
 TEST(TrainerEquivalence, PsShardProcessesFourShardsThreeWorkers) {
   expect_equivalent(ps_processes_config(3, 2, 4, false, 96));
 }
-TEST(TrainerEquivalence, PsShardProcessesOneHostDefaultShards) { expect_equivalent(ps_processes_config(2, 1, 0, false)); }
-TEST(TrainerEquivalence, PsShardProcessesUpdateOnShardsOneShard) { expect_equivalent(ps_processes_config(2, 2, 1, true)); }
-TEST(TrainerEquivalence, PsShardProcessesUpdateOnShardsTwoShards) { expect_equivalent(ps_processes_config(2, 2, 2, true)); }
+TEST(TrainerEquivalence, PsShardProcessesOneHostDefaultShards) {
+  expect_equivalent(ps_processes_config(2, 1, 0, false));
+}
+TEST(TrainerEquivalence, PsShardProcessesUpdateOnShardsOneShard) {
+  expect_equivalent(ps_processes_config(2, 2, 1, true));
+}
+TEST(TrainerEquivalence, PsShardProcessesUpdateOnShardsTwoShards) {
+  expect_equivalent(ps_processes_config(2, 2, 2, true));
+}
 TEST(TrainerEquivalence, PsShardProcessesUpdateOnShardsFourShardsThreeWorkers) {
   expect_equivalent(ps_processes_config(3, 2, 4, true, 96));
 }
@@ -645,7 +696,10 @@ TEST(Trainer, ResultsAverageOverWorkersAndForeachWorkerReachesEveryWorker) {
   c.initialization_hook = "count_hook";
   Trainer trainer(dsgd::kImageClassifier, c);
   EXPECT_EQ(trainer.parameter_count(), 1199882);
-  for (const auto& runs : trainer.foreach_worker("hook_runs_here")) EXPECT_EQ(runs, 1);
+  for (const auto& runs : trainer.foreach_worker("hook_runs_here")) {
+    EXPECT_EQ(runs.at("runs"), 1) << runs;
+    EXPECT_EQ(runs.at("with_operator"), 0) << "the initialization hook ran after setup: " << runs;
+  }
   auto r = trainer.train({.num_steps = 4, .profile = true, .reduce_results = false});
   ASSERT_EQ(r.per_worker.size(), 2u);
   for (const char* k : {"loss", "accuracy", "forward_s", "backward_s", "comm_wait_s", "optimizer_s", "epoch_s"}) {
@@ -807,6 +861,68 @@ TEST(TrainerCheckpoint, SchedulesStepPerEpochOrBatchAndComeBackFromCheckpoints) 
   EXPECT_DOUBLE_EQ(per_batch.foreach_worker("learning_rate")[0].get<double>(), 0.01 * 0.125);
 }
 
+// An operator's own state (state_dict) travels in checkpoints to every replica of the job that
+// loads it, whatever its size.
+TEST(TrainerCheckpoint, AnOperatorsOwnStateComesBackFromACheckpoint) {
+  testing::TempDir dir;
+  auto c = base_config(2, "allreduce", 64);
+  c.scheduler_step_freq = SchedulerStepFreq::kManual;
+  {
+    Trainer t(operator_of<CountingOperator>(), c);
+    t.train({.num_steps = 3});
+    for (const auto& n : t.foreach_worker("counted_batches")) EXPECT_EQ(n.get<int64_t>(), 3);
+    t.save(dir.file("ckpt"));
+  }
+  c.num_workers = 3;
+  c.batch_size = 66;
+  Trainer loaded(operator_of<CountingOperator>(), c);
+  for (const auto& n : loaded.foreach_worker("counted_batches")) EXPECT_EQ(n.get<int64_t>(), 0);
+  loaded.load(dir.file("ckpt"));
+  for (const auto& n : loaded.foreach_worker("counted_batches")) EXPECT_EQ(n.get<int64_t>(), 3);
+  loaded.train({.num_steps = 1});
+  for (const auto& n : loaded.foreach_worker("counted_batches")) EXPECT_EQ(n.get<int64_t>(), 4);
+}
+
+// scheduler_step_freq manual: the schedules move only when the operator steps them (every second
+// batch here), not at the epoch's end as under epoch, nor every batch as under batch.
+TEST(TrainerSchedules, ManualSchedulesStepOnlyWhenTheOperatorStepsThem) {
+  std::map<std::string, double> lr;
+  for (const auto freq : {SchedulerStepFreq::kManual, SchedulerStepFreq::kEpoch, SchedulerStepFreq::kBatch}) {
+    auto c = base_config(2, "allreduce", 64);  // 256 samples: 4 batches an epoch
+    c.scheduler_step_freq = freq;
+    Trainer t(operator_of<CountingOperator>(), c);
+    EXPECT_EQ(t.train().batches_per_epoch, 4);
+    t.train({.num_steps = 2});  // 6 batches: the operator stepped 3 times
+    const auto rates = t.foreach_worker("learning_rate");
+    EXPECT_EQ(rates[0], rates[1]);
+    lr[Choice<SchedulerStepFreq>(freq).name()] = rates[0].get<double>();
+  }
+  EXPECT_DOUBLE_EQ(lr["manual"], 0.1 * std::pow(0.5, 3));
+  EXPECT_DOUBLE_EQ(lr["epoch"], 0.1 * std::pow(0.5, 3 + 1));  // and the runtime once, after epoch 1
+  EXPECT_DOUBLE_EQ(lr["batch"], 0.1 * std::pow(0.5, 3 + 6));  // and the runtime after each batch
+}
+
+// bf16 autocast on the CPU through the Trainer, 2 workers: the CNN's loss falls as in float32,
+// by another path (autocast did change the arithmetic), and the replicas stay identical.
+TEST(TrainerPrecision, Bf16OnTheCpuTrainsTheCnnLikeFloat32) {
+  std::map<std::string, std::pair<double, Params>> runs;
+  for (const auto precision : {Precision::kFp32, Precision::kBf16}) {
+    auto c = base_config(2, "allreduce", 64);
+    c.precision = precision;
+    c.config["lr"] = 0.05;
+    Trainer t(dsgd::kImageClassifier, c);
+    const double first = t.train({.num_steps = 3}).metrics.at("loss");
+    t.train({.num_steps = 12});
+    const double last = t.train({.num_steps = 3}).metrics.at("loss");
+    EXPECT_LT(last, first) << Choice<Precision>(precision).name();
+    const auto prints = t.foreach_worker("weight_sum");
+    EXPECT_EQ(prints[0], prints[1]) << "replicas differ under " << Choice<Precision>(precision).name();
+    runs[Choice<Precision>(precision).name()] = {last, params_of(*t.get_model())};
+  }
+  EXPECT_NEAR(runs["bf16"].first, runs["fp32"].first, 0.15);
+  EXPECT_GT(max_difference(runs["bf16"].second, runs["fp32"].second), 1e-5) << "bf16 ran as float32";
+}
+
 TEST(TrainerCheckpoint, DamagedOrMissingCheckpointIsADataErrorNamingTheFile) {
   testing::TempDir dir;
   const std::string path = dir.file("ckpt");
@@ -872,7 +988,8 @@ TEST(TrainerCheckpoint, TheForwardOverlapsTrialChunksKeepTheCheckpointInterval) 
   Trainer t(dsgd::kImageClassifier, c);
   EXPECT_EQ(t.train({.num_steps = 20}).batch, 20);
   std::vector<std::string> names;
-  for (const auto& k : runtime::list_checkpoints(c.checkpoint_dir)) names.push_back(std::filesystem::path(k).filename());
+  for (const auto& k : runtime::list_checkpoints(c.checkpoint_dir))
+    names.push_back(std::filesystem::path(k).filename());
   // Trials of 6 steps and then the 4 left of the interval (10 steps), then 6; checkpoints at the
   // interval and at the call's end only.
   EXPECT_EQ(names, (std::vector<std::string>{"step-000000000010", "step-000000000020"}));
@@ -899,7 +1016,8 @@ TEST(TrainerCheckpoint, CheckpointDirKeepsTheLastKAndLoadFallsBackPastADamagedOn
   EXPECT_TRUE(std::filesystem::exists(kept[1] + "/model.pt"));
 
   // The newest is damaged: a new job resumes from step 8, and continues exactly as the first did.
-  std::filesystem::resize_file(kept[1] + "/checkpoint.dsgd", std::filesystem::file_size(kept[1] + "/checkpoint.dsgd") / 2);
+  std::filesystem::resize_file(kept[1] + "/checkpoint.dsgd",
+                               std::filesystem::file_size(kept[1] + "/checkpoint.dsgd") / 2);
   auto b_config = base_config(1, "allreduce", 64);
   Trainer b(dsgd::kImageClassifier, b_config);
   b.load(c.checkpoint_dir);
@@ -1064,16 +1182,59 @@ TEST(TrainerBadInput, UpdateOnShardsWithAnOptimizerOtherThanSgdSaysWhatItNeeds) 
   }
 }
 
-TEST(TrainerBadInput, OperatorConfigErrorFromAWorkerNamesTheWorker) {
+// The image classifier registers its config check: a bad key is refused by the driver before
+// any process starts. An operator without one refuses it in setup(), and the error names the worker.
+TEST(TrainerBadInput, OperatorConfigErrorsComeFromItsCheckOrFromAWorkerNamed) {
   auto c = base_config(2, "allreduce", 64);
   c.config["modle"] = "cnn";
+  expect_config_error(dsgd::kImageClassifier, c, "unknown image classifier config key 'modle'");
+  EXPECT_THROW(validate_config(dsgd::kImageClassifier, c), ConfigError);
+  EXPECT_NO_THROW(validate_config(operator_of<PickyOperator>(), c));  // no check registered
   try {
-    Trainer t(dsgd::kImageClassifier, c);
+    Trainer t(operator_of<PickyOperator>(), c);
     FAIL() << "accepted a misspelt config key";
   } catch (const ConfigError& e) {
-    EXPECT_NE(std::string(e.what()).find("unknown image classifier config key 'modle'"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("unknown picky config key 'modle'"), std::string::npos) << e.what();
     EXPECT_NE(std::string(e.what()).find("worker "), std::string::npos) << e.what();
   }
+}
+
+// Each rule's ConfigError names the TrainerConfig field at fault, wherever the rule lives (the
+// Trainer, the strategy, the launcher, loss scaling), so a front end can name its own flag.
+TEST(TrainerBadInput, EveryConfigErrorNamesItsField) {
+  const auto c = base_config(2, "allreduce", 64);
+  const auto field_of = [](const TrainerConfig& bad) -> std::string {
+    try {
+      validate_config(dsgd::kImageClassifier, bad);
+    } catch (const ConfigError& e) {
+      return e.field();
+    }
+    return "<accepted>";
+  };
+  auto bad = c;
+  bad.num_workers = 0;
+  EXPECT_EQ(field_of(bad), "num_workers");
+  bad = c;
+  bad.strategy = "gossip";
+  EXPECT_EQ(field_of(bad), "strategy");
+  bad = c;
+  bad.compression = Compression::kFp16;
+  bad.allreduce_algo = AllreduceAlgo::kRing;
+  EXPECT_EQ(field_of(bad), "compression");  // strategy::validate's rule
+  bad = c;
+  bad.compression = Compression::kPowerSgd;
+  bad.powersgd_rank = 0;
+  EXPECT_EQ(field_of(bad), "powersgd_rank");
+  bad = c;
+  bad.hosts = {"a", "b"};
+  EXPECT_EQ(field_of(bad), "hosts");  // the launcher's rule
+  bad = c;
+  bad.loss_scale = 3;  // not a power of two: LossScaler's own bound
+  EXPECT_EQ(field_of(bad), "loss_scale");
+  bad = c;
+  bad.heartbeat_timeout = milliseconds(50);
+  EXPECT_EQ(field_of(bad), "heartbeat_timeout");
+  EXPECT_EQ(field_of(c), "<accepted>");
 }
 
 TEST(TrainerBadInput, DifferentModelsOnDifferentWorkersAreRefusedNamingTheParameter) {
@@ -1369,7 +1530,8 @@ TEST(TrainerRecovery, AStandbyTakesAKilledWorkersPlaceAndTheResultEqualsAFaultFr
   auto r = train_through_fault(c, SIGKILL, &victims, 1e-7, false, [&](Trainer&) {
     // A new standby is started in the background: 3 members and 1 standby again.
     const auto deadline = Clock::now() + std::chrono::seconds(30);
-    while ((processes = worker_pids().size()) != 4 && Clock::now() < deadline) std::this_thread::sleep_for(milliseconds(100));
+    while ((processes = worker_pids().size()) != 4 && Clock::now() < deadline)
+      std::this_thread::sleep_for(milliseconds(100));
   });
   EXPECT_EQ(processes, 4u);
   ASSERT_EQ(r.recoveries.size(), 1u);
@@ -1820,7 +1982,8 @@ TEST(TrainerGpu, TwoProcessesOnOneGpuEqualOneProcessWithTheGlobalBatch) {
   Trainer one(dsgd::kImageClassifier, gpu_config(1, "mlp"));
   const Params before = params_of(*one.get_model());
   EXPECT_EQ(one.train({.num_steps = 20}).batch, 20);
-  const double vs_cpu = max_difference(single_process(64, 20, gpu_config(1, "mlp").config), params_of(*one.get_model()));
+  const double vs_cpu =
+      max_difference(single_process(64, 20, gpu_config(1, "mlp").config), params_of(*one.get_model()));
   std::cout << "1 process on the GPU vs the CPU, 20 steps: max parameter difference " << vs_cpu << "\n";
   EXPECT_LT(vs_cpu, 1e-4);
   Trainer two(dsgd::kImageClassifier, gpu_config(2, "mlp"));
@@ -1892,8 +2055,8 @@ TEST(TrainerGpu, Fp16AutocastWithLossScalingTrainsTheCnnLikeFloat32) {
   c.loss_scale = 0x1p40;  // float16 activation gradients overflow at once: backs off, then trains
   Trainer high(dsgd::kImageClassifier, c);
   auto r = high.train({.num_steps = 40});
-  std::cout << "from 2^40: " << r.metrics.at("skipped_steps") << " steps skipped, scale now " << r.metrics.at("loss_scale")
-            << "\n";
+  std::cout << "from 2^40: " << r.metrics.at("skipped_steps") << " steps skipped, scale now "
+            << r.metrics.at("loss_scale") << "\n";
   EXPECT_GT(r.metrics.at("skipped_steps"), 0.0);
   EXPECT_LT(r.metrics.at("skipped_steps"), 40.0);
   EXPECT_LT(r.metrics.at("loss_scale"), 0x1p40);

@@ -97,7 +97,8 @@ TEST(ReadyTracker, CompletesEachBucketOnceInAnyOrder) {
     for (size_t p : order) {
       if (auto b = ready.mark_ready(p)) {
         ++completed[*b];
-        for (size_t q : plan.buckets()[*b].params) EXPECT_TRUE(std::find(order.begin(), order.end(), q) <= std::find(order.begin(), order.end(), p));
+        for (size_t q : plan.buckets()[*b].params)
+          EXPECT_TRUE(std::find(order.begin(), order.end(), q) <= std::find(order.begin(), order.end(), p));
       }
     }
     EXPECT_EQ(completed, (std::vector<int>{1, 1, 1, 1}));

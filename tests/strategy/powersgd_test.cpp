@@ -112,7 +112,8 @@ TEST(PowerSgd, ErrorFeedbackKeepsWhatTheApproximationLeftOut) {
   const auto once = run(2, 1, 0, 1, full);
   for (int h = 0; h < 2; ++h) {
     for (size_t e = 0; e < 1200; ++e) {
-      ASSERT_NEAR(once.data[static_cast<size_t>(h)][e] / 2 + once.residual[static_cast<size_t>(h)][e], full(h, e), 1e-5f)
+      ASSERT_NEAR(once.data[static_cast<size_t>(h)][e] / 2 + once.residual[static_cast<size_t>(h)][e], full(h, e),
+                  1e-5f)
           << "host " << h << " element " << e;
     }
     for (size_t e = 1200; e < 1216; ++e) ASSERT_EQ(once.residual[static_cast<size_t>(h)][e], 0.0f);

@@ -47,7 +47,7 @@ std::unique_ptr<GradientStrategy> make_ps(std::shared_ptr<comm::Store> store, in
   return make_ps_strategy(group, o);
 }
 
-// Shard `s` as its own process runs it (runtime/ps_server_process.cpp), until the leaders hang
+// Shard `s` as its own process runs it (runtime/worker/ps_server_process.cpp), until the leaders hang
 // up. The leaders check what it computed.
 void serve_shard(std::shared_ptr<comm::Store> store, int hosts, int shards, int s) {
   comm::GroupOptions go;
@@ -88,7 +88,8 @@ void check(int size, int hosts, int shards, bool processes = false, const std::v
     std::vector<std::vector<float>> buckets;
     for (size_t count : counts) {
       std::vector<float> v(count);
-      for (size_t i = 0; i < count; ++i) v[i] = static_cast<float>((rank + 1) * (i % 7 + 1)) + 0.25f * static_cast<float>(count % 3);
+      for (size_t i = 0; i < count; ++i)
+        v[i] = static_cast<float>((rank + 1) * (i % 7 + 1)) + 0.25f * static_cast<float>(count % 3);
       buckets.push_back(std::move(v));
     }
     std::vector<std::shared_ptr<comm::Work>> works;
@@ -98,12 +99,14 @@ void check(int size, int hosts, int shards, bool processes = false, const std::v
   });
   for (size_t k = 0; k < counts.size(); ++k) {
     for (size_t i = 0; i < counts[k]; ++i) {
-      const double expected = static_cast<double>(i % 7 + 1) * (size + 1) / 2.0 + 0.25 * static_cast<double>(counts[k] % 3);
+      const double expected =
+          static_cast<double>(i % 7 + 1) * (size + 1) / 2.0 + 0.25 * static_cast<double>(counts[k] % 3);
       ASSERT_NEAR(results[0][k][i], expected, 1e-5 * expected)
           << "size " << size << " hosts " << hosts << " shards " << shards << " bucket " << k << " element " << i;
     }
     for (int r = 1; r < size; ++r) {  // bit-identical replicas
-      ASSERT_EQ(0, std::memcmp(results[0][k].data(), results[static_cast<size_t>(r)][k].data(), counts[k] * sizeof(float)))
+      ASSERT_EQ(0,
+                std::memcmp(results[0][k].data(), results[static_cast<size_t>(r)][k].data(), counts[k] * sizeof(float)))
           << "rank " << r << " bucket " << k;
     }
   }
@@ -249,7 +252,9 @@ void check_abort(bool processes) {
 void check_sixteen_bits(comm::DataType wire, double rounding) {
   constexpr int kSize = 6, kHosts = 3, kCalls = 3;
   constexpr size_t kCount = 4099;
-  auto grad = [](int rank, size_t i) { return 0.1f * static_cast<float>(rank + 1) + 1e-3f * static_cast<float>(i % 97) + 0.3337f; };
+  auto grad = [](int rank, size_t i) {
+    return 0.1f * static_cast<float>(rank + 1) + 1e-3f * static_cast<float>(i % 97) + 0.3337f;
+  };
   std::vector<double> exact(kCount);
   for (size_t i = 0; i < kCount; ++i) {
     for (int r = 0; r < kSize; ++r) exact[i] += grad(r, i) / kSize;

@@ -24,7 +24,9 @@ inline void check_allreduce_16(int rank, int n, DataType type, Reduce&& allreduc
       allreduce(v.data(), count, op);
       for (size_t i = 0; i < count; ++i) {
         const float base = static_cast<float>(i % 7 + 1), sum = base * static_cast<float>(n * (n + 1) / 2);
-        const float expected = op == ReduceOp::kSum ? sum : op == ReduceOp::kMax ? base * static_cast<float>(n) : sum / static_cast<float>(n);
+        const float expected = op == ReduceOp::kSum   ? sum
+                               : op == ReduceOp::kMax ? base * static_cast<float>(n)
+                                                      : sum / static_cast<float>(n);
         ASSERT_EQ(to32(v[i]), expected) << to_string(type) << " " << to_string(op) << " count " << count << " at " << i;
       }
     }

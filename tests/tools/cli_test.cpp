@@ -115,19 +115,27 @@ TEST(Cli, FlagErrorsExitWithUsageStatusAndSayWhatIsWrong) {
   expect_usage_error("train --batch-size -1", "batch size must be >= 1, got -1");
   expect_usage_error("train --lr -0.1", "learning rate must be a positive number");
   expect_usage_error("train --momentum 1", "momentum must be in [0, 1)");
-  expect_usage_error("train --model vgg16", "unknown model 'vgg16'; known models: cnn, mlp, resnet18, resnet50, simulated");
-  expect_usage_error("train --strategy gossip", "unknown --strategy 'gossip'; known strategies: simple, allreduce, ps");
-  expect_usage_error("train --workers 0", "--workers must be >= 1, got 0");
+  expect_usage_error("train --model vgg16",
+                     "unknown model 'vgg16'; known models: cnn, mlp, resnet18, resnet50, simulated");
+  expect_usage_error("train --strategy gossip", "--strategy: unknown strategy 'gossip'; use simple, allreduce, ps");
+  expect_usage_error("train --workers 0", "--workers: num_workers must be in 1..4096, got 0");
   expect_usage_error("train --workers 2 --in-process", "--in-process trains in this one process");
   expect_usage_error("train --in-process --profile", "--in-process trains in this one process");
   expect_usage_error("train --in-process --trace t.json", "--in-process trains in this one process");
-  expect_usage_error("train --trace /nonexistent-dir/t.json", "--trace /nonexistent-dir/t.json: directory /nonexistent-dir does not exist");
-  expect_usage_error("train --workers 2 --devices-per-worker 0", "--devices-per-worker must be >= 1, got 0");
-  expect_usage_error("train --workers 2 --grad-shard-bytes -1", "--grad-shard-bytes must be > 0, got -1");
-  expect_usage_error("train --workers 2 --keep-checkpoints 0", "--keep-checkpoints must be >= 1, got 0");
-  expect_usage_error("train --workers 2 --checkpoint-every -5", "--checkpoint-every must be >= 0");
-  expect_usage_error("train --workers 2 --checkpoint-overhead 1.5", "--checkpoint-overhead must be in [0, 1)");
-  expect_usage_error("train --workers 2 --nonfinite ignore", "unknown --nonfinite 'ignore'; use skip or error");
+  expect_usage_error("train --trace /nonexistent-dir/t.json",
+                     "--trace /nonexistent-dir/t.json: directory /nonexistent-dir does not exist");
+  expect_usage_error("train --workers 2 --devices-per-worker 0",
+                     "--devices-per-worker: devices_per_worker must be in 1..256, got 0");
+  expect_usage_error("train --workers 2 --grad-shard-bytes -1",
+                     "--grad-shard-bytes: grad_shard_bytes must be > 0, got -1");
+  expect_usage_error("train --workers 2 --keep-checkpoints 0",
+                     "--keep-checkpoints: checkpoint_keep must be >= 1, got 0");
+  expect_usage_error("train --workers 2 --checkpoint-every -5",
+                     "--checkpoint-every: checkpoint_every_steps must be >= 0");
+  expect_usage_error("train --workers 2 --checkpoint-overhead 1.5",
+                     "--checkpoint-overhead: checkpoint_max_overhead must be in [0, 1)");
+  expect_usage_error("train --workers 2 --nonfinite ignore",
+                     "--nonfinite: unknown nonfinite_policy 'ignore'; use skip or error");
   expect_usage_error("train --workers 2 --config '{\"lr\": 0.1'", "--config is not valid JSON");
   expect_usage_error("train --workers 2 --config '{\"lr\": \"fast\"}'", "wrong type");
   expect_usage_error("train --workers 2 --config '{\"lr\": 1e400}'", "--config is not valid JSON");  // found by fuzzing
@@ -225,9 +233,11 @@ TEST(Cli, ProfileSaysWhereEachStepWentPerEpochAndOverTheRun) {
     EXPECT_GE(p["backward"].get<double>(), 16) << p.dump();  // 20 ms slept
     EXPECT_LT(p["forward"].get<double>(), p["backward"].get<double>()) << p.dump();
     EXPECT_GT(p["snapshot"].get<double>(), 0) << p.dump();  // --checkpoint-every 0: one per call (epoch)
-    const double phases = p["forward"].get<double>() + p["backward"].get<double>() + p["optimizer"].get<double>() +
-                          p["comm_wait"].get<double>() + p["snapshot"].get<double>() + p["other"].get<double>();
-    EXPECT_NEAR(phases, p["step"].get<double>(), 0.01) << p.dump();
+    // "other" is what the named phases leave of the step (the driver's wall time per step): the
+    // workers' own timings must explain most of it. A phase that went unmeasured (10 or 20 ms
+    // of the ~35 ms step) would land in "other" and fail this.
+    EXPECT_GE(p["step"].get<double>(), 28) << p.dump();  // 30 ms slept per step
+    EXPECT_LT(p["other"].get<double>(), 0.25 * p["step"].get<double>()) << p.dump();
   }
 }
 
@@ -236,14 +246,16 @@ TEST(Cli, TwoWorkersSaveThenOneWorkerLoadsAndContinues) {
   const std::string common = "train --model mlp --dataset synthetic --synthetic-samples 512 --image-size 8 "
                              "--batch-size 32 --threads 1 --epochs 1 ";
   CliRun a = run_dsgd(common + "--workers 2 --strategy simple --save " + dir.file("ckpt") + " --json-out " +
-                      dir.file("a.json") + " --checkpoint-dir " + dir.file("ckpts") + " --checkpoint-every 5 --checkpoint-overhead 0");
+                      dir.file("a.json") + " --checkpoint-dir " + dir.file("ckpts") +
+                      " --checkpoint-every 5 --checkpoint-overhead 0");
   ASSERT_EQ(a.exit_code, 0) << a.output;
   // Snapshots after steps 5, 10, 15 and 16 (the epoch's end); the newest 3 are kept, and the
   // driver marks the job's end for an evaluator.
   std::vector<std::string> kept;
   for (const auto& e : std::filesystem::directory_iterator(dir.file("ckpts"))) kept.push_back(e.path().filename());
   std::sort(kept.begin(), kept.end());
-  EXPECT_EQ(kept, (std::vector<std::string>{"job-ended", "step-000000000010", "step-000000000015", "step-000000000016"}));
+  EXPECT_EQ(kept,
+            (std::vector<std::string>{"job-ended", "step-000000000010", "step-000000000015", "step-000000000016"}));
   EXPECT_NE(a.output.find("2 worker(s), simple"), std::string::npos) << a.output;
   std::ifstream fa(dir.file("a.json"));
   auto ja = nlohmann::json::parse(fa);
@@ -328,8 +340,8 @@ TEST(Cli, EveryTaskOfAClusterSpecFindsItsPlace) {
   dsgd::testing::TempDir dir;
   const std::string bin = DSGD_BINARY, chief = "127.0.0.1:" + std::to_string(free_port());
   auto spec = [&](const std::string& task) {
-    return R"({"cluster": {"chief": [")" + chief + R"("], "worker": ["host-a", "host-b"], "ps": ["host-c"]}, "task": )" +
-           task + "}";
+    return R"({"cluster": {"chief": [")" + chief +
+           R"("], "worker": ["host-a", "host-b"], "ps": ["host-c"]}, "task": )" + task + "}";
   };
   auto write = [&](const std::string& name, const std::string& text) {
     std::ofstream(dir.file(name)) << text;
@@ -338,12 +350,15 @@ TEST(Cli, EveryTaskOfAClusterSpecFindsItsPlace) {
   const std::string chief_spec = write("chief.json", spec(R"({"type": "chief"})"));
   const std::string worker1 = write("worker1.json", spec(R"({"type": "worker", "index": 1})"));
   const std::string ps0 = write("ps0.json", spec(R"({"type": "ps", "index": 0})"));
-  expect_usage_error("train --cluster " + worker1, "this process's task in the cluster spec is worker 1: run `dsgd worker");
-  expect_usage_error("train --cluster " + chief_spec + " --workers 3", "--workers 3 but the cluster spec names 2 worker(s)");
+  expect_usage_error("train --cluster " + worker1,
+                     "this process's task in the cluster spec is worker 1: run `dsgd worker");
+  expect_usage_error("train --cluster " + chief_spec + " --workers 3",
+                     "--workers 3 but the cluster spec names 2 worker(s)");
   expect_usage_error("train --cluster " + chief_spec, "the cluster spec names ps tasks: train with --strategy ps");
   expect_usage_error("worker --cluster " + ps0 + " --token t", "task in the cluster spec is ps 0, not a worker");
   expect_usage_error("ps-server --cluster " + worker1 + " --token t", "task in the cluster spec is worker 1, not a ps");
-  expect_usage_error("worker --cluster " + dir.file("missing.json"), "cluster spec '" + dir.file("missing.json") + "' cannot be read");
+  expect_usage_error("worker --cluster " + dir.file("missing.json"),
+                     "cluster spec '" + dir.file("missing.json") + "' cannot be read");
   expect_usage_error("worker --token t", "--driver HOST:PORT is needed (or a cluster spec");
   // The job: worker 0 from $DSGD_CLUSTER, the others from files; the token from the environment.
   const std::string script =
@@ -463,14 +478,29 @@ std::vector<pid_t> children_of(pid_t driver, size_t n) {
 TEST(Cli, AKilledWorkerIsInTheJsonSummary) {
   dsgd::testing::TempDir dir;
   const std::string out = dir.file("run.json");
+  const std::string ckpts = dir.file("ckpts");
   const pid_t driver = start_train({"--workers", "2", "--standby", "1", "--model", "mlp", "--dataset", "synthetic",
-                                     "--synthetic-samples", "4096", "--epochs", "12", "--threads", "1",
-                                     "--checkpoint-every", "10", "--quiet", "--json-out", out});
+                                     "--synthetic-samples", "4096", "--epochs", "4", "--threads", "1",
+                                     "--checkpoint-every", "10", "--checkpoint-dir", ckpts, "--quiet", "--json-out",
+                                     out});
   ASSERT_GE(driver, 0);
   const auto workers = children_of(driver, 3);  // spawned in order: 2 workers, then the standby
   ASSERT_EQ(workers.size(), 3u) << "the driver did not start its workers";
-  // Set up and some steps in: 12 epochs of 64 steps take far longer than that.
-  std::this_thread::sleep_for(std::chrono::seconds(4));
+  // Training, not start-up (a worker lost while the others set up is started again, not
+  // recovered from): a snapshot after some steps is on disk. 4 epochs of 64 steps take far longer.
+  const auto trained = [&] {
+    std::error_code ec;
+    for (const auto& e : std::filesystem::directory_iterator(ckpts, ec)) {
+      const std::string name = e.path().filename();
+      if (name.rfind("step-", 0) == 0 && std::stoll(name.substr(5)) > 0) return true;
+    }
+    return false;
+  };
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (!trained() && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  ASSERT_TRUE(trained()) << "no snapshot after a step within a minute";
   const double killed_at =
       std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
   ASSERT_EQ(::kill(workers[1], SIGKILL), 0) << "the worker was gone before the kill";
@@ -531,7 +561,8 @@ namespace {
 
 TEST(CliBench, AllreduceEmitsVerifiedJsonForEachAlgorithm) {
   for (const char* algo : {"shm", "ring", "hd", "auto"}) {
-    CliRun r = run_dsgd(std::string("bench allreduce --procs 2 --bytes 4 64K --iters 3 --warmup 1 --json --algo ") + algo);
+    CliRun r =
+        run_dsgd(std::string("bench allreduce --procs 2 --bytes 4 64K --iters 3 --warmup 1 --json --algo ") + algo);
     ASSERT_EQ(r.exit_code, 0) << algo << "\n" << r.output;
     auto j = nlohmann::json::parse(r.output);
     EXPECT_EQ(j["procs"], 2);
@@ -573,7 +604,8 @@ TEST(Cli, TuneBadInputIsAUsageErrorBeforeAnythingRuns) {
   std::ofstream(dir.file("empty.json")) << "{}";
   expect_usage_error("tune --space " + dir.file("empty.json") + d, "is empty");
   std::ofstream(dir.file("unknown.json")) << R"({"learning_rate": {"choice": [0.1]}})";
-  expect_usage_error("tune --space " + dir.file("unknown.json") + d, "unknown image classifier config key 'learning_rate'");
+  expect_usage_error("tune --space " + dir.file("unknown.json") + d,
+                     "unknown image classifier config key 'learning_rate'");
   std::ofstream(dir.file("dist.json")) << R"({"lr": {"gaussian": [0.1, 1]}})";
   expect_usage_error("tune --space " + dir.file("dist.json") + d, "unknown distribution 'gaussian'");
   const std::string ok = small_space_file(dir, 2, 2);

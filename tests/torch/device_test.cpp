@@ -146,7 +146,8 @@ TEST(GradSyncCuda, StagesBucketsThroughTheHostAndGradStaysOnTheDevice) {
     loss().backward();
     for (size_t i = 0; i < params.size(); ++i) {
       ASSERT_TRUE(params[i].grad().is_cuda());
-      EXPECT_TRUE(torch::allclose(params[i].grad(), plain[i] * 2, 1e-5, 1e-6)) << "step " << step << ", parameter " << i;
+      EXPECT_TRUE(torch::allclose(params[i].grad(), plain[i] * 2, 1e-5, 1e-6))
+          << "step " << step << ", parameter " << i;
     }
     EXPECT_TRUE(sync.last_finite());
   }

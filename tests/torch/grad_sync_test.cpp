@@ -490,7 +490,8 @@ TEST(GradSyncCheck, EachDeferredStepGetsItsOwnBucketsAnswer) {
   DeferredFixture f;
   GradSync sync(f.params(), DeferredFixture::kShardBytes, f.strategy, true, /*deferred=*/1);
   std::vector<std::pair<std::vector<size_t>, bool>> applied;
-  sync.set_deferred_step({[] {}, [&](const std::vector<size_t>& idx, bool finite) { applied.emplace_back(idx, finite); }});
+  sync.set_deferred_step(
+      {[] {}, [&](const std::vector<size_t>& idx, bool finite) { applied.emplace_back(idx, finite); }});
   const auto nan = torch::full({3, 4}, std::nanf(""));
   for (int step = 0; step < 2; ++step) {
     f.wait_all(sync);  // takes the last step's pending steps

@@ -82,9 +82,10 @@ TEST(SearchSpace, BadSpacesAreConfigErrorsNamingTheKey) {
 TEST(SearchSpace, ValuesSetTrainerFieldsOrTheOperatorsConfig) {
   TrainerConfig base;
   base.config = {{"model", "mlp"}};
-  const TrainerConfig c = apply_values(base, {{"batch_size", 128}, {"strategy", "ps"}, {"lr", 0.05}, {"num_workers", 2}});
+  const TrainerConfig c =
+      apply_values(base, {{"batch_size", 128}, {"strategy", "ps"}, {"lr", 0.05}, {"num_workers", 2}});
   EXPECT_EQ(c.batch_size, 128);
-  EXPECT_EQ(c.strategy, "ps");
+  EXPECT_EQ(c.strategy, Strategy::kPs);
   EXPECT_EQ(c.num_workers, 2);
   EXPECT_EQ(c.config["lr"], 0.05);
   EXPECT_EQ(c.config["model"], "mlp");

@@ -44,7 +44,8 @@ TuneOptions options(const std::string& dir, const std::string& scheduler) {
 
 TEST(Tuner, FifoRunsEveryTrialToTheEndAndTheSameSearchAgainRunsNothing) {
   testing::TempDir dir;
-  const auto space = SearchSpace::parse(R"({"lr": {"grid": [0.01, 0.1]}, "momentum": {"uniform": [0.5, 0.9]}})", "space");
+  const auto space =
+      SearchSpace::parse(R"({"lr": {"grid": [0.01, 0.1]}, "momentum": {"uniform": [0.5, 0.9]}})", "space");
   auto o = options(dir.file("search"), "fifo");
   std::atomic<int> reports{0};
   o.on_report = [&](const json&) { ++reports; };

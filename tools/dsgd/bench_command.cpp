@@ -138,7 +138,8 @@ int run_bench_allreduce(BenchFlags& f) {
     if (f.iters < 1) throw ConfigError("--iters must be >= 1");
     if (f.algo != "shm" && f.algo != "hier") comm::parse_allreduce_algorithm(f.algo);
     if (f.hosts < 1 || f.hosts > f.procs) {
-      throw ConfigError("--hosts must be in 1..--procs (" + std::to_string(f.procs) + "), got " + std::to_string(f.hosts));
+      throw ConfigError("--hosts must be in 1..--procs (" + std::to_string(f.procs) + "), got " +
+                        std::to_string(f.hosts));
     }
     for (const auto& s : f.sizes) sizes.push_back(parse_size(s));
   } catch (const ConfigError& e) {

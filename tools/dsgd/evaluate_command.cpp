@@ -24,9 +24,11 @@ void add_evaluate_command(CLI::App& app, int* exit_code) {
       "evaluates the newest checkpoint each time (skipping those it fell behind on) and exits 0\n"
       "once the job has ended and its last checkpoint is evaluated.");
   cmd->add_option("--checkpoint-dir", args->checkpoint_dir, "The job's --checkpoint-dir")->required();
-  cmd->add_option("--metrics-out", args->metrics_out, "Append one JSON line per checkpoint here (and a CSV row to FILE.csv)");
+  cmd->add_option("--metrics-out", args->metrics_out,
+                  "Append one JSON line per checkpoint here (and a CSV row to FILE.csv)");
   cmd->add_option("--threads", args->threads, "LibTorch threads")->check(CLI::Range(1, 1024))->capture_default_str();
-  cmd->add_option("--idle-timeout-s", *idle_s, "Exit (status 3) after this long without a new checkpoint or the job's end")
+  cmd->add_option("--idle-timeout-s", *idle_s,
+                  "Exit (status 3) after this long without a new checkpoint or the job's end")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
   cmd->add_option("--cluster", *cluster, "A cluster spec whose task is the evaluator (default: $DSGD_CLUSTER)");

@@ -35,14 +35,13 @@ void ProgressPrinter::on_batch(const dsgd::BatchProgress& p) {
     bar.resize(kWidth, '.');
     std::fprintf(out_, "\r\033[Kepoch %lld/%lld [%s] %lld/%lld  loss %.4f  %.0f samples/s  ETA %s",
                  static_cast<long long>(p.epoch), static_cast<long long>(p.epochs), bar.c_str(),
-                 static_cast<long long>(p.batch), static_cast<long long>(p.batches_per_epoch), p.loss,
-                 p.samples_per_s, format_duration(eta).c_str());
+                 static_cast<long long>(p.batch), static_cast<long long>(p.batches_per_epoch), p.loss, p.samples_per_s,
+                 format_duration(eta).c_str());
     bar_open_ = true;
   } else {
     std::fprintf(out_, "epoch %lld/%lld batch %lld/%lld  loss %.4f  %.0f samples/s  ETA %s\n",
-                 static_cast<long long>(p.epoch), static_cast<long long>(p.epochs),
-                 static_cast<long long>(p.batch), static_cast<long long>(p.batches_per_epoch), p.loss,
-                 p.samples_per_s, format_duration(eta).c_str());
+                 static_cast<long long>(p.epoch), static_cast<long long>(p.epochs), static_cast<long long>(p.batch),
+                 static_cast<long long>(p.batches_per_epoch), p.loss, p.samples_per_s, format_duration(eta).c_str());
   }
   std::fflush(out_);
 }
@@ -52,10 +51,27 @@ void ProgressPrinter::on_epoch(const dsgd::EpochSummary& s) {
   bar_open_ = false;
   std::fprintf(out_, "epoch %lld done in %.1f s: train loss %.4f, %.0f samples/s", static_cast<long long>(s.epoch),
                s.epoch_s, s.train_loss, s.samples_per_s);
-  if (s.test_accuracy >= 0) std::fprintf(out_, ", test loss %.4f, test accuracy %.2f%%", s.test_loss, 100 * s.test_accuracy);
+  if (s.test_accuracy >= 0)
+    std::fprintf(out_, ", test loss %.4f, test accuracy %.2f%%", s.test_loss, 100 * s.test_accuracy);
   std::fputc('\n', out_);
   if (!s.profile_ms.empty()) std::fprintf(out_, "  %s\n", describe_profile(s.profile_ms).c_str());
   std::fflush(out_);
+}
+
+void ProgressPrinter::on_recovery(const dsgd::RecoveryEvent& e) {
+  char buf[256];
+  if (e.kind == "scale_up") {
+    std::snprintf(buf, sizeof(buf), "dsgd train: back to %d worker(s) in %.2f s", e.workers_after, e.recovery_s);
+    on_note(buf);
+  } else if (e.resumed_at == std::chrono::steady_clock::time_point{}) {
+    on_note("dsgd train: recovering: " + e.failure);
+  } else {
+    std::snprintf(buf, sizeof(buf),
+                  "dsgd train: resumed %.2f s after the failure, with %d worker(s)%s; %lld step(s) to redo",
+                  e.recovery_s, e.workers_after, e.standbys_used > 0 ? " (a standby took over)" : "",
+                  static_cast<long long>(e.rolled_back_steps));
+    on_note(buf);
+  }
 }
 
 void ProgressPrinter::on_note(const std::string& line) {
@@ -66,9 +82,12 @@ void ProgressPrinter::on_note(const std::string& line) {
 }
 
 std::string describe_profile(const std::map<std::string, double>& ms) {
-  static constexpr std::pair<const char*, const char*> kLabels[] = {
-      {"forward", "forward"}, {"backward", "backward"}, {"optimizer", "optimizer"},
-      {"comm_wait", "waiting for communication"}, {"snapshot", "the driver's snapshots"}, {"other", "other"}};
+  static constexpr std::pair<const char*, const char*> kLabels[] = {{"forward", "forward"},
+                                                                    {"backward", "backward"},
+                                                                    {"optimizer", "optimizer"},
+                                                                    {"comm_wait", "waiting for communication"},
+                                                                    {"snapshot", "the driver's snapshots"},
+                                                                    {"other", "other"}};
   std::string out = "per step, mean over workers:";
   char buf[96];
   const char* sep = " ";

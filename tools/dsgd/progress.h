@@ -7,7 +7,7 @@
 #include <map>
 #include <string>
 
-#include "dsgd/local_job.h"
+#include "dsgd/fit.h"
 
 namespace dsgd::cli {
 
@@ -19,6 +19,8 @@ class ProgressPrinter : public dsgd::ProgressListener {
 
   void on_batch(const dsgd::BatchProgress& p) override;
   void on_epoch(const dsgd::EpochSummary& s) override;
+  // "dsgd train: recovering: <failure>", "dsgd train: resumed 0.21 s after the failure, ...".
+  void on_recovery(const dsgd::RecoveryEvent& e) override;
   // A line of its own between bars ("recovering: ...", "resumed ..."), printed at once.
   void on_note(const std::string& line);
 

@@ -4,22 +4,6 @@
 
 namespace dsgd::cli {
 
-std::map<std::string, double> mean_profile(const std::vector<dsgd::EpochSummary>& history,
-                                           const std::vector<int64_t>& steps) {
-  std::map<std::string, double> sum;
-  double n = 0;
-  for (size_t i = 0; i < history.size(); ++i) {
-    if (history[i].profile_ms.empty()) continue;
-    const auto w = static_cast<double>(steps[i]);
-    for (const auto& [k, v] : history[i].profile_ms) sum[k] += w * v;
-    n += w;
-  }
-  if (n > 0) {
-    for (auto& [k, v] : sum) v /= n;
-  }
-  return sum;
-}
-
 nlohmann::json recovery_json(const dsgd::RecoveryEvent& e) {
   nlohmann::json phases = nlohmann::json::object();
   for (const auto& [name, s] : e.phases) phases[name] = phases.value(name, 0.0) + s;

@@ -60,7 +60,8 @@ json load_space_file(TuneFlags& f) {
   try {
     if (!f.trials_given && j.contains("trials")) f.tune.num_trials = j["trials"].get<int>();
     if (!f.iterations_given && j.contains("max_iterations")) f.tune.max_iterations = j["max_iterations"].get<int>();
-    if (!f.steps_given && j.contains("steps_per_iteration")) f.tune.steps_per_iteration = j["steps_per_iteration"].get<int64_t>();
+    if (!f.steps_given && j.contains("steps_per_iteration"))
+      f.tune.steps_per_iteration = j["steps_per_iteration"].get<int64_t>();
     if (j.contains("metric")) f.tune.metric = j["metric"].get<std::string>();
     if (j.contains("mode")) f.tune.mode = j["mode"].get<std::string>();
   } catch (const json::exception& e) {
@@ -91,7 +92,8 @@ std::string metric_text(const json& v) {
 }
 
 void print_table(const TuneResult& r, const TuneOptions& o) {
-  std::printf("| trial | config | iterations | last %s | best | state |\n|---|---|---|---|---|---|\n", o.metric.c_str());
+  std::printf("| trial | config | iterations | last %s | best | state |\n|---|---|---|---|---|---|\n",
+              o.metric.c_str());
   for (size_t i = 0; i < r.trials.size(); ++i) {
     const auto& t = r.trials[i];
     std::string state = t["state"].get<std::string>();
@@ -102,7 +104,8 @@ void print_table(const TuneResult& r, const TuneOptions& o) {
   }
   std::printf("\n%lld of %lld iterations run (%.0f%%), %d trial(s) stopped early, %.0f s\n",
               static_cast<long long>(r.iterations), static_cast<long long>(r.trials.size()) * o.max_iterations,
-              100.0 * static_cast<double>(r.iterations) / std::max<double>(1, static_cast<double>(r.trials.size()) * o.max_iterations),
+              100.0 * static_cast<double>(r.iterations) /
+                  std::max<double>(1, static_cast<double>(r.trials.size()) * o.max_iterations),
               r.stopped_early, r.wall_s);
 }
 
@@ -190,19 +193,24 @@ void add_tune_command(CLI::App& app, int* exit_code) {
       "\"trials\": N, \"max_iterations\": K, \"steps_per_iteration\": S, \"metric\": M, \"mode\": max|min}.\n"
       "Killed and started again with the same --dir, it resumes: finished trials are not run again.");
   cmd->add_option("--space", f->space_file, "The search space (JSON)")->required();
-  cmd->add_option("--dir", f->dir, "Where the search's state, checkpoints and results live (default: tune-<space name>)");
+  cmd->add_option("--dir", f->dir,
+                  "Where the search's state, checkpoints and results live (default: tune-<space name>)");
   cmd->add_option_function<int>("--trials", [f](int n) { f->tune.num_trials = n, f->trials_given = true; },
                                 "Trials (each crossed with every grid point; default 8, or the space file's)");
-  cmd->add_option("--scheduler", f->tune.scheduler, "fifo (every trial to the end), asha or pbt")->capture_default_str();
+  cmd->add_option("--scheduler", f->tune.scheduler, "fifo (every trial to the end), asha or pbt")
+      ->capture_default_str();
   cmd->add_option("--cores", f->tune.cores, "Cores for the trials at once (0: this machine's)")->capture_default_str();
-  cmd->add_option_function<int>("--max-iterations", [f](int n) { f->tune.max_iterations = n, f->iterations_given = true; },
-                                "Iterations (train + validate) per trial (default 4, or the space file's)");
+  cmd->add_option_function<int>(
+      "--max-iterations", [f](int n) { f->tune.max_iterations = n, f->iterations_given = true; },
+      "Iterations (train + validate) per trial (default 4, or the space file's)");
   cmd->add_option_function<int64_t>("--steps-per-iteration",
                                     [f](int64_t n) { f->tune.steps_per_iteration = n, f->steps_given = true; },
                                     "Training steps per iteration (0: an epoch)");
-  cmd->add_option("--metric", f->tune.metric, "What to optimise: test_<m> (validation) or train_<m>")->capture_default_str();
+  cmd->add_option("--metric", f->tune.metric, "What to optimise: test_<m> (validation) or train_<m>")
+      ->capture_default_str();
   cmd->add_option("--mode", f->tune.mode, "max or min")->capture_default_str();
-  cmd->add_option("--grace-period", f->tune.grace_period, "asha: iterations before the first cut")->capture_default_str();
+  cmd->add_option("--grace-period", f->tune.grace_period, "asha: iterations before the first cut")
+      ->capture_default_str();
   cmd->add_option("--reduction-factor", f->tune.reduction_factor, "asha: keep the best 1/this at each rung")
       ->capture_default_str();
   cmd->add_option("--perturbation-interval", f->tune.perturbation_interval, "pbt: iterations between exploits")
@@ -213,7 +221,8 @@ void add_tune_command(CLI::App& app, int* exit_code) {
       ->capture_default_str();
   cmd->add_option("--workers", f->workers, "Workers per trial")->check(CLI::Range(1, 4096))->capture_default_str();
   cmd->add_option("--threads", f->threads, "Threads per worker")->check(CLI::Range(1, 1024))->capture_default_str();
-  cmd->add_option("--batch-size", f->batch_size, "Global batch per trial (unless the space sets it)")->capture_default_str();
+  cmd->add_option("--batch-size", f->batch_size, "Global batch per trial (unless the space sets it)")
+      ->capture_default_str();
   cmd->add_option("--config", f->config_json, "The image classifier's config for every trial (JSON object)");
   cmd->add_option("--json-out", f->json_out, "Write the results here too: best (its metrics, params, checkpoint), "
                                              "trials (each one's history), trials_stopped_early");

@@ -75,7 +75,8 @@ void add_worker_command(CLI::App& app, int* exit_code) {
   cmd->add_option("--driver", args->driver, "The driver's HOST:PORT (or the cluster spec's chief)");
   cmd->add_option("--cluster", *cluster, "A cluster spec whose task is a worker (default: $DSGD_CLUSTER)");
   cmd->add_option("--token", args->token, "The job token (default: $DSGD_TOKEN)");
-  cmd->add_option("--address", args->address, "Address peers reach this worker at (default: the one routing to the driver)");
+  cmd->add_option("--address", args->address,
+                  "Address peers reach this worker at (default: the one routing to the driver)");
   cmd->add_option("--host-id", args->host_id, "Host identity for shared memory (default: the host name)");
   cmd->callback([args, cluster, exit_code] {
     if (!apply_cluster(*cluster, "worker", "worker", args->driver, args->host_id, nullptr, exit_code)) return;
@@ -87,10 +88,12 @@ void add_worker_command(CLI::App& app, int* exit_code) {
 
 void add_ps_server_command(CLI::App& app, int* exit_code) {
   auto args = std::make_shared<dsgd::PsServerArgs>();
-  CLI::App* cmd = app.add_subcommand("ps-server", "Join a training job's driver as a parameter-server shard (remote mode)");
+  CLI::App* cmd =
+      app.add_subcommand("ps-server", "Join a training job's driver as a parameter-server shard (remote mode)");
   cmd->footer(
       "\nExample (driver on host A, two shard processes on host C):\n"
-      "  A$ dsgd train --workers 2 --strategy ps --ps-placement processes --ps-shards 2 --listen 0.0.0.0:29500 --token s3cret\n"
+      "  A$ dsgd train --workers 2 --strategy ps --ps-placement processes --ps-shards 2 --listen 0.0.0.0:29500 --token "
+      "s3cret\n"
       "  C$ dsgd ps-server --driver A:29500 --token s3cret --shard 0\n"
       "  C$ dsgd ps-server --driver A:29500 --token s3cret --shard 1\n"
       "The token may come from $DSGD_TOKEN instead of --token. A shard process exits when the job ends,\n"
@@ -101,7 +104,8 @@ void add_ps_server_command(CLI::App& app, int* exit_code) {
   cmd->add_option("--token", args->token, "The job token (default: $DSGD_TOKEN)");
   cmd->add_option("--shard", args->shard, "Which shard this process serves: 0 .. --ps-shards - 1 (or the spec's index)")
       ->check(CLI::Range(0, 63));
-  cmd->add_option("--address", args->address, "Address the workers reach this shard at (default: the one routing to the driver)");
+  cmd->add_option("--address", args->address,
+                  "Address the workers reach this shard at (default: the one routing to the driver)");
   cmd->add_option("--host-id", args->host_id, "Host identity (default: the host name)");
   auto timeout_ms = std::make_shared<int64_t>(args->driver_timeout.count());
   cmd->add_option("--driver-timeout-ms", *timeout_ms, "Exit when the driver has not answered for this long")
@@ -111,7 +115,8 @@ void add_ps_server_command(CLI::App& app, int* exit_code) {
     int index = -1;
     if (!apply_cluster(*cluster, "ps-server", "ps", args->driver, args->host_id, &index, exit_code)) return;
     if (index >= 0 && args->shard >= 0 && args->shard != index) {
-      std::cerr << "dsgd ps-server: error: --shard " << args->shard << " but the cluster spec's task is ps " << index << "\n";
+      std::cerr << "dsgd ps-server: error: --shard " << args->shard << " but the cluster spec's task is ps " << index
+                << "\n";
       *exit_code = kExitUsage;
       return;
     }

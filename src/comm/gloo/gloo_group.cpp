@@ -57,7 +57,8 @@ std::string this_host() {
 template <typename T>
 void set_allreduce_buffer(gloo::AllreduceOptions& o, void* data, size_t count, ReduceOp op) {
   o.setOutput<T>(static_cast<T*>(data), count);
-  o.setReduceFunction(op == ReduceOp::kMax ? static_cast<ReduceFn>(&gloo::max<T>) : static_cast<ReduceFn>(&gloo::sum<T>));
+  o.setReduceFunction(op == ReduceOp::kMax ? static_cast<ReduceFn>(&gloo::max<T>)
+                                           : static_cast<ReduceFn>(&gloo::sum<T>));
 }
 
 // In place on `data`; kAverage reduces as a sum (the caller divides).

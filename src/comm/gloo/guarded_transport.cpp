@@ -113,7 +113,8 @@ class GuardedPair final : public tcp::Pair {
     if (state_ != LISTENING) {
       // Gloo's loop accepted a connection in the moment between its listen() and this line:
       // whoever it was, it has not said the hello. The pair fails; the group forms again.
-      signalException(GLOO_ERROR_MSG("a connection reached rank ", peer_rank, "'s pair before its handshake was armed"));
+      signalException(
+          GLOO_ERROR_MSG("a connection reached rank ", peer_rank, "'s pair before its handshake was armed"));
       return;
     }
     ::listen(fd_, kListenBacklog);

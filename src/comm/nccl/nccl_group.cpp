@@ -62,7 +62,8 @@ class NcclGroup final : public Group {
       : rank_(rank), size_(size), device_(o.device), timeout_(o.timeout),
         input_stream_(static_cast<cudaStream_t>(o.input_stream)) {
     if (size < 1 || rank < 0 || rank >= size) {
-      throw ConfigError("NCCL group: rank " + std::to_string(rank) + " of " + std::to_string(size) + " is out of range");
+      throw ConfigError("NCCL group: rank " + std::to_string(rank) + " of " + std::to_string(size) +
+                        " is out of range");
     }
     check_cuda(cudaSetDevice(device_), "cudaSetDevice(" + std::to_string(device_) + ")");
     check_cuda(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
@@ -141,7 +142,8 @@ class NcclGroup final : public Group {
       return ncclAllReduce(data, data, count, nccl_type(type), nccl_op(op), comm_, stream_);
     });
   }
-  std::shared_ptr<Work> broadcast_async(void* data, size_t bytes, int root, std::chrono::milliseconds timeout) override {
+  std::shared_ptr<Work> broadcast_async(void* data, size_t bytes, int root,
+                                        std::chrono::milliseconds timeout) override {
     return enqueue("broadcast", bytes, DataType::kFloat32, timeout,
                    [=, this] { return ncclBroadcast(data, data, bytes, ncclUint8, root, comm_, stream_); });
   }

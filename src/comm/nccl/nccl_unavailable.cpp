@@ -10,8 +10,9 @@ bool cuda_memory_info(int, size_t*, size_t*) { return false; }
 bool nccl_available() { return false; }
 
 std::unique_ptr<Group> make_nccl_group(std::shared_ptr<Store>, int, int, const NcclOptions&) {
-  throw ConfigError("this dsgd was built without NCCL: configure with -DDSGD_CUDA=ON where the CUDA toolkit and "
-                    "NCCL are installed (CUDAToolkit_ROOT, NCCL_ROOT), or use the host-staged path (Gloo, shared memory)");
+  throw ConfigError(
+      "this dsgd was built without NCCL: configure with -DDSGD_CUDA=ON where the CUDA toolkit and "
+      "NCCL are installed (CUDAToolkit_ROOT, NCCL_ROOT), or use the host-staged path (Gloo, shared memory)");
 }
 
 }  // namespace dsgd::comm

@@ -222,7 +222,8 @@ class ShmGroupImpl : public ShmGroup {
       const uint64_t theirs = header_->offset[r].load(std::memory_order_relaxed);
       if (theirs == mine) continue;
       auto where = [](uint64_t o) {
-        return o == kStaged ? std::string("memory of its own") : "offset " + std::to_string(o) + " of its shared buffer";
+        return o == kStaged ? std::string("memory of its own")
+                            : "offset " + std::to_string(o) + " of its shared buffer";
       };
       const std::string msg = op + ": rank " + std::to_string(rank_) + " passed " + where(mine) + ", rank " +
                               std::to_string(r) + " " + where(theirs) +
@@ -293,11 +294,11 @@ class ShmGroupImpl : public ShmGroup {
       header_ = static_cast<Header*>(base_);
       if (header_->magic != kMagic || header_->ranks != static_cast<uint32_t>(size_) ||
           header_->slot_bytes != options_.slot_bytes || header_->shared_bytes != options_.shared_bytes) {
-        throw ConfigError("shm group: segment " + name_ + " was made for " + std::to_string(header_->ranks) +
-                          " ranks of " + std::to_string(header_->slot_bytes) + " + " +
-                          std::to_string(header_->shared_bytes) + " shared bytes; this rank expects " +
-                          std::to_string(size_) + " of " + std::to_string(options_.slot_bytes) + " + " +
-                          std::to_string(options_.shared_bytes) + " (every rank of a host must pass the same ShmOptions)");
+        throw ConfigError(
+            "shm group: segment " + name_ + " was made for " + std::to_string(header_->ranks) + " ranks of " +
+            std::to_string(header_->slot_bytes) + " + " + std::to_string(header_->shared_bytes) +
+            " shared bytes; this rank expects " + std::to_string(size_) + " of " + std::to_string(options_.slot_bytes) +
+            " + " + std::to_string(options_.shared_bytes) + " (every rank of a host must pass the same ShmOptions)");
       }
     }
     header_->pids[rank_] = ::getpid();
@@ -406,7 +407,8 @@ class ShmGroupImpl : public ShmGroup {
 
 }  // namespace
 
-std::unique_ptr<ShmGroup> ShmGroup::create(std::shared_ptr<Store> store, int rank, int size, const ShmOptions& options) {
+std::unique_ptr<ShmGroup> ShmGroup::create(std::shared_ptr<Store> store, int rank, int size,
+                                           const ShmOptions& options) {
   return std::make_unique<ShmGroupImpl>(std::move(store), rank, size, options);
 }
 

@@ -199,8 +199,9 @@ class DriverServerImpl final : public DriverServer, public proto::Driver::Servic
     }
     std::lock_guard<std::mutex> lock(mutex_);
     if (const int most = options_.num_workers + options_.standby_workers; alive_count_locked() >= most) {
-      const std::string has = std::to_string(options_.num_workers) + " workers" +
-                              (options_.standby_workers > 0 ? " and " + std::to_string(options_.standby_workers) + " standbys" : "");
+      const std::string has =
+          std::to_string(options_.num_workers) + " workers" +
+          (options_.standby_workers > 0 ? " and " + std::to_string(options_.standby_workers) + " standbys" : "");
       log().warn("driver: refused worker {} (pid {}): the job already has its {}", req->host(), req->pid(), has);
       return {grpc::StatusCode::RESOURCE_EXHAUSTED, "the job already has its " + has};
     }
@@ -224,7 +225,8 @@ class DriverServerImpl final : public DriverServer, public proto::Driver::Servic
     if (!token_ok(ctx, options_.token, "Poll")) return denied();
     std::unique_lock<std::mutex> lock(mutex_);
     auto* w = live(req->worker());
-    if (w == nullptr) return {grpc::StatusCode::NOT_FOUND, "unknown or evicted worker " + std::to_string(req->worker())};
+    if (w == nullptr)
+      return {grpc::StatusCode::NOT_FOUND, "unknown or evicted worker " + std::to_string(req->worker())};
     w->last_heartbeat = Clock::now();
     cv_.wait_for(lock, milliseconds(std::clamp<int64_t>(req->wait_ms(), 0, 5000)),
                  [&] { return !w->queue.empty() || stop_; });
@@ -239,7 +241,8 @@ class DriverServerImpl final : public DriverServer, public proto::Driver::Servic
     if (!token_ok(ctx, options_.token, "Complete")) return denied();
     std::lock_guard<std::mutex> lock(mutex_);
     auto* w = live(req->worker());
-    if (w == nullptr) return {grpc::StatusCode::NOT_FOUND, "unknown or evicted worker " + std::to_string(req->worker())};
+    if (w == nullptr)
+      return {grpc::StatusCode::NOT_FOUND, "unknown or evicted worker " + std::to_string(req->worker())};
     w->last_heartbeat = Clock::now();
     w->results[req->id()] = *req;
     cv_.notify_all();
@@ -251,7 +254,8 @@ class DriverServerImpl final : public DriverServer, public proto::Driver::Servic
     if (!token_ok(ctx, options_.token, "Heartbeat")) return denied();
     std::unique_lock<std::mutex> lock(mutex_);
     auto* w = live(req->worker());
-    if (w == nullptr) return {grpc::StatusCode::NOT_FOUND, "unknown or evicted worker " + std::to_string(req->worker())};
+    if (w == nullptr)
+      return {grpc::StatusCode::NOT_FOUND, "unknown or evicted worker " + std::to_string(req->worker())};
     // Alive when it arrived; the wait below proves nothing (the worker may stop meanwhile).
     w->last_heartbeat = Clock::now();
     if (!req->progress().empty()) w->info.progress = req->progress();
@@ -343,10 +347,11 @@ class DriverServerImpl final : public DriverServer, public proto::Driver::Servic
     const auto now = Clock::now();
     for (int t : p.targets) {
       auto& w = workers_.at(static_cast<size_t>(t));
-      const std::string who =
-          "worker " + std::to_string(w.info.index) + " (host " + w.info.host + ", pid " + std::to_string(w.info.pid) + ")";
+      const std::string who = "worker " + std::to_string(w.info.index) + " (host " + w.info.host + ", pid " +
+                              std::to_string(w.info.pid) + ")";
       if (!w.info.alive) {
-        throw CommError(who + " was evicted during '" + p.kind + "'", p.kind, static_cast<int>(w.info.index), w.info.host);
+        throw CommError(who + " was evicted during '" + p.kind + "'", p.kind, static_cast<int>(w.info.index),
+                        w.info.host);
       }
       auto it = w.results.find(p.id);
       if (it != w.results.end()) {
@@ -496,7 +501,8 @@ void DriverClient::average(int64_t generation, int64_t rank, uint64_t seq, float
   if (!s.ok()) raise(s, "driver at " + address_ + ": average #" + std::to_string(seq), address_);
   if (reply.data().size() != count * sizeof(float)) {
     throw CommError("driver at " + address_ + ": average #" + std::to_string(seq) + " came back with " +
-                        std::to_string(reply.data().size()) + " bytes, expected " + std::to_string(count * sizeof(float)),
+                        std::to_string(reply.data().size()) + " bytes, expected " +
+                        std::to_string(count * sizeof(float)),
                     "average");
   }
   std::memcpy(data, reply.data().data(), count * sizeof(float));

@@ -1,9 +1,9 @@
-// The runtime's name for dsgd's one logger (comm/log.h).
+// The runtime's name for dsgd's one logger (dsgd/log.h).
 //
 //   dsgd::control::log().warn("worker {}: {}", index, message);
 #pragma once
 
-#include "comm/log.h"
+#include "dsgd/log.h"
 
 namespace dsgd::control {
 

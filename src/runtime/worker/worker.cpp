@@ -1,4 +1,4 @@
-#include "runtime/worker.h"
+#include "runtime/worker/worker.h"
 
 #include <arpa/inet.h>
 #include <execinfo.h>
@@ -22,10 +22,10 @@
 #include "dsgd/operator.h"
 #include "runtime/control/driver_service.h"
 #include "runtime/control/store_service.h"
-#include "runtime/job_spec.h"
-#include "runtime/ps_server_process.h"
-#include "runtime/trace_file.h"
-#include "runtime/worker_functions.h"
+#include "runtime/worker/job_spec.h"
+#include "runtime/worker/ps_server_process.h"
+#include "runtime/worker/trace_file.h"
+#include "runtime/worker/worker_functions.h"
 #include "strategy/strategy.h"
 #include "torch/replica.h"
 
@@ -177,7 +177,8 @@ class Worker {
                                             std::max(heartbeat_timeout_ / 2, milliseconds(500)));
         last_ok = Clock::now();
         known_abort = std::max(known_abort, beat.abort_generation);
-        if (beat.abort_generation > 0 && beat.abort_generation >= generation_) abort_communication(beat.abort_generation);
+        if (beat.abort_generation > 0 && beat.abort_generation >= generation_)
+          abort_communication(beat.abort_generation);
         if (beat.stop) {
           if (busy_) {
             control::log().warn("worker {}: the driver ended the job during a command; exiting", index_);
@@ -330,7 +331,8 @@ class Worker {
 
   proto::PickleReply on_get_pickle() {
     c10::Dict<std::string, at::Tensor> dict;
-    for (auto& [name, t] : replicas_.at(0)->named_tensors()) dict.insert(name, t.detach().to(torch::kCPU, /*non_blocking=*/false, /*copy=*/true));
+    for (auto& [name, t] : replicas_.at(0)->named_tensors())
+      dict.insert(name, t.detach().to(torch::kCPU, /*non_blocking=*/false, /*copy=*/true));
     const auto bytes = torch::pickle_save(dict);
     proto::PickleReply out;
     out.set_pickle(std::string(bytes.begin(), bytes.end()));
@@ -349,7 +351,8 @@ class Worker {
     try {
       each_replica([&](int i) {
         auto& r = replica(i);
-        if (chosen_overlap) r.set_forward_overlap_buckets(static_cast<size_t>(std::max(0, train->forward_overlap_buckets())));
+        if (chosen_overlap)
+          r.set_forward_overlap_buckets(static_cast<size_t>(std::max(0, train->forward_overlap_buckets())));
         parts[static_cast<size_t>(i)] = train ? r.train(train->max_batches(), train->profile()) : r.validate();
       });
     } catch (...) {
@@ -399,7 +402,8 @@ class Worker {
     for (auto& r : replicas_) r->setup(config);
     for (auto& r : replicas_) {
       if (r->signature() != replicas_[0]->signature()) {
-        throw ConfigError("the replicas of worker " + std::to_string(index_) + " built different models from one config");
+        throw ConfigError("the replicas of worker " + std::to_string(index_) +
+                          " built different models from one config");
       }
     }
     progress_source_ = replicas_[0].get();
@@ -432,20 +436,11 @@ class Worker {
     for (int i = 0; i < dpw_; ++i) replicas_[static_cast<size_t>(i)]->set_info(rank_base_ + i, world_, position_);
     if (world_ == 1) return;
     const auto moved = placement.hosts().find(index_);  // a standby in a lost worker's place
-    const std::string host = moved != placement.hosts().end() ? moved->second : host_id_;  // one replica: nothing to average, no hooks
+    const std::string host =
+        moved != placement.hosts().end() ? moved->second : host_id_;  // one replica: nothing to average, no hooks
     std::vector<std::shared_ptr<strategy::GradientStrategy>> strategies(static_cast<size_t>(dpw_));
     groups_.assign(static_cast<size_t>(dpw_), nullptr);
-    strategy::StrategyOptions so;
-    so.kind = strategy;
-    so.allreduce_algo = from_proto(job_.allreduce_algo());
-    so.num_ps_shards = job_.num_ps_shards();
-    so.ps_update_on_shards = job_.ps_update_on_shards();
-    so.ps_placement = from_proto(job_.ps_placement());
-    so.max_staleness = job_.max_staleness();
-    so.compression = {.kind = from_proto(job_.compression()),
-                      .powersgd_rank = job_.powersgd_rank(),
-                      .powersgd_start_steps = job_.powersgd_start_steps(),
-                      .seed = job_.seed()};
+    const strategy::StrategyOptions so = strategy_options(job_);
     if (strategy == Strategy::kSimple) {  // the driver averages: no group
       for (int i = 0; i < dpw_; ++i) {
         const int64_t rank = rank_base_ + i;
@@ -469,7 +464,8 @@ class Worker {
         sho.timeout = comm_timeout_;
         sho.shared_bytes = replicas_[static_cast<size_t>(i)]->gradient_bytes();  // gradients live there
         const int rank = rank_base_ + i;
-        auto group = std::shared_ptr<comm::HierarchicalGroup>(comm::HierarchicalGroup::create(store, rank, world_, go, sho));
+        auto group =
+            std::shared_ptr<comm::HierarchicalGroup>(comm::HierarchicalGroup::create(store, rank, world_, go, sho));
         groups_[static_cast<size_t>(i)] = group;
         auto o = so;
         o.join_ps_servers = [store, group, go](int shards) { return join_ps_servers(store, *group, shards, go); };

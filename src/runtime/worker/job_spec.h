@@ -21,16 +21,24 @@ struct ReplicaInfo;
 namespace torch_glue {
 struct ReplicaOptions;
 }  // namespace torch_glue
+namespace strategy {
+struct StrategyOptions;
+}  // namespace strategy
 
 namespace runtime {
 
-// The job of operator `op` under `config` (validated: validate_trainer_config). Resolves what
+// The job of operator `op` under `config` (its fixed-set fields known: dsgd::validate_config
+// checks them before it calls this). Resolves what
 // the driver knows best: threads_per_worker 0 becomes cores / workers in local mode, and the
 // number of shard processes of ps_placement "processes".
 proto::JobSpec make_job_spec(const std::string& op, const TrainerConfig& config);
 
 // A replica's options under `spec`: `info` places it, `threads` are its intra-op threads.
 torch_glue::ReplicaOptions replica_options(const proto::JobSpec& spec, const ReplicaInfo& info, int threads);
+
+// The strategy's options under `spec` (the driver checks them with strategy::validate before
+// any process starts; a worker adds the central average or the shard processes' group).
+strategy::StrategyOptions strategy_options(const proto::JobSpec& spec);
 
 // The enums of include/dsgd/choice.h as the job contract spells them, and back. Choices must be
 // known (validated); from_proto of 0 or a number this build does not know throws ConfigError

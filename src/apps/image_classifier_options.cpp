@@ -6,8 +6,8 @@
 #include <vector>
 
 #include "dsgd/error.h"
+#include "dsgd/json_fields.h"
 #include "dsgd/model_names.h"
-#include "runtime/json_fields.h"
 
 namespace dsgd {
 namespace {
@@ -41,7 +41,8 @@ void validate(const LocalJobOptions& o) {
           "synthetic image size must be in 6..1024 pixels, got " + std::to_string(o.synthetic_image_size));
   require(o.synthetic_channels >= 1 && o.synthetic_channels <= 64,
           "synthetic channels must be in 1..64, got " + std::to_string(o.synthetic_channels));
-  require(o.sim_layers >= 1 && o.sim_layers <= 4096, "sim_layers must be in 1..4096, got " + std::to_string(o.sim_layers));
+  require(o.sim_layers >= 1 && o.sim_layers <= 4096,
+          "sim_layers must be in 1..4096, got " + std::to_string(o.sim_layers));
   require(o.sim_parameters >= o.sim_layers && o.sim_parameters <= (int64_t{1} << 34),
           "sim_parameters must be in sim_layers..2^34, got " + std::to_string(o.sim_parameters));
   require(std::isfinite(o.sim_step_ms) && o.sim_step_ms >= 0 && o.sim_step_ms <= 600000,
@@ -58,9 +59,21 @@ nlohmann::json parse_config_text(std::string_view text, const std::string& what)
 
 LocalJobOptions image_classifier_options(const nlohmann::json& config) {
   if (!config.is_object()) throw ConfigError("the image classifier's config must be a JSON object");
-  static const std::vector<std::string> known = {"model", "dataset", "data_dir", "lr", "momentum", "lr_decay",
-                                                 "dropout", "channels_last", "cudnn_benchmark", "synthetic_samples", "synthetic_image_size", "synthetic_channels",
-                                                 "sim_parameters", "sim_layers", "sim_step_ms"};
+  static const std::vector<std::string> known = {"model",
+                                                 "dataset",
+                                                 "data_dir",
+                                                 "lr",
+                                                 "momentum",
+                                                 "lr_decay",
+                                                 "dropout",
+                                                 "channels_last",
+                                                 "cudnn_benchmark",
+                                                 "synthetic_samples",
+                                                 "synthetic_image_size",
+                                                 "synthetic_channels",
+                                                 "sim_parameters",
+                                                 "sim_layers",
+                                                 "sim_step_ms"};
   for (const auto& [k, v] : config.items()) {
     if (std::find(known.begin(), known.end(), k) == known.end()) {
       throw ConfigError("unknown image classifier config key '" + k + "'");
@@ -77,11 +90,11 @@ LocalJobOptions image_classifier_options(const nlohmann::json& config) {
     o.dropout = config.value("dropout", o.dropout);
     if (config.contains("channels_last")) o.channels_last = config.at("channels_last").get<bool>();
     o.cudnn_benchmark = config.value("cudnn_benchmark", o.cudnn_benchmark);
-    o.synthetic_samples = runtime::integer_field(config, "synthetic_samples", o.synthetic_samples);
-    o.synthetic_image_size = runtime::integer_field(config, "synthetic_image_size", o.synthetic_image_size);
-    o.synthetic_channels = runtime::integer_field(config, "synthetic_channels", o.synthetic_channels);
-    o.sim_parameters = runtime::integer_field(config, "sim_parameters", o.sim_parameters);
-    o.sim_layers = runtime::integer_field(config, "sim_layers", o.sim_layers);
+    o.synthetic_samples = integer_field(config, "synthetic_samples", o.synthetic_samples);
+    o.synthetic_image_size = integer_field(config, "synthetic_image_size", o.synthetic_image_size);
+    o.synthetic_channels = integer_field(config, "synthetic_channels", o.synthetic_channels);
+    o.sim_parameters = integer_field(config, "sim_parameters", o.sim_parameters);
+    o.sim_layers = integer_field(config, "sim_layers", o.sim_layers);
     o.sim_step_ms = config.value("sim_step_ms", o.sim_step_ms);
   } catch (const nlohmann::json::exception& e) {
     throw ConfigError(std::string("image classifier config: a value has the wrong type: ") + e.what());

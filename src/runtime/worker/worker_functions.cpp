@@ -1,4 +1,4 @@
-#include "runtime/worker_functions.h"
+#include "runtime/worker/worker_functions.h"
 
 #include <map>
 #include <mutex>

@@ -1,4 +1,4 @@
-#include "runtime/trace_file.h"
+#include "runtime/worker/trace_file.h"
 
 #include <filesystem>
 #include <fstream>
@@ -30,7 +30,8 @@ void check_trace_path(const std::string& path) {
 
 void TraceFile::add(int worker, const std::string& worker_name, const json& trace, double offset_us) {
   auto bad = [&](const std::string& what) {
-    return Error("trace from " + worker_name + ": " + what + " (driver and worker built from different dsgd versions?)");
+    return Error("trace from " + worker_name + ": " + what +
+                 " (driver and worker built from different dsgd versions?)");
   };
   if (!trace.is_object() || !trace.contains("threads") || !trace.contains("events") || !trace["threads"].is_array() ||
       !trace["events"].is_array()) {
@@ -39,28 +40,43 @@ void TraceFile::add(int worker, const std::string& worker_name, const json& trac
   if (!named_[worker]) {
     named_[worker] = true;
     metadata_.push_back({{"name", "process_name"}, {"ph", "M"}, {"pid", worker}, {"args", {{"name", worker_name}}}});
-    metadata_.push_back({{"name", "process_sort_index"}, {"ph", "M"}, {"pid", worker}, {"args", {{"sort_index", worker}}}});
+    metadata_.push_back(
+        {{"name", "process_sort_index"}, {"ph", "M"}, {"pid", worker}, {"args", {{"sort_index", worker}}}});
   }
   std::vector<int> tids;
   for (const auto& name : trace["threads"]) {
     if (!name.is_string()) throw bad("a thread name that is not a string");
-    auto [it, added] = threads_.emplace(std::make_pair(worker, name.get<std::string>()), static_cast<int>(threads_.size()));
+    auto [it, added] =
+        threads_.emplace(std::make_pair(worker, name.get<std::string>()), static_cast<int>(threads_.size()));
     if (added) {
-      metadata_.push_back({{"name", "thread_name"}, {"ph", "M"}, {"pid", worker}, {"tid", it->second}, {"args", {{"name", it->first.second}}}});
+      metadata_.push_back({{"name", "thread_name"},
+                           {"ph", "M"},
+                           {"pid", worker},
+                           {"tid", it->second},
+                           {"args", {{"name", it->first.second}}}});
       // Replicas' rows first, then the communication threads, each in order of appearance.
       const int sort = (it->first.second.rfind("replica", 0) == 0 ? 0 : 1000) + it->second;
-      metadata_.push_back({{"name", "thread_sort_index"}, {"ph", "M"}, {"pid", worker}, {"tid", it->second}, {"args", {{"sort_index", sort}}}});
+      metadata_.push_back({{"name", "thread_sort_index"},
+                           {"ph", "M"},
+                           {"pid", worker},
+                           {"tid", it->second},
+                           {"args", {{"sort_index", sort}}}});
     }
     tids.push_back(it->second);
   }
   for (const auto& e : trace["events"]) {
-    if (!e.is_array() || e.size() != 5 || !e[0].is_string() || !e[1].is_number_integer() || !e[2].is_number_unsigned() ||
-        !e[3].is_number() || !e[4].is_number()) {
+    if (!e.is_array() || e.size() != 5 || !e[0].is_string() || !e[1].is_number_integer() ||
+        !e[2].is_number_unsigned() || !e[3].is_number() || !e[4].is_number()) {
       throw bad("an event that is not [name, bucket, thread, start_us, duration_us]");
     }
     const auto thread = e[2].get<size_t>();
-    if (thread >= tids.size()) throw bad("an event on thread " + std::to_string(thread) + " of " + std::to_string(tids.size()));
-    json out = {{"name", e[0]}, {"cat", "dsgd"}, {"pid", worker}, {"tid", tids[thread]}, {"ts", offset_us + e[3].get<double>()}};
+    if (thread >= tids.size())
+      throw bad("an event on thread " + std::to_string(thread) + " of " + std::to_string(tids.size()));
+    json out = {{"name", e[0]},
+                {"cat", "dsgd"},
+                {"pid", worker},
+                {"tid", tids[thread]},
+                {"ts", offset_us + e[3].get<double>()}};
     const double duration_us = e[4].get<double>();
     if (duration_us < 0) {
       out["ph"] = "i";

@@ -1,4 +1,4 @@
-#include "runtime/results.h"
+#include "runtime/driver/results.h"
 
 
 namespace dsgd::runtime {

@@ -1,5 +1,5 @@
-// Trainer's engine state, shared by the driver's two translation units: runtime/trainer.cpp
-// (construction, the Trainer calls, commands to the workers) and runtime/trainer_recovery.cpp
+// Trainer's engine state, shared by the driver's two translation units: runtime/driver/trainer.cpp
+// (construction, the Trainer calls, commands to the workers) and runtime/driver/trainer_recovery.cpp
 // (snapshots, the recovery protocol, scaling back up). Private to the runtime: include it only
 // from those two.
 #pragma once
@@ -17,14 +17,17 @@
 
 #include "dsgd/trainer.h"
 #include "runtime/control/driver_service.h"
-#include "runtime/overlap_tuner.h"
-#include "runtime/snapshot_policy.h"
-#include "runtime/worker_pool.h"
+#include "runtime/driver/overlap_tuner.h"
+#include "runtime/driver/snapshot_policy.h"
+#include "runtime/driver/worker_pool.h"
 
 namespace dsgd {
 namespace torch_glue {
 class ReplicaRuntime;  // torch/replica.h; only trainer.cpp, which destroys Impl, needs it whole
 }  // namespace torch_glue
+namespace runtime {
+class TraceFile;  // runtime/worker/trace_file.h
+}  // namespace runtime
 
 // A request without fields: command(&proto::Command::mutable_ping).
 template <typename Request>
@@ -102,10 +105,18 @@ struct Trainer::Impl {
   std::vector<proto::CommandResult> call(const proto::Command& request, bool first_only = false,
                                          const std::function<void()>& extra_tick = {});
 
+  // Pieces of train(): what it reports on the driver's tick (worker 0's progress in this call,
+  // `done` steps before the current chunk; none without on_progress); each member's trace of a
+  // chunk that started `offset_us` into the call; under forward_overlap_buckets auto, a trial
+  // chunk's step time for the tuner.
+  std::function<void()> progress_tick(const TrainOptions& options, const int64_t& done, Clock::time_point t0);
+  void add_traces(const std::vector<proto::CommandResult>& outs, double offset_us, runtime::TraceFile* trace);
+  void record_overlap_trial(const std::vector<proto::CommandResult>& outs, int64_t batches);
+
   // What a checkpoint of this job at (epoch, batch) says about itself.
   json checkpoint_header(int64_t epoch, int64_t batch) const;
 
-  // Recovery and snapshots (runtime/trainer_recovery.cpp).
+  // Recovery and snapshots (runtime/driver/trainer_recovery.cpp).
 
   // The job's start: registration, every replica's setup, the first group, the first snapshot
   // given to every replica. A worker lost meanwhile (local mode) costs a restart of every
@@ -143,6 +154,11 @@ struct Trainer::Impl {
   // One attempt of recover(), its phases appended to *phases: throws if another worker is lost
   // meanwhile.
   RecoveryEvent reform(const std::string& failure, Phases* phases, Clock::time_point detected);
+  // reform's steps: wait until every member is idle or known lost, noting the lost ones in
+  // *ev (returned); evict them, promote standbys to their places (or drop them), start new
+  // processes and, with wait_for_replacements, wait for them.
+  std::vector<int> drain(Clock::time_point detected, RecoveryEvent* ev);
+  void replace_lost(const std::vector<int>& lost, const std::string& failure, RecoveryEvent* ev);
 
   // Every member joins the group of the current generation ("connect"). When the formation
   // itself fails (a connection refused, garbage from a peer, a timeout) while every member is

@@ -1,4 +1,4 @@
-#include "runtime/malloc_tuning.h"
+#include "runtime/worker/malloc_tuning.h"
 
 #include <malloc.h>
 

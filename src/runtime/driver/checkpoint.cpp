@@ -1,4 +1,4 @@
-#include "runtime/checkpoint.h"
+#include "runtime/driver/checkpoint.h"
 
 #include <fcntl.h>
 #include <unistd.h>
@@ -15,7 +15,7 @@
 #include <stdexcept>
 
 #include "dsgd/error.h"
-#include "runtime/json_fields.h"
+#include "dsgd/json_fields.h"
 
 namespace dsgd::runtime {
 namespace {
@@ -138,8 +138,8 @@ Checkpoint read_checkpoint(const std::string& dir) {
     throw DataError(path, std::string("damaged header: ") + e.what());
   }
   if (version != kVersion) {
-    throw DataError(path, "checkpoint version " + std::to_string(version) + " is not supported by this build (version " +
-                              std::to_string(kVersion) + ")");
+    throw DataError(path, "checkpoint version " + std::to_string(version) +
+                              " is not supported by this build (version " + std::to_string(kVersion) + ")");
   }
   std::vector<std::pair<int64_t, int64_t>> feedback;  // (rank, bytes)
   try {
@@ -160,8 +160,8 @@ Checkpoint read_checkpoint(const std::string& dir) {
   int64_t total = expected;
   for (const auto& [rank, bytes] : feedback) total += bytes;
   if (static_cast<int64_t>(body.size()) != total) {
-    throw DataError(path, "truncated or damaged: " + std::to_string(body.size()) + " bytes after the header, header says " +
-                              std::to_string(total));
+    throw DataError(path, "truncated or damaged: " + std::to_string(body.size()) +
+                              " bytes after the header, header says " + std::to_string(total));
   }
   if (crc_of(body) != crc) {
     throw DataError(path, "checksum mismatch: the file is damaged");
@@ -248,8 +248,9 @@ int64_t checkpoint_step(const std::string& dir) {
 Checkpoint read_latest_checkpoint(const std::string& root, std::vector<std::string>* skipped) {
   const auto all = list_checkpoints(root);
   if (all.empty()) {
-    throw DataError(root, std::filesystem::exists(root) ? "no checkpoints here (neither checkpoint.dsgd nor step-* directories)"
-                                                        : "no such checkpoint directory");
+    throw DataError(root, std::filesystem::exists(root)
+                              ? "no checkpoints here (neither checkpoint.dsgd nor step-* directories)"
+                              : "no such checkpoint directory");
   }
   std::string problems;
   for (auto it = all.rbegin(); it != all.rend(); ++it) {

@@ -1,6 +1,6 @@
 // The driver: Trainer's engine. Validates, serves the control plane, spawns or awaits workers,
 // and turns each Trainer call into commands to every worker. Snapshots and the recovery from a
-// lost worker are in runtime/trainer_recovery.cpp; the state both share, runtime/trainer_impl.h.
+// lost worker are in runtime/driver/trainer_recovery.cpp; the state both share, runtime/driver/trainer_impl.h.
 #include "dsgd/trainer.h"
 
 #include <cmath>
@@ -13,23 +13,21 @@
 
 #include "dsgd/error.h"
 #include "dsgd/operator.h"
-#include "dsgd/image_classifier.h"
-#include "runtime/checkpoint.h"
 #include "runtime/control/driver_service.h"
 #include "runtime/control/log.h"
-#include "runtime/job_spec.h"
-#include "runtime/malloc_tuning.h"
-#include "runtime/overlap_tuner.h"
-#include "runtime/ps_server_process.h"
-#include "runtime/results.h"
-#include "runtime/snapshot_policy.h"
-#include "runtime/spawn.h"
-#include "runtime/trace_file.h"
-#include "runtime/trainer_config.h"
-#include "runtime/trainer_impl.h"
-#include "runtime/worker.h"
-#include "runtime/worker_functions.h"
-#include "runtime/worker_pool.h"
+#include "runtime/driver/checkpoint.h"
+#include "runtime/driver/overlap_tuner.h"
+#include "runtime/driver/results.h"
+#include "runtime/driver/snapshot_policy.h"
+#include "runtime/driver/trainer_impl.h"
+#include "runtime/driver/worker_pool.h"
+#include "runtime/launch/spawn.h"
+#include "runtime/worker/job_spec.h"
+#include "runtime/worker/malloc_tuning.h"
+#include "runtime/worker/ps_server_process.h"
+#include "runtime/worker/trace_file.h"
+#include "runtime/worker/worker.h"
+#include "runtime/worker/worker_functions.h"
 #include "torch/replica.h"
 
 namespace dsgd {
@@ -56,8 +54,6 @@ void init(int argc, char** argv) {
 
 namespace {
 
-const bool builtins_registered = (dsgd::register_builtin_operators(), true);
-
 std::string random_token() {
   std::random_device rd;
   std::ostringstream out;
@@ -79,7 +75,7 @@ std::vector<proto::CommandResult> Trainer::Impl::raw_call(const proto::Command& 
 }
 
 void Trainer::Impl::announce_to_servers(const std::string& generation_or_state) {
-  if (runtime::ps_shard_processes(config) == 0) return;
+  if (ps_shard_processes(config) == 0) return;
   try {
     server->store()->set(runtime::kPsGenerationKey, generation_or_state);
   } catch (const std::exception& e) {
@@ -90,7 +86,8 @@ void Trainer::Impl::announce_to_servers(const std::string& generation_or_state) 
 void Trainer::Impl::ensure_usable() const {
   if (stopped) throw Error("the trainer was shut down");
   if (broken) {
-    throw Error("the trainer is unusable after an earlier failure; create a new Trainer (or load a checkpoint into one)");
+    throw Error(
+        "the trainer is unusable after an earlier failure; create a new Trainer (or load a checkpoint into one)");
   }
 }
 
@@ -122,7 +119,7 @@ json Trainer::Impl::checkpoint_header(int64_t epoch, int64_t batch) const {
 }
 
 Trainer::Trainer(const std::string& operator_name, TrainerConfig config) : impl_(std::make_unique<Impl>()) {
-  runtime::validate_trainer_config(operator_name, config);
+  validate_config(operator_name, config);
   auto& d = *impl_;
   d.op_name = operator_name;
   d.config = std::move(config);
@@ -139,7 +136,8 @@ Trainer::Trainer(const std::string& operator_name, TrainerConfig config) : impl_
   so.reduce_timeout = c.comm_timeout;
   d.server = control::DriverServer::start(so);
   std::string binary;  // what the workers the driver starts run
-  if (runtime::launcher_of(c) != Launcher::kNone) binary = c.worker_binary.empty() ? runtime::self_executable() : c.worker_binary;
+  if (runtime::launcher_of(c) != Launcher::kNone)
+    binary = c.worker_binary.empty() ? runtime::self_executable() : c.worker_binary;
   d.pool = std::make_unique<runtime::WorkerPool>(c, *d.server, binary, d.token);
   d.snapshots = std::make_unique<runtime::SnapshotPolicy>(d.config);
   if (!c.checkpoint_dir.empty()) runtime::mark_job_ended(c.checkpoint_dir, false);  // this job runs now
@@ -188,16 +186,18 @@ void Trainer::Impl::start_up() {
           const bool ga = static_cast<bool>(std::getline(a, la)), gb = static_cast<bool>(std::getline(b, lb));
           if (!ga && !gb) break;
           if (la != lb || ga != gb) {
-            throw ConfigError("worker " + std::to_string(w) + " built a different model than worker 0: first difference: '" +
-                              (gb ? lb : std::string("(nothing)")) + "' vs worker 0's '" + (ga ? la : std::string("(nothing)")) +
-                              "'");
+            throw ConfigError("worker " + std::to_string(w) +
+                              " built a different model than worker 0: first difference: '" +
+                              (gb ? lb : std::string("(nothing)")) + "' vs worker 0's '" +
+                              (ga ? la : std::string("(nothing)")) + "'");
           }
         }
       }
       connect_group();
       // Start every replica from replica 0's parameters (and optimizer state).
       take_snapshot(/*before_steps=*/true);
-      if (config.num_workers > 1 || config.devices_per_worker > 1) raw_call(set_state_command(snapshot, snapshot_feedback));
+      if (config.num_workers > 1 || config.devices_per_worker > 1)
+        raw_call(set_state_command(snapshot, snapshot_feedback));
       return;
     } catch (const CommError& e) {
       // A process lost before the first step: start them all again (the survivors hold nothing
@@ -223,6 +223,42 @@ void Trainer::Impl::start_up() {
   }
 }
 
+std::function<void()> Trainer::Impl::progress_tick(const TrainOptions& options, const int64_t& done,
+                                                   Clock::time_point t0) {
+  if (!config.on_progress) return {};
+  return [this, &options, &done, t0] {
+    if (pool->members().empty()) return;
+    const auto w = server->workers().at(static_cast<size_t>(pool->members()[0]));
+    const json p = json::parse(w.progress.empty() ? "null" : w.progress, nullptr, false);
+    if (!p.is_object()) return;
+    config.on_progress({done + p.value("batches", int64_t{0}), options.num_steps, p.value("loss", 0.0),
+                        std::chrono::duration<double>(Clock::now() - t0).count()});
+  };
+}
+
+void Trainer::Impl::add_traces(const std::vector<proto::CommandResult>& outs, double offset_us,
+                               runtime::TraceFile* trace) {
+  for (size_t i = 0; i < outs.size(); ++i) {
+    const auto w = server->workers().at(static_cast<size_t>(pool->members().at(i)));
+    const std::string name =
+        "worker " + std::to_string(i) + " (host " + w.host + ", pid " + std::to_string(w.pid) + ")";
+    const std::string& events = outs[i].epoch().trace_json();
+    trace->add(static_cast<int>(i), name, events.empty() ? json() : json::parse(events), offset_us);
+  }
+}
+
+void Trainer::Impl::record_overlap_trial(const std::vector<proto::CommandResult>& outs, int64_t batches) {
+  // Every step waits for the slowest worker: its replicas' slowest steady step counts.
+  double steady = 0;
+  size_t buckets = 0;
+  for (const auto& o : outs) {
+    steady = std::max(steady, o.epoch().steady_step_s());
+    buckets = std::max(buckets, static_cast<size_t>(o.epoch().buckets()));
+  }
+  overlap_tuner.record(batches, steady, buckets);
+  if (!overlap_tuner.tuning()) control::log().info("trainer: {}", overlap_tuner.summary());
+}
+
 Results Trainer::train(const TrainOptions& options) {
   if (options.num_steps < 0) throw ConfigError("num_steps must be >= 0, got " + std::to_string(options.num_steps));
   if (!options.trace_path.empty()) runtime::check_trace_path(options.trace_path);
@@ -233,19 +269,9 @@ Results Trainer::train(const TrainOptions& options) {
   d.try_scale_up();  // lost workers replaced since the last call join now
   const auto t0 = Clock::now();
   int64_t done = 0;  // steps completed in earlier chunks of this call
-  std::function<void()> tick;
-  if (d.config.on_progress) {
-    tick = [&] {
-      if (d.pool->members().empty()) return;
-      const auto w = d.server->workers().at(static_cast<size_t>(d.pool->members()[0]));
-      const json p = json::parse(w.progress.empty() ? "null" : w.progress, nullptr, false);
-      if (!p.is_object()) return;
-      d.config.on_progress({done + p.value("batches", int64_t{0}), options.num_steps, p.value("loss", 0.0),
-                            std::chrono::duration<double>(Clock::now() - t0).count()});
-    };
-  }
+  const std::function<void()> tick = d.progress_tick(options, done, t0);
   // Chunks of checkpoint_every_steps (more for costly snapshots), a snapshot after each unless
-  // it would come too soon (runtime/snapshot_policy.h): a recovery redoes at most one interval.
+  // it would come too soon (runtime/driver/snapshot_policy.h): a recovery redoes at most one interval.
   std::vector<Results> chunks;
   double step_s = 0;  // seconds per step in the last chunk
   runtime::TraceFile trace;
@@ -270,36 +296,20 @@ Results Trainer::train(const TrainOptions& options) {
     auto outs = d.call(request, false, tick);
     Results r = runtime::results_of_command(outs, true);
     if (!options.trace_path.empty()) {
-      const double offset_us = std::chrono::duration<double, std::micro>(chunk_t0 - t0).count();
-      for (size_t i = 0; i < outs.size(); ++i) {
-        const auto w = d.server->workers().at(static_cast<size_t>(d.pool->members().at(i)));
-        const std::string name =
-            "worker " + std::to_string(i) + " (host " + w.host + ", pid " + std::to_string(w.pid) + ")";
-        const std::string& events = outs[i].epoch().trace_json();
-        trace.add(static_cast<int>(i), name, events.empty() ? json() : json::parse(events), offset_us);
-      }
+      d.add_traces(outs, std::chrono::duration<double, std::micro>(chunk_t0 - t0).count(), &trace);
     }
     const int64_t batches = static_cast<int64_t>(r.metrics.count("batches") ? r.metrics.at("batches") : 0);
     if (want_size && batches > 0 && !outs.empty()) {
       if (const int64_t n = outs[0].epoch().state_bytes(); n > 0) d.snapshots->resized(static_cast<size_t>(n));
     }
-    if (choose_overlap && d.overlap_tuner.tuning()) {
-      // Every step waits for the slowest worker: its replicas' slowest steady step counts.
-      double steady = 0;
-      size_t buckets = 0;
-      for (const auto& o : outs) {
-        steady = std::max(steady, o.epoch().steady_step_s());
-        buckets = std::max(buckets, static_cast<size_t>(o.epoch().buckets()));
-      }
-      d.overlap_tuner.record(batches, steady, buckets);
-      if (!d.overlap_tuner.tuning()) control::log().info("trainer: {}", d.overlap_tuner.summary());
-    }
+    if (choose_overlap && d.overlap_tuner.tuning()) d.record_overlap_trial(outs, batches);
     const double chunk_step_s =
         batches > 0 ? std::chrono::duration<double>(Clock::now() - chunk_t0).count() / static_cast<double>(batches)
                     : step_s;
     // A worker lost between the chunk's end and its snapshot: the recovery went back to the
     // chunk's start, so the chunk is done again.
-    const bool call_ends = r.batch == 0 || batches == 0 || (options.num_steps > 0 && done + batches >= options.num_steps);
+    const bool call_ends =
+        r.batch == 0 || batches == 0 || (options.num_steps > 0 && done + batches >= options.num_steps);
     const bool cut_short = choose_overlap && !call_ends && (planned == 0 || chunk < planned);  // trials
     const bool deferred = d.snapshots->defer(batches, chunk_step_s, {r.epoch, r.batch}, cut_short);
     if (!deferred && !d.snapshot_or_recover()) continue;
@@ -316,15 +326,26 @@ Results Trainer::train(const TrainOptions& options) {
   if (!options.trace_path.empty()) {
     trace.write(options.trace_path);
     control::log().info("trainer: trace of {} events written to {}{}", trace.num_events(), options.trace_path,
-                        trace.dropped() > 0 ? " (" + std::to_string(trace.dropped()) + " more dropped: the limit per chunk)"
-                                            : std::string());
+                        trace.dropped() > 0
+                            ? " (" + std::to_string(trace.dropped()) + " more dropped: the limit per chunk)"
+                            : std::string());
   }
   total.recoveries = d.events;
   return total;
 }
 
+void Trainer::set_callbacks(std::function<void(const TrainProgress&)> on_progress,
+                            std::function<void(const RecoveryEvent&)> on_recovery) {
+  impl_->config.on_progress = std::move(on_progress);
+  impl_->config.on_recovery = std::move(on_recovery);
+}
+
 Results Trainer::validate() {
-  return runtime::results_of_command(impl_->call(command(&proto::Command::mutable_validate)), false);
+  auto& d = *impl_;
+  d.events.clear();
+  Results r = runtime::results_of_command(d.call(command(&proto::Command::mutable_validate)), false);
+  r.recoveries = d.events;  // a worker lost while the replicas evaluated
+  return r;
 }
 
 Results Trainer::step() { return train({.num_steps = 1}); }
@@ -368,7 +389,8 @@ void Trainer::load(const std::string& path) {
   const auto field = c.header.find("operator");
   const std::string op = field != c.header.end() && field->is_string() ? field->get<std::string>() : "";
   if (op != impl_->op_name) {
-    throw ConfigError(path + ": the checkpoint is of operator '" + op + "', this trainer runs '" + impl_->op_name + "'");
+    throw ConfigError(path + ": the checkpoint is of operator '" + op + "', this trainer runs '" + impl_->op_name +
+                      "'");
   }
   impl_->call(set_state_command(c.state, c.feedback));
   impl_->snapshot = c.state;

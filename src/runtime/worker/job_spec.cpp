@@ -1,10 +1,10 @@
-#include "runtime/job_spec.h"
+#include "runtime/worker/job_spec.h"
 
 #include <algorithm>
 #include <thread>
 
 #include "dsgd/error.h"
-#include "runtime/trainer_config.h"
+#include "strategy/strategy.h"
 #include "torch/device.h"
 #include "torch/replica.h"
 
@@ -117,6 +117,21 @@ torch_glue::ReplicaOptions replica_options(const proto::JobSpec& spec, const Rep
   o.precision = from_proto(spec.precision());
   o.loss_scale = spec.loss_scale();
   o.loss_scale_growth_interval = spec.loss_scale_growth_interval();
+  return o;
+}
+
+strategy::StrategyOptions strategy_options(const proto::JobSpec& spec) {
+  strategy::StrategyOptions o;
+  o.kind = from_proto(spec.strategy());
+  o.allreduce_algo = from_proto(spec.allreduce_algo());
+  o.num_ps_shards = spec.num_ps_shards();
+  o.ps_update_on_shards = spec.ps_update_on_shards();
+  o.ps_placement = from_proto(spec.ps_placement());
+  o.max_staleness = spec.max_staleness();
+  o.compression = {.kind = from_proto(spec.compression()),
+                   .powersgd_rank = spec.powersgd_rank(),
+                   .powersgd_start_steps = spec.powersgd_start_steps(),
+                   .seed = spec.seed()};
   return o;
 }
 

@@ -19,12 +19,18 @@
 #include <vector>
 
 #include "dsgd/trainer.h"
-#include "runtime/spawn.h"
+#include "runtime/launch/spawn.h"
 
 namespace dsgd::runtime {
 
 // The launcher TrainerConfig asks for, auto resolved: local without `listen`, none with it.
 dsgd::Launcher launcher_of(const TrainerConfig& config);
+
+// A launcher's own rules, checked by the Trainer's validation (dsgd::validate_config): hosts only
+// for ssh and mpirun, local_hosts only for local, listen for none and for the launchers whose
+// workers reach the driver from elsewhere (a HOST they reach), enough slots for every process,
+// slurm inside an allocation, a non-empty command. ConfigError naming the field.
+void validate_launcher(const TrainerConfig& config);
 
 // A host of TrainerConfig::hosts: "name" or "name:slots" (slots >= 1, default 1).
 struct HostSlots {
@@ -71,7 +77,8 @@ class ProcessLauncher {
 };
 
 // nullptr for launcher none. Keeps a reference to `processes`, which must outlive it.
-std::unique_ptr<ProcessLauncher> make_launcher(const TrainerConfig& config, LocalProcesses& processes, const std::string& token);
+std::unique_ptr<ProcessLauncher> make_launcher(const TrainerConfig& config, LocalProcesses& processes,
+                                               const std::string& token);
 
 // mpirun's arguments (`mpirun_command` after its program) that start `count` ranks of `binary
 // args` on `hosts` (none: mpirun's choice), exporting `env`'s names and DSGD_TOKEN from its

@@ -1,4 +1,4 @@
-#include "runtime/ps_server_process.h"
+#include "runtime/worker/ps_server_process.h"
 
 #include <signal.h>
 
@@ -10,7 +10,7 @@
 #include "dsgd/error.h"
 #include "runtime/control/log.h"
 #include "runtime/control/store_service.h"
-#include "runtime/worker.h"
+#include "runtime/worker/worker.h"
 #include "strategy/ps_server.h"
 
 namespace dsgd::runtime {

@@ -8,8 +8,8 @@
 
 #include "dsgd/error.h"
 #include "dsgd/operator.h"
-#include "runtime/checkpoint.h"
 #include "runtime/control/log.h"
+#include "runtime/driver/checkpoint.h"
 #include "torch/replica.h"
 
 namespace dsgd {

@@ -27,9 +27,10 @@ class ImageClassifier : public TrainingOperator {
     std::optional<data::ImageDataset> train, test;
     if (o.dataset == "synthetic") {
       const int64_t n_test = std::max<int64_t>(1, o.synthetic_samples / 4);
-      auto all = data::make_synthetic(
-          {.num_samples = o.synthetic_samples + n_test, .channels = o.synthetic_channels, .image_size = o.synthetic_image_size,
-           .seed = replica_seed()});
+      auto all = data::make_synthetic({.num_samples = o.synthetic_samples + n_test,
+                                       .channels = o.synthetic_channels,
+                                       .image_size = o.synthetic_image_size,
+                                       .seed = replica_seed()});
       train.emplace(all.images().slice(0, 0, o.synthetic_samples).contiguous(),
                     all.labels().slice(0, 0, o.synthetic_samples).contiguous(), all.num_classes());
       test.emplace(all.images().slice(0, o.synthetic_samples).contiguous(),
@@ -43,7 +44,8 @@ class ImageClassifier : public TrainingOperator {
     mo.image_size = train->images().size(2);
     mo.num_classes = train->num_classes();
     mo.dropout = o.dropout;
-    mo.channels_last = o.channels_last.value_or(replica().device.is_cuda() && o.model != "mlp" && o.model != "simulated");
+    mo.channels_last =
+        o.channels_last.value_or(replica().device.is_cuda() && o.model != "mlp" && o.model != "simulated");
     mo.sim_parameters = o.sim_parameters;
     mo.sim_layers = o.sim_layers;
     mo.sim_step_ms = o.sim_step_ms;
@@ -52,7 +54,8 @@ class ImageClassifier : public TrainingOperator {
                                                            torch::optim::SGDOptions(o.lr).momentum(o.momentum)));
     register_loss(cross_entropy_loss());
     const double decay = o.lr_decay;
-    if (decay != 1.0) register_scheduler([decay](int64_t epoch) { return std::pow(decay, static_cast<double>(epoch)); });
+    if (decay != 1.0)
+      register_scheduler([decay](int64_t epoch) { return std::pow(decay, static_cast<double>(epoch)); });
     register_data(train->images(), train->labels(), test->images(), test->labels());
   }
 
@@ -66,6 +69,8 @@ class ImageClassifier : public TrainingOperator {
 void register_builtin_operators() {
   static const bool once = [] {
     register_operator(kImageClassifier, [] { return std::unique_ptr<TrainingOperator>(new ImageClassifier()); });
+    register_operator_config_check(kImageClassifier,
+                                   [](const nlohmann::json& c) { (void)image_classifier_options(c); });
     return true;
   }();
   (void)once;

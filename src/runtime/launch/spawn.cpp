@@ -1,4 +1,4 @@
-#include "runtime/spawn.h"
+#include "runtime/launch/spawn.h"
 
 #include <signal.h>
 #include <sys/prctl.h>

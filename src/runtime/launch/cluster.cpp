@@ -46,7 +46,8 @@ ClusterSpec ClusterSpec::parse(const std::string& json_text, const std::string& 
     throw ConfigError(what + " is not valid JSON: " + e.what());
   }
   require(j.is_object() && j.contains("cluster") && j["cluster"].is_object(), what,
-          "needs {\"cluster\": {\"chief\": [\"HOST:PORT\"], \"worker\": [...], ...}, \"task\": {\"type\": ..., \"index\": ...}}");
+          "needs {\"cluster\": {\"chief\": [\"HOST:PORT\"], \"worker\": [...], ...}, \"task\": {\"type\": ..., "
+          "\"index\": ...}}");
   ClusterSpec s;
   std::map<std::string, std::string> seen;  // entry -> "worker 1"
   for (const auto& [role, list] : j["cluster"].items()) {
@@ -78,8 +79,8 @@ ClusterSpec ClusterSpec::parse(const std::string& json_text, const std::string& 
   require(!port.empty() && port.find_first_not_of("0123456789") == std::string::npos && colon > 0, what,
           "cluster.chief must be HOST:PORT (the address the driver binds), got '" + s.chief + "'");
   require(!s.workers.empty(), what, "cluster.worker is missing or empty: at least one worker");
-  require(j.contains("task") && j["task"].is_object() && j["task"].contains("type") && j["task"]["type"].is_string(), what,
-          "needs \"task\": {\"type\": \"chief\"|\"worker\"|\"ps\"|\"evaluator\", \"index\": N}");
+  require(j.contains("task") && j["task"].is_object() && j["task"].contains("type") && j["task"]["type"].is_string(),
+          what, "needs \"task\": {\"type\": \"chief\"|\"worker\"|\"ps\"|\"evaluator\", \"index\": N}");
   s.task_type = j["task"]["type"].get<std::string>();
   const auto& index = j["task"].value("index", nlohmann::json(0));
   require(index.is_number_integer(), what, "task.index must be a whole number, got " + index.dump());

@@ -1,7 +1,7 @@
 // The driver's workers: which registered workers form the current group (members, in rank
 // order), which wait outside it set up and ready to take a lost member's place (standbys, and
 // replacements that came too late to be awaited), and, when the driver starts its workers
-// (launcher local or ssh, runtime/launcher.h), the processes behind them: the job's first
+// (launcher local or ssh, runtime/launch/launcher.h), the processes behind them: the job's first
 // workers (local: spread over pseudo-hosts), standbys, and new processes after a loss, started
 // with exponential back-off. Each started worker gets a spawn index, which it reports when it
 // registers: that ties a registered worker to the local process standing for it (itself, or
@@ -27,8 +27,8 @@
 
 #include "dsgd/trainer.h"
 #include "runtime/control/driver_service.h"
-#include "runtime/launcher.h"
-#include "runtime/spawn.h"
+#include "runtime/launch/launcher.h"
+#include "runtime/launch/spawn.h"
 
 namespace dsgd::runtime {
 
@@ -141,7 +141,8 @@ class WorkerPool {
   std::vector<pid_t> pending_;  // replacements spawned, not yet registered
   std::chrono::steady_clock::time_point pending_since_{}, next_spawn_{};
   std::chrono::milliseconds backoff_{1000};
-  std::map<pid_t, int> pseudo_host_;  // local_hosts > 1: each spawned worker's pseudo-host (a promoted standby: its predecessor's)
+  std::map<pid_t, int>
+      pseudo_host_;  // local_hosts > 1: each spawned worker's pseudo-host (a promoted standby: its predecessor's)
   std::map<pid_t, int> servers_;      // running ps shard processes: pid -> shard
 };
 

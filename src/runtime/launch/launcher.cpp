@@ -1,4 +1,4 @@
-#include "runtime/launcher.h"
+#include "runtime/launch/launcher.h"
 
 #include <unistd.h>
 
@@ -20,6 +20,66 @@ dsgd::Launcher launcher_of(const TrainerConfig& c) {
   if (l != Launcher::kAuto) return l;
   return c.listen.empty() ? Launcher::kLocal : Launcher::kNone;
 }
+
+namespace {
+
+void require(bool ok, const char* field, const std::string& what) {
+  if (!ok) throw ConfigError(what, field);
+}
+
+}  // namespace
+
+void validate_launcher(const TrainerConfig& c) {
+  const dsgd::Launcher launcher = launcher_of(c);
+  const std::string name = c.launcher.name();
+  const bool ssh = launcher == Launcher::kSsh, mpirun = launcher == Launcher::kMpirun;
+  require(ssh || mpirun || c.hosts.empty(), "hosts",
+          "hosts are where launcher ssh or mpirun starts workers; launcher is '" + name +
+              "' (set launcher ssh or mpirun, or leave hosts out)");
+  require(launcher == Launcher::kLocal || c.local_hosts == 1, "local_hosts",
+          "local_hosts spreads workers the driver starts on this host (launcher local); launcher is '" + name + "'");
+  require(launcher != Launcher::kNone || !c.listen.empty(), "listen",
+          "launcher none: the workers join over TCP, so the driver needs listen (HOST:PORT)");
+  if (!ssh && !mpirun && launcher != Launcher::kSlurm) return;
+  require(!mpirun || ps_shard_processes(c) == 0, "ps_placement",
+          "launcher mpirun starts the workers only: use ps_placement workers, or start each ps shard with dsgd "
+          "ps-server");
+  if (launcher == Launcher::kSlurm) {
+    const char* job = std::getenv("SLURM_JOB_ID");
+    require(job != nullptr && *job != '\0', "launcher",
+            "launcher slurm starts each worker as a job step of this Slurm allocation, but SLURM_JOB_ID is not set: "
+            "run the driver inside one (sbatch, or salloc; examples/slurm/train.sbatch)");
+    require(c.srun_command.find_first_not_of(" \t") != std::string::npos, "srun_command",
+            "srun_command is empty (default: srun)");
+    require(!reachable_listen_host(c).empty(), "listen",
+            "launcher slurm tells each worker the driver's address: set listen to HOST:PORT with a HOST the nodes "
+            "reach (not 0.0.0.0; examples/slurm/train.sbatch uses its node's address), got '" + c.listen + "'");
+    return;
+  }
+  require(!ssh || !c.hosts.empty(), "hosts",
+          "launcher ssh needs hosts (\"host\" or \"host:slots\"; dsgd train --hosts FILE)");
+  require(!mpirun || !c.wait_for_replacements, "wait_for_replacements",
+          "launcher mpirun starts every worker at once and cannot start a replacement: leave wait_for_replacements "
+          "off (the job goes on with the survivors)");
+  const auto& command = ssh ? c.ssh_command : c.mpirun_command;
+  require(
+      command.find_first_not_of(" \t") != std::string::npos, ssh ? "ssh_command" : "mpirun_command",
+      std::string(ssh ? "ssh_command" : "mpirun_command") + " is empty (default: " + (ssh ? "ssh" : "mpirun") + ")");
+  if (c.hosts.empty()) return;  // mpirun on this host
+  const auto hosts = parse_hosts(c.hosts);
+  int slots = 0;
+  for (const auto& h : hosts) slots += h.slots;
+  const int processes = worker_processes(c) + (mpirun ? 0 : ps_shard_processes(c));
+  require(slots >= processes, "hosts",
+          "launcher " + name + ": the hosts have " + std::to_string(slots) + " slot(s) for " +
+              std::to_string(processes) +
+              " worker(s), standbys and ps shard processes; add "
+              "hosts or slots");
+  require(!reachable_listen_host(c).empty(), "listen",
+          "launcher " + name + " tells each worker the driver's address: set listen to HOST:PORT with a HOST the "
+          "hosts reach (not 0.0.0.0), got '" + c.listen + "'");
+}
+
 
 std::vector<HostSlots> parse_hosts(const std::vector<std::string>& entries) {
   std::vector<HostSlots> hosts;
@@ -47,7 +107,8 @@ std::vector<HostSlots> parse_hosts(const std::vector<std::string>& entries) {
       const bool ok = std::isalnum(static_cast<unsigned char>(ch)) || ch == '.' || ch == '-' || ch == '_' ||
                       ch == '@';
       if (!ok) {
-        throw ConfigError("hosts: '" + entry + "': a host name holds letters, digits and . - _ @ only (ssh would read '" +
+        throw ConfigError("hosts: '" + entry +
+                          "': a host name holds letters, digits and . - _ @ only (ssh would read '" +
                           std::string(1, ch) + "' otherwise)");
       }
     }
@@ -129,7 +190,8 @@ class SshLauncher : public ProcessLauncher {
     int best_used = 0;
     bool best_avoided = true;
     for (const auto& h : hosts_) {
-      const int used = static_cast<int>(std::count_if(host_.begin(), host_.end(), [&](const auto& e) { return e.second == h.name; }));
+      const int used = static_cast<int>(
+          std::count_if(host_.begin(), host_.end(), [&](const auto& e) { return e.second == h.name; }));
       if (used >= h.slots) continue;
       const bool avoided = avoided_.count(h.name) > 0;
       if (best == nullptr || (best_avoided && !avoided) || (avoided == best_avoided && used < best_used)) {
@@ -156,7 +218,10 @@ class SshLauncher : public ProcessLauncher {
 class MpirunLauncher : public ProcessLauncher {
  public:
   MpirunLauncher(const TrainerConfig& c, LocalProcesses& processes, std::string token)
-      : processes_(processes), token_(std::move(token)), hosts_(parse_hosts(c.hosts)), command_(words_of(c.mpirun_command)) {}
+      : processes_(processes),
+        token_(std::move(token)),
+        hosts_(parse_hosts(c.hosts)),
+        command_(words_of(c.mpirun_command)) {}
   const char* name() const override { return "mpirun"; }
   pid_t start(const std::string&, std::vector<std::string>, std::vector<std::string>) override {
     throw Error("launcher mpirun starts every worker at once and cannot start another");
@@ -308,7 +373,8 @@ std::vector<std::string> ssh_arguments(const std::vector<std::string>& ssh_comma
   return out;
 }
 
-std::unique_ptr<ProcessLauncher> make_launcher(const TrainerConfig& c, LocalProcesses& processes, const std::string& token) {
+std::unique_ptr<ProcessLauncher> make_launcher(const TrainerConfig& c, LocalProcesses& processes,
+                                               const std::string& token) {
   switch (launcher_of(c)) {
     case Launcher::kLocal:
       return std::make_unique<LocalLauncher>(processes, token);

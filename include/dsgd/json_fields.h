@@ -12,7 +12,7 @@
 #include <string>
 #include <utility>
 
-namespace dsgd::runtime {
+namespace dsgd {
 
 // The integer under `key` of `object`, or `fallback` when the key is absent. JSON has one number
 // type, so a whole float (1e4) is accepted. A fraction, a number outside T's range or a value that
@@ -46,4 +46,4 @@ T integer_field(const nlohmann::json& object, const std::string& key, T fallback
   return fail("a number");
 }
 
-}  // namespace dsgd::runtime
+}  // namespace dsgd

@@ -1,4 +1,4 @@
-#include "runtime/worker_pool.h"
+#include "runtime/driver/worker_pool.h"
 
 #include <unistd.h>
 
@@ -10,7 +10,6 @@
 
 #include "dsgd/error.h"
 #include "runtime/control/log.h"
-#include "runtime/trainer_config.h"
 
 namespace dsgd::runtime {
 
@@ -28,7 +27,7 @@ WorkerPool::WorkerPool(const TrainerConfig& config, control::DriverServer& serve
 bool WorkerPool::is_member(int id) const { return std::find(members_.begin(), members_.end(), id) != members_.end(); }
 
 int WorkerPool::initial_count() const {
-  return spawns() ? config_.num_workers + config_.standby_workers : config_.num_workers;
+  return spawns() ? worker_processes(config_) : config_.num_workers;
 }
 
 void WorkerPool::choose_members() {
@@ -44,8 +43,10 @@ void WorkerPool::choose_members() {
     if (!w.alive) continue;
     // spawn_initial started the workers first, then the standbys.
     const int64_t after_workers = w.spawn_index - initial_base_ - config_.num_workers;
-    const bool standby = spawns() && w.spawn_index >= 0 && after_workers >= 0 && after_workers < config_.standby_workers;
-    if (!standby && static_cast<int>(members_.size()) < config_.num_workers) members_.push_back(static_cast<int>(w.index));
+    const bool standby =
+        spawns() && w.spawn_index >= 0 && after_workers >= 0 && after_workers < config_.standby_workers;
+    if (!standby && static_cast<int>(members_.size()) < config_.num_workers)
+      members_.push_back(static_cast<int>(w.index));
   }
 }
 
@@ -205,9 +206,10 @@ int64_t WorkerPool::resident_bytes(int id) const {
 void WorkerPool::spawn_initial() {
   initial_base_ = next_spawn_index_;
   if (launcher_->starts_all_at_once()) {
-    const int count = config_.num_workers + config_.standby_workers;
-    const pid_t pid = launcher_->start_all(binary_, {"--dsgd-worker", "--driver", driver_address(config_, server_.port()),
-                                                     "--spawn-index", "mpi:" + std::to_string(initial_base_)},
+    const int count = worker_processes(config_);
+    const pid_t pid = launcher_->start_all(binary_,
+                                           {"--dsgd-worker", "--driver", driver_address(config_, server_.port()),
+                                            "--spawn-index", "mpi:" + std::to_string(initial_base_)},
                                            worker_env(), count);
     for (int i = 0; i < count; ++i) launched_[next_spawn_index_++] = pid;
     control::log().info("trainer: starting {} worker(s) at once ({})", count, launcher_->name());
@@ -231,7 +233,8 @@ void WorkerPool::spawn_servers() {
       args.insert(args.end(), {"--host-id", "local-host-" + std::to_string(s % config_.local_hosts)});
     }
     // A shard sums and steps on one core; its wait for messages is not busy.
-    const pid_t pid = launcher_->start(binary_, args, {"DSGD_WORKER_OF=" + std::to_string(::getpid()), "OMP_NUM_THREADS=1"});
+    const pid_t pid =
+        launcher_->start(binary_, args, {"DSGD_WORKER_OF=" + std::to_string(::getpid()), "OMP_NUM_THREADS=1"});
     servers_[pid] = s;
     if (const std::string where = launcher_->host_of(pid); !where.empty()) {
       control::log().info("trainer: starting ps shard {} on {} ({})", s, where, launcher_->name());
@@ -292,14 +295,14 @@ void WorkerPool::spawn_replacements() {
   int registered = 0;
   for (const auto& w : server_.workers()) registered += w.alive ? 1 : 0;
   if (launcher_->starts_all_at_once()) {
-    if (registered < config_.num_workers + config_.standby_workers && registered != said_short_of_) {
+    if (registered < worker_processes(config_) && registered != said_short_of_) {
       said_short_of_ = registered;
       control::log().warn("trainer: launcher {} cannot start a replacement: the job goes on with {} worker(s)",
                           launcher_->name(), std::min(registered, config_.num_workers));
     }
     return;
   }
-  for (int i = registered; i < config_.num_workers + config_.standby_workers; ++i) {
+  for (int i = registered; i < worker_processes(config_); ++i) {
     try {
       pending_.push_back(spawn_worker());  // pending counts
     } catch (const Error& e) {  // no free slot (ssh), fork failed: try again later
@@ -358,8 +361,8 @@ std::vector<std::string> WorkerPool::worker_env() const {
 
 pid_t WorkerPool::spawn_worker(int host) {
   const int64_t index = next_spawn_index_++;
-  std::vector<std::string> args = {"--dsgd-worker", "--driver", driver_address(config_, server_.port()), "--spawn-index",
-                                   std::to_string(index)};
+  std::vector<std::string> args = {"--dsgd-worker", "--driver", driver_address(config_, server_.port()),
+                                   "--spawn-index", std::to_string(index)};
   if (config_.local_hosts > 1) {
     if (host < 0) host = pseudo_host_for_next();
     args.insert(args.end(), {"--host-id", "local-host-" + std::to_string(host)});

@@ -5,9 +5,9 @@
 #include <thread>
 
 #include "dsgd/error.h"
-#include "runtime/checkpoint.h"
 #include "runtime/control/log.h"
-#include "runtime/trainer_impl.h"
+#include "runtime/driver/checkpoint.h"
+#include "runtime/driver/trainer_impl.h"
 
 namespace dsgd {
 namespace {
@@ -52,8 +52,9 @@ void Trainer::Impl::recover(std::string failure) {
       ev.phases = std::move(phases);
       std::string where;
       for (const auto& [name, s] : ev.phases) where += fmt::format("{}{} {:.2f}", where.empty() ? "" : ", ", name, s);
-      control::log().warn("trainer: recovered in {:.2f} s (unnoticed {:.2f}, {}) with {} worker(s){}; lost {}", ev.recovery_s,
-                          ev.detect_s, where, ev.workers_after, ev.standbys_used > 0 ? " (a standby took over)" : "", ev.lost);
+      control::log().warn("trainer: recovered in {:.2f} s (unnoticed {:.2f}, {}) with {} worker(s){}; lost {}",
+                          ev.recovery_s, ev.detect_s, where, ev.workers_after,
+                          ev.standbys_used > 0 ? " (a standby took over)" : "", ev.lost);
       if (config.on_recovery) config.on_recovery(ev);
       events.push_back(std::move(ev));
       return;
@@ -77,6 +78,17 @@ RecoveryEvent Trainer::Impl::reform(const std::string& failure, Phases* phases, 
   server->abort_generation(generation);
   announce_to_servers("pending");  // a shard started now waits for the next generation
   pool->spawn_servers();            // replaces lost shard processes (local mode)
+  const std::vector<int> lost = drain(detected, &ev);
+  clock.mark("drain");
+  replace_lost(lost, failure, &ev);
+  pool->spawn_servers();  // shard processes lost meanwhile
+  clock.mark("replace");
+  form_group({}, &clock);
+  ev.workers_after = static_cast<int>(pool->members().size());
+  return ev;
+}
+
+std::vector<int> Trainer::Impl::drain(Clock::time_point detected, RecoveryEvent* ev) {
   // Wait until every live worker is idle (answers a ping) or known lost (exited or silent for
   // the heartbeat timeout). Survivors fail their aborted command within moments, or, where it
   // waits in a group's formation for a process that is gone, at its comm_timeout.
@@ -90,25 +102,25 @@ RecoveryEvent Trainer::Impl::reform(const std::string& failure, Phases* phases, 
       }
       const bool exited = pool->exited(static_cast<int>(w.index));
       const bool silent = w.since_heartbeat_s * 1000 > static_cast<double>(config.heartbeat_timeout.count());
-      if (exited || silent) {
-        lost.push_back(static_cast<int>(w.index));
-        json p = json::parse(w.progress.empty() ? "{}" : w.progress, nullptr, false);
-        ev.lost += (ev.lost.empty() ? "" : ", ") + std::string("worker ") + std::to_string(w.index) + " (host " +
-                   w.host + ", pid " + std::to_string(w.pid) + (exited ? ", exited" : ", silent") + ")";
-        if (p.is_object()) {
-          const int64_t batches = p.value("batches", int64_t{0});
-          ev.rolled_back_steps = std::max(ev.rolled_back_steps, snapshots->pending() + batches);
-          ev.at_step = std::max(ev.at_step, steps_done + batches);
-        }
-        // Silent: it failed after its last heartbeat. Exited (local mode): also after the last
-        // time every child was seen running, at most a tick (~100 ms) before the detection.
-        const double since_detected = std::chrono::duration<double>(Clock::now() - detected).count();
-        double unnoticed = std::max(0.0, w.since_heartbeat_s - since_detected);
-        if (exited) {
-          unnoticed = std::min(unnoticed, std::max(0.0, std::chrono::duration<double>(detected - pool->all_running_at()).count()));
-        }
-        ev.detect_s = std::max(ev.detect_s, unnoticed);
+      if (!exited && !silent) continue;
+      lost.push_back(static_cast<int>(w.index));
+      json p = json::parse(w.progress.empty() ? "{}" : w.progress, nullptr, false);
+      ev->lost += (ev->lost.empty() ? "" : ", ") + std::string("worker ") + std::to_string(w.index) + " (host " +
+                  w.host + ", pid " + std::to_string(w.pid) + (exited ? ", exited" : ", silent") + ")";
+      if (p.is_object()) {
+        const int64_t batches = p.value("batches", int64_t{0});
+        ev->rolled_back_steps = std::max(ev->rolled_back_steps, snapshots->pending() + batches);
+        ev->at_step = std::max(ev->at_step, steps_done + batches);
       }
+      // Silent: it failed after its last heartbeat. Exited (local mode): also after the last
+      // time every child was seen running, at most a tick (~100 ms) before the detection.
+      const double since_detected = std::chrono::duration<double>(Clock::now() - detected).count();
+      double unnoticed = std::max(0.0, w.since_heartbeat_s - since_detected);
+      if (exited) {
+        unnoticed = std::min(unnoticed,
+                             std::max(0.0, std::chrono::duration<double>(detected - pool->all_running_at()).count()));
+      }
+      ev->detect_s = std::max(ev->detect_s, unnoticed);
     }
     std::vector<int> survivors;
     for (int id : pool->members()) {
@@ -116,19 +128,21 @@ RecoveryEvent Trainer::Impl::reform(const std::string& failure, Phases* phases, 
     }
     try {
       if (!survivors.empty()) raw_call(command(&proto::Command::mutable_ping), survivors, {}, milliseconds(1000));
-      break;
+      return lost;
     } catch (const std::exception&) {
       if (Clock::now() > deadline) throw;
     }
   }
-  clock.mark("drain");
+}
+
+void Trainer::Impl::replace_lost(const std::vector<int>& lost, const std::string& failure, RecoveryEvent* ev) {
   // Each lost member's place goes to a ready worker (a standby: same position and pseudo-host,
   // so the job computes what it would have without the loss), else the survivors close ranks.
   pool->tend(generation, signature);  // setups finished meanwhile
   for (int id : lost) {
     server->evict(id, failure);
     if (pool->promote(id)) {
-      ++ev.standbys_used;
+      ++ev->standbys_used;
     } else {
       pool->drop(id);
     }
@@ -145,11 +159,6 @@ RecoveryEvent Trainer::Impl::reform(const std::string& failure, Phases* phases, 
     pool->add_members(pool->first_ready(static_cast<size_t>(config.num_workers) - pool->members().size()));
   }
   if (pool->members().empty()) fail("every worker was lost: " + failure);
-  pool->spawn_servers();  // shard processes lost meanwhile
-  clock.mark("replace");
-  form_group({}, &clock);
-  ev.workers_after = static_cast<int>(pool->members().size());
-  return ev;
 }
 
 void Trainer::Impl::form_group(const std::vector<int>& joining, PhaseClock* clock) {
@@ -257,14 +266,14 @@ void Trainer::Impl::try_scale_up() {
 }
 
 std::string Trainer::Impl::read_state(Feedback* feedback) {
-  if (config.ps_update_on_shards || config.strategy == "ps_async") {
+  if (config.ps_update_on_shards || config.strategy == Strategy::kPsAsync) {
     proto::Command gather;
     gather.mutable_gather_state()->set_keep(pool->members().at(0));
     raw_call(gather);
   }
   if (feedback != nullptr) {
     feedback->clear();
-    if (config.compression != "none") {
+    if (config.compression != Compression::kNone) {
       for (auto& r : raw_call(command(&proto::Command::mutable_get_feedback))) {
         for (auto& [rank, bytes] : *r.mutable_feedback()->mutable_feedback()) (*feedback)[rank] = std::move(bytes);
       }

@@ -1,0 +1,94 @@
+// dsgd/fit.h — the epoch loop every front end runs over a Trainer: train an epoch, evaluate,
+// report, until the epochs (or a step budget) are done. `dsgd train` uses it; so can any
+// program, and the single-process job (dsgd/local_job.h) reports in the same types.
+//
+//   dsgd::Trainer trainer(dsgd::operator_of<MyOperator>(), config);
+//   dsgd::FitResult r = dsgd::fit(trainer, {.epochs = 5}, &my_listener);
+//   std::cout << r.test_accuracy << " after " << r.steps << " steps\n";
+//
+// Progress goes to a ProgressListener on the calling thread: each batch (through the Trainer's
+// on_progress, which fit sets for the call and restores after), each recovery, each epoch.
+// Throws what the Trainer's calls throw. Torch-free header.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "dsgd/trainer.h"
+
+namespace dsgd {
+
+struct BatchProgress {
+  int64_t epoch = 0;  // 1-based
+  int64_t epochs = 0;
+  int64_t batch = 0;  // 1-based, within the epoch
+  int64_t batches_per_epoch = 0;
+  int64_t step = 0;  // 1-based, over the whole job
+  int64_t total_steps = 0;
+  double loss = 0;           // this batch's mean loss
+  double samples_per_s = 0;  // training throughput so far
+  double elapsed_s = 0;      // training time so far (excludes loading and evaluation)
+};
+
+struct EpochSummary {
+  int64_t epoch = 0;
+  double train_loss = 0;      // mean over the epoch's samples
+  double test_loss = -1;      // -1 when not evaluated
+  double test_accuracy = -1;  // fraction in [0, 1]; -1 when not evaluated
+  double samples_per_s = 0;
+  double epoch_s = 0;      // training time of this epoch
+  int64_t recoveries = 0;  // lost workers survived during the epoch (worker jobs)
+  // With FitOptions::profile: milliseconds per step of each phase of the default train_batch,
+  // each its own work only, mean over workers (TrainOptions::profile's keys, "_s" dropped:
+  // forward, backward, optimizer, comm_wait), the driver's snapshot, other (the rest) and step,
+  // the whole step. Empty otherwise.
+  std::map<std::string, double> profile_ms;
+};
+
+struct FitResult {
+  double train_loss = 0;  // last epoch's mean training loss
+  double test_loss = -1;  // after the last epoch; -1 when not evaluated
+  double test_accuracy = -1;
+  int64_t epochs = 0;  // epochs started (the last may be partial with max_steps)
+  int64_t steps = 0;
+  int64_t samples = 0;       // training samples processed
+  double samples_per_s = 0;  // samples / train_s
+  double train_s = 0;        // time in training steps
+  double wall_s = 0;         // everything: loading, training, evaluation
+  int64_t parameters = 0;
+  // Worker jobs whose strategy counts them (allreduce, ps): bytes each replica sent to other
+  // hosts per step, mean over replicas and steps; -1: not counted.
+  double comm_bytes_per_step = -1;
+  std::vector<EpochSummary> history;
+  std::map<std::string, double> profile_ms;  // as EpochSummary's, over the run (by steps)
+  std::vector<RecoveryEvent> recoveries;     // every failure survived and scale-up, in order
+};
+
+// Receives progress; called on the training thread, so keep it cheap.
+class ProgressListener {
+ public:
+  virtual ~ProgressListener() = default;
+  virtual void on_batch(const BatchProgress& /*progress*/) {}
+  virtual void on_epoch(const EpochSummary& /*summary*/) {}
+  // A recovery started (resumed_at unset), training resumed, or the job scaled back up.
+  virtual void on_recovery(const RecoveryEvent& /*event*/) {}
+};
+
+struct FitOptions {
+  int64_t epochs = 1;     // epochs to train, from where the Trainer is (load() first to resume)
+  int64_t max_steps = 0;  // > 0: stop after this many steps in all
+  bool evaluate = true;   // Trainer::validate after each epoch (test_loss, test_accuracy)
+  bool profile = false;   // TrainOptions::profile, and profile_ms in the results
+  // Non-empty: a Chrome trace of each epoch (TrainOptions::trace_path): this path for a single
+  // epoch, else "-epoch<N>" before its extension (trace.json -> trace-epoch1.json).
+  std::string trace_path;
+};
+
+FitResult fit(Trainer& trainer, const FitOptions& options = {}, ProgressListener* listener = nullptr);
+
+// FitOptions::trace_path's file for `epoch` of `epochs`.
+std::string trace_path_of(const std::string& path, int64_t epoch, int64_t epochs);
+
+}  // namespace dsgd

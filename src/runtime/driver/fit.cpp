@@ -1,0 +1,182 @@
+// dsgd::fit: the epoch loop over a Trainer (dsgd/fit.h).
+#include "dsgd/fit.h"
+
+#include <algorithm>
+#include <chrono>
+
+namespace dsgd {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+// The phases TrainOptions::profile reports: the metric, and its key in profile_ms.
+struct Phase {
+  const char* metric;
+  const char* key;
+};
+constexpr Phase kPhases[] = {
+    {"forward_s", "forward"}, {"backward_s", "backward"}, {"optimizer_s", "optimizer"}, {"comm_wait_s", "comm_wait"}};
+
+// Milliseconds per step of each phase of one train() call of `batches` steps and `epoch_s`
+// seconds; "other" is what the phases leave of the step.
+std::map<std::string, double> profile_of(const Results& r, int64_t batches, double epoch_s) {
+  std::map<std::string, double> ms;
+  double phases = 0;
+  for (const auto& p : kPhases) {
+    if (!r.metrics.count(p.metric)) continue;
+    ms[p.key] = 1000 * r.metrics.at(p.metric);
+    phases += ms[p.key];
+  }
+  if (r.metrics.count("snapshot_s")) {  // the call's total, between chunks
+    ms["snapshot"] = 1000 * r.metrics.at("snapshot_s") / static_cast<double>(batches);
+    phases += ms["snapshot"];
+  }
+  ms["step"] = 1000 * epoch_s / static_cast<double>(batches);
+  ms["other"] = std::max(0.0, ms["step"] - phases);
+  return ms;
+}
+
+// Milliseconds per step of each phase over the epochs of a run, weighted by their steps.
+std::map<std::string, double> mean_profile(const std::vector<EpochSummary>& history,
+                                           const std::vector<int64_t>& steps) {
+  std::map<std::string, double> sum;
+  double n = 0;
+  for (size_t i = 0; i < history.size(); ++i) {
+    if (history[i].profile_ms.empty()) continue;
+    const auto w = static_cast<double>(steps[i]);
+    for (const auto& [k, v] : history[i].profile_ms) sum[k] += w * v;
+    n += w;
+  }
+  if (n > 0) {
+    for (auto& [k, v] : sum) v /= n;
+  }
+  return sum;
+}
+
+// The loop's state, which the Trainer's callbacks read while a call runs.
+class Loop {
+ public:
+  Loop(Trainer& trainer, const FitOptions& o, ProgressListener* listener)
+      : trainer_(trainer), o_(o), listener_(listener), saved_(trainer.config()) {
+    trainer_.set_callbacks([this](const TrainProgress& p) { on_progress(p); },
+                           [this](const RecoveryEvent& e) {
+                             if (listener_ != nullptr) listener_->on_recovery(e);
+                           });
+  }
+  ~Loop() { trainer_.set_callbacks(saved_.on_progress, saved_.on_recovery); }
+  Loop(const Loop&) = delete;
+  Loop& operator=(const Loop&) = delete;
+
+  FitResult run() {
+    const auto wall_start = Clock::now();
+    while (epoch_ <= o_.epochs) {
+      const int64_t left = o_.max_steps > 0 ? o_.max_steps - result_.steps : 0;
+      if (o_.max_steps > 0 && left <= 0) break;
+      const bool epoch_ended = train_epoch(left);
+      if (listener_ != nullptr) listener_->on_epoch(result_.history.back());
+      if (!epoch_ended) break;  // stopped inside the epoch: max_steps reached
+      ++epoch_;
+    }
+    if (o_.profile) result_.profile_ms = mean_profile(result_.history, epoch_steps_);
+    result_.parameters = trainer_.parameter_count();
+    if (comm_steps_ > 0) result_.comm_bytes_per_step = comm_bytes_ / static_cast<double>(comm_steps_);
+    result_.samples_per_s = result_.train_s > 0 ? static_cast<double>(result_.samples) / result_.train_s : 0;
+    result_.wall_s = seconds_since(wall_start);
+    return result_;
+  }
+
+ private:
+  // One train() call (to the epoch's end, or `left` steps), then validate: whether the epoch ended.
+  bool train_epoch(int64_t left) {
+    const auto t0 = Clock::now();
+    const Results r = trainer_.train(
+        {.num_steps = left, .profile = o_.profile, .trace_path = trace_path_of(o_.trace_path, epoch_, o_.epochs)});
+    const double epoch_s = seconds_since(t0);
+    batches_per_epoch_ = r.batches_per_epoch;
+    const auto batches = static_cast<int64_t>(r.metrics.at("batches"));
+    const auto samples = static_cast<int64_t>(r.metrics.at("num_samples"));
+    result_.steps += batches;
+    result_.samples += samples;
+    if (const auto it = r.metrics.find("comm_bytes_per_step"); it != r.metrics.end()) {
+      comm_bytes_ += it->second * static_cast<double>(batches);
+      comm_steps_ += batches;
+    }
+    result_.train_s += epoch_s;
+    EpochSummary e;
+    e.epoch = epoch_;
+    e.train_loss = r.metrics.count("loss") ? r.metrics.at("loss") : 0;
+    e.samples_per_s = epoch_s > 0 ? static_cast<double>(samples) / epoch_s : 0;
+    e.epoch_s = epoch_s;
+    add_recoveries(r, &e);
+    const bool profiled = o_.profile && batches > 0;
+    if (profiled) e.profile_ms = profile_of(r, batches, epoch_s);
+    epoch_steps_.push_back(profiled ? batches : 0);
+    if (o_.evaluate) {
+      const Results v = trainer_.validate();
+      add_recoveries(v, &e);
+      e.test_loss = v.metrics.at("loss");
+      e.test_accuracy = v.metrics.at("accuracy");
+    }
+    result_.history.push_back(e);
+    result_.epochs = epoch_;
+    result_.train_loss = e.train_loss;
+    result_.test_loss = e.test_loss;
+    result_.test_accuracy = e.test_accuracy;
+    return r.batch == 0;
+  }
+
+  void add_recoveries(const Results& r, EpochSummary* e) {
+    for (const auto& ev : r.recoveries) {
+      result_.recoveries.push_back(ev);
+      if (ev.kind == "recovery") ++e->recoveries;
+    }
+  }
+
+  void on_progress(const TrainProgress& p) {
+    if (saved_.on_progress) saved_.on_progress(p);
+    if (listener_ == nullptr || batches_per_epoch_ == 0) return;
+    const int64_t all = batches_per_epoch_ * o_.epochs;
+    const double elapsed = result_.train_s + p.elapsed_s;
+    const int64_t step = result_.steps + p.batches;
+    const int64_t batch_size = trainer_.config().batch_size;
+    listener_->on_batch({.epoch = epoch_,
+                         .epochs = o_.epochs,
+                         .batch = p.batches,
+                         .batches_per_epoch = batches_per_epoch_,
+                         .step = step,
+                         .total_steps = o_.max_steps > 0 ? std::min(o_.max_steps, all) : all,
+                         .loss = p.loss,
+                         .samples_per_s = elapsed > 0 ? static_cast<double>(step * batch_size) / elapsed : 0,
+                         .elapsed_s = elapsed});
+  }
+
+  Trainer& trainer_;
+  const FitOptions& o_;
+  ProgressListener* listener_;
+  const TrainerConfig saved_;  // the callbacks to put back (and to call on, for on_progress)
+  FitResult result_;
+  int64_t epoch_ = 1;
+  int64_t batches_per_epoch_ = 0;     // known after the first call
+  std::vector<int64_t> epoch_steps_;  // each epoch's profiled steps, to weigh its profile
+  double comm_bytes_ = 0;             // sent to other hosts, summed over the calls that counted them
+  int64_t comm_steps_ = 0;
+};
+
+}  // namespace
+
+std::string trace_path_of(const std::string& path, int64_t epoch, int64_t epochs) {
+  if (path.empty() || epochs <= 1) return path;
+  const auto slash = path.find_last_of('/');
+  const auto dot = path.find_last_of('.');
+  const bool has_ext = dot != std::string::npos && (slash == std::string::npos || dot > slash + 1);
+  const std::string suffix = "-epoch" + std::to_string(epoch);
+  return has_ext ? path.substr(0, dot) + suffix + path.substr(dot) : path + suffix;
+}
+
+FitResult fit(Trainer& trainer, const FitOptions& options, ProgressListener* listener) {
+  return Loop(trainer, options, listener).run();
+}
+
+}  // namespace dsgd
