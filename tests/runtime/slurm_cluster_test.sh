@@ -156,10 +156,12 @@ for _ in $(seq 1200); do
     [[ $(worker_pids | wc -l) -eq 2 ]] && victim=$(worker_pids | head -1)
     break
   fi
-  [[ $(state) == RUNNING || $(state) == PENDING ]] || break
+  # Still coming: pending, configuring its nodes, running, or not yet known to scontrol (an
+  # empty answer right after the submission). Any other state is the job's end.
+  case $(state) in RUNNING | PENDING | CONFIGURING | "") ;; *) break ;; esac
   sleep 0.1
 done
-[[ -n $victim ]] || fail "the job never trained with 2 workers (state $(state))"
+[[ -n $victim ]] || { cat "$tmp/job.out" 2>/dev/null | tail -20; fail "the job never trained with 2 workers (state $(state))"; }
 lost_node=$(tr '\0' ' ' < "/proc/$victim/cmdline" | sed -n 's/.*--host-id \([^ ]*\).*/\1/p')
 [[ $(ip netns identify "$victim") == "$tag-$lost_node" ]] ||
   fail "the worker on $lost_node (pid $victim) is not in that node's namespace"
