@@ -902,25 +902,35 @@ TEST(TrainerSchedules, ManualSchedulesStepOnlyWhenTheOperatorStepsThem) {
   EXPECT_DOUBLE_EQ(lr["batch"], 0.1 * std::pow(0.5, 3 + 6));  // and the runtime after each batch
 }
 
-// bf16 autocast on the CPU through the Trainer, 2 workers: the CNN's loss falls as in float32,
-// by another path (autocast did change the arithmetic), and the replicas stay identical.
-TEST(TrainerPrecision, Bf16OnTheCpuTrainsTheCnnLikeFloat32) {
-  std::map<std::string, std::pair<double, Params>> runs;
+// Trains `base` under fp32 and under bf16 autocast (lr 0.05): `steps` steps, the loss of the
+// first and last `probe` steps compared. Each loss must fall and the replicas stay identical;
+// the two precisions must end near each other by different paths (autocast changed the
+// arithmetic). The GPU test runs it too.
+void expect_bf16_trains_like_fp32(TrainerConfig base, int64_t probe, int64_t steps, double tolerance) {
+  std::map<Precision, std::pair<double, Params>> runs;
   for (const auto precision : {Precision::kFp32, Precision::kBf16}) {
-    auto c = base_config(2, "allreduce", 64);
+    auto c = base;
     c.precision = precision;
     c.config["lr"] = 0.05;
     Trainer t(dsgd::kImageClassifier, c);
-    const double first = t.train({.num_steps = 3}).metrics.at("loss");
-    t.train({.num_steps = 12});
-    const double last = t.train({.num_steps = 3}).metrics.at("loss");
-    EXPECT_LT(last, first) << Choice<Precision>(precision).name();
+    const double first = t.train({.num_steps = probe}).metrics.at("loss");
+    t.train({.num_steps = steps});
+    const double last = t.train({.num_steps = probe}).metrics.at("loss");
+    const std::string name = Choice<Precision>(precision).name();
+    std::cout << name << ": loss " << first << " -> " << last << "\n";
+    EXPECT_LT(last, first) << name;
     const auto prints = t.foreach_worker("weight_sum");
-    EXPECT_EQ(prints[0], prints[1]) << "replicas differ under " << Choice<Precision>(precision).name();
-    runs[Choice<Precision>(precision).name()] = {last, params_of(*t.get_model())};
+    for (const auto& p : prints) EXPECT_EQ(p, prints[0]) << "replicas differ under " << name;
+    runs[precision] = {last, params_of(*t.get_model())};
   }
-  EXPECT_NEAR(runs["bf16"].first, runs["fp32"].first, 0.15);
-  EXPECT_GT(max_difference(runs["bf16"].second, runs["fp32"].second), 1e-5) << "bf16 ran as float32";
+  EXPECT_NEAR(runs[Precision::kBf16].first, runs[Precision::kFp32].first, tolerance);
+  EXPECT_GT(max_difference(runs[Precision::kBf16].second, runs[Precision::kFp32].second), 1e-5)
+      << "bf16 ran as float32";
+}
+
+// bf16 autocast on the CPU through the Trainer, 2 workers: the CNN's loss falls as in float32.
+TEST(TrainerPrecision, Bf16OnTheCpuTrainsTheCnnLikeFloat32) {
+  expect_bf16_trains_like_fp32(base_config(2, "allreduce", 64), 3, 12, 0.15);
 }
 
 TEST(TrainerCheckpoint, DamagedOrMissingCheckpointIsADataErrorNamingTheFile) {
@@ -2021,21 +2031,7 @@ TEST(TrainerGpu, ChannelsLastIsTheDefaultForConvolutionsAndTrainsLikeNchw) {
 // parameters differ, so autocast did change the arithmetic).
 TEST(TrainerGpu, Bf16AutocastTrainsTheCnnLikeFloat32) {
   SKIP_WITHOUT_CUDA();
-  std::map<std::string, std::pair<double, Params>> runs;
-  for (const std::string precision : {"fp32", "bf16"}) {
-    TrainerConfig c = gpu_config(1, "cnn");
-    c.precision = precision;
-    c.config["lr"] = 0.05;
-    Trainer t(dsgd::kImageClassifier, c);
-    const double first = t.train({.num_steps = 5}).metrics.at("loss");
-    t.train({.num_steps = 25});
-    const double last = t.train({.num_steps = 5}).metrics.at("loss");
-    std::cout << precision << ": loss " << first << " -> " << last << "\n";
-    EXPECT_LT(last, first) << precision;
-    runs[precision] = {last, params_of(*t.get_model())};
-  }
-  EXPECT_NEAR(runs["bf16"].first, runs["fp32"].first, 0.1);
-  EXPECT_GT(max_difference(runs["bf16"].second, runs["fp32"].second), 1e-5) << "bf16 ran as float32";
+  expect_bf16_trains_like_fp32(gpu_config(1, "cnn"), 5, 25, 0.1);
 }
 
 // float16 autocast with dynamic loss scaling (65536 by default): trains like float32, 2 replicas
