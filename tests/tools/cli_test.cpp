@@ -229,8 +229,11 @@ TEST(Cli, ProfileSaysWhereEachStepWentPerEpochAndOverTheRun) {
       ASSERT_TRUE(p.contains(k)) << k << " in " << p.dump();
       EXPECT_GE(p[k].get<double>(), 0) << k;
     }
-    EXPECT_GE(p["forward"].get<double>(), 8) << p.dump();    // 10 ms slept
-    EXPECT_GE(p["backward"].get<double>(), 16) << p.dump();  // 20 ms slept
+    // 10 ms slept in forward, 20 in backward; the paced sleeps take what backward overslept off the
+    // next forward (paced_sleep.h), so the split moves by a few ms on a busy machine, the sum less.
+    EXPECT_GE(p["forward"].get<double>(), 5) << p.dump();
+    EXPECT_GE(p["backward"].get<double>(), 16) << p.dump();
+    EXPECT_GE(p["forward"].get<double>() + p["backward"].get<double>(), 26) << p.dump();
     EXPECT_LT(p["forward"].get<double>(), p["backward"].get<double>()) << p.dump();
     EXPECT_GT(p["snapshot"].get<double>(), 0) << p.dump();  // --checkpoint-every 0: one per call (epoch)
     // "other" is what the named phases leave of the step (the driver's wall time per step): the
