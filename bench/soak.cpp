@@ -92,15 +92,15 @@ dsgd::TrainerConfig config_of(const Options& o, const Setup& s) {
   c.batch_size = o.batch;
   c.seed = o.seed;
   c.threads_per_worker = 1;
-  c.checkpoint_every_steps = o.checkpoint_every;
-  c.checkpoint_max_overhead = 0;  // the fault lands at a known place within a chunk
-  c.heartbeat_timeout = std::chrono::milliseconds(o.heartbeat_ms);
-  c.comm_timeout = std::chrono::milliseconds(10000);
-  c.max_failures = 3;
-  c.standby_workers = o.standby;
+  c.checkpoints.every_steps = o.checkpoint_every;
+  c.checkpoints.max_overhead = 0;  // the fault lands at a known place within a chunk
+  c.recovery.heartbeat_timeout = std::chrono::milliseconds(o.heartbeat_ms);
+  c.comm.timeout = std::chrono::milliseconds(10000);
+  c.recovery.max_failures = 3;
+  c.recovery.standby_workers = o.standby;
   if (s.strategy == "ps") {  // one pseudo-host per worker: every worker serves a shard, over Gloo
-    c.local_hosts = s.workers;
-    c.num_ps_shards = s.workers;
+    c.launch.local_hosts = s.workers;
+    c.ps.shards = s.workers;
   }
   c.config = {{"model", o.model}, {"dataset", o.dataset}, {"lr", 0.02}, {"dropout", false}};
   if (o.dataset == "synthetic") c.config["synthetic_samples"] = 8192;

@@ -41,8 +41,8 @@ int main(int argc, char** argv) {
     c.num_workers = workers;
     c.batch_size = batch;
     c.device = device;
-    c.precision = precision;
-    c.checkpoint_every_steps = 1000000;  // no snapshot inside the timed steps
+    c.step.precision = precision;
+    c.checkpoints.every_steps = 1000000;  // no snapshot inside the timed steps
     c.config = {{"model", model},          {"dataset", "synthetic"},         {"synthetic_samples", samples},
                 {"synthetic_channels", channels}, {"synthetic_image_size", image_size}, {"lr", 0.01},
                 {"momentum", 0.9},         {"dropout", false},

@@ -39,16 +39,16 @@ enum class Device { kAuto = 1, kCpu = 2, kCuda = 3 };
 // The arithmetic of forward and loss: float32, or bfloat16 under autocast (float32 weights,
 // gradients and optimizer).
 enum class Precision { kFp32 = 1, kBf16 = 2, kFp16 = 3 };
-// What crosses hosts (TrainerConfig::compression): float32 as computed, float16 / bfloat16 on
+// What crosses hosts (TrainerConfig::comm.compression): float32 as computed, float16 / bfloat16 on
 // the wire (summed in float32), or PowerSGD's low-rank factors; the lossy ones with error feedback.
 enum class Compression { kNone = 1, kFp16 = 2, kBf16 = 3, kPowerSgd = 4 };
 // Who starts the workers (the driver's business, not in the job contract): auto (local without
-// TrainerConfig::listen, none with it), this host's processes, the hosts of a hosts file over
+// TrainerConfig::launch.listen, none with it), this host's processes, the hosts of a hosts file over
 // ssh, all at once under mpirun, job steps of a Slurm allocation, or someone else (`dsgd worker --driver ...` by hand
 // or by a cluster manager).
 enum class Launcher { kAuto = 1, kLocal = 2, kSsh = 3, kNone = 4, kMpirun = 5, kSlurm = 6 };
 
-// The field's name and the spelling of each value (index = enum value - 1).
+// The field's path in TrainerConfig and the spelling of each value (index = enum value - 1).
 template <typename E>
 struct ChoiceTraits;
 template <>
@@ -58,17 +58,17 @@ struct ChoiceTraits<Strategy> {
 };
 template <>
 struct ChoiceTraits<PsPlacement> {
-  static constexpr std::string_view field = "ps_placement";
+  static constexpr std::string_view field = "ps.placement";
   static constexpr std::array<std::string_view, 2> names = {"workers", "processes"};
 };
 template <>
 struct ChoiceTraits<AllreduceAlgo> {
-  static constexpr std::string_view field = "allreduce_algo";
+  static constexpr std::string_view field = "comm.allreduce_algo";
   static constexpr std::array<std::string_view, 3> names = {"auto", "ring", "hd"};
 };
 template <>
 struct ChoiceTraits<NonfinitePolicy> {
-  static constexpr std::string_view field = "nonfinite_policy";
+  static constexpr std::string_view field = "step.nonfinite_policy";
   static constexpr std::array<std::string_view, 2> names = {"skip", "error"};
 };
 template <>
@@ -78,22 +78,22 @@ struct ChoiceTraits<Device> {
 };
 template <>
 struct ChoiceTraits<Precision> {
-  static constexpr std::string_view field = "precision";
+  static constexpr std::string_view field = "step.precision";
   static constexpr std::array<std::string_view, 3> names = {"fp32", "bf16", "fp16"};
 };
 template <>
 struct ChoiceTraits<Compression> {
-  static constexpr std::string_view field = "compression";
+  static constexpr std::string_view field = "comm.compression";
   static constexpr std::array<std::string_view, 4> names = {"none", "fp16", "bf16", "powersgd"};
 };
 template <>
 struct ChoiceTraits<Launcher> {
-  static constexpr std::string_view field = "launcher";
+  static constexpr std::string_view field = "launch.launcher";
   static constexpr std::array<std::string_view, 6> names = {"auto", "local", "ssh", "none", "mpirun", "slurm"};
 };
 template <>
 struct ChoiceTraits<SchedulerStepFreq> {
-  static constexpr std::string_view field = "scheduler_step_freq";
+  static constexpr std::string_view field = "step.scheduler_step_freq";
   static constexpr std::array<std::string_view, 3> names = {"batch", "epoch", "manual"};
 };
 

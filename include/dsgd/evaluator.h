@@ -1,5 +1,5 @@
 // dsgd/evaluator.h — TensorFlow's evaluator role: a process of its own, on any host that sees a
-// job's checkpoint directory (TrainerConfig::checkpoint_dir), that evaluates each checkpoint as it
+// job's checkpoint directory (TrainerConfig::checkpoints.dir), that evaluates each checkpoint as it
 // appears while the job trains; the job never waits for it. `dsgd evaluate` is this.
 //
 //   dsgd::EvaluatorArgs a{.checkpoint_dir = "ckpts", .metrics_out = "eval.jsonl"};
@@ -19,7 +19,7 @@
 namespace dsgd {
 
 struct EvaluatorArgs {
-  std::string checkpoint_dir;                       // the job's TrainerConfig::checkpoint_dir
+  std::string checkpoint_dir;                       // the job's TrainerConfig::checkpoints.dir
   std::string metrics_out;                          // JSON lines (and <metrics_out>.csv); "" = none
   int threads = 1;                                  // LibTorch threads (beside a job on the host)
   std::chrono::milliseconds poll{500};              // how often to look for a new checkpoint

@@ -144,7 +144,7 @@ class TrainingOperator {
   // .grad after backward are not.
   bool check_gradients();
   // The loss to call backward() on: `loss` times the loss scale where the job scales losses
-  // (TrainerConfig::loss_scale; precision fp16 by default), `loss` itself otherwise. The
+  // (TrainerConfig::step.loss_scale; precision fp16 by default), `loss` itself otherwise. The
   // runtime unscales the averaged gradients, and check_gradients() skips the step and backs
   // the scale off when they overflowed. Custom train_batch code: scale_loss(loss).backward(),
   // then check_gradients() before each optimizer step.

@@ -75,11 +75,11 @@ bool PowerSgd::compresses(size_t rows, size_t cols, int rank) {
 
 void PowerSgd::validate(const Options& o) {
   if (o.rank < 1 || o.rank > 1024) {
-    throw ConfigError("powersgd_rank must be in 1..1024, got " + std::to_string(o.rank), "powersgd_rank");
+    throw ConfigError("comm.powersgd_rank must be in 1..1024, got " + std::to_string(o.rank), "comm.powersgd_rank");
   }
   if (o.start_steps < 0) {
-    throw ConfigError("powersgd_start_steps must be >= 0, got " + std::to_string(o.start_steps),
-                      "powersgd_start_steps");
+    throw ConfigError("comm.powersgd_start_steps must be >= 0, got " + std::to_string(o.start_steps),
+                      "comm.powersgd_start_steps");
   }
 }
 

@@ -127,7 +127,7 @@ comm::AllreduceAlgorithm comm_algorithm(AllreduceAlgo a) {
     case AllreduceAlgo::kRing: return comm::AllreduceAlgorithm::kRing;
     case AllreduceAlgo::kHalvingDoubling: return comm::AllreduceAlgorithm::kHalvingDoubling;
   }
-  throw ConfigError("unknown allreduce_algo", "allreduce_algo");
+  throw ConfigError("unknown comm.allreduce_algo", "comm.allreduce_algo");
 }
 
 }  // namespace
@@ -138,27 +138,27 @@ void validate(const StrategyOptions& o) {
   if (c.kind != Compression::kNone) {
     const std::string name = Choice<Compression>(c.kind).name();
     const bool allreduce = o.kind == Strategy::kAllreduce;
-    require((allreduce && o.allreduce_algo == AllreduceAlgo::kAuto) || ps_averages_in_workers(o), "compression",
-            "compression " + name + " applies to strategy allreduce with allreduce_algo auto (the hierarchy's "
-            "across-host stage), and to strategy ps with its shards in the workers, without ps_update_on_shards "
+    require((allreduce && o.allreduce_algo == AllreduceAlgo::kAuto) || ps_averages_in_workers(o), "comm.compression",
+            "compression " + name + " applies to strategy allreduce with comm.allreduce_algo auto (the hierarchy's "
+            "across-host stage), and to strategy ps with its shards in the workers, without ps.update_on_shards "
             "(gradients, not parameters, cross hosts); strategy is '" + strategy + "'" +
-                (allreduce ? ", allreduce_algo '" +
+                (allreduce ? ", comm.allreduce_algo '" +
                                  Choice<AllreduceAlgo>(o.allreduce_algo).name() + "'"
                            : "") +
                 (o.kind == Strategy::kPs
-                     ? std::string(o.ps_placement == PsPlacement::kProcesses ? ", ps_placement 'processes'" : "") +
-                           (o.ps_update_on_shards ? ", ps_update_on_shards" : "")
+                     ? std::string(o.ps_placement == PsPlacement::kProcesses ? ", ps.placement 'processes'" : "") +
+                           (o.ps_update_on_shards ? ", ps.update_on_shards" : "")
                      : std::string()));
   }
   PowerSgd::validate({.rank = c.powersgd_rank, .start_steps = c.powersgd_start_steps});
-  require(o.num_ps_shards >= 0 && o.num_ps_shards <= 64, "num_ps_shards",
-          "num_ps_shards must be in 0..64 (0 = one per host), got " + std::to_string(o.num_ps_shards));
-  require(o.max_staleness >= -1, "max_staleness",
-          "max_staleness must be >= -1 (-1 = unbounded), got " + std::to_string(o.max_staleness));
-  require(!o.ps_update_on_shards || o.kind == Strategy::kPs, "ps_update_on_shards",
-          "ps_update_on_shards needs strategy ps, got '" + strategy + "'");
-  require(o.ps_placement != PsPlacement::kProcesses || o.kind == Strategy::kPs, "ps_placement",
-          "ps_placement processes needs strategy ps, got '" + strategy + "'");
+  require(o.num_ps_shards >= 0 && o.num_ps_shards <= 64, "ps.shards",
+          "ps.shards must be in 0..64 (0 = one per host), got " + std::to_string(o.num_ps_shards));
+  require(o.max_staleness >= -1, "ps.max_staleness",
+          "ps.max_staleness must be >= -1 (-1 = unbounded), got " + std::to_string(o.max_staleness));
+  require(!o.ps_update_on_shards || o.kind == Strategy::kPs, "ps.update_on_shards",
+          "ps.update_on_shards needs strategy ps, got '" + strategy + "'");
+  require(o.ps_placement != PsPlacement::kProcesses || o.kind == Strategy::kPs, "ps.placement",
+          "ps.placement processes needs strategy ps, got '" + strategy + "'");
 }
 
 std::unique_ptr<GradientStrategy> make_strategy(const StrategyOptions& o,
@@ -191,7 +191,7 @@ std::unique_ptr<GradientStrategy> make_strategy(const StrategyOptions& o,
                                                                    .seed = o.compression.seed});
       }
       if (po.shard_processes && group->local().rank() == 0) {
-        if (!o.join_ps_servers) throw ConfigError("ps_placement processes needs a way to join the shard processes");
+        if (!o.join_ps_servers) throw ConfigError("ps.placement processes needs a way to join the shard processes");
         po.servers = o.join_ps_servers(shards);
       }
       return make_ps_strategy(std::move(group), po);

@@ -30,11 +30,11 @@ torch::Tensor epoch_order(int64_t n, uint64_t seed, int64_t epoch) {
 
 ReplicaRuntime::ReplicaRuntime(std::unique_ptr<TrainingOperator> op, const ReplicaOptions& options)
     : op_(std::move(op)), options_(options),
-      deferred_(*op_, options.nonfinite.value(), /*warn=*/options.info.rank == 0) {
+      deferred_(*op_, options.step.nonfinite_policy.value(), /*warn=*/options.info.rank == 0) {
   OperatorAccess::attach(*op_, this, options.info);
-  if (options_.loss_scale > 0) {
-    scaler_.emplace(LossScaler::Options{.init_scale = options_.loss_scale,
-                                        .growth_interval = options_.loss_scale_growth_interval});
+  if (options_.step.loss_scale > 0) {
+    scaler_.emplace(LossScaler::Options{.init_scale = options_.step.loss_scale,
+                                        .growth_interval = options_.step.loss_scale_growth_interval});
   }
 }
 
@@ -62,7 +62,7 @@ void ReplicaRuntime::setup(const nlohmann::json& config) {
                       " samples, fewer than the " + std::to_string(options_.info.world_size) + " replicas");
   }
   to_device();
-  if (options_.precision == Precision::kFp16 && !options_.info.device.is_cuda()) {
+  if (options_.step.precision == Precision::kFp16 && !options_.info.device.is_cuda()) {
     throw ConfigError("precision fp16 needs CUDA, and this replica computes on " + options_.info.device.str() +
                       ": LibTorch's CPU autocast runs bfloat16 only. Use precision bf16 on the CPU");
   }
@@ -234,12 +234,12 @@ torch::Tensor ReplicaRuntime::scale_loss(const torch::Tensor& loss) {
 }
 
 void ReplicaRuntime::after_batch() {
-  if (options_.precision != Precision::kFp32) AutocastScope::clear_cache();  // the step changed the weights
+  if (options_.step.precision != Precision::kFp32) AutocastScope::clear_cache();  // the step changed the weights
   batch_ends_.push_back(Clock::now());
   ++position_.batch;
   ++progress_.batches;
   if (check_) check_->take();  // a batch that did not ask leaves nothing for the next
-  if (options_.scheduler_step_freq == SchedulerStepFreq::kBatch) step_schedules();
+  if (options_.step.scheduler_step_freq == SchedulerStepFreq::kBatch) step_schedules();
 }
 
 void ReplicaRuntime::step_schedules() { step_schedules_to(schedule_t_ + 1); }
@@ -288,7 +288,7 @@ bool ReplicaRuntime::check_gradients() {
     return false;
   }
   if (finite) return true;
-  if (options_.nonfinite == NonfinitePolicy::kError) {
+  if (options_.step.nonfinite_policy == NonfinitePolicy::kError) {
     throw Error("non-finite gradient at " + where() + " (a NaN or infinite loss on some replica); lower the learning "
                 "rate, check the data, or set nonfinite_policy \"skip\"");
   }
@@ -307,6 +307,7 @@ Metrics ReplicaRuntime::train(int64_t max_batches, bool profile) {
   phase_s_.clear();
   taken_this_call_ = 0;
   skipped_this_call_ = 0;
+  step_values_.clear();
   for (auto& s : syncs_) s->take_times();
   gate_s_ = 0;
   batch_ends_.clear();
@@ -318,7 +319,7 @@ Metrics ReplicaRuntime::train(int64_t max_batches, bool profile) {
     // The forward overlap's gate, for this thread, while the operator trains; the steps still
     // pending at the end are taken before train() returns.
     ParameterGate* const previous = set_thread_parameter_gate(gate_index_.empty() ? nullptr : this);
-    AutocastScope autocast(options_.info.device, options_.precision.value());
+    AutocastScope autocast(options_.info.device, options_.step.precision.value());
     try {
       m = op_->train_epoch(max_batches);
       for (auto& s : syncs_) s->flush();
@@ -333,7 +334,7 @@ Metrics ReplicaRuntime::train(int64_t max_batches, bool profile) {
   if (position_.batch >= batches_per_epoch()) {
     ++position_.epoch;
     position_.batch = 0;
-    if (options_.scheduler_step_freq == SchedulerStepFreq::kEpoch) step_schedules();
+    if (options_.step.scheduler_step_freq == SchedulerStepFreq::kEpoch) step_schedules();
   }
   if (profile) {
     GradSync::Times t;
@@ -359,6 +360,7 @@ Metrics ReplicaRuntime::train(int64_t max_batches, bool profile) {
   }
   m["batches"] = static_cast<double>(batches);
   m["skipped_steps"] = static_cast<double>(skipped_this_call_);
+  for (const auto& [name, v] : step_values_) m[name] = v.first / static_cast<double>(v.second);
   if (scaler_) m["loss_scale"] = scaler_->scale();
   if (bytes0 >= 0 && batches > 0) {  // what this replica sent to other hosts, per step
     m["comm_bytes_per_step"] =
@@ -374,7 +376,7 @@ Metrics ReplicaRuntime::train(int64_t max_batches, bool profile) {
 }
 
 Metrics ReplicaRuntime::validate() {
-  AutocastScope autocast(options_.info.device, options_.precision.value());
+  AutocastScope autocast(options_.info.device, options_.step.precision.value());
   return op_->validate();
 }
 

@@ -31,6 +31,7 @@
 #include "dsgd/choice.h"
 #include "dsgd/operator.h"
 #include "dsgd/parameter_gate.h"
+#include "dsgd/trainer_config.h"
 #include "strategy/strategy.h"
 #include "torch/grad_check.h"
 #include "torch/deferred_steps.h"
@@ -47,7 +48,10 @@ struct ReplicaOptions {
   int64_t global_batch = 64;
   uint64_t seed = 1;
   size_t grad_shard_bytes = 10u << 20;
-  Choice<SchedulerStepFreq> scheduler_step_freq = SchedulerStepFreq::kEpoch;
+  // What the step does (TrainerConfig::step, as the job spec carries it): precision, loss
+  // scaling (loss_scale resolved: > 0 = LossScaler from this scale), the non-finite policy,
+  // when schedules step, clipping.
+  StepConfig step;
   int threads = 1;                             // intra-op threads of this replica
   bool overlap = true;                         // launch buckets during backward
   // > 0: this many buckets (spread over the layers) travel after backward and each bucket's
@@ -55,10 +59,6 @@ struct ReplicaOptions {
   // buckets).
   // -1: chosen per train() call (set_forward_overlap_buckets; 0 until then).
   int64_t forward_overlap_buckets = 0;
-  Choice<NonfinitePolicy> nonfinite = NonfinitePolicy::kSkip;  // non-finite gradients: skip the step, or fail
-  Choice<Precision> precision = Precision::kFp32;  // bf16, fp16: train and validate under autocast
-  double loss_scale = 0;                       // > 0: dynamic loss scaling from this scale (LossScaler)
-  int64_t loss_scale_growth_interval = 2000;
 };
 
 class ReplicaRuntime : private ParameterGate, private ReplicaHost {
@@ -178,6 +178,9 @@ class ReplicaRuntime : private ParameterGate, private ReplicaHost {
   double batch_weight_ = 1.0;          // this batch's share (EpochSampler::weight)
   bool profiling_ = false;
   std::map<std::string, double> phase_s_;
+  // Values the step's mechanics report once a step (e.g. grad_norm): their sum and count over
+  // this call; train() reports each one's mean.
+  std::map<std::string, std::pair<double, int64_t>> step_values_;
   double gate_s_ = 0;                // profiling: seconds in wait() (the forward overlap's gate)
   std::vector<std::chrono::steady_clock::time_point> batch_ends_;  // this call's
   Progress progress_;

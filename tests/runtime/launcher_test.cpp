@@ -68,49 +68,49 @@ TEST(Launcher, ConfigChecksSayWhatIsMissing) {
   register_builtin_operators();
   TrainerConfig c;
   c.num_workers = 2;
-  c.launcher = "ssh";
+  c.launch.launcher = "ssh";
   auto check = [&] { validate_config(kImageClassifier, c); };
   expect_config_error(check, "launcher ssh needs hosts");
-  c.hosts = {"node1", "node2"};
+  c.launch.hosts = {"node1", "node2"};
   expect_config_error(check, "set listen to HOST:PORT");
-  c.listen = "0.0.0.0:29500";
+  c.launch.listen = "0.0.0.0:29500";
   expect_config_error(check, "not 0.0.0.0");
-  c.listen = "10.1.2.3:0";
+  c.launch.listen = "10.1.2.3:0";
   check();  // complete
-  c.standby_workers = 1;
+  c.recovery.standby_workers = 1;
   expect_config_error(check, "the hosts have 2 slot(s) for 3 worker(s)");
-  c.hosts = {"node1", "node2:2"};
+  c.launch.hosts = {"node1", "node2:2"};
   check();
   c.strategy = "ps";
-  c.ps_placement = "processes";
-  c.num_ps_shards = 2;  // a slot each
+  c.ps.placement = "processes";
+  c.ps.shards = 2;  // a slot each
   expect_config_error(check, "the hosts have 3 slot(s) for 5 worker(s), standbys and ps shard processes");
-  c.hosts = {"node1:3", "node2:2"};
+  c.launch.hosts = {"node1:3", "node2:2"};
   check();
-  c.launcher = "mpirun";
+  c.launch.launcher = "mpirun";
   expect_config_error(check, "launcher mpirun starts the workers only");
-  c.launcher = "ssh";
-  c.hosts = {"node1", "node2:2"};
+  c.launch.launcher = "ssh";
+  c.launch.hosts = {"node1", "node2:2"};
   c.strategy = "allreduce";
-  c.ps_placement = "workers";
-  c.ssh_command = "  ";
+  c.ps.placement = "workers";
+  c.launch.ssh_command = "  ";
   expect_config_error(check, "ssh_command is empty");
-  c.ssh_command = "ssh";
-  c.local_hosts = 2;
+  c.launch.ssh_command = "ssh";
+  c.launch.local_hosts = 2;
   expect_config_error(check, "local_hosts spreads workers");
-  c.local_hosts = 1;
-  c.launcher = "kubernetes";
-  expect_config_error(check, "unknown launcher 'kubernetes'; use auto, local, ssh, none, mpirun or slurm");
-  c.launcher = "mpirun";
+  c.launch.local_hosts = 1;
+  c.launch.launcher = "kubernetes";
+  expect_config_error(check, "unknown launch.launcher 'kubernetes'; use auto, local, ssh, none, mpirun or slurm");
+  c.launch.launcher = "mpirun";
   check();  // the same hosts and slots
-  c.wait_for_replacements = true;
+  c.recovery.wait_for_replacements = true;
   expect_config_error(check, "cannot start a replacement");
-  c.wait_for_replacements = false;
-  c.launcher = "local";
+  c.recovery.wait_for_replacements = false;
+  c.launch.launcher = "local";
   expect_config_error(check, "hosts are where launcher ssh or mpirun starts workers");
-  c.hosts.clear();
-  c.launcher = "none";
-  c.listen.clear();
+  c.launch.hosts.clear();
+  c.launch.launcher = "none";
+  c.launch.listen.clear();
   expect_config_error(check, "launcher none: the workers join over TCP");
 }
 
@@ -151,7 +151,7 @@ TEST(Launcher, SlurmChecksSayWhatIsMissing) {
   register_builtin_operators();
   TrainerConfig c;
   c.num_workers = 2;
-  c.launcher = "slurm";
+  c.launch.launcher = "slurm";
   auto check = [&] { validate_config(kImageClassifier, c); };
   {
     ScopedEnv none("SLURM_JOB_ID", "");
@@ -159,16 +159,16 @@ TEST(Launcher, SlurmChecksSayWhatIsMissing) {
   }
   ScopedEnv job("SLURM_JOB_ID", "42");
   expect_config_error(check, "set listen to HOST:PORT with a HOST the nodes reach");
-  c.listen = "node0:0";
+  c.launch.listen = "node0:0";
   check();  // complete
-  c.srun_command = " ";
+  c.launch.srun_command = " ";
   expect_config_error(check, "srun_command is empty");
-  c.srun_command = "srun";
-  c.hosts = {"node1"};
+  c.launch.srun_command = "srun";
+  c.launch.hosts = {"node1"};
   expect_config_error(check, "hosts are where launcher ssh or mpirun starts workers; launcher is 'slurm'");
-  c.hosts.clear();
+  c.launch.hosts.clear();
   c.strategy = "ps";
-  c.ps_placement = "processes";
+  c.ps.placement = "processes";
   check();  // shard processes are job steps too
 }
 
@@ -203,8 +203,8 @@ TEST(Launcher, SlurmExcludesTheNodesThatLostAWorkerWhileOthersAreLeft) {
   ::chmod(fake.c_str(), 0755);
   ScopedEnv job("SLURM_JOB_ID", "42"), nodes("SLURM_JOB_NUM_NODES", "3");
   TrainerConfig c;
-  c.launcher = "slurm";
-  c.srun_command = fake + " --partition=cpu";
+  c.launch.launcher = "slurm";
+  c.launch.srun_command = fake + " --partition=cpu";
   LocalProcesses processes;
   auto launcher = make_launcher(c, processes, "tok-1");
   ASSERT_NE(launcher, nullptr);
@@ -280,10 +280,10 @@ TEST(Launcher, AutoIsLocalWithoutListenAndNoneWithIt) {
   TrainerConfig c;
   EXPECT_EQ(launcher_of(c), Launcher::kLocal);
   EXPECT_EQ(driver_address(c, 4242), "127.0.0.1:4242");
-  c.listen = "198.18.0.1:0";
+  c.launch.listen = "198.18.0.1:0";
   EXPECT_EQ(launcher_of(c), Launcher::kNone);
   EXPECT_EQ(driver_address(c, 4242), "198.18.0.1:4242");
-  c.listen = "0.0.0.0:29500";
+  c.launch.listen = "0.0.0.0:29500";
   EXPECT_EQ(driver_address(c, 29500), "127.0.0.1:29500");
 }
 

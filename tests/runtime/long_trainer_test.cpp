@@ -33,7 +33,7 @@ TEST_P(LongTrainer, TwoWorkersReach90PercentOnFashionMnist) {
   c.strategy = GetParam();
   c.batch_size = 64;
   c.threads_per_worker = 1;
-  if (c.strategy == Strategy::kPs || c.strategy == Strategy::kPsAsync) c.local_hosts = 2;
+  if (c.strategy == Strategy::kPs || c.strategy == Strategy::kPsAsync) c.launch.local_hosts = 2;
   c.config = {{"model", "cnn"}, {"lr", 0.02}, {"lr_decay", 0.7}, {"momentum", 0.9}};
   Trainer trainer(dsgd::kImageClassifier, c);
   double accuracy = 0;
@@ -61,14 +61,14 @@ TEST(PortScanThroughRecoveries, FiftyGroupFormationsUnderAttackLeaveEveryResultU
   c.num_workers = 2;
   c.batch_size = 64;
   c.seed = 7;
-  c.allreduce_algo = "ring";  // Gloo on every worker: listening ports of its own
+  c.comm.allreduce_algo = "ring";  // Gloo on every worker: listening ports of its own
   c.threads_per_worker = 1;
-  c.checkpoint_every_steps = 5;
-  c.checkpoint_max_overhead = 0;
-  c.max_failures = kKills + 1;
-  c.wait_for_replacements = true;  // the same workers after each kill: the quiet run's parameters
-  c.heartbeat_timeout = std::chrono::milliseconds(2000);
-  c.comm_timeout = std::chrono::milliseconds(10000);
+  c.checkpoints.every_steps = 5;
+  c.checkpoints.max_overhead = 0;
+  c.recovery.max_failures = kKills + 1;
+  c.recovery.wait_for_replacements = true;  // the same workers after each kill: the quiet run's parameters
+  c.recovery.heartbeat_timeout = std::chrono::milliseconds(2000);
+  c.comm.timeout = std::chrono::milliseconds(10000);
   c.config = {{"model", "mlp"}, {"dataset", "synthetic"}, {"synthetic_samples", 4096}, {"lr", 0.01}};
   auto parameters = [](Trainer& t) {
     std::vector<torch::Tensor> out;
@@ -138,7 +138,7 @@ TEST(HangDetection, NoFalseEvictionBesideACpuHogOversubscribingTheCores2x) {
   c.batch_size = 128;
   c.threads_per_worker = 1;
   c.config = {{"model", "cnn"}, {"lr", 0.02}, {"momentum", 0.9}};
-  ASSERT_EQ(c.heartbeat_timeout, std::chrono::milliseconds(3000));
+  ASSERT_EQ(c.recovery.heartbeat_timeout, std::chrono::milliseconds(3000));
   Trainer trainer(dsgd::kImageClassifier, c);
   std::atomic<bool> stop{false};
   std::vector<std::thread> hog;

@@ -9,8 +9,8 @@ namespace {
 
 TrainerConfig budget(int64_t every, double overhead) {
   TrainerConfig c;
-  c.checkpoint_every_steps = every;
-  c.checkpoint_max_overhead = overhead;
+  c.checkpoints.every_steps = every;
+  c.checkpoints.max_overhead = overhead;
   return c;
 }
 
@@ -66,7 +66,7 @@ TEST(SnapshotPolicy, DeferredStepsArePendingUntilTheNextSnapshotAndReplayToTheLa
   EXPECT_EQ(p.pending(), 0);
   // With a checkpoint_dir every snapshot goes to disk: none waits.
   TrainerConfig disk = budget(10, 0);
-  disk.checkpoint_dir = "/tmp/x";
+  disk.checkpoints.dir = "/tmp/x";
   SnapshotPolicy d(disk);
   EXPECT_FALSE(d.defer(1, 0.01, {0, 1}));
 }

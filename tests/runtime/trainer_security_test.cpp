@@ -18,7 +18,7 @@ TrainerConfig config() {
   c.num_workers = 2;
   c.batch_size = 64;
   c.seed = 7;
-  c.allreduce_algo = "ring";  // Gloo on every worker: listening ports of its own
+  c.comm.allreduce_algo = "ring";  // Gloo on every worker: listening ports of its own
   c.threads_per_worker = 1;
   c.config = {
       {"model", "cnn"}, {"dataset", "synthetic"}, {"synthetic_samples", 2048}, {"lr", 0.01}, {"dropout", false}};

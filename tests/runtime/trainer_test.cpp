@@ -231,7 +231,7 @@ TrainerConfig base_config(int workers, const std::string& strategy, int64_t batc
   c.batch_size = batch;
   c.seed = 7;
   c.config = synthetic_config();
-  c.grad_shard_bytes = 1 << 20;  // the CNN's 4.8 MB of gradients in 5 buckets
+  c.comm.grad_shard_bytes = 1 << 20;  // the CNN's 4.8 MB of gradients in 5 buckets
   c.threads_per_worker = 1;
   c.device = "cpu";  // the CPU's results, also on a machine with a GPU (TrainerGpu tests that)
   return c;
@@ -247,18 +247,20 @@ Params params_of(torch::nn::Module& m) {
 
 // One process, no dsgd communication: the global batch at once.
 Params single_process(int64_t batch, int64_t steps, const json& config = synthetic_config(),
-                      SchedulerStepFreq scheduler_step_freq = SchedulerStepFreq::kEpoch) {
+                      const StepConfig& step = {}, Metrics* metrics = nullptr) {
   dsgd::register_builtin_operators();
   torch_glue::ReplicaOptions o;
   o.global_batch = batch;
   o.seed = 7;
   o.info.seed = 7;
   o.threads = 1;
-  o.scheduler_step_freq = scheduler_step_freq;
+  o.step = step;
   torch_glue::ReplicaRuntime r(make_operator(dsgd::kImageClassifier), o);
   r.setup(config);
   for (int64_t left = steps; left > 0;) {  // across epochs, as Trainer::train calls would
-    const auto done = static_cast<int64_t>(r.train(left, false).at("batches"));
+    const Metrics m = r.train(left, false);
+    if (metrics != nullptr) *metrics = m;
+    const auto done = static_cast<int64_t>(m.at("batches"));
     if (done == 0) break;
     left -= done;
   }
@@ -318,7 +320,7 @@ double max_difference(const Params& a, const Params& b) {
 // for that and still fails any real error: weighting the uneven split's 32 and 31 samples alike
 // ends 4.8e-3 apart, and a lost or unaveraged gradient further.
 void expect_equivalent(TrainerConfig config, int64_t steps = 20) {
-  const Params reference = single_process(config.batch_size, steps, config.config, config.scheduler_step_freq.value());
+  const Params reference = single_process(config.batch_size, steps, config.config, config.step);
   Trainer trainer(dsgd::kImageClassifier, config);
   const Params before = params_of(*trainer.get_model());
   auto r = trainer.train({.num_steps = steps});
@@ -340,8 +342,8 @@ TEST(TrainerCompression, EachSchemeCutsTheBytesAcrossHostsAndTrainsNearFloat32) 
   constexpr int64_t kSteps = 3;
   auto run = [](const char* compression) {
     auto c = base_config(2, "allreduce", 64);
-    c.local_hosts = 2;
-    c.compression = compression;
+    c.launch.local_hosts = 2;
+    c.comm.compression = compression;
     Trainer trainer(dsgd::kImageClassifier, c);
     auto r = trainer.train({.num_steps = kSteps});
     return std::make_pair(params_of(*trainer.get_model()), r.metrics.at("comm_bytes_per_step"));
@@ -360,9 +362,9 @@ TEST(TrainerCompression, EachSchemeCutsTheBytesAcrossHostsAndTrainsNearFloat32) 
   EXPECT_LT(diff["fp16"], diff["bf16"]);
   {  // PowerSGD at rank 4 from the first step: the convolutions' and linear layers' factors only
     auto c = base_config(2, "allreduce", 64);
-    c.local_hosts = 2;
-    c.compression = "powersgd";
-    c.powersgd_start_steps = 0;
+    c.launch.local_hosts = 2;
+    c.comm.compression = "powersgd";
+    c.comm.powersgd_start_steps = 0;
     Trainer trainer(dsgd::kImageClassifier, c);
     auto r = trainer.train({.num_steps = kSteps});
     const double b = r.metrics.at("comm_bytes_per_step");
@@ -375,12 +377,12 @@ TEST(TrainerCompression, EachSchemeCutsTheBytesAcrossHostsAndTrainsNearFloat32) 
   }
   {  // ps: its pushes and pulls in 16 bits, half the bytes, near its own float32 run
     auto ps = base_config(2, "ps", 64);
-    ps.local_hosts = 2;
-    ps.num_ps_shards = 2;
+    ps.launch.local_hosts = 2;
+    ps.ps.shards = 2;
     std::map<std::string, std::pair<Params, double>> runs;
-    ps.powersgd_start_steps = 0;
+    ps.comm.powersgd_start_steps = 0;
     for (const char* compression : {"none", "fp16", "bf16", "powersgd"}) {
-      ps.compression = compression;
+      ps.comm.compression = compression;
       Trainer trainer(dsgd::kImageClassifier, ps);
       auto r = trainer.train({.num_steps = kSteps});
       runs[compression] = {params_of(*trainer.get_model()), r.metrics.at("comm_bytes_per_step")};
@@ -408,11 +410,11 @@ TEST(TrainerCompression, EachSchemeCutsTheBytesAcrossHostsAndTrainsNearFloat32) 
     }
   };
   auto c = base_config(2, "ps", 64);
-  c.compression = "fp16";
-  c.ps_update_on_shards = true;
+  c.comm.compression = "fp16";
+  c.ps.update_on_shards = true;
   reject(c, "fp16 with update on shards");
   c = base_config(2, "ps_async", 64);
-  c.compression = "bf16";
+  c.comm.compression = "bf16";
   reject(c, "bf16 on ps_async");
 }
 
@@ -445,7 +447,7 @@ TEST(TrainerEquivalence, ChannelsLastAllreduce) {
 
 TEST(TrainerEquivalence, FlatRingAllreduce) {
   auto c = base_config(2, "allreduce", 64);
-  c.allreduce_algo = "ring";
+  c.comm.allreduce_algo = "ring";
   expect_equivalent(c);
 }
 
@@ -457,8 +459,8 @@ TEST(TrainerEquivalence, UnevenSplitIsWeightedExactly) {
 // ps: shards inside the workers; pseudo-hosts put the shard exchange on Gloo, as across machines.
 TrainerConfig ps_config(int workers, int hosts, int shards, int64_t batch = 64) {
   auto c = base_config(workers, "ps", batch);
-  c.local_hosts = hosts;
-  c.num_ps_shards = shards;
+  c.launch.local_hosts = hosts;
+  c.ps.shards = shards;
   return c;
 }
 TEST(TrainerEquivalence, PsOneShardOnTwoHosts) { expect_equivalent(ps_config(2, 2, 1)); }
@@ -467,14 +469,14 @@ TEST(TrainerEquivalence, PsFourShardsThreeWorkersOnTwoHosts) { expect_equivalent
 TEST(TrainerEquivalence, PsOneHostIsSharedMemoryOnly) { expect_equivalent(ps_config(2, 1, 0)); }
 TEST(TrainerEquivalence, PsWithoutOverlap) {
   auto c = ps_config(2, 2, 2);
-  c.overlap = false;
+  c.comm.overlap = false;
   expect_equivalent(c);
 }
 
 // ps with update on shards: the owners apply SGD (momentum 0.9) to their slices.
 TrainerConfig ps_update_config(int workers, int hosts, int shards, int64_t batch = 64) {
   auto c = ps_config(workers, hosts, shards, batch);
-  c.ps_update_on_shards = true;
+  c.ps.update_on_shards = true;
   return c;
 }
 TEST(TrainerEquivalence, PsUpdateOnShardsOneShardOnTwoHosts) { expect_equivalent(ps_update_config(2, 2, 1)); }
@@ -494,8 +496,8 @@ TEST(TrainerEquivalence, ChannelsLastPsUpdateOnShards) {
 // ps with the shards in processes of their own (spawned by the driver), in both update modes.
 TrainerConfig ps_processes_config(int workers, int hosts, int shards, bool update_on_shards, int64_t batch = 64) {
   auto c = ps_config(workers, hosts, shards, batch);
-  c.ps_placement = "processes";
-  c.ps_update_on_shards = update_on_shards;
+  c.ps.placement = "processes";
+  c.ps.update_on_shards = update_on_shards;
   return c;
 }
 TEST(TrainerEquivalence, PsShardProcessesOneShard) { expect_equivalent(ps_processes_config(2, 2, 1, false)); }
@@ -520,26 +522,26 @@ TEST(TrainerEquivalence, PsShardProcessesUpdateOnShardsFourShardsThreeWorkers) {
 // bucket's step is taken as the next forward reaches its layer (the CNN has 5 buckets here).
 TEST(TrainerEquivalence, ForwardOverlapAllreduce) {
   auto c = base_config(2, "allreduce", 64);
-  c.forward_overlap_buckets = 2;
+  c.comm.forward_overlap_buckets = 2;
   expect_equivalent(c);
 }
 TEST(TrainerEquivalence, ForwardOverlapSimple) {  // averaged on the driver
   auto c = base_config(2, "simple", 64);
-  c.forward_overlap_buckets = 2;
+  c.comm.forward_overlap_buckets = 2;
   expect_equivalent(c);
 }
 TEST(TrainerEquivalence, ForwardOverlapOfEveryBucketWithAPerBatchSchedule) {
   auto c = base_config(2, "allreduce", 64);
-  c.forward_overlap_buckets = 64;  // more than there are: all of them
+  c.comm.forward_overlap_buckets = 64;  // more than there are: all of them
   c.config["lr_decay"] = 0.9;      // a new learning rate every step: each deferred step takes its own
-  c.scheduler_step_freq = "batch";
+  c.step.scheduler_step_freq = "batch";
   expect_equivalent(c);
 }
 TEST(TrainerEquivalence, ForwardOverlapTwoReplicasInOneWorker) {
   auto c = base_config(1, "allreduce", 64);
   c.devices_per_worker = 2;
   c.threads_per_worker = 2;
-  c.forward_overlap_buckets = 3;
+  c.comm.forward_overlap_buckets = 3;
   expect_equivalent(c);
 }
 // auto: the first 36 steps try T = 0, 1, 2 (of the CNN's 3 buckets at this bucket size), 6 steps
@@ -547,19 +549,19 @@ TEST(TrainerEquivalence, ForwardOverlapTwoReplicasInOneWorker) {
 // replicas agree at every step (checked to fail with T off by one on odd ranks).
 TEST(TrainerEquivalence, ForwardOverlapAutoTriesEachTAndStaysEquivalent) {
   auto c = base_config(2, "allreduce", 64);
-  c.forward_overlap_buckets = -1;
+  c.comm.forward_overlap_buckets = -1;
   c.config["lr_decay"] = 0.9;
-  c.scheduler_step_freq = "batch";
+  c.step.scheduler_step_freq = "batch";
   expect_equivalent(c, 44);
 }
 TEST(TrainerEquivalence, ForwardOverlapPs) {
   auto c = ps_config(2, 2, 2);
-  c.forward_overlap_buckets = 2;
+  c.comm.forward_overlap_buckets = 2;
   expect_equivalent(c);
 }
 TEST(TrainerEquivalence, ForwardOverlapPsShardProcesses) {
   auto c = ps_processes_config(2, 2, 2, false);
-  c.forward_overlap_buckets = 2;
+  c.comm.forward_overlap_buckets = 2;
   expect_equivalent(c);
 }
 
@@ -572,9 +574,9 @@ SlowRun run_with_a_slow_worker(const std::string& strategy, int max_staleness) {
   TrainerConfig c;
   c.num_workers = 2;
   c.strategy = strategy;
-  c.local_hosts = 2;
-  c.num_ps_shards = 2;
-  c.max_staleness = max_staleness;
+  c.launch.local_hosts = 2;
+  c.ps.shards = 2;
+  c.ps.max_staleness = max_staleness;
   c.batch_size = 64;
   c.threads_per_worker = 1;
   c.config = {{"slow_ms", 40}};
@@ -609,7 +611,7 @@ TEST(TrainerPsAsync, ASlowWorkerDoesNotSlowTheOthersUnlessTheStalenessBoundHolds
 TEST(TrainerPsAsync, TrainsAndItsCheckpointLoadsUnderAllreduce) {
   testing::TempDir dir;
   auto c = base_config(2, "ps_async", 64);
-  c.local_hosts = 2;
+  c.launch.local_hosts = 2;
   Trainer a(dsgd::kImageClassifier, c);
   const Params before = params_of(*a.get_model());
   auto r1 = a.train({.num_steps = 20});
@@ -631,7 +633,7 @@ TEST(TrainerPsAsync, TrainsAndItsCheckpointLoadsUnderAllreduce) {
 TEST(Trainer, TraceShowsEachWorkersStepsBucketsAndAllreduces) {
   testing::TempDir dir;
   auto c = base_config(2, "allreduce", 64);
-  c.forward_overlap_buckets = 2;
+  c.comm.forward_overlap_buckets = 2;
   Trainer trainer(dsgd::kImageClassifier, c);
   const int steps = 4;
   const auto t0 = std::chrono::steady_clock::now();
@@ -768,9 +770,9 @@ TEST(TrainerCheckpoint, WithCompressionTheFeedbackComesBackAndOtherJobsLoadItFro
   testing::TempDir dir;
   const std::string path = dir.file("ckpt");
   auto c = base_config(2, "allreduce", 64);
-  c.local_hosts = 2;
-  c.compression = "powersgd";
-  c.powersgd_start_steps = 2;
+  c.launch.local_hosts = 2;
+  c.comm.compression = "powersgd";
+  c.comm.powersgd_start_steps = 2;
   Trainer a(dsgd::kImageClassifier, c);
   a.train({.num_steps = 6});
   a.save(path);
@@ -790,8 +792,8 @@ TEST(TrainerCheckpoint, WithCompressionTheFeedbackComesBackAndOtherJobsLoadItFro
     EXPECT_GT(max_difference(params_of(*a.get_model()), params_of(*z.get_model())), 0.0);
   }
   for (auto other : {base_config(3, "allreduce", 66), base_config(2, "allreduce", 64)}) {
-    other.local_hosts = 2;
-    other.compression = other.num_workers == 3 ? "powersgd" : "fp16";
+    other.launch.local_hosts = 2;
+    other.comm.compression = other.num_workers == 3 ? "powersgd" : "fp16";
     Trainer d(dsgd::kImageClassifier, other);
     d.load(path);
     auto r = d.train({.num_steps = 2});
@@ -855,7 +857,7 @@ TEST(TrainerCheckpoint, SchedulesStepPerEpochOrBatchAndComeBackFromCheckpoints) 
   Trainer loaded(dsgd::kImageClassifier, c);
   loaded.load(dir.file("ckpt"));
   EXPECT_DOUBLE_EQ(loaded.foreach_worker("learning_rate")[0].get<double>(), 0.005);
-  c.scheduler_step_freq = "batch";
+  c.step.scheduler_step_freq = "batch";
   Trainer per_batch(dsgd::kImageClassifier, c);
   per_batch.train({.num_steps = 3});
   EXPECT_DOUBLE_EQ(per_batch.foreach_worker("learning_rate")[0].get<double>(), 0.01 * 0.125);
@@ -866,7 +868,7 @@ TEST(TrainerCheckpoint, SchedulesStepPerEpochOrBatchAndComeBackFromCheckpoints) 
 TEST(TrainerCheckpoint, AnOperatorsOwnStateComesBackFromACheckpoint) {
   testing::TempDir dir;
   auto c = base_config(2, "allreduce", 64);
-  c.scheduler_step_freq = SchedulerStepFreq::kManual;
+  c.step.scheduler_step_freq = SchedulerStepFreq::kManual;
   {
     Trainer t(operator_of<CountingOperator>(), c);
     t.train({.num_steps = 3});
@@ -889,7 +891,7 @@ TEST(TrainerSchedules, ManualSchedulesStepOnlyWhenTheOperatorStepsThem) {
   std::map<std::string, double> lr;
   for (const auto freq : {SchedulerStepFreq::kManual, SchedulerStepFreq::kEpoch, SchedulerStepFreq::kBatch}) {
     auto c = base_config(2, "allreduce", 64);  // 256 samples: 4 batches an epoch
-    c.scheduler_step_freq = freq;
+    c.step.scheduler_step_freq = freq;
     Trainer t(operator_of<CountingOperator>(), c);
     EXPECT_EQ(t.train().batches_per_epoch, 4);
     t.train({.num_steps = 2});  // 6 batches: the operator stepped 3 times
@@ -910,7 +912,7 @@ void expect_bf16_trains_like_fp32(TrainerConfig base, int64_t probe, int64_t ste
   std::map<Precision, std::pair<double, Params>> runs;
   for (const auto precision : {Precision::kFp32, Precision::kBf16}) {
     auto c = base;
-    c.precision = precision;
+    c.step.precision = precision;
     c.config["lr"] = 0.05;
     Trainer t(dsgd::kImageClassifier, c);
     const double first = t.train({.num_steps = probe}).metrics.at("loss");
@@ -968,14 +970,14 @@ TEST(TrainerCheckpoint, CostlySnapshotsAreSpacedOutToTheOverheadBudget) {
   for (const double overhead : {0.0, 0.01}) {
     testing::TempDir dir;
     auto c = base_config(2, "allreduce", 64);
-    c.checkpoint_dir = dir.file("ckpts");
-    c.checkpoint_every_steps = 1;
-    c.checkpoint_keep = 100;
-    c.checkpoint_max_overhead = overhead;
+    c.checkpoints.dir = dir.file("ckpts");
+    c.checkpoints.every_steps = 1;
+    c.checkpoints.keep = 100;
+    c.checkpoints.max_overhead = overhead;
     Trainer t(dsgd::kImageClassifier, c);
     const Results r = t.train({.num_steps = 12});
     EXPECT_EQ(r.metrics.at("batches"), 12);
-    const auto kept = runtime::list_checkpoints(c.checkpoint_dir);
+    const auto kept = runtime::list_checkpoints(c.checkpoints.dir);
     if (overhead == 0) {
       EXPECT_EQ(kept.size(), 12u);  // after steps 1..11, and at the end
     } else {
@@ -990,22 +992,22 @@ TEST(TrainerCheckpoint, CostlySnapshotsAreSpacedOutToTheOverheadBudget) {
 TEST(TrainerCheckpoint, TheForwardOverlapsTrialChunksKeepTheCheckpointInterval) {
   testing::TempDir dir;
   auto c = base_config(2, "allreduce", 64);
-  c.forward_overlap_buckets = -1;
-  c.checkpoint_dir = dir.file("ckpts");
-  c.checkpoint_every_steps = 10;
-  c.checkpoint_max_overhead = 0;
-  c.checkpoint_keep = 100;
+  c.comm.forward_overlap_buckets = -1;
+  c.checkpoints.dir = dir.file("ckpts");
+  c.checkpoints.every_steps = 10;
+  c.checkpoints.max_overhead = 0;
+  c.checkpoints.keep = 100;
   Trainer t(dsgd::kImageClassifier, c);
   EXPECT_EQ(t.train({.num_steps = 20}).batch, 20);
   std::vector<std::string> names;
-  for (const auto& k : runtime::list_checkpoints(c.checkpoint_dir))
+  for (const auto& k : runtime::list_checkpoints(c.checkpoints.dir))
     names.push_back(std::filesystem::path(k).filename());
   // Trials of 6 steps and then the 4 left of the interval (10 steps), then 6; checkpoints at the
   // interval and at the call's end only.
   EXPECT_EQ(names, (std::vector<std::string>{"step-000000000010", "step-000000000020"}));
   // Each checkpoint holds the state at its step: a job loading the first trains on as this one did.
   Trainer b(dsgd::kImageClassifier, base_config(1, "allreduce", 64));
-  b.load(runtime::list_checkpoints(c.checkpoint_dir)[0]);
+  b.load(runtime::list_checkpoints(c.checkpoints.dir)[0]);
   EXPECT_EQ(b.train({.num_steps = 10}).batch, 20);
   EXPECT_LT(max_difference(params_of(*t.get_model()), params_of(*b.get_model())), 1e-5);
 }
@@ -1013,13 +1015,13 @@ TEST(TrainerCheckpoint, TheForwardOverlapsTrialChunksKeepTheCheckpointInterval) 
 TEST(TrainerCheckpoint, CheckpointDirKeepsTheLastKAndLoadFallsBackPastADamagedOne) {
   testing::TempDir dir;
   auto c = base_config(2, "allreduce", 64);
-  c.checkpoint_dir = dir.file("ckpts");
-  c.checkpoint_every_steps = 4;
-  c.checkpoint_max_overhead = 0;  // exactly that interval
-  c.checkpoint_keep = 2;
+  c.checkpoints.dir = dir.file("ckpts");
+  c.checkpoints.every_steps = 4;
+  c.checkpoints.max_overhead = 0;  // exactly that interval
+  c.checkpoints.keep = 2;
   Trainer t(dsgd::kImageClassifier, c);
   t.train({.num_steps = 10});  // snapshots after steps 4, 8 and 10
-  const auto kept = runtime::list_checkpoints(c.checkpoint_dir);
+  const auto kept = runtime::list_checkpoints(c.checkpoints.dir);
   ASSERT_EQ(kept.size(), 2u);
   EXPECT_EQ(std::filesystem::path(kept[0]).filename(), "step-000000000008");
   EXPECT_EQ(std::filesystem::path(kept[1]).filename(), "step-000000000010");
@@ -1030,7 +1032,7 @@ TEST(TrainerCheckpoint, CheckpointDirKeepsTheLastKAndLoadFallsBackPastADamagedOn
                                std::filesystem::file_size(kept[1] + "/checkpoint.dsgd") / 2);
   auto b_config = base_config(1, "allreduce", 64);
   Trainer b(dsgd::kImageClassifier, b_config);
-  b.load(c.checkpoint_dir);
+  b.load(c.checkpoints.dir);
   auto rb = b.train({.num_steps = 2});
   EXPECT_EQ(rb.batch, 10);
   EXPECT_LT(max_difference(params_of(*t.get_model()), params_of(*b.get_model())), 1e-5);
@@ -1094,7 +1096,7 @@ TEST(TrainerBadInput, ClearErrorsBeforeAnyProcessIsSpawned) {
   bad.num_workers = 0;
   expect_config_error(dsgd::kImageClassifier, bad, "num_workers must be in 1..4096, got 0");
   bad = c;
-  bad.grad_shard_bytes = -5;
+  bad.comm.grad_shard_bytes = -5;
   expect_config_error(dsgd::kImageClassifier, bad, "grad_shard_bytes must be > 0, got -5");
   bad = c;
   bad.batch_size = 1;
@@ -1104,37 +1106,37 @@ TEST(TrainerBadInput, ClearErrorsBeforeAnyProcessIsSpawned) {
   expect_config_error(dsgd::kImageClassifier, bad, "missing_hook");
   expect_config_error("NoSuchOperator", c, "unknown operator 'NoSuchOperator'");
   bad = c;
-  bad.ps_update_on_shards = true;
-  expect_config_error(dsgd::kImageClassifier, bad, "ps_update_on_shards needs strategy ps, got 'allreduce'");
+  bad.ps.update_on_shards = true;
+  expect_config_error(dsgd::kImageClassifier, bad, "ps.update_on_shards needs strategy ps, got 'allreduce'");
   bad = c;
-  bad.ps_placement = "elsewhere";
-  expect_config_error(dsgd::kImageClassifier, bad, "unknown ps_placement 'elsewhere'; use workers or processes");
+  bad.ps.placement = "elsewhere";
+  expect_config_error(dsgd::kImageClassifier, bad, "unknown ps.placement 'elsewhere'; use workers or processes");
   bad = c;
-  bad.ps_placement = "processes";
-  expect_config_error(dsgd::kImageClassifier, bad, "ps_placement processes needs strategy ps, got 'allreduce'");
+  bad.ps.placement = "processes";
+  expect_config_error(dsgd::kImageClassifier, bad, "ps.placement processes needs strategy ps, got 'allreduce'");
   bad.strategy = "ps";
-  bad.listen = "127.0.0.1:0";
-  expect_config_error(dsgd::kImageClassifier, bad, "ps_placement processes in remote mode needs num_ps_shards > 0");
+  bad.launch.listen = "127.0.0.1:0";
+  expect_config_error(dsgd::kImageClassifier, bad, "ps.placement processes in remote mode needs ps.shards > 0");
   bad = c;
-  bad.forward_overlap_buckets = -2;
+  bad.comm.forward_overlap_buckets = -2;
   expect_config_error(dsgd::kImageClassifier, bad,
                       "forward_overlap_buckets must be >= 0 (0 = off) or -1 (auto), got -2");
-  bad.forward_overlap_buckets = 2;
+  bad.comm.forward_overlap_buckets = 2;
   bad.strategy = "ps_async";
   expect_config_error(dsgd::kImageClassifier, bad, "forward_overlap_buckets needs averaged gradients");
-  bad.forward_overlap_buckets = -1;  // auto as well
+  bad.comm.forward_overlap_buckets = -1;  // auto as well
   expect_config_error(dsgd::kImageClassifier, bad, "forward_overlap_buckets needs averaged gradients");
   bad = c;
   bad.device = "tpu";
   expect_config_error(dsgd::kImageClassifier, bad, "unknown device 'tpu'; use auto, cpu or cuda");
   bad = c;
-  bad.precision = "fp8";
-  expect_config_error(dsgd::kImageClassifier, bad, "unknown precision 'fp8'; use fp32, bf16 or fp16");
+  bad.step.precision = "fp8";
+  expect_config_error(dsgd::kImageClassifier, bad, "unknown step.precision 'fp8'; use fp32, bf16 or fp16");
   bad = c;
   bad.device = "cuda";
-  bad.forward_overlap_buckets = 2;
+  bad.comm.forward_overlap_buckets = 2;
   expect_config_error(dsgd::kImageClassifier, bad, "forward_overlap_buckets is CPU-only");
-  bad.forward_overlap_buckets = 0;
+  bad.comm.forward_overlap_buckets = 0;
   bad.strategy = "ps_async";
   expect_config_error(dsgd::kImageClassifier, bad, "device cuda takes the strategies simple, allreduce and ps");
 }
@@ -1151,7 +1153,7 @@ TEST(TrainerBadInput, Fp16OnTheCpuOrLossScalingWhereTheServersStepSaysWhatToUse)
     }
   };
   auto c = base_config(1, "allreduce", 64);
-  c.precision = "fp16";
+  c.step.precision = "fp16";
   c.device = "cpu";
   expect_error(c, "precision fp16 needs CUDA");  // before any process starts
   if (!torch::cuda::is_available()) {
@@ -1159,11 +1161,11 @@ TEST(TrainerBadInput, Fp16OnTheCpuOrLossScalingWhereTheServersStepSaysWhatToUse)
     expect_error(c, "Use precision bf16 on the CPU");
   }
   c = base_config(2, "ps", 64);
-  c.ps_update_on_shards = true;
-  c.loss_scale = 256;
+  c.ps.update_on_shards = true;
+  c.step.loss_scale = 256;
   expect_error(c, "loss scaling needs the optimizer step in the replicas");
   c = base_config(1, "allreduce", 64);
-  c.loss_scale = 1000;
+  c.step.loss_scale = 1000;
   expect_error(c, "loss_scale must be a power of two");
 }
 
@@ -1228,22 +1230,22 @@ TEST(TrainerBadInput, EveryConfigErrorNamesItsField) {
   bad.strategy = "gossip";
   EXPECT_EQ(field_of(bad), "strategy");
   bad = c;
-  bad.compression = Compression::kFp16;
-  bad.allreduce_algo = AllreduceAlgo::kRing;
-  EXPECT_EQ(field_of(bad), "compression");  // strategy::validate's rule
+  bad.comm.compression = Compression::kFp16;
+  bad.comm.allreduce_algo = AllreduceAlgo::kRing;
+  EXPECT_EQ(field_of(bad), "comm.compression");  // strategy::validate's rule
   bad = c;
-  bad.compression = Compression::kPowerSgd;
-  bad.powersgd_rank = 0;
-  EXPECT_EQ(field_of(bad), "powersgd_rank");
+  bad.comm.compression = Compression::kPowerSgd;
+  bad.comm.powersgd_rank = 0;
+  EXPECT_EQ(field_of(bad), "comm.powersgd_rank");
   bad = c;
-  bad.hosts = {"a", "b"};
-  EXPECT_EQ(field_of(bad), "hosts");  // the launcher's rule
+  bad.launch.hosts = {"a", "b"};
+  EXPECT_EQ(field_of(bad), "launch.hosts");  // the launcher's rule
   bad = c;
-  bad.loss_scale = 3;  // not a power of two: LossScaler's own bound
-  EXPECT_EQ(field_of(bad), "loss_scale");
+  bad.step.loss_scale = 3;  // not a power of two: LossScaler's own bound
+  EXPECT_EQ(field_of(bad), "step.loss_scale");
   bad = c;
-  bad.heartbeat_timeout = milliseconds(50);
-  EXPECT_EQ(field_of(bad), "heartbeat_timeout");
+  bad.recovery.heartbeat_timeout = milliseconds(50);
+  EXPECT_EQ(field_of(bad), "recovery.heartbeat_timeout");
   EXPECT_EQ(field_of(c), "<accepted>");
 }
 
@@ -1269,8 +1271,8 @@ TEST(TrainerBadInput, BinaryWithoutInitIsARegistrationErrorNotAHang) {
   }
   std::filesystem::permissions(script, std::filesystem::perms::owner_all);
   auto c = base_config(1, "allreduce", 64);
-  c.worker_binary = script;
-  c.registration_timeout = milliseconds(1500);
+  c.launch.worker_binary = script;
+  c.launch.registration_timeout = milliseconds(1500);
   const auto t0 = Clock::now();
   try {
     Trainer t(dsgd::kImageClassifier, c);
@@ -1282,8 +1284,8 @@ TEST(TrainerBadInput, BinaryWithoutInitIsARegistrationErrorNotAHang) {
   EXPECT_LT(Clock::now() - t0, milliseconds(8000));
 
   // A binary that exits instead is reported at once, with its status.
-  c.worker_binary = "/bin/false";
-  c.registration_timeout = milliseconds(30000);
+  c.launch.worker_binary = "/bin/false";
+  c.launch.registration_timeout = milliseconds(30000);
   const auto t1 = Clock::now();
   try {
     Trainer t(dsgd::kImageClassifier, c);
@@ -1322,7 +1324,7 @@ TEST(TrainerNonFinite, ALoneReplicaSkipsTheStepToo) {
 
 TEST(TrainerNonFinite, ErrorPolicyStopsNamingTheStep) {
   auto c = nan_config(2);
-  c.nonfinite_policy = "error";
+  c.step.nonfinite_policy = "error";
   Trainer t(operator_of<NanOperator>(), c);
   try {
     t.train({.num_steps = 6});
@@ -1340,7 +1342,7 @@ TEST(TrainerLossScaling, AScaledFloat32JobIsTheUnscaledJobBitForBit) {
     SCOPED_TRACE(workers);
     auto run = [&](double scale) {
       auto c = base_config(workers, "allreduce", 64);
-      c.loss_scale = scale;
+      c.step.loss_scale = scale;
       Trainer t(dsgd::kImageClassifier, c);
       auto r = t.train({.num_steps = 6});
       return std::make_pair(params_of(*t.get_model()), r);
@@ -1360,9 +1362,9 @@ TEST(TrainerLossScaling, AScaledFloat32JobIsTheUnscaledJobBitForBit) {
 // decides again. The scale and its count come back from checkpoints.
 TEST(TrainerLossScaling, AnOverflowSkipsTheStepEverywhereBacksOffAndTheScaleIsCheckpointed) {
   auto c = nan_config(2);  // replica 1's third loss is NaN
-  c.nonfinite_policy = "error";
-  c.loss_scale = 1024;
-  c.loss_scale_growth_interval = 2;
+  c.step.nonfinite_policy = "error";
+  c.step.loss_scale = 1024;
+  c.step.loss_scale_growth_interval = 2;
   Trainer t(operator_of<NanOperator>(), c);
   auto r = t.train({.num_steps = 6});
   // good, good (-> 2048), NaN (-> 1024, skipped), good, good (-> 2048), good
@@ -1382,8 +1384,8 @@ TEST(TrainerLossScaling, AnOverflowSkipsTheStepEverywhereBacksOffAndTheScaleIsCh
   // 2048 with one good step counted: the next good step doubles it (a fresh job would be at 1024).
   EXPECT_EQ(back.train({.num_steps = 1}).metrics.at("loss_scale"), 4096);
 
-  c.loss_scale = 0x1p-24;  // LossScaler::kMinScale, and kept there
-  c.loss_scale_growth_interval = 100;
+  c.step.loss_scale = 0x1p-24;  // LossScaler::kMinScale, and kept there
+  c.step.loss_scale_growth_interval = 100;
   Trainer low(operator_of<NanOperator>(), c);
   try {
     low.train({.num_steps = 6});
@@ -1395,9 +1397,9 @@ TEST(TrainerLossScaling, AnOverflowSkipsTheStepEverywhereBacksOffAndTheScaleIsCh
 
 TEST(TrainerFailure, WithoutRetriesAKilledWorkerFailsTrainWithinSecondsNamingIt) {
   auto c = base_config(2, "allreduce", 64);
-  c.heartbeat_timeout = milliseconds(3000);
-  c.comm_timeout = milliseconds(5000);
-  c.max_failures = 0;
+  c.recovery.heartbeat_timeout = milliseconds(3000);
+  c.comm.timeout = milliseconds(5000);
+  c.recovery.max_failures = 0;
   Trainer t(dsgd::kImageClassifier, c);
   const int victim = t.foreach_worker("replica_info")[1]["pid"].get<int>();
   std::thread killer([victim] {
@@ -1435,9 +1437,9 @@ TEST(TrainerFailure, AGroupThatCannotFormWithEveryWorkerAliveIsTriedThreeTimesTh
   // tried, then train() fails listing them. (Without the replacement, worker 1 might form
   // worker 0's and its shared-memory group from what it holds open already.)
   auto c = base_config(3, "allreduce", 60);
-  c.wait_for_replacements = true;
-  c.heartbeat_timeout = milliseconds(20000);
-  c.comm_timeout = milliseconds(2000);
+  c.recovery.wait_for_replacements = true;
+  c.recovery.heartbeat_timeout = milliseconds(20000);
+  c.comm.timeout = milliseconds(2000);
   Trainer t(dsgd::kImageClassifier, c);
   const auto info = t.foreach_worker("replica_info");
   const int stuck = info[1]["pid"].get<int>(), victim = info[2]["pid"].get<int>();
@@ -1489,10 +1491,10 @@ std::vector<int> worker_pids() { return child_pids_with("--dsgd-worker"); }
 // one machine and stayed under 1e-5 on another.)
 Results train_through_fault(TrainerConfig c, int sig, std::vector<int>* victims = nullptr, double tolerance = 1e-7,
                             bool shard_victim = false, const std::function<void(Trainer&)>& after = {}) {
-  c.checkpoint_every_steps = 10;
-  c.checkpoint_max_overhead = 0;  // exactly that interval
-  c.heartbeat_timeout = milliseconds(2000);
-  c.comm_timeout = milliseconds(10000);
+  c.checkpoints.every_steps = 10;
+  c.checkpoints.max_overhead = 0;  // exactly that interval
+  c.recovery.heartbeat_timeout = milliseconds(2000);
+  c.comm.timeout = milliseconds(10000);
   const Params reference = [&] {
     Trainer clean(dsgd::kImageClassifier, c);
     EXPECT_EQ(clean.train({.num_steps = 40}).recoveries.size(), 0u);
@@ -1506,7 +1508,7 @@ Results train_through_fault(TrainerConfig c, int sig, std::vector<int>* victims 
   Trainer t(dsgd::kImageClassifier, c);
   if (shard_victim) {
     const auto shards = shard_process_pids();
-    EXPECT_EQ(shards.size(), static_cast<size_t>(c.num_ps_shards));
+    EXPECT_EQ(shards.size(), static_cast<size_t>(c.ps.shards));
     if (shards.empty()) return {};
     victim = shards.back();
   } else {
@@ -1522,7 +1524,7 @@ Results train_through_fault(TrainerConfig c, int sig, std::vector<int>* victims 
   std::cout << "largest difference from the fault-free run: " << difference << "\n";
   if (shard_victim) {  // replaced
     const auto now = shard_process_pids();
-    EXPECT_EQ(now.size(), static_cast<size_t>(c.num_ps_shards)) << "the lost shard process was not replaced";
+    EXPECT_EQ(now.size(), static_cast<size_t>(c.ps.shards)) << "the lost shard process was not replaced";
     EXPECT_EQ(std::count(now.begin(), now.end(), victim), 0);
   }
   if (after) after(t);
@@ -1533,8 +1535,8 @@ Results train_through_fault(TrainerConfig c, int sig, std::vector<int>* victims 
 TEST(TrainerRecovery, AStandbyTakesAKilledWorkersPlaceAndTheResultEqualsAFaultFreeRun) {
   std::vector<int> victims;
   auto c = base_config(3, "allreduce", 66);
-  c.local_hosts = 2;  // the standby takes the victim's pseudo-host (Placement::hosts)
-  c.standby_workers = 1;
+  c.launch.local_hosts = 2;  // the standby takes the victim's pseudo-host (Placement::hosts)
+  c.recovery.standby_workers = 1;
   c.config["dropout"] = true;  // the generator's state comes with the snapshot: the same masks
   size_t processes = 0;
   auto r = train_through_fault(c, SIGKILL, &victims, 1e-7, false, [&](Trainer&) {
@@ -1554,7 +1556,7 @@ TEST(TrainerRecovery, AStandbyTakesAKilledWorkersPlaceAndTheResultEqualsAFaultFr
 TEST(TrainerRecovery, WaitingForReplacementsAKilledWorkersReplacementTakesItsPlaceExactly) {
   std::vector<int> victims;
   auto c = base_config(2, "allreduce", 64);
-  c.wait_for_replacements = true;
+  c.recovery.wait_for_replacements = true;
   auto r = train_through_fault(c, SIGKILL, &victims);
   ASSERT_EQ(r.recoveries.size(), 1u);
   const auto& ev = r.recoveries[0];
@@ -1583,10 +1585,10 @@ TEST(TrainerRecovery, WithCompressionTheErrorFeedbackComesBackAndTheResultEquals
     const auto space = run.find(' ');
     const std::string strategy = run.substr(0, space), compression = run.substr(space + 1);
     auto c = base_config(2, strategy, 64);
-    c.local_hosts = 2;
-    c.compression = compression;
-    c.powersgd_start_steps = 3;  // compressed from step 4: Q warm by the snapshot at 10
-    c.wait_for_replacements = true;
+    c.launch.local_hosts = 2;
+    c.comm.compression = compression;
+    c.comm.powersgd_start_steps = 3;  // compressed from step 4: Q warm by the snapshot at 10
+    c.recovery.wait_for_replacements = true;
     auto r = train_through_fault(c, SIGKILL, nullptr, std::numeric_limits<double>::denorm_min());  // bit for bit
     ASSERT_EQ(r.recoveries.size(), 1u);
     EXPECT_EQ(r.recoveries[0].workers_after, 2);
@@ -1616,9 +1618,9 @@ std::optional<RecoveryEvent> train_until_scale_up(Trainer& t, int64_t* steps) {
 // over them, and the new worker, set up meanwhile, joins between chunks.
 TEST(TrainerRecovery, WithoutAStandbyTheSurvivorsResumeAtOnceAndTheNewWorkerJoinsWhenSetUp) {
   auto c = base_config(3, "allreduce", 66);
-  c.checkpoint_every_steps = 5;
-  c.checkpoint_max_overhead = 0;
-  c.heartbeat_timeout = milliseconds(2000);
+  c.checkpoints.every_steps = 5;
+  c.checkpoints.max_overhead = 0;
+  c.recovery.heartbeat_timeout = milliseconds(2000);
   std::atomic<bool> killed{false};
   int victim = 0;
   c.on_progress = [&](const TrainProgress& p) {
@@ -1655,11 +1657,11 @@ TEST(TrainerRecovery, StepByStepSnapshotsEveryIntervalAndARecoveryReplaysTheStep
   // recovery that restores it and trains steps 21-24 again before step 25: the result equals
   // a fault-free run.
   auto c = base_config(2, "allreduce", 64);
-  c.checkpoint_every_steps = 10;
-  c.checkpoint_max_overhead = 0;
-  c.heartbeat_timeout = milliseconds(2000);
-  c.comm_timeout = milliseconds(10000);
-  c.wait_for_replacements = true;
+  c.checkpoints.every_steps = 10;
+  c.checkpoints.max_overhead = 0;
+  c.recovery.heartbeat_timeout = milliseconds(2000);
+  c.comm.timeout = milliseconds(10000);
+  c.recovery.wait_for_replacements = true;
   const Params reference = [&] {  // a fault-free run of the same steps (see train_through_fault)
     Trainer clean(dsgd::kImageClassifier, c);
     for (int i = 0; i < 25; ++i) EXPECT_EQ(clean.step().recoveries.size(), 0u);
@@ -1683,7 +1685,7 @@ TEST(TrainerRecovery, StepByStepSnapshotsEveryIntervalAndARecoveryReplaysTheStep
 // A standby lost while it waits costs the job nothing: no recovery, and a new one takes its place.
 TEST(TrainerRecovery, AStandbyLostWhileItWaitsIsReplacedWithoutARecovery) {
   auto c = base_config(2, "allreduce", 64);
-  c.standby_workers = 1;
+  c.recovery.standby_workers = 1;
   Trainer t(dsgd::kImageClassifier, c);
   std::vector<int> members;
   for (const auto& w : t.foreach_worker("replica_info")) members.push_back(w["pid"].get<int>());
@@ -1716,8 +1718,8 @@ TEST(TrainerRecovery, AStandbyLostWhileItWaitsIsReplacedWithoutARecovery) {
 TEST(TrainerRecovery, ValidateAndLoadSurviveALostWorker) {
   testing::TempDir dir;
   auto c = base_config(2, "allreduce", 64);
-  c.heartbeat_timeout = milliseconds(2000);
-  c.standby_workers = 1;
+  c.recovery.heartbeat_timeout = milliseconds(2000);
+  c.recovery.standby_workers = 1;
   Trainer t(dsgd::kImageClassifier, c);
   t.train({.num_steps = 5});
   t.save(dir.file("ckpt"));
@@ -1748,8 +1750,8 @@ TEST(TrainerRecovery, SaveSurvivesTheLossOfTheWorkerItReadsFrom) {
   // recover and write the state training had reached.
   testing::TempDir dir;
   auto c = base_config(2, "allreduce", 64);
-  c.heartbeat_timeout = milliseconds(2000);
-  c.standby_workers = 1;  // the same replicas after the loss: the same replayed steps
+  c.recovery.heartbeat_timeout = milliseconds(2000);
+  c.recovery.standby_workers = 1;  // the same replicas after the loss: the same replayed steps
   Trainer t(dsgd::kImageClassifier, c);
   t.train({.num_steps = 10});
   const Params before = params_of(*t.get_model());
@@ -1769,10 +1771,10 @@ TEST(TrainerRecovery, AWorkerLostBetweenAChunkAndItsSnapshotCostsARedoneChunk) {
   ::setenv("DSGD_TEST_DIE_IN_SNAPSHOT", armed.c_str(), 1);
   auto c = base_config(2, "allreduce", 32);
   c.config = json::object();
-  c.checkpoint_every_steps = 4;
-  c.checkpoint_max_overhead = 0;  // exactly that interval
-  c.heartbeat_timeout = milliseconds(2000);
-  c.standby_workers = 1;
+  c.checkpoints.every_steps = 4;
+  c.checkpoints.max_overhead = 0;  // exactly that interval
+  c.recovery.heartbeat_timeout = milliseconds(2000);
+  c.recovery.standby_workers = 1;
   auto run = [&](bool fault) {
     Trainer t(operator_of<DiesInSnapshotOperator>(), c);
     if (fault) std::ofstream(armed) << "die\n";  // after the constructor's snapshot
@@ -1793,7 +1795,7 @@ TEST(TrainerRecovery, AWorkerLostBetweenAChunkAndItsSnapshotCostsARedoneChunk) {
 
 TEST(TrainerRecovery, SimpleStrategySurvivesAKilledWorker) {
   auto c = base_config(2, "simple", 64);
-  c.standby_workers = 1;
+  c.recovery.standby_workers = 1;
   auto r = train_through_fault(c, SIGKILL);
   ASSERT_EQ(r.recoveries.size(), 1u);
 }
@@ -1802,7 +1804,7 @@ TEST(TrainerRecovery, PsSurvivesAKilledWorkerHoldingAShard) {
   // Every worker serves shards (num_ps_shards 2 on 2 pseudo-hosts): the victim takes one with it;
   // the standby, spawned for pseudo-host 0, takes the victim's host 1 and its shard.
   auto c = ps_config(2, 2, 2);
-  c.standby_workers = 1;
+  c.recovery.standby_workers = 1;
   auto r = train_through_fault(c, SIGKILL);
   ASSERT_EQ(r.recoveries.size(), 1u);
   EXPECT_EQ(r.recoveries[0].workers_after, 2);
@@ -1812,7 +1814,7 @@ TEST(TrainerRecovery, PsUpdateOnShardsGetsALostShardsParametersAndMomentumBackFr
   // The victim owns a shard's parameters and momentum, found nowhere else: the recovery restores
   // them from the last snapshot (gathered into it) and the result equals a fault-free run.
   auto c = ps_update_config(2, 2, 2);
-  c.standby_workers = 1;
+  c.recovery.standby_workers = 1;
   auto r = train_through_fault(c, SIGKILL);
   ASSERT_EQ(r.recoveries.size(), 1u);
   EXPECT_EQ(r.recoveries[0].workers_after, 2);
@@ -1835,12 +1837,12 @@ TEST(TrainerRecovery, PsAsyncLosesAShardOwnerAndGoesOnFromTheSnapshot) {
   // Asynchronous updates have no single-process reference: the job must finish every step
   // after one recovery, with every replica holding the servers' parameters at the end.
   auto c = base_config(2, "ps_async", 64);
-  c.local_hosts = 2;
-  c.standby_workers = 1;
-  c.checkpoint_every_steps = 10;
-  c.checkpoint_max_overhead = 0;
-  c.heartbeat_timeout = milliseconds(2000);
-  c.comm_timeout = milliseconds(10000);
+  c.launch.local_hosts = 2;
+  c.recovery.standby_workers = 1;
+  c.checkpoints.every_steps = 10;
+  c.checkpoints.max_overhead = 0;
+  c.recovery.heartbeat_timeout = milliseconds(2000);
+  c.comm.timeout = milliseconds(10000);
   std::atomic<bool> done{false};
   int victim = 0;
   c.on_progress = [&](const TrainProgress& p) {
@@ -1861,7 +1863,7 @@ TEST(TrainerRecovery, PsSurvivesAHungWorkerOnItsOwnHost) {
   // Found by the soak: 3 workers on 3 pseudo-hosts, worker 1 stopped; its replacement joins
   // another host's shared memory.
   auto c = ps_config(3, 3, 3, 64);
-  c.wait_for_replacements = true;
+  c.recovery.wait_for_replacements = true;
   auto r = train_through_fault(c, SIGSTOP);
   ASSERT_EQ(r.recoveries.size(), 1u);
 }
@@ -1888,7 +1890,7 @@ TEST(TrainerRecovery, AWorkerKilledDuringStartUpCostsARestartAndTheJobTrainsTheS
 TEST(TrainerRecovery, WorkersThatKeepDyingAtStartUpFailTheJobNamingEveryFailure) {
   auto c = base_config(2, "allreduce", 64);
   c.initialization_hook = "die_at_start";
-  c.max_failures = 1;
+  c.recovery.max_failures = 1;
   ::setenv("DSGD_TEST_DIE_ALWAYS", "1", 1);
   try {
     Trainer t(dsgd::kImageClassifier, c);
@@ -1906,7 +1908,7 @@ TEST(TrainerRecovery, WorkersThatKeepDyingAtStartUpFailTheJobNamingEveryFailure)
 
 TEST(TrainerRecovery, HungWorkerIsEvictedAfterTheHeartbeatTimeout) {
   auto c = base_config(2, "allreduce", 64);
-  c.standby_workers = 1;
+  c.recovery.standby_workers = 1;
   auto r = train_through_fault(c, SIGSTOP);
   ASSERT_EQ(r.recoveries.size(), 1u);
   EXPECT_NE(r.recoveries[0].lost.find("silent"), std::string::npos) << r.recoveries[0].lost;
@@ -1916,7 +1918,7 @@ TEST(TrainerRecovery, HungWorkerIsEvictedAfterTheHeartbeatTimeout) {
 
 TEST(TrainerRecovery, WithoutReplacementsTrainingGoesOnWithFewerWorkersAndTheSameMathematics) {
   auto c = base_config(3, "allreduce", 66);
-  c.replace_lost_workers = false;
+  c.recovery.replace_lost_workers = false;
   // 3 replicas of 22 samples, then 2 of 33: the same gradient, summed in a different order.
   auto r = train_through_fault(c, SIGKILL, nullptr, 5e-5);
   ASSERT_EQ(r.recoveries.size(), 1u);
@@ -1928,10 +1930,10 @@ TEST(TrainerRecovery, AfterFailedReplacementsTheJobScalesBackUpToNumWorkers) {
   const std::string refuse = dir.file("refuse-new-workers");
   ::setenv("DSGD_TEST_REFUSE_WORKERS_WHILE", refuse.c_str(), 1);
   auto c = base_config(3, "allreduce", 66);
-  c.checkpoint_every_steps = 5;
-  c.checkpoint_max_overhead = 0;  // exactly that interval
-  c.heartbeat_timeout = milliseconds(2000);
-  c.comm_timeout = milliseconds(10000);
+  c.checkpoints.every_steps = 5;
+  c.checkpoints.max_overhead = 0;  // exactly that interval
+  c.recovery.heartbeat_timeout = milliseconds(2000);
+  c.comm.timeout = milliseconds(10000);
   std::atomic<bool> killed{false};
   int victim = 0;
   c.on_progress = [&](const TrainProgress& p) {
@@ -2039,7 +2041,7 @@ TEST(TrainerGpu, Bf16AutocastTrainsTheCnnLikeFloat32) {
 TEST(TrainerGpu, Fp16AutocastWithLossScalingTrainsTheCnnLikeFloat32) {
   SKIP_WITHOUT_CUDA();
   TrainerConfig c = gpu_config(2, "cnn");
-  c.precision = "fp16";
+  c.step.precision = "fp16";
   c.config["lr"] = 0.05;
   Trainer t(dsgd::kImageClassifier, c);
   auto r0 = t.train({.num_steps = 5});
@@ -2048,7 +2050,7 @@ TEST(TrainerGpu, Fp16AutocastWithLossScalingTrainsTheCnnLikeFloat32) {
   const double last = t.train({.num_steps = 5}).metrics.at("loss");
   std::cout << "fp16: loss " << r0.metrics.at("loss") << " -> " << last << "\n";
   EXPECT_LT(last, r0.metrics.at("loss"));
-  c.loss_scale = 0x1p40;  // float16 activation gradients overflow at once: backs off, then trains
+  c.step.loss_scale = 0x1p40;  // float16 activation gradients overflow at once: backs off, then trains
   Trainer high(dsgd::kImageClassifier, c);
   auto r = high.train({.num_steps = 40});
   std::cout << "from 2^40: " << r.metrics.at("skipped_steps") << " steps skipped, scale now "

@@ -84,18 +84,18 @@ TEST(Cli, TrainHelpShowsTheDefaultsOfADefaultTrainerConfig) {
       {"--workers", std::to_string(c.num_workers)},
       {"--devices-per-worker", std::to_string(c.devices_per_worker)},
       {"--strategy", c.strategy.name()},
-      {"--ps-shards", std::to_string(c.num_ps_shards)},
-      {"--ps-placement", c.ps_placement.name()},
-      {"--max-staleness", std::to_string(c.max_staleness)},
-      {"--local-hosts", std::to_string(c.local_hosts)},
-      {"--allreduce-algo", c.allreduce_algo.name()},
-      {"--grad-shard-bytes", std::to_string(c.grad_shard_bytes)},
-      {"--forward-overlap-buckets", std::to_string(c.forward_overlap_buckets)},
-      {"--checkpoint-every", std::to_string(c.checkpoint_every_steps)},
-      {"--keep-checkpoints", std::to_string(c.checkpoint_keep)},
-      {"--max-failures", std::to_string(c.max_failures)},
-      {"--heartbeat-timeout-ms", std::to_string(c.heartbeat_timeout.count())},
-      {"--nonfinite", c.nonfinite_policy.name()},
+      {"--ps-shards", std::to_string(c.ps.shards)},
+      {"--ps-placement", c.ps.placement.name()},
+      {"--max-staleness", std::to_string(c.ps.max_staleness)},
+      {"--local-hosts", std::to_string(c.launch.local_hosts)},
+      {"--allreduce-algo", c.comm.allreduce_algo.name()},
+      {"--grad-shard-bytes", std::to_string(c.comm.grad_shard_bytes)},
+      {"--forward-overlap-buckets", std::to_string(c.comm.forward_overlap_buckets)},
+      {"--checkpoint-every", std::to_string(c.checkpoints.every_steps)},
+      {"--keep-checkpoints", std::to_string(c.checkpoints.keep)},
+      {"--max-failures", std::to_string(c.recovery.max_failures)},
+      {"--heartbeat-timeout-ms", std::to_string(c.recovery.heartbeat_timeout.count())},
+      {"--nonfinite", c.step.nonfinite_policy.name()},
       {"--batch-size", std::to_string(c.batch_size)},
       {"--seed", std::to_string(c.seed)},
   };
@@ -103,7 +103,7 @@ TEST(Cli, TrainHelpShowsTheDefaultsOfADefaultTrainerConfig) {
     EXPECT_EQ(help_default(train.output, flag), value) << flag << "\n" << train.output;
   }
   std::ostringstream overhead;
-  overhead << c.checkpoint_max_overhead;
+  overhead << c.checkpoints.max_overhead;
   EXPECT_EQ(help_default(train.output, "--checkpoint-overhead"), overhead.str());
 }
 
@@ -127,15 +127,15 @@ TEST(Cli, FlagErrorsExitWithUsageStatusAndSayWhatIsWrong) {
   expect_usage_error("train --workers 2 --devices-per-worker 0",
                      "--devices-per-worker: devices_per_worker must be in 1..256, got 0");
   expect_usage_error("train --workers 2 --grad-shard-bytes -1",
-                     "--grad-shard-bytes: grad_shard_bytes must be > 0, got -1");
+                     "--grad-shard-bytes: comm.grad_shard_bytes must be > 0, got -1");
   expect_usage_error("train --workers 2 --keep-checkpoints 0",
-                     "--keep-checkpoints: checkpoint_keep must be >= 1, got 0");
+                     "--keep-checkpoints: checkpoints.keep must be >= 1, got 0");
   expect_usage_error("train --workers 2 --checkpoint-every -5",
-                     "--checkpoint-every: checkpoint_every_steps must be >= 0");
+                     "--checkpoint-every: checkpoints.every_steps must be >= 0");
   expect_usage_error("train --workers 2 --checkpoint-overhead 1.5",
-                     "--checkpoint-overhead: checkpoint_max_overhead must be in [0, 1)");
+                     "--checkpoint-overhead: checkpoints.max_overhead must be in [0, 1)");
   expect_usage_error("train --workers 2 --nonfinite ignore",
-                     "--nonfinite: unknown nonfinite_policy 'ignore'; use skip or error");
+                     "--nonfinite: unknown step.nonfinite_policy 'ignore'; use skip or error");
   expect_usage_error("train --workers 2 --config '{\"lr\": 0.1'", "--config is not valid JSON");
   expect_usage_error("train --workers 2 --config '{\"lr\": \"fast\"}'", "wrong type");
   expect_usage_error("train --workers 2 --config '{\"lr\": 1e400}'", "--config is not valid JSON");  // found by fuzzing

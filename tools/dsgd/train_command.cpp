@@ -83,9 +83,9 @@ nlohmann::json to_json(const TrainFlags& f, const dsgd::FitResult& r) {
   if (f.profile) j["profile_ms"] = r.profile_ms;
   if (r.comm_bytes_per_step >= 0) j["comm_bytes_per_step"] = r.comm_bytes_per_step;
   if (!f.in_process) {
-    j["compression"] = f.trainer.compression == Compression::kPowerSgd
-                           ? "powersgd:" + std::to_string(f.trainer.powersgd_rank)
-                           : f.trainer.compression.name();
+    j["compression"] = f.trainer.comm.compression == Compression::kPowerSgd
+                           ? "powersgd:" + std::to_string(f.trainer.comm.powersgd_rank)
+                           : f.trainer.comm.compression.name();
   }
   return j;
 }
@@ -122,8 +122,8 @@ void apply_cluster(TrainFlags& f) {
     throw ConfigError("--workers " + std::to_string(f.trainer.num_workers) + " but the cluster spec names " +
                       std::to_string(workers) + " worker(s); leave --workers out");
   }
-  const bool launched = !(f.trainer.launcher == Launcher::kAuto || f.trainer.launcher == Launcher::kNone);
-  if (f.in_process || launched || !f.trainer.listen.empty()) {
+  const bool launched = !(f.trainer.launch.launcher == Launcher::kAuto || f.trainer.launch.launcher == Launcher::kNone);
+  if (f.in_process || launched || !f.trainer.launch.listen.empty()) {
     throw ConfigError(
         "with a cluster spec the driver listens on its chief entry and a cluster manager starts the "
         "workers: it takes none of --in-process, --launcher, --listen");
@@ -131,17 +131,17 @@ void apply_cluster(TrainFlags& f) {
   if (!spec->ps.empty() && f.trainer.strategy != Strategy::kPs) {
     throw ConfigError("the cluster spec names ps tasks: train with --strategy ps (their shards), or leave them out");
   }
-  if (!spec->evaluators.empty() && f.trainer.checkpoint_dir.empty()) {
+  if (!spec->evaluators.empty() && f.trainer.checkpoints.dir.empty()) {
     throw ConfigError(
         "the cluster spec names an evaluator, which evaluates the job's checkpoints: give "
         "--checkpoint-dir (a directory the evaluator's host sees too)");
   }
   f.trainer.num_workers = workers;
-  f.trainer.listen = spec->chief;
-  f.trainer.launcher = Launcher::kNone;
+  f.trainer.launch.listen = spec->chief;
+  f.trainer.launch.launcher = Launcher::kNone;
   if (!spec->ps.empty()) {
-    f.trainer.ps_placement = PsPlacement::kProcesses;
-    f.trainer.num_ps_shards = static_cast<int>(spec->ps.size());
+    f.trainer.ps.placement = PsPlacement::kProcesses;
+    f.trainer.ps.shards = static_cast<int>(spec->ps.size());
   }
 }
 
@@ -151,18 +151,18 @@ void check_in_process(const TrainFlags& f) {
   const TrainerConfig d;
   const auto& t = f.trainer;
   if (t.num_workers != d.num_workers || t.devices_per_worker != d.devices_per_worker || !f.save.empty() ||
-      !f.load.empty() || !t.listen.empty() || !t.checkpoint_dir.empty() || f.profile || !f.trace.empty()) {
+      !f.load.empty() || !t.launch.listen.empty() || !t.checkpoints.dir.empty() || f.profile || !f.trace.empty()) {
     throw ConfigError(
         "--in-process trains in this one process: it takes none of --workers, "
         "--devices-per-worker, --save, --load, --listen, --checkpoint-dir, --profile, --trace");
   }
-  if (t.standby_workers > 0) throw ConfigError("--standby applies to worker jobs, not --in-process");
-  if (t.launcher != Launcher::kAuto || !f.hosts_file.empty()) {
+  if (t.recovery.standby_workers > 0) throw ConfigError("--standby applies to worker jobs, not --in-process");
+  if (t.launch.launcher != Launcher::kAuto || !f.hosts_file.empty()) {
     throw ConfigError("--in-process trains in this one process: it takes neither --launcher nor --hosts");
   }
   if (!f.config.empty()) throw ConfigError("--config applies to worker jobs, not --in-process");
-  if (t.device == Device::kCuda || t.precision != Precision::kFp32 || t.compression != Compression::kNone ||
-      t.loss_scale > 0) {
+  if (t.device == Device::kCuda || t.step.precision != Precision::kFp32 || t.comm.compression != Compression::kNone ||
+      t.step.loss_scale > 0) {
     throw ConfigError(
         "--device cuda, --precision, --compression and --loss-scale apply to worker jobs; --in-process "
         "trains float32 on the CPU");
@@ -174,7 +174,7 @@ void check_in_process(const TrainFlags& f) {
 TrainerConfig trainer_config_of(const TrainFlags& f) {
   const auto& j = f.job;
   TrainerConfig c = f.trainer;
-  if (!f.hosts_file.empty()) c.hosts = read_hosts_file(f.hosts_file);
+  if (!f.hosts_file.empty()) c.launch.hosts = read_hosts_file(f.hosts_file);
   c.batch_size = j.batch_size;
   c.seed = j.seed;
   c.threads_per_worker = j.threads;
@@ -193,8 +193,8 @@ TrainerConfig trainer_config_of(const TrainFlags& f) {
 }
 
 void validate_flags(TrainFlags& f) {
-  if (f.trainer.token.empty()) {
-    if (const char* t = std::getenv("DSGD_TOKEN")) f.trainer.token = t;
+  if (f.trainer.launch.token.empty()) {
+    if (const char* t = std::getenv("DSGD_TOKEN")) f.trainer.launch.token = t;
   }
   apply_cluster(f);
   if (f.in_process) check_in_process(f);
@@ -312,7 +312,7 @@ CLI::Option* bind_choice(CLI::App* cmd, TrainFlags& f, const std::string& flag, 
 void set_compression(TrainerConfig& t, const std::string& v) {
   const auto colon = v.find(':');
   if (colon == std::string::npos) {
-    t.compression = v;
+    t.comm.compression = v;
     return;
   }
   const std::string name = v.substr(0, colon), rank = v.substr(colon + 1);
@@ -327,8 +327,8 @@ void set_compression(TrainerConfig& t, const std::string& v) {
     throw CLI::ValidationError("--compression",
                                "'" + v + "': only powersgd takes a rank, a whole number (e.g. powersgd:4)");
   }
-  t.compression = Compression::kPowerSgd;
-  t.powersgd_rank = r;
+  t.comm.compression = Compression::kPowerSgd;
+  t.comm.powersgd_rank = r;
 }
 
 // The model, data and optimizer (the image classifier's config, and --in-process's job).
@@ -371,34 +371,34 @@ void add_strategy_flags(CLI::App* cmd, TrainFlags& f) {
               "Model replicas per worker process")
       ->capture_default_str();
   bind_choice(cmd, f, "--strategy", f.trainer.strategy, "Gradient synchronisation: simple, allreduce, ps or ps_async");
-  bind_option(cmd, f, "--ps-shards", "num_ps_shards", f.trainer.num_ps_shards,
+  bind_option(cmd, f, "--ps-shards", "ps.shards", f.trainer.ps.shards,
               "ps: parameter-server shards (0 = one per host)")
       ->capture_default_str();
-  bind_flag(cmd, f, "--ps-update-on-shards", "ps_update_on_shards", f.trainer.ps_update_on_shards,
+  bind_flag(cmd, f, "--ps-update-on-shards", "ps.update_on_shards", f.trainer.ps.update_on_shards,
             "ps: the shards apply SGD and hold its momentum (optimizer state sharded); needs SGD");
-  bind_choice(cmd, f, "--ps-placement", f.trainer.ps_placement,
+  bind_choice(cmd, f, "--ps-placement", f.trainer.ps.placement,
               "ps: the shards live in the workers, or in processes of their own (--ps-shards of them; "
               "remote mode: start each with dsgd ps-server --shard S)");
-  bind_option(cmd, f, "--max-staleness", "max_staleness", f.trainer.max_staleness,
+  bind_option(cmd, f, "--max-staleness", "ps.max_staleness", f.trainer.ps.max_staleness,
               "ps_async: a worker this many updates ahead of the slowest waits (-1 = never)")
       ->capture_default_str();
-  bind_option(cmd, f, "--local-hosts", "local_hosts", f.trainer.local_hosts,
+  bind_option(cmd, f, "--local-hosts", "launch.local_hosts", f.trainer.launch.local_hosts,
               "Spread local workers over this many pseudo-hosts (shared memory only within each)")
       ->capture_default_str();
-  bind_choice(cmd, f, "--allreduce-algo", f.trainer.allreduce_algo, "auto (shared memory + Gloo), ring or hd");
-  bind_option(cmd, f, "--grad-shard-bytes", "grad_shard_bytes", f.trainer.grad_shard_bytes,
+  bind_choice(cmd, f, "--allreduce-algo", f.trainer.comm.allreduce_algo, "auto (shared memory + Gloo), ring or hd");
+  bind_option(cmd, f, "--grad-shard-bytes", "comm.grad_shard_bytes", f.trainer.comm.grad_shard_bytes,
               "Gradient bucket size in bytes")
       ->capture_default_str();
-  bind_flag(cmd, f, "!--no-overlap", "overlap", f.trainer.overlap,
+  bind_flag(cmd, f, "!--no-overlap", "comm.overlap", f.trainer.comm.overlap,
             "Communicate gradients after backward instead of during it");
   bind_with(
-      cmd, f, "--forward-overlap-buckets", "forward_overlap_buckets",
-      [&t = f.trainer](const std::string& v) { t.forward_overlap_buckets = v == "auto" ? -1 : std::stoi(v); },
+      cmd, f, "--forward-overlap-buckets", "comm.forward_overlap_buckets",
+      [&t = f.trainer](const std::string& v) { t.comm.forward_overlap_buckets = v == "auto" ? -1 : std::stoi(v); },
       "Also overlap the next forward: this many buckets (spread over the layers) go after "
       "backward, first layer first, and each is applied as forward reaches it (0 = off; auto: tried on the "
       "first steps)")
       ->check(CLI::Range(0, std::numeric_limits<int>::max()) | CLI::IsMember({"auto"}))
-      ->default_str(std::to_string(f.trainer.forward_overlap_buckets));
+      ->default_str(std::to_string(f.trainer.comm.forward_overlap_buckets));
 }
 
 // Checkpoints, snapshots and what happens when a worker is lost.
@@ -406,86 +406,89 @@ void add_recovery_flags(CLI::App* cmd, TrainFlags& f) {
   cmd->add_option("--save", f.save, "Write a checkpoint directory at the end");
   cmd->add_option("--load", f.load,
                   "Start from this checkpoint directory, or from the newest intact one in a --checkpoint-dir");
-  bind_option(cmd, f, "--checkpoint-dir", "checkpoint_dir", f.trainer.checkpoint_dir,
+  bind_option(cmd, f, "--checkpoint-dir", "checkpoints.dir", f.trainer.checkpoints.dir,
               "Also write every --checkpoint-every snapshot here (step-N), keeping --keep-checkpoints");
-  bind_option(cmd, f, "--checkpoint-every", "checkpoint_every_steps", f.trainer.checkpoint_every_steps,
+  bind_option(cmd, f, "--checkpoint-every", "checkpoints.every_steps", f.trainer.checkpoints.every_steps,
               "Steps between snapshots, at least; a lost worker costs at most one interval (0 = once per epoch)")
       ->capture_default_str();
-  bind_option(cmd, f, "--checkpoint-overhead", "checkpoint_max_overhead", f.trainer.checkpoint_max_overhead,
+  bind_option(cmd, f, "--checkpoint-overhead", "checkpoints.max_overhead", f.trainer.checkpoints.max_overhead,
               "Longer intervals where snapshots would take more than this share of training time "
               "(0 = exactly every --checkpoint-every steps)")
       ->capture_default_str();
-  bind_option(cmd, f, "--keep-checkpoints", "checkpoint_keep", f.trainer.checkpoint_keep,
+  bind_option(cmd, f, "--keep-checkpoints", "checkpoints.keep", f.trainer.checkpoints.keep,
               "Checkpoints kept in --checkpoint-dir")
       ->capture_default_str();
-  bind_option(cmd, f, "--standby", "standby_workers", f.trainer.standby_workers,
+  bind_option(cmd, f, "--standby", "recovery.standby_workers", f.trainer.recovery.standby_workers,
               "Standby workers: set up outside the group, each takes a lost worker's place in well under a second")
       ->capture_default_str();
-  bind_flag(cmd, f, "--wait-for-replacements", "wait_for_replacements", f.trainer.wait_for_replacements,
+  bind_flag(cmd, f, "--wait-for-replacements", "recovery.wait_for_replacements",
+            f.trainer.recovery.wait_for_replacements,
             "After a loss without a standby, wait for new workers instead of going on with the survivors");
-  bind_option(cmd, f, "--max-failures", "max_failures", f.trainer.max_failures,
+  bind_option(cmd, f, "--max-failures", "recovery.max_failures", f.trainer.recovery.max_failures,
               "Lost workers survived before the job fails")
       ->capture_default_str();
   bind_with(
-      cmd, f, "--heartbeat-timeout-ms", "heartbeat_timeout",
-      [&t = f.trainer](const std::string& v) { t.heartbeat_timeout = std::chrono::milliseconds(std::stoll(v)); },
+      cmd, f, "--heartbeat-timeout-ms", "recovery.heartbeat_timeout",
+      [&t = f.trainer](const std::string& v) {
+        t.recovery.heartbeat_timeout = std::chrono::milliseconds(std::stoll(v));
+      },
       "A worker silent this long (hung, or its network cut) is evicted")
       ->check(CLI::Number)
-      ->default_str(std::to_string(f.trainer.heartbeat_timeout.count()));
+      ->default_str(std::to_string(f.trainer.recovery.heartbeat_timeout.count()));
 }
 
 // Where and in what arithmetic replicas compute, and what crosses hosts.
 void add_precision_flags(CLI::App* cmd, TrainFlags& f) {
   bind_choice(cmd, f, "--device", f.trainer.device,
               "Where replicas compute: auto (CUDA when the workers' LibTorch sees a GPU), cpu or cuda");
-  bind_choice(cmd, f, "--precision", f.trainer.precision,
+  bind_choice(cmd, f, "--precision", f.trainer.step.precision,
               "fp32; bf16: forward and loss under bfloat16 autocast (float32 weights and optimizer); fp16: "
               "the same in float16 with dynamic loss scaling (CUDA only)");
-  bind_option(cmd, f, "--loss-scale", "loss_scale", f.trainer.loss_scale,
+  bind_option(cmd, f, "--loss-scale", "step.loss_scale", f.trainer.step.loss_scale,
               "Dynamic loss scaling from this scale (a power of two); 0: 65536 under fp16, else off; -1: off")
       ->capture_default_str();
-  bind_option(cmd, f, "--loss-scale-growth-interval", "loss_scale_growth_interval",
-              f.trainer.loss_scale_growth_interval, "Finite steps in a row before the loss scale doubles")
+  bind_option(cmd, f, "--loss-scale-growth-interval", "step.loss_scale_growth_interval",
+              f.trainer.step.loss_scale_growth_interval, "Finite steps in a row before the loss scale doubles")
       ->capture_default_str();
   bind_with(
-      cmd, f, "--compression", "compression", [&t = f.trainer](const std::string& v) { set_compression(t, v); },
+      cmd, f, "--compression", "comm.compression", [&t = f.trainer](const std::string& v) { set_compression(t, v); },
       "What crosses hosts (allreduce): none; fp16 / bf16: 16 bits a value on the wire, summed in "
       "float32; powersgd:R: PowerSGD's rank-R factors of each matrix (R default 4); the lossy ones with "
       "error feedback")
-      ->default_str(f.trainer.compression.name());
-  f.flag_of["powersgd_rank"] = "--compression";
-  bind_option(cmd, f, "--powersgd-start-steps", "powersgd_start_steps", f.trainer.powersgd_start_steps,
+      ->default_str(f.trainer.comm.compression.name());
+  f.flag_of["comm.powersgd_rank"] = "--compression";
+  bind_option(cmd, f, "--powersgd-start-steps", "comm.powersgd_start_steps", f.trainer.comm.powersgd_start_steps,
               "--compression powersgd: plain float32 steps first")
       ->capture_default_str();
-  bind_choice(cmd, f, "--nonfinite", f.trainer.nonfinite_policy,
+  bind_choice(cmd, f, "--nonfinite", f.trainer.step.nonfinite_policy,
               "A NaN/infinite gradient: skip (the step, everywhere, and warn) or error (stop)");
 }
 
 // Who starts the workers, and how they find the driver.
 void add_launch_flags(CLI::App* cmd, TrainFlags& f) {
-  bind_option(cmd, f, "--listen", "listen", f.trainer.listen,
+  bind_option(cmd, f, "--listen", "launch.listen", f.trainer.launch.listen,
               "HOST:PORT: wait for --workers workers started elsewhere (`dsgd worker`) instead of spawning");
-  bind_option(cmd, f, "--token", "token", f.trainer.token,
+  bind_option(cmd, f, "--token", "launch.token", f.trainer.launch.token,
               "Job token for --listen (default: $DSGD_TOKEN, else random, printed)");
   cmd->add_option("--cluster", f.cluster,
                   "A cluster spec (TF_CONFIG's shape; default: $DSGD_CLUSTER) whose task is the chief: listen on its "
                   "address for its workers and ps shards");
   bind_choice(
-      cmd, f, "--launcher", f.trainer.launcher,
+      cmd, f, "--launcher", f.trainer.launch.launcher,
       "Who starts the workers: local (this host), ssh (--hosts, over the system's ssh client; needs "
       "--listen HOST:PORT the hosts reach), mpirun (all at once; --hosts optional; a lost worker is not "
       "replaced), slurm (a job step per worker inside sbatch/salloc; needs --listen HOST:PORT the nodes reach), "
       "none (you do: `dsgd worker --driver`); auto: local, or none with --listen");
-  f.flag_of["hosts"] = "--hosts";
+  f.flag_of["launch.hosts"] = "--hosts";
   cmd->add_option("--hosts", f.hosts_file,
                   "--launcher ssh or mpirun: a file of hosts, one \"host\" or \"host:slots\" a line (# comments)");
-  bind_option(cmd, f, "--ssh-command", "ssh_command", f.trainer.ssh_command,
+  bind_option(cmd, f, "--ssh-command", "launch.ssh_command", f.trainer.launch.ssh_command,
               "--launcher ssh: the ssh client and its options (e.g. \"ssh -p 2222 -i KEY\")")
       ->capture_default_str();
-  bind_option(cmd, f, "--mpirun-command", "mpirun_command", f.trainer.mpirun_command,
+  bind_option(cmd, f, "--mpirun-command", "launch.mpirun_command", f.trainer.launch.mpirun_command,
               "--launcher mpirun: mpirun and its options (e.g. \"mpirun --allow-run-as-root\")")
       ->capture_default_str();
-  bind_option(cmd, f, "--srun-command", "srun_command", f.trainer.srun_command,
+  bind_option(cmd, f, "--srun-command", "launch.srun_command", f.trainer.launch.srun_command,
               "--launcher slurm: srun and its options for every worker's step (e.g. \"srun --cpus-per-task=4\")")
       ->capture_default_str();
 }

@@ -12,7 +12,7 @@
 // at most what the earlier ones left. allreduce_async queues the three stages on the group's own
 // thread and returns a Work at once. Thread-safe. Torch-free.
 //
-// Compressed across hosts (CrossHostWire, TrainerConfig::compression fp16 / bf16): a float32
+// Compressed across hosts (CrossHostWire, TrainerConfig::comm.compression fp16 / bf16): a float32
 // sum or average whose across-host stage sends 16 bits per value. Each leader rounds its host's
 // sum (plus its error-feedback residual) to float16 or bfloat16, sends block j of it to leader j
 // (Gloo's alltoall), sums the blocks it gets in float32 in leader order, rounds that sum once

@@ -55,9 +55,9 @@ class SnapshotPolicy {
   // Steps in the next chunk: checkpoint_every_steps, or more where the last snapshot would
   // otherwise cost more than checkpoint_max_overhead of the chunk's step_s-long steps.
   int64_t chunk_steps(double step_s) const {
-    const int64_t every = config_.checkpoint_every_steps;
-    if (every == 0 || config_.checkpoint_max_overhead == 0 || step_s <= 0) return every;
-    const double wanted_s = predicted_cost_s() / config_.checkpoint_max_overhead;
+    const int64_t every = config_.checkpoints.every_steps;
+    if (every == 0 || config_.checkpoints.max_overhead == 0 || step_s <= 0) return every;
+    const double wanted_s = predicted_cost_s() / config_.checkpoints.max_overhead;
     return std::max(every, static_cast<int64_t>(std::ceil(wanted_s / step_s)));
   }
 
@@ -74,7 +74,7 @@ class SnapshotPolicy {
   // interval's end (the call's, with checkpoint_every_steps 0).
   bool defer(int64_t batches, double step_s, Position at, bool cut_short = false) {
     const int64_t interval = chunk_steps(step_s);
-    if (!cut_short && (!config_.checkpoint_dir.empty() || interval == 0)) return false;
+    if (!cut_short && (!config_.checkpoints.dir.empty() || interval == 0)) return false;
     if (interval > 0 && pending_ + batches >= interval) return false;
     pending_ += batches;
     replay_to_ = at;

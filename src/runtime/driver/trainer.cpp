@@ -124,23 +124,23 @@ Trainer::Trainer(const std::string& operator_name, TrainerConfig config) : impl_
   d.op_name = operator_name;
   d.config = std::move(config);
   const auto& c = d.config;
-  d.token = c.token.empty() ? random_token() : c.token;
+  d.token = c.launch.token.empty() ? random_token() : c.launch.token;
   control::DriverServerOptions so;
-  so.listen = c.listen.empty() ? "127.0.0.1:0" : c.listen;
+  so.listen = c.launch.listen.empty() ? "127.0.0.1:0" : c.launch.listen;
   so.token = d.token;
   so.num_workers = c.num_workers;
-  so.standby_workers = c.standby_workers;
+  so.standby_workers = c.recovery.standby_workers;
   so.world_size = c.num_workers * c.devices_per_worker;
   so.job = runtime::make_job_spec(operator_name, c);
-  so.heartbeat_timeout = c.heartbeat_timeout;
-  so.reduce_timeout = c.comm_timeout;
+  so.heartbeat_timeout = c.recovery.heartbeat_timeout;
+  so.reduce_timeout = c.comm.timeout;
   d.server = control::DriverServer::start(so);
   std::string binary;  // what the workers the driver starts run
   if (runtime::launcher_of(c) != Launcher::kNone)
-    binary = c.worker_binary.empty() ? runtime::self_executable() : c.worker_binary;
+    binary = c.launch.worker_binary.empty() ? runtime::self_executable() : c.launch.worker_binary;
   d.pool = std::make_unique<runtime::WorkerPool>(c, *d.server, binary, d.token);
   d.snapshots = std::make_unique<runtime::SnapshotPolicy>(d.config);
-  if (!c.checkpoint_dir.empty()) runtime::mark_job_ended(c.checkpoint_dir, false);  // this job runs now
+  if (!c.checkpoints.dir.empty()) runtime::mark_job_ended(c.checkpoints.dir, false);  // this job runs now
 
   try {
     if (d.pool->spawns()) {
@@ -167,7 +167,8 @@ Trainer::~Trainer() {
 void Trainer::Impl::start_up() {
   while (true) {
     try {
-      server->wait_registered(config.registration_timeout, [&] { pool->check_children(); }, pool->initial_count());
+      server->wait_registered(
+          config.launch.registration_timeout, [&] { pool->check_children(); }, pool->initial_count());
       pool->choose_members();
 
       // Every replica builds its operator; all must agree on the parameters.
@@ -206,14 +207,14 @@ void Trainer::Impl::start_up() {
       const bool registration_timeout = dynamic_cast<const TimeoutError*>(&e) != nullptr && e.op() == "register";
       if (!pool->spawns() || registration_timeout || e.op() == "worker start") throw;
       failure_log.push_back(std::string(e.what()) + " (during start-up)");
-      if (++failures > config.max_failures) {
+      if (++failures > config.recovery.max_failures) {
         std::string all;
         for (size_t i = 0; i < failure_log.size(); ++i) all += "\n  " + std::to_string(i + 1) + ". " + failure_log[i];
         fail("giving up after " + std::to_string(failures) + " failures (max_failures " +
-             std::to_string(config.max_failures) + "):" + all);
+             std::to_string(config.recovery.max_failures) + "):" + all);
       }
       control::log().warn("trainer: {} during start-up; starting every worker again (failure {} of at most {})",
-                          e.what(), failures, config.max_failures);
+                          e.what(), failures, config.recovery.max_failures);
       signature.clear();  // no setups in the background until the members' is known again
       server->abort_generation(generation);
       for (int id : server->alive()) server->evict(id, "the job starts again");
@@ -284,7 +285,7 @@ Results Trainer::train(const TrainOptions& options) {
     args.set_profile(options.profile);
     args.set_trace(!options.trace_path.empty());
     args.set_state_bytes(want_size);
-    const bool choose_overlap = d.config.forward_overlap_buckets < 0;
+    const bool choose_overlap = d.config.comm.forward_overlap_buckets < 0;
     const int64_t planned = chunk;
     if (choose_overlap) {
       chunk = d.overlap_tuner.trial_chunk(chunk);
@@ -438,11 +439,11 @@ void Trainer::shutdown() {
   if (d.pool) d.pool->stop(3000);
   d.pool.reset();
   d.server.reset();
-  if (!d.config.checkpoint_dir.empty()) {  // an evaluator stops once it has evaluated what came before
+  if (!d.config.checkpoints.dir.empty()) {  // an evaluator stops once it has evaluated what came before
     try {
-      runtime::mark_job_ended(d.config.checkpoint_dir, true);
+      runtime::mark_job_ended(d.config.checkpoints.dir, true);
     } catch (const std::exception& e) {
-      control::log().warn("trainer: cannot mark the job's end in {}: {}", d.config.checkpoint_dir, e.what());
+      control::log().warn("trainer: cannot mark the job's end in {}: {}", d.config.checkpoints.dir, e.what());
     }
   }
 }
@@ -452,7 +453,7 @@ const TrainerConfig& Trainer::config() const { return impl_->config; }
 int64_t Trainer::parameter_count() const { return impl_->parameters; }
 
 std::string Trainer::address() const {
-  const std::string& l = impl_->config.listen;
+  const std::string& l = impl_->config.launch.listen;
   const std::string host = l.empty() ? "127.0.0.1" : l.substr(0, l.rfind(':'));
   return host + ":" + std::to_string(impl_->server ? impl_->server->port() : 0);
 }

@@ -37,9 +37,10 @@ void validate_processes(const TrainerConfig& c) {
           "num_workers must be in 1..4096, got " + std::to_string(c.num_workers));
   require(c.devices_per_worker >= 1 && c.devices_per_worker <= 256, "devices_per_worker",
           "devices_per_worker must be in 1..256, got " + std::to_string(c.devices_per_worker));
-  require(c.standby_workers >= 0 && c.standby_workers <= 64, "standby_workers",
-          "standby_workers must be in 0..64, got " + std::to_string(c.standby_workers));
-  require(c.local_hosts >= 1, "local_hosts", "local_hosts must be >= 1, got " + std::to_string(c.local_hosts));
+  require(c.recovery.standby_workers >= 0 && c.recovery.standby_workers <= 64, "recovery.standby_workers",
+          "recovery.standby_workers must be in 0..64, got " + std::to_string(c.recovery.standby_workers));
+  require(c.launch.local_hosts >= 1, "launch.local_hosts",
+          "launch.local_hosts must be >= 1, got " + std::to_string(c.launch.local_hosts));
   require(c.threads_per_worker >= 0, "threads_per_worker",
           "threads_per_worker must be >= 0 (0 = cores / workers), got " + std::to_string(c.threads_per_worker));
   const int64_t world = int64_t{c.num_workers} * c.devices_per_worker;
@@ -47,66 +48,70 @@ void validate_processes(const TrainerConfig& c) {
           "batch_size (global) must be at least the number of replicas (" + std::to_string(world) + "), got " +
               std::to_string(c.batch_size));
   require(
-      c.ps_placement != PsPlacement::kProcesses || runtime::launcher_of(c) != Launcher::kNone || c.num_ps_shards > 0,
-      "num_ps_shards",
-      "ps_placement processes in remote mode needs num_ps_shards > 0: as many shard processes as you start "
+      c.ps.placement != PsPlacement::kProcesses || runtime::launcher_of(c) != Launcher::kNone || c.ps.shards > 0,
+      "ps.shards",
+      "ps.placement processes in remote mode needs ps.shards > 0: as many shard processes as you start "
       "(dsgd ps-server --shard 0..n-1)");
-  if (!c.listen.empty()) {
-    const auto colon = c.listen.rfind(':');
-    require(colon != std::string::npos && colon + 1 < c.listen.size(), "listen",
-            "listen must be HOST:PORT (e.g. 0.0.0.0:29500), got '" + c.listen + "'");
+  if (!c.launch.listen.empty()) {
+    const auto colon = c.launch.listen.rfind(':');
+    require(colon != std::string::npos && colon + 1 < c.launch.listen.size(), "launch.listen",
+            "listen must be HOST:PORT (e.g. 0.0.0.0:29500), got '" + c.launch.listen + "'");
   }
 }
 
 void validate_step(const TrainerConfig& c) {
-  require(c.grad_shard_bytes > 0, "grad_shard_bytes",
-          "grad_shard_bytes must be > 0, got " + std::to_string(c.grad_shard_bytes));
-  require(c.forward_overlap_buckets >= -1, "forward_overlap_buckets",
-          "forward_overlap_buckets must be >= 0 (0 = off) or -1 (auto), got " +
-              std::to_string(c.forward_overlap_buckets));
-  const bool server_steps = c.strategy == Strategy::kPsAsync || c.ps_update_on_shards;
-  require(c.forward_overlap_buckets == 0 || !server_steps, "forward_overlap_buckets",
-          "forward_overlap_buckets needs averaged gradients (allreduce, ps, simple); under ps_async and "
-          "ps_update_on_shards the servers take the step. Set it to 0");
+  require(c.comm.grad_shard_bytes > 0, "comm.grad_shard_bytes",
+          "comm.grad_shard_bytes must be > 0, got " + std::to_string(c.comm.grad_shard_bytes));
+  require(c.comm.forward_overlap_buckets >= -1, "comm.forward_overlap_buckets",
+          "comm.forward_overlap_buckets must be >= 0 (0 = off) or -1 (auto), got " +
+              std::to_string(c.comm.forward_overlap_buckets));
+  const bool server_steps = c.strategy == Strategy::kPsAsync || c.ps.update_on_shards;
+  require(c.comm.forward_overlap_buckets == 0 || !server_steps, "comm.forward_overlap_buckets",
+          "comm.forward_overlap_buckets needs averaged gradients (allreduce, ps, simple); under ps_async and "
+          "ps.update_on_shards the servers take the step. Set it to 0");
   // Explicit CUDA only; under auto the worker's GradSync says the same where it finds a GPU.
   require(c.device != Device::kCuda || !server_steps, "device",
-          "device cuda takes the strategies simple, allreduce and ps (without ps_update_on_shards): their servers "
+          "device cuda takes the strategies simple, allreduce and ps (without ps.update_on_shards): their servers "
           "update on the CPU. Use one of those, or device cpu");
-  require(c.device != Device::kCuda || c.forward_overlap_buckets == 0, "forward_overlap_buckets",
-          "forward_overlap_buckets is CPU-only: set it to 0 with device cuda");
-  require(c.precision != Precision::kFp16 || c.device != Device::kCpu, "precision",
+  require(c.device != Device::kCuda || c.comm.forward_overlap_buckets == 0, "comm.forward_overlap_buckets",
+          "comm.forward_overlap_buckets is CPU-only: set it to 0 with device cuda");
+  require(c.step.precision != Precision::kFp16 || c.device != Device::kCpu, "step.precision",
           "precision fp16 needs CUDA: LibTorch's CPU autocast runs bfloat16 only. Use precision bf16 on the CPU");
-  require(c.loss_scale >= 0 || c.loss_scale == -1, "loss_scale",
-          "loss_scale must be > 0 (dynamic from that scale), 0 (dynamic under fp16, else off) or -1 (off), got " +
-              std::to_string(c.loss_scale));
+  require(c.step.loss_scale >= 0 || c.step.loss_scale == -1, "step.loss_scale",
+          "step.loss_scale must be > 0 (dynamic from that scale), 0 (dynamic under fp16, else off) or -1 (off), got " +
+              std::to_string(c.step.loss_scale));
   if (const double s = loss_scale_of(c); s > 0) {
     try {
-      torch_glue::LossScaler({.init_scale = s, .growth_interval = c.loss_scale_growth_interval});  // its bounds
+      torch_glue::LossScaler({.init_scale = s, .growth_interval = c.step.loss_scale_growth_interval});  // its bounds
     } catch (const ConfigError& e) {
-      throw ConfigError(e.what(), "loss_scale");
+      throw ConfigError(e.what(), "step.loss_scale");
     }
-    require(!server_steps && c.forward_overlap_buckets == 0, "loss_scale",
+    require(!server_steps && c.comm.forward_overlap_buckets == 0, "step.loss_scale",
             "loss scaling needs the optimizer step in the replicas, once per batch after the gradient check: not "
-            "with ps_async, ps_update_on_shards or forward_overlap_buckets (set it to 0)" +
-                std::string(c.precision == Precision::kFp16 ? "; precision fp16 scales the loss by default" : ""));
+            "with ps_async, ps.update_on_shards or comm.forward_overlap_buckets (set it to 0)" +
+                std::string(c.step.precision == Precision::kFp16 ? "; precision fp16 scales the loss by default" : ""));
   }
 }
 
 void validate_recovery(const TrainerConfig& c) {
-  require(c.checkpoint_keep >= 1, "checkpoint_keep",
-          "checkpoint_keep must be >= 1, got " + std::to_string(c.checkpoint_keep));
-  require(c.max_failures >= 0, "max_failures", "max_failures must be >= 0, got " + std::to_string(c.max_failures));
-  require(c.checkpoint_max_overhead >= 0 && c.checkpoint_max_overhead < 1, "checkpoint_max_overhead",
-          "checkpoint_max_overhead must be in [0, 1) (0 = every checkpoint_every_steps), got " +
-              std::to_string(c.checkpoint_max_overhead));
-  require(c.checkpoint_every_steps >= 0, "checkpoint_every_steps",
-          "checkpoint_every_steps must be >= 0 (0 = once per train call), got " +
-              std::to_string(c.checkpoint_every_steps));
-  require(c.registration_timeout.count() > 0, "registration_timeout", "registration_timeout must be positive");
-  require(c.replacement_timeout.count() > 0, "replacement_timeout", "replacement_timeout must be positive");
-  require(c.heartbeat_timeout.count() >= 100, "heartbeat_timeout",
-          "heartbeat_timeout must be >= 100 ms, got " + std::to_string(c.heartbeat_timeout.count()) + " ms");
-  require(c.comm_timeout.count() > 0, "comm_timeout", "comm_timeout must be positive");
+  require(c.checkpoints.keep >= 1, "checkpoints.keep",
+          "checkpoints.keep must be >= 1, got " + std::to_string(c.checkpoints.keep));
+  require(c.recovery.max_failures >= 0, "recovery.max_failures",
+          "recovery.max_failures must be >= 0, got " + std::to_string(c.recovery.max_failures));
+  require(c.checkpoints.max_overhead >= 0 && c.checkpoints.max_overhead < 1, "checkpoints.max_overhead",
+          "checkpoints.max_overhead must be in [0, 1) (0 = every checkpoints.every_steps), got " +
+              std::to_string(c.checkpoints.max_overhead));
+  require(c.checkpoints.every_steps >= 0, "checkpoints.every_steps",
+          "checkpoints.every_steps must be >= 0 (0 = once per train call), got " +
+              std::to_string(c.checkpoints.every_steps));
+  require(c.launch.registration_timeout.count() > 0, "launch.registration_timeout",
+          "launch.registration_timeout must be positive");
+  require(c.recovery.replacement_timeout.count() > 0, "recovery.replacement_timeout",
+          "recovery.replacement_timeout must be positive");
+  require(c.recovery.heartbeat_timeout.count() >= 100, "recovery.heartbeat_timeout",
+          "recovery.heartbeat_timeout must be >= 100 ms, got " + std::to_string(c.recovery.heartbeat_timeout.count()) +
+              " ms");
+  require(c.comm.timeout.count() > 0, "comm.timeout", "comm.timeout must be positive");
 }
 
 }  // namespace
@@ -115,14 +120,14 @@ void validate_config(const std::string& op, const TrainerConfig& c) {
   require(!op.empty(), "", "no operator name given");
   if (!has_operator(op)) make_operator(op);  // throws the error listing the registered ones
   check_known(c.strategy);
-  check_known(c.ps_placement);
-  check_known(c.allreduce_algo);
-  check_known(c.scheduler_step_freq);
-  check_known(c.nonfinite_policy);
+  check_known(c.ps.placement);
+  check_known(c.comm.allreduce_algo);
+  check_known(c.step.scheduler_step_freq);
+  check_known(c.step.nonfinite_policy);
   check_known(c.device);
-  check_known(c.precision);
-  check_known(c.compression);
-  check_known(c.launcher);
+  check_known(c.step.precision);
+  check_known(c.comm.compression);
+  check_known(c.launch.launcher);
   validate_processes(c);
   validate_step(c);
   validate_recovery(c);
@@ -139,16 +144,55 @@ void validate_config(const std::string& op, const TrainerConfig& c) {
   }
 }
 
-int worker_processes(const TrainerConfig& c) { return c.num_workers + c.standby_workers; }
+int worker_processes(const TrainerConfig& c) { return c.num_workers + c.recovery.standby_workers; }
 
 double loss_scale_of(const TrainerConfig& c) {
-  if (c.loss_scale > 0) return c.loss_scale;
-  return c.loss_scale == 0 && c.precision == Precision::kFp16 ? 65536.0 : 0.0;
+  if (c.step.loss_scale > 0) return c.step.loss_scale;
+  return c.step.loss_scale == 0 && c.step.precision == Precision::kFp16 ? 65536.0 : 0.0;
+}
+
+// StepConfig's field table: what travels to the workers (the job spec's `step`). A new step
+// setting adds its line here.
+template <typename S, typename F>
+void step_fields(S& s, F&& field) {
+  field("precision", s.precision);
+  field("loss_scale", s.loss_scale);
+  field("loss_scale_growth_interval", s.loss_scale_growth_interval);
+  field("nonfinite_policy", s.nonfinite_policy);
+  field("scheduler_step_freq", s.scheduler_step_freq);
+}
+
+// A Choice as its enum's number (choice.h), never as a spelling.
+template <typename E>
+void to_json(nlohmann::json& j, const Choice<E>& c) {
+  j = static_cast<int>(c.value());
+}
+template <typename E>
+void from_json(const nlohmann::json& j, Choice<E>& c) {
+  const int n = j.get<int>();
+  if (n <= 0 || n > static_cast<int>(ChoiceTraits<E>::names.size())) {
+    throw ConfigError(std::string(ChoiceTraits<E>::field) + " is " + std::to_string(n) +
+                          ", which this build does not know: are the driver and this process from different dsgd "
+                          "versions?",
+                      std::string(ChoiceTraits<E>::field));
+  }
+  c = static_cast<E>(n);
+}
+
+void to_json(nlohmann::json& j, const StepConfig& step) {
+  j = nlohmann::json::object();
+  step_fields(step, [&j](const char* key, const auto& value) { j[key] = value; });
+}
+
+void from_json(const nlohmann::json& j, StepConfig& step) {
+  step_fields(step, [&j](const char* key, auto& value) {
+    if (j.contains(key)) j.at(key).get_to(value);
+  });
 }
 
 int ps_shard_processes(const TrainerConfig& c) {
-  if (c.strategy != Strategy::kPs || c.ps_placement != PsPlacement::kProcesses) return 0;
-  return c.num_ps_shards > 0 ? c.num_ps_shards : c.local_hosts;
+  if (c.strategy != Strategy::kPs || c.ps.placement != PsPlacement::kProcesses) return 0;
+  return c.ps.shards > 0 ? c.ps.shards : c.launch.local_hosts;
 }
 
 }  // namespace dsgd

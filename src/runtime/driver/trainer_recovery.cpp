@@ -31,13 +31,14 @@ void Trainer::Impl::recover(std::string failure) {
   std::vector<std::pair<std::string, double>> phases;  // of every attempt
   while (true) {
     failure_log.push_back(failure);
-    if (++failures > config.max_failures) {
+    if (++failures > config.recovery.max_failures) {
       std::string all;
       for (size_t i = 0; i < failure_log.size(); ++i) all += "\n  " + std::to_string(i + 1) + ". " + failure_log[i];
       fail("giving up after " + std::to_string(failures) + " failures (max_failures " +
-           std::to_string(config.max_failures) + "):" + all);
+           std::to_string(config.recovery.max_failures) + "):" + all);
     }
-    control::log().warn("trainer: {}; recovering (failure {} of at most {})", failure, failures, config.max_failures);
+    control::log().warn("trainer: {}; recovering (failure {} of at most {})", failure, failures,
+                        config.recovery.max_failures);
     if (config.on_recovery) {
       RecoveryEvent start;
       start.failure = failure;
@@ -93,7 +94,8 @@ std::vector<int> Trainer::Impl::drain(Clock::time_point detected, RecoveryEvent*
   // the heartbeat timeout). Survivors fail their aborted command within moments, or, where it
   // waits in a group's formation for a process that is gone, at its comm_timeout.
   std::vector<int> lost;
-  const auto deadline = Clock::now() + std::max(config.heartbeat_timeout, config.comm_timeout) + milliseconds(2000);
+  const auto deadline =
+      Clock::now() + std::max(config.recovery.heartbeat_timeout, config.comm.timeout) + milliseconds(2000);
   while (true) {
     for (const auto& w : server->workers()) {
       if (!w.alive || !pool->is_member(static_cast<int>(w.index)) ||
@@ -101,7 +103,7 @@ std::vector<int> Trainer::Impl::drain(Clock::time_point detected, RecoveryEvent*
         continue;
       }
       const bool exited = pool->exited(static_cast<int>(w.index));
-      const bool silent = w.since_heartbeat_s * 1000 > static_cast<double>(config.heartbeat_timeout.count());
+      const bool silent = w.since_heartbeat_s * 1000 > static_cast<double>(config.recovery.heartbeat_timeout.count());
       if (!exited && !silent) continue;
       lost.push_back(static_cast<int>(w.index));
       json p = json::parse(w.progress.empty() ? "{}" : w.progress, nullptr, false);
@@ -148,8 +150,8 @@ void Trainer::Impl::replace_lost(const std::vector<int>& lost, const std::string
     }
   }
   pool->spawn_replacements();  // new processes (local mode), set up in the background
-  if (config.wait_for_replacements) {  // the old way: idle until they are ready, up to replacement_timeout
-    const auto until = Clock::now() + config.replacement_timeout + config.registration_timeout;
+  if (config.recovery.wait_for_replacements) {  // the old way: idle until they are ready, up to replacement_timeout
+    const auto until = Clock::now() + config.recovery.replacement_timeout + config.launch.registration_timeout;
     while (static_cast<int>(pool->members().size() + pool->ready().size()) < config.num_workers &&
            (pool->replacements_pending() || pool->preparing()) && Clock::now() < until) {
       pool->check_children();
@@ -197,7 +199,7 @@ void Trainer::Impl::connect_group() {
     }
     // The members still in the failed formation leave it at its deadline at the latest.
     server->abort_generation(generation);
-    const auto deadline = Clock::now() + config.comm_timeout + milliseconds(2000);
+    const auto deadline = Clock::now() + config.comm.timeout + milliseconds(2000);
     while (true) {
       try {
         raw_call(command(&proto::Command::mutable_ping), {}, {}, milliseconds(1000));
@@ -215,7 +217,7 @@ bool Trainer::Impl::members_alive() {
   pool->check_children();
   for (const auto& w : server->workers()) {
     if (!pool->is_member(static_cast<int>(w.index))) continue;
-    const bool silent = w.since_heartbeat_s * 1000 > static_cast<double>(config.heartbeat_timeout.count());
+    const bool silent = w.since_heartbeat_s * 1000 > static_cast<double>(config.recovery.heartbeat_timeout.count());
     if (!w.alive || silent || pool->exited(static_cast<int>(w.index))) return false;
   }
   return true;
@@ -266,14 +268,14 @@ void Trainer::Impl::try_scale_up() {
 }
 
 std::string Trainer::Impl::read_state(Feedback* feedback) {
-  if (config.ps_update_on_shards || config.strategy == Strategy::kPsAsync) {
+  if (config.ps.update_on_shards || config.strategy == Strategy::kPsAsync) {
     proto::Command gather;
     gather.mutable_gather_state()->set_keep(pool->members().at(0));
     raw_call(gather);
   }
   if (feedback != nullptr) {
     feedback->clear();
-    if (config.compression != Compression::kNone) {
+    if (config.comm.compression != Compression::kNone) {
       for (auto& r : raw_call(command(&proto::Command::mutable_get_feedback))) {
         for (auto& [rank, bytes] : *r.mutable_feedback()->mutable_feedback()) (*feedback)[rank] = std::move(bytes);
       }
@@ -311,12 +313,12 @@ void Trainer::Impl::flush_snapshot() {
 }
 
 void Trainer::Impl::persist_snapshot(int64_t epoch, int64_t batch, int64_t batches_per_epoch) {
-  if (config.checkpoint_dir.empty()) return;
+  if (config.checkpoints.dir.empty()) return;
   const auto t0 = Clock::now();
   runtime::Checkpoint c{checkpoint_header(epoch, batch), snapshot, snapshot_feedback};
   auto pickle = call(command(&proto::Command::mutable_get_pickle), true);  // a recovery restores `snapshot`
-  const auto path = runtime::write_rotating_checkpoint(config.checkpoint_dir, epoch * batches_per_epoch + batch,
-                                                       config.checkpoint_keep, c, pickle[0].pickle().pickle());
+  const auto path = runtime::write_rotating_checkpoint(config.checkpoints.dir, epoch * batches_per_epoch + batch,
+                                                       config.checkpoints.keep, c, pickle[0].pickle().pickle());
   control::log().debug("trainer: checkpoint {}", path);
   snapshot_s += std::chrono::duration<double>(Clock::now() - t0).count();
 }

@@ -44,7 +44,7 @@ void WorkerPool::choose_members() {
     // spawn_initial started the workers first, then the standbys.
     const int64_t after_workers = w.spawn_index - initial_base_ - config_.num_workers;
     const bool standby =
-        spawns() && w.spawn_index >= 0 && after_workers >= 0 && after_workers < config_.standby_workers;
+        spawns() && w.spawn_index >= 0 && after_workers >= 0 && after_workers < config_.recovery.standby_workers;
     if (!standby && static_cast<int>(members_.size()) < config_.num_workers)
       members_.push_back(static_cast<int>(w.index));
   }
@@ -104,11 +104,11 @@ void WorkerPool::end_worker(int id, bool failed) {
 
 void WorkerPool::tend(int64_t generation, const std::string& signature) {
   if (signature.empty()) return;
-  if (!pending_.empty() && Clock::now() - pending_since_ > config_.replacement_timeout) {
+  if (!pending_.empty() && Clock::now() - pending_since_ > config_.recovery.replacement_timeout) {
     for (pid_t pid : pending_) end_process(pid, /*failed=*/true);
     pending_.clear();
-    defer_replacements("new workers did not register within " + std::to_string(config_.replacement_timeout.count()) +
-                       " ms");
+    defer_replacements("new workers did not register within " +
+                       std::to_string(config_.recovery.replacement_timeout.count()) + " ms");
   }
   for (const auto& w : server_.workers()) {
     const int id = static_cast<int>(w.index);
@@ -154,7 +154,7 @@ void WorkerPool::tend(int64_t generation, const std::string& signature) {
   for (const auto& w : server_.workers()) {
     const int id = static_cast<int>(w.index);
     if (w.alive && std::find(ready_.begin(), ready_.end(), id) != ready_.end() &&
-        w.since_heartbeat_s * 1000 > static_cast<double>(config_.heartbeat_timeout.count())) {
+        w.since_heartbeat_s * 1000 > static_cast<double>(config_.recovery.heartbeat_timeout.count())) {
       discard(id, "no heartbeat for " + fmt::format("{:.1f}", w.since_heartbeat_s) + " s");
     }
   }
@@ -215,8 +215,10 @@ void WorkerPool::spawn_initial() {
     control::log().info("trainer: starting {} worker(s) at once ({})", count, launcher_->name());
     return;
   }
-  for (int i = 0; i < config_.num_workers; ++i) spawn_worker(i % config_.local_hosts);
-  for (int i = 0; i < config_.standby_workers; ++i) spawn_worker((config_.num_workers + i) % config_.local_hosts);
+  for (int i = 0; i < config_.num_workers; ++i) spawn_worker(i % config_.launch.local_hosts);
+  for (int i = 0; i < config_.recovery.standby_workers; ++i) {
+    spawn_worker((config_.num_workers + i) % config_.launch.local_hosts);
+  }
   spawn_servers();
 }
 
@@ -229,8 +231,8 @@ void WorkerPool::spawn_servers() {
     if (std::any_of(servers_.begin(), servers_.end(), [s](const auto& e) { return e.second == s; })) continue;
     std::vector<std::string> args = {"--dsgd-ps-server", "--driver", driver_address(config_, server_.port()), "--shard",
                                      std::to_string(s)};
-    if (config_.local_hosts > 1) {
-      args.insert(args.end(), {"--host-id", "local-host-" + std::to_string(s % config_.local_hosts)});
+    if (config_.launch.local_hosts > 1) {
+      args.insert(args.end(), {"--host-id", "local-host-" + std::to_string(s % config_.launch.local_hosts)});
     }
     // A shard sums and steps on one core; its wait for messages is not busy.
     const pid_t pid =
@@ -284,14 +286,15 @@ void WorkerPool::check_children() {
 
 void WorkerPool::defer_replacements(const std::string& why) {
   next_spawn_ = Clock::now() + backoff_;
-  control::log().warn("trainer: {}; next attempt to get back to {} workers{} in {:.0f} s", why, config_.num_workers,
-                      config_.standby_workers > 0 ? fmt::format(" and {} standby(s)", config_.standby_workers) : "",
-                      std::chrono::duration<double>(backoff_).count());
+  control::log().warn(
+      "trainer: {}; next attempt to get back to {} workers{} in {:.0f} s", why, config_.num_workers,
+      config_.recovery.standby_workers > 0 ? fmt::format(" and {} standby(s)", config_.recovery.standby_workers) : "",
+      std::chrono::duration<double>(backoff_).count());
   backoff_ = std::min(backoff_ * 2, milliseconds(60000));
 }
 
 void WorkerPool::spawn_replacements() {
-  if (!spawns() || !config_.replace_lost_workers || !pending_.empty() || Clock::now() < next_spawn_) return;
+  if (!spawns() || !config_.recovery.replace_lost_workers || !pending_.empty() || Clock::now() < next_spawn_) return;
   int registered = 0;
   for (const auto& w : server_.workers()) registered += w.alive ? 1 : 0;
   if (launcher_->starts_all_at_once()) {
@@ -332,7 +335,7 @@ void WorkerPool::restart() {
 // The pseudo-host (local_hosts) short of its share of num_workers: where a replacement goes, so
 // the job's layout (and its summation order) is what it was before the loss.
 int WorkerPool::pseudo_host_for_next() const {
-  const int n = config_.local_hosts;
+  const int n = config_.launch.local_hosts;
   std::vector<int> deficit(static_cast<size_t>(n), 0);
   for (int i = 0; i < config_.num_workers; ++i) ++deficit[static_cast<size_t>(i % n)];
   auto count = [&](pid_t pid) {
@@ -363,7 +366,7 @@ pid_t WorkerPool::spawn_worker(int host) {
   const int64_t index = next_spawn_index_++;
   std::vector<std::string> args = {"--dsgd-worker", "--driver", driver_address(config_, server_.port()),
                                    "--spawn-index", std::to_string(index)};
-  if (config_.local_hosts > 1) {
+  if (config_.launch.local_hosts > 1) {
     if (host < 0) host = pseudo_host_for_next();
     args.insert(args.end(), {"--host-id", "local-host-" + std::to_string(host)});
   }
@@ -376,7 +379,7 @@ pid_t WorkerPool::spawn_worker(int host) {
   if (const std::string where = launcher_->host_of(pid); !where.empty()) {
     control::log().info("trainer: starting a worker on {} ({})", where, launcher_->name());
   }
-  if (config_.local_hosts > 1) pseudo_host_[pid] = host;
+  if (config_.launch.local_hosts > 1) pseudo_host_[pid] = host;
   return pid;
 }
 

@@ -16,9 +16,9 @@
 namespace dsgd::runtime {
 
 dsgd::Launcher launcher_of(const TrainerConfig& c) {
-  const dsgd::Launcher l = c.launcher.value();
+  const dsgd::Launcher l = c.launch.launcher.value();
   if (l != Launcher::kAuto) return l;
-  return c.listen.empty() ? Launcher::kLocal : Launcher::kNone;
+  return c.launch.listen.empty() ? Launcher::kLocal : Launcher::kNone;
 }
 
 namespace {
@@ -31,53 +31,55 @@ void require(bool ok, const char* field, const std::string& what) {
 
 void validate_launcher(const TrainerConfig& c) {
   const dsgd::Launcher launcher = launcher_of(c);
-  const std::string name = c.launcher.name();
+  const std::string name = c.launch.launcher.name();
   const bool ssh = launcher == Launcher::kSsh, mpirun = launcher == Launcher::kMpirun;
-  require(ssh || mpirun || c.hosts.empty(), "hosts",
+  require(ssh || mpirun || c.launch.hosts.empty(), "launch.hosts",
           "hosts are where launcher ssh or mpirun starts workers; launcher is '" + name +
               "' (set launcher ssh or mpirun, or leave hosts out)");
-  require(launcher == Launcher::kLocal || c.local_hosts == 1, "local_hosts",
-          "local_hosts spreads workers the driver starts on this host (launcher local); launcher is '" + name + "'");
-  require(launcher != Launcher::kNone || !c.listen.empty(), "listen",
+  require(
+      launcher == Launcher::kLocal || c.launch.local_hosts == 1, "launch.local_hosts",
+      "launch.local_hosts spreads workers the driver starts on this host (launcher local); launcher is '" + name + "'");
+  require(launcher != Launcher::kNone || !c.launch.listen.empty(), "launch.listen",
           "launcher none: the workers join over TCP, so the driver needs listen (HOST:PORT)");
   if (!ssh && !mpirun && launcher != Launcher::kSlurm) return;
-  require(!mpirun || ps_shard_processes(c) == 0, "ps_placement",
-          "launcher mpirun starts the workers only: use ps_placement workers, or start each ps shard with dsgd "
+  require(!mpirun || ps_shard_processes(c) == 0, "ps.placement",
+          "launcher mpirun starts the workers only: use ps.placement workers, or start each ps shard with dsgd "
           "ps-server");
   if (launcher == Launcher::kSlurm) {
     const char* job = std::getenv("SLURM_JOB_ID");
-    require(job != nullptr && *job != '\0', "launcher",
+    require(job != nullptr && *job != '\0', "launch.launcher",
             "launcher slurm starts each worker as a job step of this Slurm allocation, but SLURM_JOB_ID is not set: "
             "run the driver inside one (sbatch, or salloc; examples/slurm/train.sbatch)");
-    require(c.srun_command.find_first_not_of(" \t") != std::string::npos, "srun_command",
-            "srun_command is empty (default: srun)");
-    require(!reachable_listen_host(c).empty(), "listen",
+    require(c.launch.srun_command.find_first_not_of(" \t") != std::string::npos, "launch.srun_command",
+            "launch.srun_command is empty (default: srun)");
+    require(!reachable_listen_host(c).empty(), "launch.listen",
             "launcher slurm tells each worker the driver's address: set listen to HOST:PORT with a HOST the nodes "
-            "reach (not 0.0.0.0; examples/slurm/train.sbatch uses its node's address), got '" + c.listen + "'");
+            "reach (not 0.0.0.0; examples/slurm/train.sbatch uses its node's address), got '" + c.launch.listen + "'");
     return;
   }
-  require(!ssh || !c.hosts.empty(), "hosts",
+  require(!ssh || !c.launch.hosts.empty(), "launch.hosts",
           "launcher ssh needs hosts (\"host\" or \"host:slots\"; dsgd train --hosts FILE)");
-  require(!mpirun || !c.wait_for_replacements, "wait_for_replacements",
-          "launcher mpirun starts every worker at once and cannot start a replacement: leave wait_for_replacements "
+  require(!mpirun || !c.recovery.wait_for_replacements, "recovery.wait_for_replacements",
+          "launcher mpirun starts every worker at once and cannot start a replacement: leave "
+          "recovery.wait_for_replacements "
           "off (the job goes on with the survivors)");
-  const auto& command = ssh ? c.ssh_command : c.mpirun_command;
-  require(
-      command.find_first_not_of(" \t") != std::string::npos, ssh ? "ssh_command" : "mpirun_command",
-      std::string(ssh ? "ssh_command" : "mpirun_command") + " is empty (default: " + (ssh ? "ssh" : "mpirun") + ")");
-  if (c.hosts.empty()) return;  // mpirun on this host
-  const auto hosts = parse_hosts(c.hosts);
+  const auto& command = ssh ? c.launch.ssh_command : c.launch.mpirun_command;
+  require(command.find_first_not_of(" \t") != std::string::npos, ssh ? "launch.ssh_command" : "launch.mpirun_command",
+          std::string(ssh ? "launch.ssh_command" : "launch.mpirun_command") +
+              " is empty (default: " + (ssh ? "ssh" : "mpirun") + ")");
+  if (c.launch.hosts.empty()) return;  // mpirun on this host
+  const auto hosts = parse_hosts(c.launch.hosts);
   int slots = 0;
   for (const auto& h : hosts) slots += h.slots;
   const int processes = worker_processes(c) + (mpirun ? 0 : ps_shard_processes(c));
-  require(slots >= processes, "hosts",
+  require(slots >= processes, "launch.hosts",
           "launcher " + name + ": the hosts have " + std::to_string(slots) + " slot(s) for " +
               std::to_string(processes) +
               " worker(s), standbys and ps shard processes; add "
               "hosts or slots");
-  require(!reachable_listen_host(c).empty(), "listen",
+  require(!reachable_listen_host(c).empty(), "launch.listen",
           "launcher " + name + " tells each worker the driver's address: set listen to HOST:PORT with a HOST the "
-          "hosts reach (not 0.0.0.0), got '" + c.listen + "'");
+          "hosts reach (not 0.0.0.0), got '" + c.launch.listen + "'");
 }
 
 
@@ -121,8 +123,8 @@ std::vector<HostSlots> parse_hosts(const std::vector<std::string>& entries) {
 }
 
 std::string reachable_listen_host(const TrainerConfig& c) {
-  if (c.listen.empty()) return "";
-  const std::string h = c.listen.substr(0, c.listen.rfind(':'));
+  if (c.launch.listen.empty()) return "";
+  const std::string h = c.launch.listen.substr(0, c.launch.listen.rfind(':'));
   return h == "0.0.0.0" || h == "[::]" || h == "::" ? "" : h;
 }
 
@@ -157,8 +159,8 @@ class LocalLauncher : public ProcessLauncher {
 class SshLauncher : public ProcessLauncher {
  public:
   SshLauncher(const TrainerConfig& c, LocalProcesses& processes, std::string token)
-      : processes_(processes), token_(std::move(token)), hosts_(parse_hosts(c.hosts)) {
-    ssh_ = words_of(c.ssh_command);
+      : processes_(processes), token_(std::move(token)), hosts_(parse_hosts(c.launch.hosts)) {
+    ssh_ = words_of(c.launch.ssh_command);
   }
   const char* name() const override { return "ssh"; }
 
@@ -220,8 +222,8 @@ class MpirunLauncher : public ProcessLauncher {
   MpirunLauncher(const TrainerConfig& c, LocalProcesses& processes, std::string token)
       : processes_(processes),
         token_(std::move(token)),
-        hosts_(parse_hosts(c.hosts)),
-        command_(words_of(c.mpirun_command)) {}
+        hosts_(parse_hosts(c.launch.hosts)),
+        command_(words_of(c.launch.mpirun_command)) {}
   const char* name() const override { return "mpirun"; }
   pid_t start(const std::string&, std::vector<std::string>, std::vector<std::string>) override {
     throw Error("launcher mpirun starts every worker at once and cannot start another");
@@ -244,7 +246,7 @@ class MpirunLauncher : public ProcessLauncher {
 class SlurmLauncher : public ProcessLauncher {
  public:
   SlurmLauncher(const TrainerConfig& c, LocalProcesses& processes, std::string token)
-      : processes_(processes), token_(std::move(token)), srun_(words_of(c.srun_command)) {
+      : processes_(processes), token_(std::move(token)), srun_(words_of(c.launch.srun_command)) {
     const char* job = std::getenv("SLURM_JOB_ID");
     job_ = job != nullptr ? job : "";
     const char* nodes = std::getenv("SLURM_JOB_NUM_NODES");

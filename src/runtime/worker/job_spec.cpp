@@ -33,13 +33,8 @@ static_assert(static_cast<int>(Strategy::kSimple) == proto::STRATEGY_SIMPLE);
 static_assert(static_cast<int>(PsPlacement::kProcesses) == proto::PS_PLACEMENT_PROCESSES);
 static_assert(static_cast<int>(AllreduceAlgo::kHalvingDoubling) == proto::ALLREDUCE_ALGO_HD);
 static_assert(static_cast<int>(AllreduceAlgo::kRing) == proto::ALLREDUCE_ALGO_RING);
-static_assert(static_cast<int>(NonfinitePolicy::kError) == proto::NONFINITE_POLICY_ERROR);
-static_assert(static_cast<int>(SchedulerStepFreq::kManual) == proto::SCHEDULER_STEP_FREQ_MANUAL);
-static_assert(static_cast<int>(SchedulerStepFreq::kBatch) == proto::SCHEDULER_STEP_FREQ_BATCH);
 static_assert(static_cast<int>(Device::kCuda) == proto::DEVICE_CUDA);
 static_assert(static_cast<int>(Device::kCpu) == proto::DEVICE_CPU);
-static_assert(static_cast<int>(Precision::kBf16) == proto::PRECISION_BF16);
-static_assert(static_cast<int>(Precision::kFp16) == proto::PRECISION_FP16);
 static_assert(static_cast<int>(Compression::kBf16) == proto::COMPRESSION_BF16);
 static_assert(static_cast<int>(Compression::kFp16) == proto::COMPRESSION_FP16);
 static_assert(static_cast<int>(Compression::kPowerSgd) == proto::COMPRESSION_POWERSGD);
@@ -49,23 +44,17 @@ static_assert(static_cast<int>(Compression::kPowerSgd) == proto::COMPRESSION_POW
 proto::Strategy to_proto(Strategy s) { return to_wire<proto::Strategy>(s); }
 proto::PsPlacement to_proto(PsPlacement p) { return to_wire<proto::PsPlacement>(p); }
 proto::AllreduceAlgo to_proto(AllreduceAlgo a) { return to_wire<proto::AllreduceAlgo>(a); }
-proto::NonfinitePolicy to_proto(NonfinitePolicy n) { return to_wire<proto::NonfinitePolicy>(n); }
-proto::SchedulerStepFreq to_proto(SchedulerStepFreq f) { return to_wire<proto::SchedulerStepFreq>(f); }
 Strategy from_proto(proto::Strategy s) { return from_wire<Strategy>(s); }
 PsPlacement from_proto(proto::PsPlacement p) { return from_wire<PsPlacement>(p); }
 AllreduceAlgo from_proto(proto::AllreduceAlgo a) { return from_wire<AllreduceAlgo>(a); }
-NonfinitePolicy from_proto(proto::NonfinitePolicy n) { return from_wire<NonfinitePolicy>(n); }
-SchedulerStepFreq from_proto(proto::SchedulerStepFreq f) { return from_wire<SchedulerStepFreq>(f); }
 proto::Device to_proto(Device d) { return to_wire<proto::Device>(d); }
-proto::Precision to_proto(Precision p) { return to_wire<proto::Precision>(p); }
 Device from_proto(proto::Device d) { return from_wire<Device>(d); }
-Precision from_proto(proto::Precision p) { return from_wire<Precision>(p); }
 proto::Compression to_proto(Compression c) { return to_wire<proto::Compression>(c); }
 Compression from_proto(proto::Compression c) { return from_wire<Compression>(c); }
 
 proto::JobSpec make_job_spec(const std::string& op, const TrainerConfig& c) {
   int threads = c.threads_per_worker;
-  if (threads == 0 && c.listen.empty()) {
+  if (threads == 0 && c.launch.listen.empty()) {
     threads = std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / c.num_workers);
   }
   proto::JobSpec s;
@@ -75,29 +64,27 @@ proto::JobSpec make_job_spec(const std::string& op, const TrainerConfig& c) {
   s.set_devices_per_worker(c.devices_per_worker);
   s.set_batch_size(c.batch_size);
   s.set_seed(c.seed);
-  s.set_scheduler_step_freq(to_proto(c.scheduler_step_freq.value()));
-  s.set_nonfinite_policy(to_proto(c.nonfinite_policy.value()));
   s.set_initialization_hook(c.initialization_hook);
   s.set_threads_per_worker(threads);
   s.set_strategy(to_proto(c.strategy.value()));
-  s.set_allreduce_algo(to_proto(c.allreduce_algo.value()));
-  s.set_grad_shard_bytes(c.grad_shard_bytes);
-  s.set_overlap(c.overlap);
-  s.set_forward_overlap_buckets(c.forward_overlap_buckets);
+  s.set_allreduce_algo(to_proto(c.comm.allreduce_algo.value()));
+  s.set_grad_shard_bytes(c.comm.grad_shard_bytes);
+  s.set_overlap(c.comm.overlap);
+  s.set_forward_overlap_buckets(c.comm.forward_overlap_buckets);
   const int shard_processes = ps_shard_processes(c);
-  s.set_num_ps_shards(shard_processes > 0 ? shard_processes : c.num_ps_shards);
-  s.set_ps_placement(to_proto(c.ps_placement.value()));
-  s.set_ps_update_on_shards(c.ps_update_on_shards);
-  s.set_max_staleness(c.max_staleness);
-  s.set_heartbeat_timeout_ms(c.heartbeat_timeout.count());
-  s.set_comm_timeout_ms(c.comm_timeout.count());
+  s.set_num_ps_shards(shard_processes > 0 ? shard_processes : c.ps.shards);
+  s.set_ps_placement(to_proto(c.ps.placement.value()));
+  s.set_ps_update_on_shards(c.ps.update_on_shards);
+  s.set_max_staleness(c.ps.max_staleness);
+  s.set_heartbeat_timeout_ms(c.recovery.heartbeat_timeout.count());
+  s.set_comm_timeout_ms(c.comm.timeout.count());
   s.set_device(to_proto(c.device.value()));
-  s.set_precision(to_proto(c.precision.value()));
-  s.set_compression(to_proto(c.compression.value()));
-  s.set_powersgd_rank(c.powersgd_rank);
-  s.set_powersgd_start_steps(c.powersgd_start_steps);
-  s.set_loss_scale(loss_scale_of(c));
-  s.set_loss_scale_growth_interval(c.loss_scale_growth_interval);
+  s.set_compression(to_proto(c.comm.compression.value()));
+  s.set_powersgd_rank(c.comm.powersgd_rank);
+  s.set_powersgd_start_steps(c.comm.powersgd_start_steps);
+  StepConfig step = c.step;
+  step.loss_scale = loss_scale_of(c);
+  s.set_step(nlohmann::json(step).dump());
   return s;
 }
 
@@ -107,16 +94,17 @@ torch_glue::ReplicaOptions replica_options(const proto::JobSpec& spec, const Rep
   o.seed = spec.seed();
   o.global_batch = spec.batch_size();
   o.grad_shard_bytes = static_cast<size_t>(spec.grad_shard_bytes());
-  o.scheduler_step_freq = from_proto(spec.scheduler_step_freq());
+  try {
+    o.step = nlohmann::json::parse(spec.step()).get<StepConfig>();
+  } catch (const nlohmann::json::exception& e) {
+    throw ConfigError("the job spec's step settings are not JSON of StepConfig (" + std::string(e.what()) +
+                      "): are the driver and this process from different dsgd versions?");
+  }
   o.threads = threads;
   o.overlap = spec.overlap();
   o.forward_overlap_buckets = spec.forward_overlap_buckets();
-  o.nonfinite = from_proto(spec.nonfinite_policy());
   o.info.device = torch_glue::replica_device(from_proto(spec.device()),
                                              info.worker * spec.devices_per_worker() + info.local_replica);
-  o.precision = from_proto(spec.precision());
-  o.loss_scale = spec.loss_scale();
-  o.loss_scale_growth_interval = spec.loss_scale_growth_interval();
   return o;
 }
 

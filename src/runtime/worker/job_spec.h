@@ -14,7 +14,7 @@
 
 #include "dsgd/choice.h"
 #include "dsgd/control.pb.h"
-#include "dsgd/trainer.h"
+#include "dsgd/trainer_config.h"
 
 namespace dsgd {
 struct ReplicaInfo;
@@ -46,17 +46,11 @@ strategy::StrategyOptions strategy_options(const proto::JobSpec& spec);
 proto::Strategy to_proto(Strategy s);
 proto::PsPlacement to_proto(PsPlacement p);
 proto::AllreduceAlgo to_proto(AllreduceAlgo a);
-proto::NonfinitePolicy to_proto(NonfinitePolicy n);
-proto::SchedulerStepFreq to_proto(SchedulerStepFreq f);
 Strategy from_proto(proto::Strategy s);
 PsPlacement from_proto(proto::PsPlacement p);
 AllreduceAlgo from_proto(proto::AllreduceAlgo a);
-NonfinitePolicy from_proto(proto::NonfinitePolicy n);
-SchedulerStepFreq from_proto(proto::SchedulerStepFreq f);
 proto::Device to_proto(Device d);
-proto::Precision to_proto(Precision p);
 Device from_proto(proto::Device d);
-Precision from_proto(proto::Precision p);
 proto::Compression to_proto(Compression c);
 Compression from_proto(proto::Compression c);
 

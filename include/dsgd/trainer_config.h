@@ -1,0 +1,185 @@
+// dsgd/trainer_config.h — every setting of a training job, grouped by concern.
+//
+//   dsgd::TrainerConfig c{.num_workers = 4, .strategy = "ps", .batch_size = 256};
+//   c.step.precision = "bf16";             // what each replica's step does
+//   c.comm.compression = "bf16";            // how gradients travel
+//   c.ps.shards = 2;                        // strategy ps's servers
+//   c.recovery.standby_workers = 1;         // what a lost worker costs
+//   c.checkpoints.dir = "ckpts";            // where snapshots go
+//   c.launch.launcher = "ssh";              // who starts the workers
+//
+// A field is the one home of its setting: the CLI binds its flag to the field (tools/dsgd), the
+// Trainer's constructor checks every field once (dsgd::validate_config; a ConfigError names the
+// field by its path, e.g. "ps.shards"), and the driver hands the job's part of it to every worker
+// (runtime/worker/job_spec.h). StepConfig travels whole (JSON of its field table), so a new step
+// setting is its field here, its line in the table and its rule (driver/trainer_config.cpp), its
+// flag, and its use. docs/SETTINGS.md has the long story of each group. Torch-free.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "dsgd/choice.h"
+
+namespace dsgd {
+
+// What every replica's optimizer step does. Carried to the workers whole.
+struct StepConfig {
+  // bf16: forward and loss under bfloat16 autocast (weights, gradients, optimizer float32), CPU
+  // or CUDA. fp16: the same in float16, CUDA only, with loss scaling on by default.
+  Choice<Precision> precision = Precision::kFp32;
+  // Dynamic loss scaling (PyTorch's GradScaler): 0 = on from 65536 under fp16, off otherwise;
+  // > 0 = on from this scale (a power of two); -1 = off. Needs the replicas' own step (not
+  // ps_async, ps.update_on_shards or comm.forward_overlap_buckets).
+  double loss_scale = 0;
+  int64_t loss_scale_growth_interval = 2000;  // finite steps in a row before the scale doubles
+  // A NaN/inf gradient: skip the step on every replica (and warn), or fail the call.
+  Choice<NonfinitePolicy> nonfinite_policy = NonfinitePolicy::kSkip;
+  // When registered schedules step: every batch, every epoch, or only when the operator says.
+  Choice<SchedulerStepFreq> scheduler_step_freq = SchedulerStepFreq::kEpoch;
+};
+
+// How gradients travel between replicas.
+struct CommConfig {
+  // allreduce: auto (shared memory within a host, Gloo across) | ring | hd (halving-doubling).
+  Choice<AllreduceAlgo> allreduce_algo = AllreduceAlgo::kAuto;
+  int64_t grad_shard_bytes = 10 << 20;  // gradient bucket size
+  bool overlap = true;                  // false: communicate after backward, not during it
+  // > 0: this many buckets travel after backward and each is stepped as the next forward reaches
+  // its layer; -1: train() picks the fastest of a few (docs/SETTINGS.md). allreduce, ps, simple.
+  int forward_overlap_buckets = 0;
+  // What crosses hosts: none (float32) | fp16 | bf16 (half the bytes) | powersgd (low-rank
+  // factors); with error feedback. Strategy allreduce (algo auto) or ps (placement workers, no
+  // update_on_shards).
+  Choice<Compression> compression = Compression::kNone;
+  int powersgd_rank = 4;                // 1..1024
+  int powersgd_start_steps = 10;        // plain float32 steps first, per bucket
+  // Every collective's deadline: bounds a collective that stalls with every process alive.
+  std::chrono::milliseconds timeout{60000};
+};
+
+// Strategies ps and ps_async: the parameter servers.
+struct PsConfig {
+  int shards = 0;                // 0 = one per host (placement processes: local_hosts); 1..64
+  // The shards apply SGD to their slices and hold their momentum (MXNet's update_on_kvstore);
+  // each model's parameters in one torch::optim::SGD param group.
+  bool update_on_shards = false;
+  // workers: the shards live in the host leaders; processes: shard processes of their own,
+  // started by the launcher (or `dsgd ps-server` under launcher none).
+  Choice<PsPlacement> placement = PsPlacement::kWorkers;
+  // ps_async: a replica this many updates ahead of the slowest on a shard waits; -1 = never.
+  int max_staleness = 4;
+};
+
+// Who starts the workers, and where they find the driver.
+struct LaunchConfig {
+  // auto: local without `listen`, none with it | local | ssh | mpirun | slurm | none (workers
+  // started by hand or a cluster manager: `dsgd worker --driver HOST:PORT`). docs/SETTINGS.md.
+  Choice<Launcher> launcher = Launcher::kAuto;
+  std::string listen;          // "" = loopback only (local); "HOST:PORT" = bind here, for other hosts
+  std::string token;           // job token; "" = random (remote mode prints it)
+  std::string worker_binary;   // what the driver starts; "" = this binary
+  std::vector<std::string> hosts;  // ssh, mpirun: "host" or "host:slots" (workers there at most; 1)
+  std::string ssh_command = "ssh";        // split at spaces; BatchMode
+  std::string mpirun_command = "mpirun";  // e.g. "mpirun --allow-run-as-root --oversubscribe"
+  std::string srun_command = "srun";      // e.g. "srun --partition=gpu --time=2:00:00"
+  // Local mode: spread the workers over this many pseudo-hosts (worker i on local-host-<i % n>):
+  // shared memory joins a pseudo-host's workers only; the rest goes over Gloo, as across machines.
+  int local_hosts = 1;
+  std::chrono::milliseconds registration_timeout{60000};  // for the workers to register at start
+};
+
+// What a lost worker (crashed, killed, hung, cut off) costs: see docs/RELIABILITY.md.
+struct RecoveryConfig {
+  // A worker silent this long is lost. Workers beat every heartbeat_timeout / 5.
+  std::chrono::milliseconds heartbeat_timeout{3000};
+  int max_failures = 3;  // beyond this, train() fails listing the failures
+  // Workers set up but outside the group, each ready to take a lost worker's place in well under
+  // a second. Local mode spawns them; in remote mode, workers beyond num_workers.
+  int standby_workers = 0;
+  // Without a ready standby: false = the survivors go on at once (the global batch re-split);
+  // true = wait for new workers to be set up, then resume as a fault-free run would.
+  bool wait_for_replacements = false;
+  // Local mode: spawn new processes for lost workers and promoted standbys (with back-off).
+  bool replace_lost_workers = true;
+  std::chrono::milliseconds replacement_timeout{30000};  // for a new process to register
+};
+
+// Snapshots (in memory, what a recovery restores) and checkpoints (snapshots written to disk).
+struct CheckpointConfig {
+  int64_t every_steps = 50;   // snapshot interval in steps, at least
+  // Snapshots take at most about this share of training time (the interval grows to match);
+  // 0 = exactly every every_steps.
+  double max_overhead = 0.02;
+  // "" = snapshots stay in memory; else each is also written to <dir>/step-<N>, the newest
+  // `keep` kept; load(dir) resumes from the newest intact one.
+  std::string dir;
+  int keep = 3;
+};
+
+struct TrainProgress {
+  int64_t batches = 0;        // done in this train() call (worker 0's first replica)
+  int64_t batches_total = 0;  // of this call
+  double loss = 0;            // the last batch's loss
+  double elapsed_s = 0;
+};
+
+struct RecoveryEvent;
+
+struct TrainerConfig {
+  int num_workers = 1;
+  Choice<Strategy> strategy = Strategy::kAllreduce;  // simple | allreduce | ps | ps_async
+  int64_t batch_size = 64;                           // global: split across all replicas
+  int devices_per_worker = 1;  // replicas per worker process (threads on CPU, GPUs with CUDA)
+  // auto: CUDA when the workers' LibTorch sees a GPU, else the CPU. docs/GPU.md.
+  Choice<Device> device = Device::kAuto;
+  uint64_t seed = 1;
+  nlohmann::json config = nlohmann::json::object();  // handed to every replica's setup()
+  std::string initialization_hook;  // a registered worker function run before setup ("" = none)
+  int threads_per_worker = 0;       // intra-op threads per worker; 0 = cores / workers (local)
+
+  StepConfig step;
+  CommConfig comm;
+  PsConfig ps;
+  LaunchConfig launch;
+  RecoveryConfig recovery;
+  CheckpointConfig checkpoints;
+
+  std::function<void(const TrainProgress&)> on_progress;  // called ~10x/s during train()
+  // Called when a recovery starts (failure set, resumed_at unset), when training resumed (the
+  // whole event), and after a scale-up: for a progress display.
+  std::function<void(const RecoveryEvent&)> on_recovery;
+};
+
+// Checks `config` for a job of `operator_name` as the Trainer's constructor does, starting
+// nothing: throws the same ConfigError (naming the field, the value and what is allowed),
+// including the operator's own check of config.config where it registered one
+// (register_operator_config_check). For front ends that check many configs up front (dsgd tune).
+void validate_config(const std::string& operator_name, const TrainerConfig& config);
+
+// Values derived from a TrainerConfig, one function each (nothing keeps a copy of them).
+// Worker processes the job keeps running: num_workers plus recovery.standby_workers.
+int worker_processes(const TrainerConfig& config);
+// Parameter-server shard processes (strategy ps with ps.placement processes: ps.shards, 0
+// resolved to launch.local_hosts); 0 otherwise.
+int ps_shard_processes(const TrainerConfig& config);
+// The loss scaling the job runs with: 0 (off), or the initial scale (step.loss_scale 0 resolved
+// to 65536 under precision fp16, off otherwise; -1 off).
+double loss_scale_of(const TrainerConfig& config);
+
+// StepConfig as it travels to the workers: JSON of its field table (enums as their numbers).
+// from_json keeps the default of a field the JSON lacks (a driver of an older dsgd), and throws
+// ConfigError for an enum number this build does not know.
+void to_json(nlohmann::json& j, const StepConfig& step);
+void from_json(const nlohmann::json& j, StepConfig& step);
+
+// A hosts file for LaunchConfig::hosts: one "host" or "host:slots" a line; blank lines and text
+// from '#' on are ignored. ConfigError if it cannot be read or names no host (the entries
+// themselves are checked with the rest of the config).
+std::vector<std::string> read_hosts_file(const std::string& path);
+
+}  // namespace dsgd
