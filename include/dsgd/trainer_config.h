@@ -1,7 +1,7 @@
 // dsgd/trainer_config.h — every setting of a training job, grouped by concern.
 //
 //   dsgd::TrainerConfig c{.num_workers = 4, .strategy = "ps", .batch_size = 256};
-//   c.step.precision = "bf16";             // what each replica's step does
+//   c.step.max_grad_norm = 1.0;             // what each replica's step does
 //   c.comm.compression = "bf16";            // how gradients travel
 //   c.ps.shards = 2;                        // strategy ps's servers
 //   c.recovery.standby_workers = 1;         // what a lost worker costs
@@ -41,6 +41,11 @@ struct StepConfig {
   Choice<NonfinitePolicy> nonfinite_policy = NonfinitePolicy::kSkip;
   // When registered schedules step: every batch, every epoch, or only when the operator says.
   Choice<SchedulerStepFreq> scheduler_step_freq = SchedulerStepFreq::kEpoch;
+  // > 0: before each step, the averaged gradients of all models are scaled down so that their
+  // global L2 norm is at most this (clip_grad_norm_; after unscaling; the same on every replica).
+  // The train metrics report grad_norm, the mean norm before clipping. 0 = off. Needs the
+  // replicas' own step, as loss_scale does.
+  double max_grad_norm = 0;
 };
 
 // How gradients travel between replicas.

@@ -3,6 +3,7 @@
 #include "dsgd/log.h"
 
 #include <ATen/Parallel.h>
+#include <torch/nn/utils/clip_grad.h>
 #include <torch/utils.h>
 
 #include <algorithm>
@@ -24,6 +25,18 @@ using Clock = std::chrono::steady_clock;
 torch::Tensor epoch_order(int64_t n, uint64_t seed, int64_t epoch) {
   auto gen = at::detail::createCPUGenerator(seed * 0x9E3779B97F4A7C15ULL + static_cast<uint64_t>(epoch + 1));
   return torch::randperm(n, gen);
+}
+
+// clip_grad_norm_ over every model's gradients: scales them so that their global L2 norm is at
+// most max_norm. Returns the norm before.
+double clip_gradients(TrainingOperator& op, double max_norm) {
+  std::vector<torch::Tensor> params;
+  for (auto& m : op.models()) {
+    for (auto& p : m->parameters()) {
+      if (p.grad().defined()) params.push_back(p);
+    }
+  }
+  return torch::nn::utils::clip_grad_norm_(params, max_norm);
 }
 
 }  // namespace
@@ -254,6 +267,14 @@ void ReplicaRuntime::step_schedules_to(int64_t t) {
 }
 
 bool ReplicaRuntime::check_gradients() {
+  const auto take_step = [this] {  // the gradients are finite: clip them, if asked
+    if (options_.step.max_grad_norm > 0) {
+      auto& [sum, steps] = step_values_["grad_norm"];
+      sum += clip_gradients(*op_, options_.step.max_grad_norm);
+      ++steps;
+    }
+    return true;
+  };
   bool finite = true;
   if (!syncs_.empty()) {
     for (auto& s : syncs_) finite = finite && s->last_finite();  // unscaled by their weight
@@ -279,7 +300,7 @@ bool ReplicaRuntime::check_gradients() {
     const double was = scaler_->scale();
     scaler_->update(finite);
     set_weights();
-    if (finite) return true;
+    if (finite) return take_step();
     ++skipped_this_call_;
     if (options_.info.rank == 0) {
       dsgd::log().debug("gradient overflow at {}: step skipped on every replica, loss scale {} -> {}", where(), was,
@@ -287,7 +308,7 @@ bool ReplicaRuntime::check_gradients() {
     }
     return false;
   }
-  if (finite) return true;
+  if (finite) return take_step();
   if (options_.step.nonfinite_policy == NonfinitePolicy::kError) {
     throw Error("non-finite gradient at " + where() + " (a NaN or infinite loss on some replica); lower the learning "
                 "rate, check the data, or set nonfinite_policy \"skip\"");

@@ -331,6 +331,31 @@ void expect_equivalent(TrainerConfig config, int64_t steps = 20) {
   EXPECT_LT(max_difference(reference, after), 5e-5);
 }
 
+// step.max_grad_norm: the averaged gradient is clipped to a global L2 norm, the same on every
+// replica, so 2 workers still equal one process clipping its global batch's gradient. The bound
+// is below the norm (reported as grad_norm), so every step clips, and an unclipped run ends far
+// away: the test fails if the workers skip clipping, or clip each replica's own gradient before
+// averaging (a different direction and length).
+TEST(TrainerEquivalence, ClippedGradientsEqualOneProcessWithTheGlobalBatch) {
+  constexpr int64_t kSteps = 10;
+  auto c = base_config(2, "allreduce", 64);
+  c.step.max_grad_norm = 0.5;
+  Metrics one;
+  const Params reference = single_process(c.batch_size, kSteps, c.config, c.step, &one);
+  Trainer trainer(dsgd::kImageClassifier, c);
+  const auto r = trainer.train({.num_steps = kSteps});
+  const Params clipped = params_of(*trainer.get_model());
+  ASSERT_TRUE(r.metrics.count("grad_norm")) << "no grad_norm in the train metrics";
+  EXPECT_GT(r.metrics.at("grad_norm"), 2 * c.step.max_grad_norm) << "the bound should clip every step";
+  EXPECT_NEAR(r.metrics.at("grad_norm"), one.at("grad_norm"), 1e-4 * one.at("grad_norm"));
+  EXPECT_LT(max_difference(reference, clipped), 5e-5);
+  const Params unclipped = single_process(c.batch_size, kSteps, c.config);
+  std::printf("grad_norm %.3f (one process %.3f), bound %.2f: 2 workers %.2g from one process, %.2g from unclipped\n",
+              r.metrics.at("grad_norm"), one.at("grad_norm"), c.step.max_grad_norm, max_difference(reference, clipped),
+              max_difference(unclipped, clipped));
+  EXPECT_GT(max_difference(unclipped, clipped), 1e-3) << "clipping changed nothing";
+}
+
 // compression fp16 / bf16 on allreduce across 2 pseudo-hosts: half the bytes cross hosts, and
 // a few steps end near the uncompressed run, float16 (10 bits of mantissa) nearer than bfloat16
 // (7): after 3 steps here 6.0e-7 and 5.5e-6 apart (later, trajectories part at the rate any
@@ -1246,6 +1271,13 @@ TEST(TrainerBadInput, EveryConfigErrorNamesItsField) {
   bad = c;
   bad.recovery.heartbeat_timeout = milliseconds(50);
   EXPECT_EQ(field_of(bad), "recovery.heartbeat_timeout");
+  bad = c;
+  bad.strategy = Strategy::kPsAsync;
+  bad.step.max_grad_norm = 1;  // the servers step: no averaged gradient to clip
+  EXPECT_EQ(field_of(bad), "step.max_grad_norm");
+  bad = c;
+  bad.step.max_grad_norm = -1;
+  EXPECT_EQ(field_of(bad), "step.max_grad_norm");
   EXPECT_EQ(field_of(c), "<accepted>");
 }
 

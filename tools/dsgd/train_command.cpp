@@ -462,6 +462,9 @@ void add_precision_flags(CLI::App* cmd, TrainFlags& f) {
       ->capture_default_str();
   bind_choice(cmd, f, "--nonfinite", f.trainer.step.nonfinite_policy,
               "A NaN/infinite gradient: skip (the step, everywhere, and warn) or error (stop)");
+  bind_option(cmd, f, "--max-grad-norm", "step.max_grad_norm", f.trainer.step.max_grad_norm,
+              "Clip the averaged gradients to this global L2 norm before each step (0: off)")
+      ->capture_default_str();
 }
 
 // Who starts the workers, and how they find the driver.

@@ -4,6 +4,7 @@
 // loss scaling's bounds in LossScaler, the operator's config in its registered check. Every
 // ConfigError names the TrainerConfig field (ConfigError::field()), so a front end can name its
 // own spelling of it.
+#include <cmath>
 #include <cstdlib>
 
 #include "dsgd/error.h"
@@ -91,6 +92,11 @@ void validate_step(const TrainerConfig& c) {
             "with ps_async, ps.update_on_shards or comm.forward_overlap_buckets (set it to 0)" +
                 std::string(c.step.precision == Precision::kFp16 ? "; precision fp16 scales the loss by default" : ""));
   }
+  require(std::isfinite(c.step.max_grad_norm) && c.step.max_grad_norm >= 0, "step.max_grad_norm",
+          "step.max_grad_norm must be >= 0 (0 = no clipping), got " + std::to_string(c.step.max_grad_norm));
+  require(c.step.max_grad_norm == 0 || (!server_steps && c.comm.forward_overlap_buckets == 0), "step.max_grad_norm",
+          "clipping needs the whole averaged gradient in the replicas before their step: not with ps_async, "
+          "ps.update_on_shards or comm.forward_overlap_buckets (set it to 0)");
 }
 
 void validate_recovery(const TrainerConfig& c) {
@@ -160,6 +166,7 @@ void step_fields(S& s, F&& field) {
   field("loss_scale_growth_interval", s.loss_scale_growth_interval);
   field("nonfinite_policy", s.nonfinite_policy);
   field("scheduler_step_freq", s.scheduler_step_freq);
+  field("max_grad_norm", s.max_grad_norm);
 }
 
 // A Choice as its enum's number (choice.h), never as a spelling.
