@@ -21,7 +21,7 @@ namespace {
 using comm::DataType;
 using comm::ReduceOp;
 
-class PsStrategy final : public GradientStrategy {
+class PsStrategy final : public GradientStrategy, private ErrorFeedback, private ServerUpdates {
  public:
   PsStrategy(std::shared_ptr<comm::HierarchicalGroup> group, const PsOptions& o)
       : group_(std::move(group)), num_shards_(o.num_shards), update_on_shards_(o.update_on_shards),
@@ -57,9 +57,9 @@ class PsStrategy final : public GradientStrategy {
     });
   }
 
-  bool keeps_residuals() const override { return wire_ != DataType::kFloat32 || powersgd_ != nullptr; }
-  std::shared_ptr<comm::Work> average_with_feedback_async(float* data, size_t count, const FeedbackBucket& b) override {
-    if (!keeps_residuals()) return average_async(data, count);
+  ErrorFeedback* error_feedback() override { return compresses() ? this : nullptr; }
+  std::shared_ptr<comm::Work> average_with_feedback_async(float* data, size_t count, const Bucket& b) override {
+    if (!compresses()) return average_async(data, count);
     const uint64_t seq = next_seq_++;
     return queue_.submit("ps average #" + std::to_string(seq), [this, seq, data, count, b] {
       check_not_aborted();
@@ -71,10 +71,9 @@ class PsStrategy final : public GradientStrategy {
     return shard_processes_ ? -1 : static_cast<int64_t>(cross_bytes_.load());
   }
 
-  bool updates_on_servers() const override { return update_on_shards_; }
+  ServerUpdates* server_updates() override { return update_on_shards_ ? this : nullptr; }
 
   std::shared_ptr<comm::Work> update_async(const ShardUpdate& u, bool* all_applied) override {
-    if (!update_on_shards_) throw Error("ps without update on shards takes average_async, not update_async");
     const uint64_t seq = next_seq_++;
     // The replica's parameters and momentum are read only during the call: copy them for the
     // queue (an owner needs its slices of them, and only at init).
@@ -101,9 +100,7 @@ class PsStrategy final : public GradientStrategy {
 
   std::shared_ptr<comm::Work> gather_state_async(uint64_t key, float* params, float* momentum, size_t count,
                                                  bool* has_momentum) override {
-    if (!update_on_shards_ || params != nullptr) {
-      return GradientStrategy::gather_state_async(key, params, momentum, count, has_momentum);
-    }
+    if (params != nullptr) throw Error("ps gathers its shards' momentum only: the replicas hold the parameters");
     const uint64_t seq = next_seq_++;
     if (pipelined()) {
       auto got = std::make_shared<std::vector<float>>(count);
@@ -126,6 +123,7 @@ class PsStrategy final : public GradientStrategy {
     });
   }
 
+  bool compresses() const { return wire_ != DataType::kFloat32 || powersgd_ != nullptr; }
   float* gradient_buffer(size_t count) override {  // the host's sum then copies nothing in
     return static_cast<float*>(group_->take_shared(count * sizeof(float)));
   }
@@ -159,7 +157,7 @@ class PsStrategy final : public GradientStrategy {
   int owner(int s) const { return s % group_->num_hosts(); }
 
   // `feedback`: this replica's error feedback and PowerSGD state, with compression.
-  void average(uint64_t seq, float* data, size_t count, const FeedbackBucket* feedback = nullptr) {
+  void average(uint64_t seq, float* data, size_t count, const Bucket* feedback = nullptr) {
     auto& local = group_->local();
     if (local.size() > 1) local.allreduce(data, count, DataType::kFloat32, ReduceOp::kSum);  // the host's sum
     if (shard_processes_) {

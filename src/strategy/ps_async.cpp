@@ -52,7 +52,7 @@ struct Shard {
   std::vector<int64_t> clock;         // per client: its updates applied here
 };
 
-class PsAsyncStrategy final : public GradientStrategy {
+class PsAsyncStrategy final : public GradientStrategy, private ServerUpdates {
  public:
   PsAsyncStrategy(std::shared_ptr<comm::HierarchicalGroup> group, int num_shards, int max_staleness)
       : group_(std::move(group)),
@@ -91,7 +91,7 @@ class PsAsyncStrategy final : public GradientStrategy {
   }
 
   std::string name() const override { return "ps_async"; }
-  bool updates_on_servers() const override { return true; }
+  ServerUpdates* server_updates() override { return this; }
   bool starts_servers_eagerly() const override { return true; }
 
   std::shared_ptr<comm::Work> average_async(float*, size_t) override {

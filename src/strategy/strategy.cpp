@@ -7,17 +7,9 @@
 
 namespace dsgd::strategy {
 
-std::shared_ptr<comm::Work> GradientStrategy::update_async(const ShardUpdate&, bool*) {
-  throw Error("strategy '" + name() + "' averages gradients; it does not update parameters on servers");
-}
-
-std::shared_ptr<comm::Work> GradientStrategy::gather_state_async(uint64_t, float*, float*, size_t, bool*) {
-  throw Error("strategy '" + name() + "' keeps no optimizer state on servers");
-}
-
 namespace {
 
-class AllreduceStrategy final : public GradientStrategy {
+class AllreduceStrategy final : public GradientStrategy, private ErrorFeedback {
  public:
   AllreduceStrategy(std::shared_ptr<comm::HierarchicalGroup> group, comm::AllreduceAlgorithm algorithm,
                     const CompressionOptions& compression)
@@ -35,8 +27,10 @@ class AllreduceStrategy final : public GradientStrategy {
   std::shared_ptr<comm::Work> average_async(float* data, size_t count) override {
     return average_with_feedback_async(data, count, {});
   }
-  bool keeps_residuals() const override { return wire_ != comm::DataType::kFloat32 || powersgd_ != nullptr; }
-  std::shared_ptr<comm::Work> average_with_feedback_async(float* data, size_t count, const FeedbackBucket& b) override {
+  ErrorFeedback* error_feedback() override {
+    return wire_ != comm::DataType::kFloat32 || powersgd_ != nullptr ? this : nullptr;
+  }
+  std::shared_ptr<comm::Work> average_with_feedback_async(float* data, size_t count, const Bucket& b) override {
     if (algorithm_ == comm::AllreduceAlgorithm::kAuto) {
       comm::CrossHostWire wire{.type = wire_, .residual = b.residual};
       if (powersgd_ && b.powersgd != nullptr) {

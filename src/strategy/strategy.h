@@ -10,8 +10,8 @@
 // buckets in one fixed order for that). Results are identical on every replica, so replicas stay
 // bit-identical. Thread-safe. The parameter-server strategies implement this same interface;
 // those that apply the optimizer on their servers (ps with update on shards, ps_async) take
-// gradients and give back parameters through update_async instead (see below); under ps_async
-// each replica holds the parameters it last received, not the same ones as the others.
+// gradients and give back parameters through their ServerUpdates facet instead (see below); under
+// ps_async each replica holds the parameters it last received, not the same ones as the others.
 #pragma once
 
 #include <cstddef>
@@ -51,6 +51,13 @@ struct ShardUpdate {
   const float* momentum = nullptr;
 };
 
+class ErrorFeedback;
+class ServerUpdates;
+
+// The core every strategy has: averaging buckets. What only some strategies do is a facet of its
+// own, reached through an accessor that returns null where the strategy lacks it:
+// error_feedback() (compression that keeps what it left out) and server_updates() (the optimizer
+// applied on the servers).
 class GradientStrategy {
  public:
   virtual ~GradientStrategy() = default;
@@ -60,21 +67,6 @@ class GradientStrategy {
   virtual std::shared_ptr<comm::Work> average_async(float* data, size_t count) = 0;
   // Fails whatever is in flight or queued, from any thread.
   virtual void abort(const std::string& reason) = 0;
-  // Strategies that compress what crosses hosts with error feedback (allreduce with compression
-  // fp16, bf16 or powersgd) average through average_with_feedback_async: b.residual is count
-  // floats of this replica's feedback for that bucket (zeros at first), which the call reads and
-  // updates, and b.powersgd its PowerSGD state; the caller keeps both (GradSync, with the
-  // replica's state). PowerSGD without a state (null) sends the bucket as float32.
-  struct FeedbackBucket {
-    uint64_t index = 0;                                  // its position in the plan, the same on every replica
-    float* residual = nullptr;
-    const std::vector<MatrixSlot>* matrices = nullptr;  // its matrix-shaped gradients (PowerSGD)
-    PowerSgdState* powersgd = nullptr;                   // PowerSGD's state of the bucket (kept with residual)
-  };
-  virtual bool keeps_residuals() const { return false; }
-  virtual std::shared_ptr<comm::Work> average_with_feedback_async(float* data, size_t count, const FeedbackBucket&) {
-    return average_async(data, count);
-  }
   // Bytes this replica has sent to other hosts so far; -1 where the strategy does not count them.
   virtual int64_t cross_host_bytes() const { return -1; }
   // Memory for `count` floats of gradients that this strategy averages faster where they lie
@@ -82,36 +74,66 @@ class GradientStrategy {
   // while the strategy lives. Every replica must ask for the same sizes in the same order.
   virtual float* gradient_buffer(size_t /*count*/) { return nullptr; }
 
-  // ---- strategies that apply the optimizer on their servers (updates_on_servers()) ----
-  // They take gradients and give back parameters: update_async replaces average_async, with the
-  // same ordering contract (gather_state_async included).
-  virtual bool updates_on_servers() const { return false; }
+  // Non-null where this strategy compresses with error feedback: then buckets average through
+  // it instead of average_async.
+  virtual ErrorFeedback* error_feedback() { return nullptr; }
+  // Non-null where this strategy applies the optimizer on its servers: then buckets go through
+  // it (gradients in, parameters out) instead of average_async.
+  virtual ServerUpdates* server_updates() { return nullptr; }
+};
+
+// Strategies that compress what crosses hosts with error feedback (allreduce and ps with
+// compression fp16, bf16 or powersgd): b.residual is count floats of this replica's feedback for
+// the bucket (zeros at first), which the call reads and updates, and b.powersgd its PowerSGD
+// state; the caller keeps both (GradSync, with the replica's state). PowerSGD without a state
+// (null) sends the bucket as float32. Same ordering contract as average_async.
+class ErrorFeedback {
+ public:
+  struct Bucket {
+    uint64_t index = 0;                                  // its position in the plan, the same on every replica
+    float* residual = nullptr;
+    const std::vector<MatrixSlot>* matrices = nullptr;  // its matrix-shaped gradients (PowerSGD)
+    PowerSgdState* powersgd = nullptr;                   // PowerSGD's state of the bucket (kept with residual)
+  };
+  virtual std::shared_ptr<comm::Work> average_with_feedback_async(float* data, size_t count, const Bucket& b) = 0;
+
+ protected:
+  ~ErrorFeedback() = default;
+};
+
+// Strategies that apply the optimizer on their servers (ps with update on shards, ps_async):
+// they take gradients and give back parameters, with average_async's ordering contract
+// (gather_state_async included).
+class ServerUpdates {
+ public:
   // Starts one bucket's SGD step on its servers. The Work completes when u.data holds the new
   // parameters; *all_applied (written before completion) is false when a shard's averaged
   // gradient was not finite: that shard kept its parameters and momentum.
-  virtual std::shared_ptr<comm::Work> update_async(const ShardUpdate& u, bool* all_applied);
+  virtual std::shared_ptr<comm::Work> update_async(const ShardUpdate& u, bool* all_applied) = 0;
   // Copies the momentum the servers hold for bucket `key` into `momentum` (count floats) on every
   // replica, for checkpoints; *has_momentum is false where they hold none (no step since they
   // started from the replicas, or no momentum configured): `momentum` is then left as it was.
   // `params` (null for ps, whose replicas hold the servers' parameters already) receives the
   // servers' parameters.
   virtual std::shared_ptr<comm::Work> gather_state_async(uint64_t key, float* params, float* momentum, size_t count,
-                                                         bool* has_momentum);
-
+                                                         bool* has_momentum) = 0;
   // Servers that must hold their state before any replica's first step (ps_async: any replica
   // may push first) are started here, by every replica, from its parameters and momentum (null:
   // none), after each state load; the others start from ShardUpdate::init.
   virtual bool starts_servers_eagerly() const { return false; }
   virtual void start_servers(uint64_t /*key*/, const float* /*params*/, const float* /*momentum*/, size_t /*count*/) {}
-
   // Staleness of this replica's updates since the last call: how many other updates its shards
-  // had applied between the parameters it computed on and its own (0 for synchronous strategies).
+  // had applied between the parameters it computed on and its own (0 where the servers are
+  // synchronous).
   struct Staleness {
     int64_t updates = 0;
     int64_t sum = 0;
     int64_t max = 0;
   };
   virtual Staleness take_staleness() { return {}; }
+
+ protected:
+  ~ServerUpdates() = default;
 };
 
 // `allreduce`: the communication core's hierarchical allreduce (shared memory within a host,

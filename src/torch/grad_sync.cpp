@@ -40,6 +40,12 @@ std::vector<size_t> element_counts(const std::vector<torch::Tensor>& params) {
   return counts;
 }
 
+// Servers that start before any replica's first step (ServerUpdates::starts_servers_eagerly).
+bool starts_eagerly(strategy::GradientStrategy& s) {
+  const auto* servers = s.server_updates();
+  return servers != nullptr && servers->starts_servers_eagerly();
+}
+
 torch::Device device_of(const std::vector<torch::Tensor>& params) {
   return params.empty() ? torch::Device(torch::kCPU) : params[0].device();
 }
@@ -77,7 +83,7 @@ GradSync::GradSync(std::vector<torch::Tensor> params, size_t grad_shard_bytes,
       gated_(params_.size(), false),
       pending_(plan_.buckets().size()),
       bucket_ok_(plan_.buckets().size(), true) {
-  if (staged_ && strategy_ && strategy_->updates_on_servers()) {
+  if (staged_ && strategy_ && strategy_->server_updates()) {
     throw ConfigError("strategy " + strategy_->name() + " updates parameters on its servers, which hold them on the " +
                       "CPU; with CUDA use allreduce, simple or ps without ps_update_on_shards");
   }
@@ -85,7 +91,7 @@ GradSync::GradSync(std::vector<torch::Tensor> params, size_t grad_shard_bytes,
     throw ConfigError("forward_overlap_buckets is CPU-only: set it to 0 with device cuda");
   }
   set_deferred_buckets(deferred);
-  if (strategy_ && strategy_->keeps_residuals()) {
+  if (strategy_ && strategy_->error_feedback()) {
     residuals_ = torch::zeros({static_cast<int64_t>(plan_.total_elements())}, torch::TensorOptions(torch::kFloat32));
     // Each parameter of two or more dimensions as a matrix, its first dimension by the rest
     // (DDP's PowerSGD view); its slot is dense, so any layout reads as such a matrix.
@@ -103,7 +109,7 @@ GradSync::GradSync(std::vector<torch::Tensor> params, size_t grad_shard_bytes,
   // Averages are elementwise, so a slot may keep its parameter's layout (channels_last: the
   // optimizer's multi-tensor kernels want gradients laid out as their parameters, as c10d's
   // Reducer does it). Servers that update parameters take them packed in logical order.
-  const bool param_layout = !(strategy_ && strategy_->updates_on_servers());
+  const bool param_layout = !(strategy_ && strategy_->server_updates());
   for (size_t i = 0; i < params_.size(); ++i) {
     const auto& s = plan_.slot(i);
     const auto& p = params_[i];
@@ -207,7 +213,7 @@ void GradSync::launch_ready_locked(bool after_backward) {
     if (missing_[i] != 0 || (!after_backward && schedule_.deferred[i])) break;  // the deferred wait for the end
     comm::timeline::instant("launch", static_cast<int64_t>(i));
     comm::timeline::BucketScope scope(static_cast<int64_t>(i));  // the strategy's operations name it
-    if (strategy_->updates_on_servers()) {
+    if (strategy_->server_updates()) {
       launch_update_locked(i);  // the servers check the averages themselves
     } else if (staged_) {
       stage_locked(i);
@@ -224,7 +230,7 @@ void GradSync::launch_ready_locked(bool after_backward) {
 std::shared_ptr<comm::Work> GradSync::average_async(size_t bucket, float* data) {
   const auto& b = plan_.buckets()[bucket];
   if (!residuals_.defined()) return strategy_->average_async(data, b.count);
-  return strategy_->average_with_feedback_async(
+  return strategy_->error_feedback()->average_with_feedback_async(
       data, b.count,
       {.index = bucket, .residual = residuals_.data_ptr<float>() + b.offset, .matrices = &matrices_[bucket],
        .powersgd = &powersgd_[bucket]});
@@ -344,7 +350,7 @@ void GradSync::set_server_optimizer(uint32_t id, ServerOptimizer optimizer) {
 
 void GradSync::restart_servers() {
   init_servers_ = true;
-  if (strategy_->starts_servers_eagerly() && server_.options) start_servers_now();
+  if (starts_eagerly(*strategy_) && server_.options) start_servers_now();
 }
 
 // `tensors` (one per parameter) packed as the plan packs gradients.
@@ -371,9 +377,9 @@ void GradSync::start_servers_now() {
   copy_state_flat(params, momentum);
   const auto& buckets = plan_.buckets();
   for (size_t i = 0; i < buckets.size(); ++i) {
-    strategy_->start_servers((uint64_t{server_id_} << 32) | i, params.data_ptr<float>() + buckets[i].offset,
-                             momentum.defined() ? momentum.data_ptr<float>() + buckets[i].offset : nullptr,
-                             buckets[i].count);
+    strategy_->server_updates()->start_servers(
+        (uint64_t{server_id_} << 32) | i, params.data_ptr<float>() + buckets[i].offset,
+        momentum.defined() ? momentum.data_ptr<float>() + buckets[i].offset : nullptr, buckets[i].count);
   }
   init_servers_ = false;
   drop_optimizer_momentum();  // the servers hold it now
@@ -399,7 +405,7 @@ void GradSync::launch_update_locked(size_t bucket) {
     u.params = init_params_.data_ptr<float>() + b.offset;
     if (init_momentum_.defined()) u.momentum = init_momentum_.data_ptr<float>() + b.offset;
   }
-  works_[bucket] = strategy_->update_async(u, &applied_[bucket]);
+  works_[bucket] = strategy_->server_updates()->update_async(u, &applied_[bucket]);
 }
 
 void GradSync::drop_optimizer_momentum() {
@@ -409,16 +415,16 @@ void GradSync::drop_optimizer_momentum() {
 }
 
 void GradSync::gather_server_state() {
-  if (!strategy_->updates_on_servers()) return;
+  if (!strategy_->server_updates()) return;
   auto momentum = torch::empty({static_cast<int64_t>(plan_.total_elements())}, torch::kFloat32);
   // Asynchronous servers also hold newer parameters than the replicas: those come back too.
-  const bool with_params = strategy_->starts_servers_eagerly();
+  const bool with_params = starts_eagerly(*strategy_);
   auto params = with_params ? torch::empty_like(momentum) : torch::Tensor();
   const auto& buckets = plan_.buckets();
   auto has = std::make_unique<bool[]>(buckets.size());
   std::vector<std::shared_ptr<comm::Work>> works;
   for (size_t i = 0; i < buckets.size(); ++i) {
-    works.push_back(strategy_->gather_state_async(
+    works.push_back(strategy_->server_updates()->gather_state_async(
         (uint64_t{server_id_} << 32) | i, with_params ? params.data_ptr<float>() + buckets[i].offset : nullptr,
         momentum.data_ptr<float>() + buckets[i].offset, buckets[i].count, &has[i]));
   }
@@ -466,7 +472,7 @@ void GradSync::finalize() {
     }
   }
   launch_ready_locked(true);
-  bool defer = deferred_count_ > 0 && deferred_.apply && !strategy_->updates_on_servers();
+  bool defer = deferred_count_ > 0 && deferred_.apply && !strategy_->server_updates();
   for (size_t i = 0; i < params_.size(); ++i) defer = defer && (!got_grad_[i] || gated_[i]);
   std::fill(gated_.begin(), gated_.end(), false);
   if (defer) {
@@ -498,7 +504,7 @@ void GradSync::finalize() {
   lock.unlock();
   if (error) std::rethrow_exception(error);
   torch::NoGradGuard no_grad;
-  if (strategy_->updates_on_servers()) {
+  if (strategy_->server_updates()) {
     // The slots hold the servers' new parameters; .grad stays undefined, so the optimizer skips them.
     last_finite_ = true;
     for (size_t b = 0; b < plan_.buckets().size(); ++b) last_finite_ = last_finite_ && applied_[b];

@@ -86,7 +86,7 @@ class GradSync {
   const torch::Tensor& param(size_t i) const { return params_[i]; }
   // Fails communication in flight (from any thread).
   void abort(const std::string& reason) { strategy_->abort(reason); }
-  // Error feedback of a strategy that compresses (strategy::GradientStrategy::keeps_residuals):
+  // Error feedback of a strategy that compresses (strategy::GradientStrategy::error_feedback):
   // one float per gradient element, in the flat buffer's layout; undefined otherwise. With it,
   // per bucket, PowerSGD's state (calls and warm-start Q, on host leaders).
   torch::Tensor& residuals() { return residuals_; }
@@ -127,7 +127,7 @@ class GradSync {
   // parameters are about to be replaced (snapshot, checkpoint).
   void discard_pending();
 
-  // ---- update on the servers (strategy->updates_on_servers()) ----
+  // ---- update on the servers (strategy->server_updates()) ----
   struct ServerOptimizer {
     std::function<strategy::SgdOptions()> options;                   // read at each step's start
     std::function<torch::Tensor(size_t param)> momentum;            // the optimizer's; undefined: none
@@ -136,10 +136,10 @@ class GradSync {
   // Required before the first backward when the strategy updates on its servers; `id` tells
   // this model's buckets from other models' (the same on every replica).
   void set_server_optimizer(uint32_t id, ServerOptimizer optimizer);
-  bool updates_on_servers() const { return strategy_->updates_on_servers(); }
+  bool updates_on_servers() const { return strategy_->server_updates() != nullptr; }
   strategy::GradientStrategy& strategy() { return *strategy_; }
   // The replica's parameters or optimizer state were replaced (checkpoint, snapshot): the
-  // servers restart from them, at the next step or now (strategy->starts_servers_eagerly()).
+  // servers restart from them, at the next step or now (ServerUpdates::starts_servers_eagerly).
   void restart_servers();
   // Collective over every replica, like a step: the servers' momentum into set_momentum, so the
   // optimizer's own state is whole again (for checkpoints). Nothing where the servers hold none.

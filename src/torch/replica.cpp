@@ -127,7 +127,7 @@ void ReplicaRuntime::attach(std::shared_ptr<strategy::GradientStrategy> strategy
   }
   // The servers take the step themselves under these: nothing to defer. Chosen per call (-1):
   // gated from the start, T 0 until set_forward_overlap_buckets.
-  const bool gated = !strategy->updates_on_servers() && options_.forward_overlap_buckets != 0;
+  const bool gated = !strategy->server_updates() && options_.forward_overlap_buckets != 0;
   const size_t deferred = gated ? static_cast<size_t>(std::max<int64_t>(0, options_.forward_overlap_buckets)) : 0;
   for (size_t m = 0; m < op_->models().size(); ++m) {
     std::vector<torch::Tensor> params;
@@ -138,7 +138,7 @@ void ReplicaRuntime::attach(std::shared_ptr<strategy::GradientStrategy> strategy
     const size_t s = syncs_.size();
     syncs_.push_back(
         std::make_unique<GradSync>(params, options_.grad_shard_bytes, strategy, options_.overlap, deferred));
-    if (strategy->updates_on_servers()) {
+    if (strategy->server_updates()) {
       syncs_.back()->set_server_optimizer(static_cast<uint32_t>(m), server_optimizer(*op_, m, params));
     }
     if (gated) {
@@ -387,8 +387,9 @@ Metrics ReplicaRuntime::train(int64_t max_batches, bool profile) {
     m["comm_bytes_per_step"] =
         static_cast<double>(syncs_[0]->strategy().cross_host_bytes() - bytes0) / static_cast<double>(batches);
   }
-  if (!syncs_.empty() && syncs_[0]->strategy().starts_servers_eagerly()) {  // asynchronous: how stale
-    const auto st = syncs_[0]->strategy().take_staleness();
+  auto* servers = syncs_.empty() ? nullptr : syncs_[0]->strategy().server_updates();
+  if (servers != nullptr && servers->starts_servers_eagerly()) {  // asynchronous: how stale
+    const auto st = servers->take_staleness();
     m["staleness_mean"] = st.updates > 0 ? static_cast<double>(st.sum) / static_cast<double>(st.updates) : 0.0;
     m["staleness_max"] = static_cast<double>(st.max);
   }

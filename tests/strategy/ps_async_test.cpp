@@ -44,20 +44,22 @@ TEST(PsAsyncStrategy, PushesOneAtATimeAreSequentialSgdAndAPullBringsParametersAn
   auto store = comm::make_memory_store();
   std::barrier sync(kSize);
   std::vector<std::vector<float>> got(kSize), momentum(kSize);
-  std::vector<GradientStrategy::Staleness> staleness(kSize);
+  std::vector<ServerUpdates::Staleness> staleness(kSize);
   testing::run_ranks(kSize, [&](int rank) {
     auto s = make_ps_async_strategy(make_group(store, rank, kSize, kSize), kSize, /*max_staleness=*/-1);
-    EXPECT_TRUE(s->updates_on_servers());
+    EXPECT_TRUE(s->server_updates() != nullptr);
     std::vector<float> start(kCount);
     for (size_t i = 0; i < kCount; ++i) start[i] = 1.0f - static_cast<float>(i) * 1e-3f;
-    s->start_servers(9, start.data(), nullptr, kCount);
+    s->server_updates()->start_servers(9, start.data(), nullptr, kCount);
     sync.arrive_and_wait();  // every owner started before any push
     std::vector<float> data(kCount);
     for (int turn = 0; turn < 2; ++turn) {
       if (rank == turn) {
         for (size_t i = 0; i < kCount; ++i) data[i] = grad(rank, i);
         bool applied = false;
-        s->update_async({.key = 9, .data = data.data(), .count = kCount, .sgd = kSgd}, &applied)->wait();
+        s->server_updates()
+            ->update_async({.key = 9, .data = data.data(), .count = kCount, .sgd = kSgd}, &applied)
+            ->wait();
         EXPECT_TRUE(applied);
         got[static_cast<size_t>(rank)] = data;
       }
@@ -66,12 +68,12 @@ TEST(PsAsyncStrategy, PushesOneAtATimeAreSequentialSgdAndAPullBringsParametersAn
     if (rank == 2) {
       std::vector<float> m(kCount, -1.0f);
       bool has = false;
-      s->gather_state_async(9, data.data(), m.data(), kCount, &has)->wait();
+      s->server_updates()->gather_state_async(9, data.data(), m.data(), kCount, &has)->wait();
       EXPECT_TRUE(has);
       got[2] = data;
       momentum[2] = m;
     }
-    staleness[static_cast<size_t>(rank)] = s->take_staleness();
+    staleness[static_cast<size_t>(rank)] = s->server_updates()->take_staleness();
     sync.arrive_and_wait();  // no strategy goes while another still talks to it
   });
   for (size_t i = 0; i < kCount; ++i) {
@@ -95,12 +97,12 @@ TEST(PsAsyncStrategy, AReplicaTooFarAheadWaitsForTheSlowest) {
   testing::run_ranks(2, [&](int rank) {
     auto s = make_ps_async_strategy(make_group(store, rank, 2, 2), 2, /*max_staleness=*/1);
     std::vector<float> start(kCount, 1.0f), data(kCount);
-    s->start_servers(1, start.data(), nullptr, kCount);
+    s->server_updates()->start_servers(1, start.data(), nullptr, kCount);
     sync.arrive_and_wait();
     bool applied = false;
     auto push = [&] {
       std::fill(data.begin(), data.end(), 0.01f);
-      return s->update_async({.key = 1, .data = data.data(), .count = kCount, .sgd = kSgd}, &applied);
+      return s->server_updates()->update_async({.key = 1, .data = data.data(), .count = kCount, .sgd = kSgd}, &applied);
     };
     if (rank == 0) {
       push()->wait();

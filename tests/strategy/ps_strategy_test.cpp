@@ -173,11 +173,11 @@ void check_update_on_shards(bool nesterov, bool processes, int kSize = 4) {
   std::vector<std::vector<float>> params(static_cast<size_t>(kSize)), momentum(static_cast<size_t>(kSize));
   run_job(kSize, 2, 2, processes, store, [&](int rank) {
     auto s = make_ps(store, rank, kSize, 2, {.num_shards = 2, .update_on_shards = true, .shard_processes = processes});
-    EXPECT_TRUE(s->updates_on_servers());
+    EXPECT_TRUE(s->server_updates() != nullptr);
     std::vector<float> mine(kCount), start(kCount);
     for (size_t i = 0; i < kCount; ++i) start[i] = static_cast<float>(i) * 1e-3f;
     bool has = true;
-    s->gather_state_async(7, nullptr, mine.data(), kCount, &has)->wait();
+    s->server_updates()->gather_state_async(7, nullptr, mine.data(), kCount, &has)->wait();
     EXPECT_FALSE(has) << "momentum before any step";
     for (int step = 1; step <= 3; ++step) {
       std::vector<float> data(kCount);
@@ -186,11 +186,11 @@ void check_update_on_shards(bool nesterov, bool processes, int kSize = 4) {
       ShardUpdate u{.key = 7, .data = data.data(), .count = kCount, .sgd = sgd, .init = step == 1,
                     .params = start.data()};
       bool applied = false;
-      s->update_async(u, &applied)->wait();
+      s->server_updates()->update_async(u, &applied)->wait();
       EXPECT_EQ(applied, step != 3) << "step " << step << " rank " << rank;
       params[static_cast<size_t>(rank)] = data;
     }
-    s->gather_state_async(7, nullptr, mine.data(), kCount, &has)->wait();
+    s->server_updates()->gather_state_async(7, nullptr, mine.data(), kCount, &has)->wait();
     EXPECT_TRUE(has);
     momentum[static_cast<size_t>(rank)] = mine;
   });
@@ -213,7 +213,9 @@ TEST(PsStrategy, UpdatesWithoutAStartAreAnErrorNotGarbage) {
     auto s = make_ps_strategy(make_group(store, rank, 1, 1), 1, true);
     std::vector<float> v(10, 1.0f);
     bool applied = false;
-    EXPECT_THROW(s->update_async({.key = 1, .data = v.data(), .count = v.size(), .sgd = {}}, &applied)->wait(), Error);
+    EXPECT_THROW(
+        s->server_updates()->update_async({.key = 1, .data = v.data(), .count = v.size(), .sgd = {}}, &applied)->wait(),
+        Error);
     EXPECT_THROW(s->average_async(v.data(), v.size()), Error);
   });
 }
@@ -264,11 +266,13 @@ void check_sixteen_bits(comm::DataType wire, double rounding) {
   auto store = comm::make_memory_store();
   run_job(kSize, kHosts, 4, false, store, [&](int rank) {
     auto s = make_ps(store, rank, kSize, kHosts, {.num_shards = 4, .wire = wire});
-    EXPECT_TRUE(s->keeps_residuals());
+    EXPECT_TRUE(s->error_feedback() != nullptr);
     std::vector<float> residual(kCount, 0.0f), data(kCount);
     for (int c = 0; c < kCalls; ++c) {
       for (size_t i = 0; i < kCount; ++i) data[i] = grad(rank, i);
-      s->average_with_feedback_async(data.data(), kCount, {.index = 0, .residual = residual.data()})->wait();
+      s->error_feedback()
+          ->average_with_feedback_async(data.data(), kCount, {.index = 0, .residual = residual.data()})
+          ->wait();
     }
     result[static_cast<size_t>(rank)] = data;
     residuals[static_cast<size_t>(rank)] = residual;
