@@ -1,0 +1,167 @@
+#include "dsgd/gpt.h"
+
+#include <torch/nn/functional/activation.h>
+#include <torch/nn/functional/loss.h>
+#include <torch/nn/modules/container/modulelist.h>
+#include <torch/nn/modules/dropout.h>
+#include <torch/nn/modules/embedding.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/nn/modules/normalization.h>
+
+#include <cmath>
+#include <map>
+
+#include "dsgd/error.h"
+
+namespace dsgd::models {
+namespace {
+
+// Causal self-attention: one fused QKV projection, every head in one batched matmul.
+class AttentionImpl : public torch::nn::Module {
+ public:
+  explicit AttentionImpl(const GptOptions& o)
+      : heads_(o.heads),
+        qkv_(register_module("qkv", torch::nn::Linear(o.width, 3 * o.width))),
+        proj_(register_module("proj", torch::nn::Linear(o.width, o.width))),
+        attn_drop_(register_module("attn_drop", torch::nn::Dropout(o.dropout))) {}
+
+  torch::Tensor forward(const torch::Tensor& x) {
+    const int64_t n = x.size(0), t = x.size(1), d = x.size(2), hd = d / heads_;
+    // [N, T, 3D] -> [3, N, H, T, D/H]
+    const auto qkv = qkv_(x).view({n, t, 3, heads_, hd}).permute({2, 0, 3, 1, 4});
+    const auto q = qkv[0], k = qkv[1], v = qkv[2];
+    auto att = torch::matmul(q, k.transpose(-2, -1)) * (1.0 / std::sqrt(static_cast<double>(hd)));
+    att = att.masked_fill(future(t, x.device()), -std::numeric_limits<float>::infinity());
+    att = attn_drop_(torch::softmax(att, -1));
+    const auto y = torch::matmul(att, v).transpose(1, 2).reshape({n, t, d});  // heads side by side again
+    return proj_(y);
+  }
+
+  torch::nn::Linear& proj() { return proj_; }
+
+ private:
+  // True above the diagonal: the positions a query must not see. Made once per length and device
+  // (not a buffer: nothing to synchronise or checkpoint).
+  const torch::Tensor& future(int64_t t, const torch::Device& device) {
+    auto& m = masks_[{t, device.str()}];
+    if (!m.defined()) m = torch::ones({t, t}, torch::TensorOptions(torch::kBool).device(device)).triu(1);
+    return m;
+  }
+
+  int64_t heads_;
+  torch::nn::Linear qkv_, proj_;
+  torch::nn::Dropout attn_drop_;
+  std::map<std::pair<int64_t, std::string>, torch::Tensor> masks_;
+};
+TORCH_MODULE(Attention);
+
+// Pre-LayerNorm block: x + attention(ln(x)), then x + mlp(ln(x)).
+class BlockImpl : public torch::nn::Module {
+ public:
+  explicit BlockImpl(const GptOptions& o)
+      : ln1_(register_module("ln1", torch::nn::LayerNorm(torch::nn::LayerNormOptions({o.width})))),
+        attn_(register_module("attn", Attention(o))),
+        ln2_(register_module("ln2", torch::nn::LayerNorm(torch::nn::LayerNormOptions({o.width})))),
+        fc_(register_module("fc", torch::nn::Linear(o.width, 4 * o.width))),
+        fc_proj_(register_module("fc_proj", torch::nn::Linear(4 * o.width, o.width))),
+        drop_(register_module("drop", torch::nn::Dropout(o.dropout))) {}
+
+  torch::Tensor forward(torch::Tensor x) {
+    x = x + drop_(attn_(ln1_(x)));
+    return x + drop_(fc_proj_(torch::gelu(fc_(ln2_(x)), "tanh")));
+  }
+
+  // The two projections into the residual stream (GPT-2 scales their initial weights).
+  std::vector<torch::Tensor> residual_projections() { return {attn_->proj()->weight, fc_proj_->weight}; }
+
+ private:
+  torch::nn::LayerNorm ln1_;
+  Attention attn_;
+  torch::nn::LayerNorm ln2_;
+  torch::nn::Linear fc_, fc_proj_;
+  torch::nn::Dropout drop_;
+};
+TORCH_MODULE(Block);
+
+void check(const GptOptions& o) {
+  if (o.vocab_size < 1 || o.context < 1 || o.layers < 1 || o.width < 1 || o.heads < 1 || o.width % o.heads != 0 ||
+      !(o.dropout >= 0 && o.dropout < 1)) {
+    throw ConfigError(
+        "gpt: needs vocab_size, context, layers, width, heads >= 1, width a multiple of heads and "
+        "dropout in [0, 1); got vocab_size " +
+        std::to_string(o.vocab_size) + ", context " + std::to_string(o.context) + ", layers " +
+        std::to_string(o.layers) + ", width " + std::to_string(o.width) + ", heads " + std::to_string(o.heads) +
+        ", dropout " + std::to_string(o.dropout));
+  }
+}
+
+}  // namespace
+
+struct Gpt::Impl {
+  torch::nn::Embedding wte{nullptr}, wpe{nullptr};
+  torch::nn::Dropout drop{nullptr};
+  torch::nn::ModuleList blocks{nullptr};
+  torch::nn::LayerNorm ln_f{nullptr};
+};
+
+GptOptions gpt_options(const std::string& name, int64_t vocab_size) {
+  GptOptions o;
+  o.vocab_size = vocab_size;
+  if (name == "gpt-tiny") {
+    o.layers = 4, o.width = 128, o.heads = 4, o.context = 128;
+  } else if (name == "gpt-small") {
+    o.layers = 6, o.width = 384, o.heads = 6, o.context = 256;
+  } else if (name == "gpt-base") {
+    o.layers = 12, o.width = 768, o.heads = 12, o.context = 1024;
+  } else {
+    throw ConfigError("unknown GPT size '" + name + "'; use gpt-tiny, gpt-small or gpt-base");
+  }
+  return o;
+}
+
+Gpt::Gpt(const GptOptions& options) : options_(options), impl_(std::make_shared<Impl>()) {
+  check(options_);
+  auto& m = *impl_;
+  m.wte = register_module("wte", torch::nn::Embedding(options_.vocab_size, options_.width));
+  m.wpe = register_module("wpe", torch::nn::Embedding(options_.context, options_.width));
+  m.drop = register_module("drop", torch::nn::Dropout(options_.dropout));
+  m.blocks = register_module("blocks", torch::nn::ModuleList());
+  for (int64_t l = 0; l < options_.layers; ++l) m.blocks->push_back(Block(options_));
+  m.ln_f = register_module("ln_f", torch::nn::LayerNorm(torch::nn::LayerNormOptions({options_.width})));
+
+  torch::NoGradGuard no_grad;
+  for (auto& p : named_parameters()) {
+    if (p.key().find("ln") != std::string::npos) continue;  // LayerNorms keep weight 1, bias 0
+    if (p.value().dim() == 1) {
+      p.value().zero_();  // biases
+    } else {
+      p.value().normal_(0.0, 0.02);
+    }
+  }
+  const double scaled = 0.02 / std::sqrt(2.0 * static_cast<double>(options_.layers));
+  for (const auto& b : *m.blocks) {
+    for (auto& w : b->as<BlockImpl>()->residual_projections()) w.normal_(0.0, scaled);
+  }
+}
+
+torch::Tensor Gpt::forward(const torch::Tensor& tokens) {
+  if (tokens.dim() != 2 || tokens.scalar_type() != torch::kInt64 || tokens.size(1) > options_.context) {
+    throw ConfigError("gpt: tokens must be int64 [N, T] with T <= context (" + std::to_string(options_.context) +
+                      "), got " + std::string(c10::toString(tokens.scalar_type())) + " of " +
+                      std::to_string(tokens.dim()) + " dimensions" +
+                      (tokens.dim() == 2 ? ", T = " + std::to_string(tokens.size(1)) : std::string()));
+  }
+  auto& m = *impl_;
+  const auto positions = torch::arange(tokens.size(1), torch::TensorOptions(torch::kInt64).device(tokens.device()));
+  auto x = m.drop(m.wte(tokens) + m.wpe(positions));
+  for (const auto& b : *m.blocks) x = b->as<BlockImpl>()->forward(x);
+  return torch::nn::functional::linear(m.ln_f(x), m.wte->weight);  // the output layer is the embedding
+}
+
+std::shared_ptr<Gpt> make_gpt(const GptOptions& options) { return std::make_shared<Gpt>(options); }
+
+torch::Tensor next_token_loss(const torch::Tensor& logits, const torch::Tensor& targets) {
+  return torch::nn::functional::cross_entropy(logits.reshape({-1, logits.size(-1)}), targets.reshape({-1}));
+}
+
+}  // namespace dsgd::models
