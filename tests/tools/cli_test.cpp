@@ -415,15 +415,17 @@ TEST(Cli, AnEvaluatorEvaluatesTheCheckpointsUntilTheJobEnds) {
 
 TEST(Cli, ARemoteWorkerBeyondNumWorkersIsAStandbyThatTakesALostWorkersPlace) {
   // A launcher starts 3 `dsgd worker` for a job of 2 with --standby 1: the last to register
-  // waits set up; the first is killed while training, and the standby takes its place.
+  // waits set up; the first is killed while training (once the standby says it is ready: a
+  // fixed delay killed it during set-up on a loaded machine), and the standby takes its place.
   dsgd::testing::TempDir dir;
   const std::string bin = DSGD_BINARY, address = "127.0.0.1:" + std::to_string(free_port());
-  const std::string join = " --driver " + address + " --token t0ken";
+  const std::string join = " --driver " + address + " --token t0ken", log = dir.file("driver.log");
   const std::string script =
       bin + " train --listen " + address + " --token t0ken --workers 2 --standby 1 --model mlp --dataset synthetic "
       "--synthetic-samples 4096 --batch-size 64 --threads 1 --epochs 4 --checkpoint-every 10 --quiet --json-out " +
-      dir.file("run.json") + " & sleep 1; " + bin + " worker" + join + " & first=$!; " + bin + " worker" + join +
-      " & sleep 1; " + bin + " worker" + join + " & sleep 4; kill -9 $first; wait";
+      dir.file("run.json") + " 2> " + log + " & sleep 1; " + bin + " worker" + join + " & first=$!; " + bin +
+      " worker" + join + " & sleep 1; " + bin + " worker" + join + " & for i in $(seq 600); do grep -q \"is set up "
+      "and ready outside the group\" " + log + " && break; sleep 0.1; done; sleep 1; kill -9 $first; wait; cat " + log;
   const CliRun r = run_shell(script, 180);  // its status is the killed worker's; the summary tells the rest
   std::ifstream f(dir.file("run.json"));
   ASSERT_TRUE(f.good()) << "the driver wrote no summary\n" << r.output;
