@@ -26,6 +26,7 @@ build_pkgs=(
 bench_pkgs=(
   python3-torch           # PyTorch DDP, the peer we measure against (/usr/bin/python3)
   openmpi-bin libopenmpi-dev   # MPI_Allreduce peer
+  dict-gcide              # the language model's corpus: 40 MB of English (dsgd prepare-text's default)
 )
 
 case "${1:-}" in

@@ -26,6 +26,7 @@
 #include <torch/optim/optimizer.h>
 #include <torch/serialize/archive.h>
 
+#include "dsgd/dataset.h"
 #include "dsgd/metrics.h"
 
 #include <cstdint>
@@ -46,11 +47,8 @@ LossFn cross_entropy_loss();
 // (Trainer's scheduler_step_freq). Its state (t) is saved in checkpoints.
 using LrLambda = std::function<double(int64_t t)>;
 
-struct Batch {
-  torch::Tensor data;
-  torch::Tensor target;
-  int64_t size() const { return data.defined() ? data.size(0) : 0; }
-};
+// In-memory tensors as a Dataset (samples along dimension 0; targets may be undefined).
+std::shared_ptr<const Dataset> tensor_dataset(torch::Tensor data, torch::Tensor targets = {});
 
 // Where a replica stands, for operators that want to know.
 struct ReplicaInfo {
@@ -113,6 +111,9 @@ class TrainingOperator {
   // undefined (then the operator overrides what needs them).
   void register_data(torch::Tensor train_data, torch::Tensor train_targets = {}, torch::Tensor validation_data = {},
                      torch::Tensor validation_targets = {});
+  // Datasets read by index instead (dsgd/dataset.h): nothing is loaded up front; the
+  // validation set may be null. Replaces data registered before, and the other way round.
+  void register_dataset(std::shared_ptr<const Dataset> train, std::shared_ptr<const Dataset> validation = nullptr);
 
   // ---- access ----
   torch::nn::Module& model(size_t i = 0) const;
@@ -124,7 +125,10 @@ class TrainingOperator {
   torch::Tensor forward(const torch::Tensor& x, size_t i = 0) const;
   const ReplicaInfo& replica() const { return info_; }
   // The next batches of this replica for the current epoch (set up by the runtime).
-  int64_t num_train_samples() const { return train_data_.defined() ? train_data_.size(0) : 0; }
+  int64_t num_train_samples() const;
+  // The registered datasets (null where tensors were registered, or nothing).
+  const std::shared_ptr<const Dataset>& train_dataset() const { return train_set_; }
+  const std::shared_ptr<const Dataset>& validation_dataset() const { return val_set_; }
   const torch::Tensor& train_data() const { return train_data_; }
   const torch::Tensor& train_targets() const { return train_targets_; }
   const torch::Tensor& validation_data() const { return val_data_; }
@@ -180,6 +184,7 @@ class TrainingOperator {
   };
   std::vector<Schedule> schedules_;
   torch::Tensor train_data_, train_targets_, val_data_, val_targets_;
+  std::shared_ptr<const Dataset> train_set_, val_set_;
   ReplicaInfo info_;
   torch_glue::ReplicaHost* host_ = nullptr;  // the runtime running this operator, set before setup
 };

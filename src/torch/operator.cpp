@@ -94,6 +94,46 @@ void TrainingOperator::register_data(torch::Tensor train_data, torch::Tensor tra
   train_targets_ = std::move(train_targets);
   val_data_ = std::move(validation_data);
   val_targets_ = std::move(validation_targets);
+  train_set_ = val_set_ = nullptr;
+}
+
+void TrainingOperator::register_dataset(std::shared_ptr<const Dataset> train,
+                                        std::shared_ptr<const Dataset> validation) {
+  if (train == nullptr || train->size() <= 0) throw ConfigError("register_dataset: the training dataset is empty");
+  train_set_ = std::move(train);
+  val_set_ = std::move(validation);
+  train_data_ = train_targets_ = val_data_ = val_targets_ = torch::Tensor();
+}
+
+int64_t TrainingOperator::num_train_samples() const {
+  if (train_data_.defined()) return train_data_.size(0);
+  return train_set_ ? train_set_->size() : 0;
+}
+
+namespace {
+
+class TensorDataset final : public Dataset {
+ public:
+  TensorDataset(torch::Tensor data, torch::Tensor targets) : data_(std::move(data)), targets_(std::move(targets)) {
+    if (!data_.defined() || data_.dim() == 0) throw ConfigError("tensor_dataset: the data is empty");
+    if (targets_.defined() && targets_.size(0) != data_.size(0)) {
+      throw ConfigError("tensor_dataset: " + std::to_string(data_.size(0)) + " samples but " +
+                        std::to_string(targets_.size(0)) + " targets");
+    }
+  }
+  int64_t size() const override { return data_.size(0); }
+  Batch get_batch(const torch::Tensor& indices) const override {
+    return {data_.index_select(0, indices), targets_.defined() ? targets_.index_select(0, indices) : torch::Tensor()};
+  }
+
+ private:
+  torch::Tensor data_, targets_;
+};
+
+}  // namespace
+
+std::shared_ptr<const Dataset> tensor_dataset(torch::Tensor data, torch::Tensor targets) {
+  return std::make_shared<TensorDataset>(std::move(data), std::move(targets));
 }
 
 torch::nn::Module& TrainingOperator::model(size_t i) const {
@@ -196,11 +236,11 @@ Metrics TrainingOperator::train_batch(const Batch& batch) {
 }
 
 Metrics TrainingOperator::validate() {
-  if (!val_data_.defined()) return {};
+  if (!val_data_.defined() && val_set_ == nullptr) return {};
   torch::NoGradGuard no_grad;
   for (auto& m : models_) m->eval();
   // This replica's contiguous share of the validation set.
-  const int64_t n = val_data_.size(0);
+  const int64_t n = val_data_.defined() ? val_data_.size(0) : val_set_->size();
   const int64_t w = info_.world_size, r = info_.rank;
   const int64_t begin = r * (n / w) + std::min(r, n % w);
   const int64_t end = begin + n / w + (r < n % w ? 1 : 0);
@@ -208,9 +248,14 @@ Metrics TrainingOperator::validate() {
   constexpr int64_t kBatch = 1000;
   for (int64_t s = begin; s < end; s += kBatch) {
     const int64_t e = std::min(end, s + kBatch);
-    Batch b{
-        val_data_.slice(0, s, e).to(info_.device, /*non_blocking=*/true),
-        val_targets_.defined() ? val_targets_.slice(0, s, e).to(info_.device, /*non_blocking=*/true) : torch::Tensor()};
+    Batch b;
+    if (val_data_.defined()) {
+      b = {val_data_.slice(0, s, e), val_targets_.defined() ? val_targets_.slice(0, s, e) : torch::Tensor()};
+    } else {
+      b = val_set_->get_batch(torch::arange(s, e, torch::kInt64));
+    }
+    b.data = b.data.to(info_.device, /*non_blocking=*/true);
+    if (b.target.defined()) b.target = b.target.to(info_.device, /*non_blocking=*/true);
     mean.add(validate_batch(b));
   }
   for (auto& m : models_) m->train();

@@ -27,6 +27,7 @@ torch::Tensor epoch_order(int64_t n, uint64_t seed, int64_t epoch) {
   return torch::randperm(n, gen);
 }
 
+
 // clip_grad_norm_ over every model's gradients: scales them so that their global L2 norm is at
 // most max_norm. Returns the norm before.
 double clip_gradients(TrainingOperator& op, double max_norm) {
@@ -70,7 +71,7 @@ void ReplicaRuntime::setup(const nlohmann::json& config) {
     }
     for (auto& g : op_->optimizer(s.optimizer).param_groups()) s.base_lrs.push_back(g.options().get_lr());
   }
-  if (op_->train_data().defined() && op_->num_train_samples() < options_.info.world_size) {
+  if (op_->num_train_samples() > 0 && op_->num_train_samples() < options_.info.world_size) {
     throw ConfigError("the training data has " + std::to_string(op_->num_train_samples()) +
                       " samples, fewer than the " + std::to_string(options_.info.world_size) + " replicas");
   }
@@ -201,13 +202,16 @@ int64_t ReplicaRuntime::batches_per_epoch() const { return sampler().batches_per
 void ReplicaRuntime::start_epoch_order() {
   if (order_epoch_ == position_.epoch) return;
   order_ = epoch_order(op_->num_train_samples(), options_.seed, position_.epoch);
-  if (!op_->train_data().device().is_cpu()) order_ = order_.to(op_->train_data().device());  // batches cut there
+  const auto& data = op_->train_data();
+  if (data.defined() && !data.device().is_cpu()) order_ = order_.to(data.device());  // batches cut there
   order_epoch_ = position_.epoch;
 }
 
 bool ReplicaRuntime::next_batch(Batch& batch, int64_t max_batches) {
-  if (!op_->train_data().defined()) {
-    throw ConfigError("train_epoch needs training data: call register_data() in setup() or override train_epoch");
+  const auto& dataset = op_->train_dataset();
+  if (!op_->train_data().defined() && dataset == nullptr) {
+    throw ConfigError("train_epoch needs training data: call register_data() or register_dataset() in setup(), or "
+                      "override train_epoch");
   }
   if (position_.batch >= batches_per_epoch()) return false;
   if (max_batches > 0 && taken_this_call_ >= max_batches) return false;
@@ -216,8 +220,15 @@ bool ReplicaRuntime::next_batch(Batch& batch, int64_t max_batches) {
   const EpochSampler s = sampler();
   const auto [begin, end] = s.part(position_.batch);
   auto idx = order_.slice(0, begin, end);
-  batch.data = gather(op_->train_data(), idx);
-  batch.target = op_->train_targets().defined() ? gather(op_->train_targets(), idx) : torch::Tensor();
+  if (dataset != nullptr) {  // read now, this replica's samples only
+    batch = dataset->get_batch(idx);
+    const torch::Device device = options_.info.device;
+    batch.data = batch.data.to(device);
+    if (batch.target.defined()) batch.target = batch.target.to(device);
+  } else {
+    batch.data = gather(op_->train_data(), idx);
+    batch.target = op_->train_targets().defined() ? gather(op_->train_targets(), idx) : torch::Tensor();
+  }
   batch_weight_ = s.weight(position_.batch);
   set_weights();
   ++taken_this_call_;

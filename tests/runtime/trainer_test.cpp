@@ -193,6 +193,46 @@ DSGD_REGISTER_WORKER_FUNCTION(counted_batches, [](TrainingOperator* op, const js
   return dynamic_cast<CountingOperator&>(*op).batches_;
 });
 
+// The regression's data (256 samples, 64 more for validation) registered as tensors, or with
+// config "streamed" as datasets read by index (register_dataset), the training set counting the
+// samples each replica asked for.
+class CountingDataset final : public Dataset {
+ public:
+  explicit CountingDataset(std::shared_ptr<const Dataset> inner) : inner_(std::move(inner)) {}
+  int64_t size() const override { return inner_->size(); }
+  Batch get_batch(const torch::Tensor& indices) const override {
+    read_ += indices.numel();
+    return inner_->get_batch(indices);
+  }
+  std::shared_ptr<const Dataset> inner_;
+  mutable std::atomic<int64_t> read_{0};
+};
+class StreamedOperator : public RegressionOperator {
+ public:
+  void setup(const json& config) override {
+    auto m = register_model(std::make_shared<Widening>(-2));
+    register_optimizer(make_optimizer(m->parameters()));
+    register_loss([](const torch::Tensor& out, const torch::Tensor& y) { return torch::mse_loss(out, y); });
+    auto gen = at::detail::createCPUGenerator(replica().seed);
+    auto x = torch::randn({256 + 64, 4}, gen);
+    auto y = x.sum(1, true);
+    auto train_x = x.slice(0, 0, 256), train_y = y.slice(0, 0, 256);
+    auto val_x = x.slice(0, 256), val_y = y.slice(0, 256);
+    if (config.value("streamed", false)) {
+      counting_ = std::make_shared<CountingDataset>(tensor_dataset(train_x, train_y));
+      register_dataset(counting_, tensor_dataset(val_x, val_y));
+    } else {
+      register_data(train_x, train_y, val_x, val_y);
+    }
+  }
+  std::shared_ptr<CountingDataset> counting_;
+};
+DSGD_REGISTER_OPERATOR(StreamedOperator);
+DSGD_REGISTER_WORKER_FUNCTION(samples_read, [](TrainingOperator* op, const json&) -> json {
+  const auto& c = dynamic_cast<StreamedOperator&>(*op).counting_;
+  return c ? c->read_.load() : -1;
+});
+
 // Refuses a config key in setup(), in the worker: it registers no config check of its own.
 class PickyOperator : public RegressionOperator {
   void setup(const json& config) override {
@@ -886,6 +926,30 @@ TEST(TrainerCheckpoint, SchedulesStepPerEpochOrBatchAndComeBackFromCheckpoints) 
   Trainer per_batch(dsgd::kImageClassifier, c);
   per_batch.train({.num_steps = 3});
   EXPECT_DOUBLE_EQ(per_batch.foreach_worker("learning_rate")[0].get<double>(), 0.01 * 0.125);
+}
+
+// register_dataset: the same samples read by index as each replica needs them train exactly as
+// the same tensors registered whole, and validate the same; each replica reads its own share of
+// each global batch and nothing else (no sample read twice, none loaded up front).
+TEST(TrainerData, ADatasetReadByIndexTrainsExactlyAsTheSameTensorsInMemory) {
+  constexpr int64_t kSteps = 4, kBatch = 64;  // the epoch's 256 samples
+  auto c = base_config(2, "allreduce", kBatch);
+  c.config = json::object();
+  auto run = [&](bool streamed, std::vector<json>* read) {
+    c.config["streamed"] = streamed;
+    Trainer t(operator_of<StreamedOperator>(), c);
+    EXPECT_EQ(t.train({.num_steps = kSteps}).epoch, 1);
+    const auto v = t.validate();
+    if (read != nullptr) *read = t.foreach_worker("samples_read");
+    return std::make_pair(params_of(*t.get_model()), v.metrics.at("loss"));
+  };
+  std::vector<json> read;
+  const auto [in_memory, in_memory_loss] = run(false, nullptr);
+  const auto [streamed, streamed_loss] = run(true, &read);
+  EXPECT_EQ(max_difference(in_memory, streamed), 0.0);
+  EXPECT_EQ(in_memory_loss, streamed_loss);
+  ASSERT_EQ(read.size(), 2u);
+  for (const auto& n : read) EXPECT_EQ(n.get<int64_t>(), kSteps * kBatch / 2) << "samples a replica read";
 }
 
 // An operator's own state (state_dict) travels in checkpoints to every replica of the job that

@@ -25,6 +25,9 @@ void add_evaluate_command(CLI::App& app, int* exit_code);
 // `dsgd tune`: hyper-parameter search (dsgd/tune.h).
 void add_tune_command(CLI::App& app, int* exit_code);
 
+// `dsgd prepare-text`: a text file into a language model's token files (dsgd/text.h).
+void add_prepare_text_command(CLI::App& app, int* exit_code);
+
 // `dsgd bench allreduce`: communication benchmarks.
 void add_bench_command(CLI::App& app, int* exit_code);
 
