@@ -7,6 +7,7 @@
 
 #include "dsgd/data.h"
 #include "dsgd/error.h"
+#include "dsgd/language_model.h"
 #include "dsgd/models.h"
 #include "dsgd/operator.h"
 #include "dsgd/sgd.h"
@@ -67,6 +68,7 @@ class ImageClassifier : public TrainingOperator {
 }  // namespace
 
 void register_builtin_operators() {
+  register_language_model();
   static const bool once = [] {
     register_operator(kImageClassifier, [] { return std::unique_ptr<TrainingOperator>(new ImageClassifier()); });
     register_operator_config_check(kImageClassifier,

@@ -244,6 +244,40 @@ TEST(Cli, ProfileSaysWhereEachStepWentPerEpochAndOverTheRun) {
   }
 }
 
+// The language model from the command line: prepare-text writes the token files, train runs
+// gpt-tiny on them with 2 workers and reports tokens/s and the validation perplexity.
+TEST(Cli, PrepareTextThenTrainALanguageModel) {
+  dsgd::testing::TempDir dir;
+  {
+    std::ofstream text(dir.file("corpus.txt"));
+    for (int i = 0; i < 600; ++i) text << "line " << (i * 37 % 100) << " of a small corpus\n";
+  }
+  CliRun prep = run_dsgd("prepare-text --input " + dir.file("corpus.txt") + " --out " + dir.file("tok") +
+                         " --val-fraction 0.1");
+  ASSERT_EQ(prep.exit_code, 0) << prep.output;
+  const auto p = nlohmann::json::parse(prep.output);
+  EXPECT_GT(p["train_tokens"].get<int64_t>(), 8 * p["val_tokens"].get<int64_t>());
+  const std::string out = dir.file("run.json");
+  CliRun r = run_dsgd("train --model gpt-tiny --dataset text:" + dir.file("tok") +
+                      " --workers 2 --threads 1 --batch-size 8 --max-steps 12 --config '{\"context\": 32, "
+                      "\"warmup_steps\": 4}' --json-out " + out);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  std::ifstream f(out);
+  const auto j = nlohmann::json::parse(f);
+  EXPECT_EQ(j["model"], "gpt-tiny");
+  EXPECT_EQ(j["steps"], 12);
+  EXPECT_DOUBLE_EQ(j["tokens"].get<double>(), 12 * 8 * 32);
+  EXPECT_GT(j["tokens_per_s"].get<double>(), 0);
+  ASSERT_TRUE(j.contains("perplexity")) << j.dump();
+  EXPECT_LT(j["perplexity"].get<double>(), 256) << "worse than guessing among the 256 bytes";
+  EXPECT_FALSE(j.contains("test_accuracy"));
+  expect_usage_error("train --model gpt-tiny --dataset fashion-mnist --workers 2", "--dataset text:DIR");
+  expect_usage_error("train --model gpt-tiny --dataset text:" + dir.file("tok") + " --in-process",
+                     "a language model's one-process run is --workers 1");
+  expect_usage_error("train --model gpt-huge --dataset text:" + dir.file("tok") + " --workers 2",
+                     "unknown GPT size 'gpt-huge'");
+}
+
 TEST(Cli, TwoWorkersSaveThenOneWorkerLoadsAndContinues) {
   dsgd::testing::TempDir dir;
   const std::string common = "train --model mlp --dataset synthetic --synthetic-samples 512 --image-size 8 "

@@ -1,6 +1,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -15,6 +16,7 @@
 #include "dsgd/error.h"
 #include "dsgd/fit.h"
 #include "dsgd/image_classifier.h"
+#include "dsgd/language_model.h"
 #include "dsgd/local_job.h"
 #include "dsgd/trainer.h"
 #include "progress.h"
@@ -41,7 +43,27 @@ struct TrainFlags {
   bool quiet = false;
   bool profile = false;
   std::string trace;  // Chrome trace of the training, per epoch (trace_path_of)
+  CLI::Option* lr_option = nullptr;  // --lr: given, or the image classifier's default
 };
+
+// --model gpt-*: the language model (dsgd/language_model.h) on --dataset text:DIR.
+bool is_language_model(const TrainFlags& f) { return f.job.model.rfind("gpt-", 0) == 0; }
+const char* operator_of_job(const TrainFlags& f) { return is_language_model(f) ? kLanguageModel : kImageClassifier; }
+
+TrainerConfig trainer_config_of(const TrainFlags& f);
+
+// A language model's figures: tokens/s and validation perplexity (exp of the mean loss per token).
+void add_language_model_figures(const TrainFlags& f, nlohmann::json* j) {
+  const LanguageModelOptions o = language_model_options(trainer_config_of(f).config);
+  const auto tokens = static_cast<double>(language_model_context(o));
+  (*j)["lr"] = o.lr;
+  (*j)["tokens_per_s"] = (*j)["samples_per_s"].get<double>() * tokens;
+  (*j)["tokens"] = (*j)["samples"].get<double>() * tokens;
+  const double val_loss = (*j)["test_loss"].get<double>();
+  if (val_loss >= 0) (*j)["perplexity"] = std::exp(val_loss);
+  j->erase("test_accuracy");
+  for (const char* k : {"momentum", "lr_decay"}) j->erase(k);
+}
 
 nlohmann::json to_json(const TrainFlags& f, const dsgd::FitResult& r) {
   nlohmann::json recoveries = nlohmann::json::array();
@@ -82,6 +104,7 @@ nlohmann::json to_json(const TrainFlags& f, const dsgd::FitResult& r) {
                       {"recoveries", recoveries}};
   if (f.profile) j["profile_ms"] = r.profile_ms;
   if (r.comm_bytes_per_step >= 0) j["comm_bytes_per_step"] = r.comm_bytes_per_step;
+  if (is_language_model(f)) add_language_model_figures(f, &j);
   if (!f.in_process) {
     j["compression"] = f.trainer.comm.compression == Compression::kPowerSgd
                            ? "powersgd:" + std::to_string(f.trainer.comm.powersgd_rank)
@@ -178,6 +201,15 @@ TrainerConfig trainer_config_of(const TrainFlags& f) {
   c.batch_size = j.batch_size;
   c.seed = j.seed;
   c.threads_per_worker = j.threads;
+  if (is_language_model(f)) {  // the token files of `dsgd prepare-text --out DIR`
+    const std::filesystem::path dir = j.dataset.substr(std::string("text:").size());
+    c.config = {{"model", j.model}, {"train_tokens", (dir / "train.tok").string()}};
+    if (std::filesystem::exists(dir / "val.tok")) c.config["val_tokens"] = (dir / "val.tok").string();
+    if (f.lr_option != nullptr && f.lr_option->count() > 0) c.config["lr"] = j.lr;
+    c.step.scheduler_step_freq = SchedulerStepFreq::kBatch;  // warmup and cosine count steps
+    c.config.update(f.config_json);
+    return c;
+  }
   c.config = {{"model", j.model},
               {"dataset", j.dataset},
               {"data_dir", j.data_dir},
@@ -190,6 +222,20 @@ TrainerConfig trainer_config_of(const TrainFlags& f) {
               {"synthetic_channels", j.synthetic_channels}};
   c.config.update(f.config_json);
   return c;
+}
+
+// What the image classifier's job validation would say of a language model's flags.
+void check_language_model(const TrainFlags& f) {
+  const auto& j = f.job;
+  if (f.in_process) {
+    throw ConfigError("--in-process runs the image classifier; a language model's one-process run is --workers 1");
+  }
+  if (j.dataset.rfind("text:", 0) != 0 || j.dataset.size() == 5) {
+    throw ConfigError("--model " + j.model + " trains on text: --dataset text:DIR, DIR holding train.tok (and "
+                      "val.tok) from `dsgd prepare-text --out DIR`");
+  }
+  if (j.epochs < 1) throw ConfigError("--epochs must be >= 1, got " + std::to_string(j.epochs));
+  if (j.max_steps < 0) throw ConfigError("--max-steps must be >= 0, got " + std::to_string(j.max_steps));
 }
 
 void validate_flags(TrainFlags& f) {
@@ -207,8 +253,12 @@ void validate_flags(TrainFlags& f) {
     const unsigned workers = static_cast<unsigned>(std::max(1, f.trainer.num_workers));
     f.job.threads = static_cast<int>(std::max(1u, cores / workers));
   }
-  dsgd::validate(f.job);
-  if (!f.in_process) validate_config(dsgd::kImageClassifier, trainer_config_of(f));
+  if (is_language_model(f)) {
+    check_language_model(f);
+  } else {
+    dsgd::validate(f.job);
+  }
+  if (!f.in_process) validate_config(operator_of_job(f), trainer_config_of(f));
   if (!f.json_out.empty()) check_writable("--json-out", f.json_out);
   if (!f.trace.empty()) check_writable("--trace", f.trace);
 }
@@ -222,7 +272,7 @@ std::string describe(const ConfigError& e, const TrainFlags& f) {
 // The job through the Trainer: worker processes, the chosen strategy, dsgd::fit's epoch loop.
 dsgd::FitResult run_with_trainer(const TrainFlags& f, ProgressPrinter* progress) {
   const auto wall_start = std::chrono::steady_clock::now();
-  Trainer trainer(dsgd::kImageClassifier, trainer_config_of(f));
+  Trainer trainer(operator_of_job(f), trainer_config_of(f));
   if (!f.load.empty()) trainer.load(f.load);
   auto result = dsgd::fit(trainer,
                           {.epochs = f.job.epochs,
@@ -335,16 +385,20 @@ void set_compression(TrainerConfig& t, const std::string& v) {
 void add_job_flags(CLI::App* cmd, TrainFlags& f) {
   auto& j = f.job;
   cmd->add_option("--model", j.model,
-                  "Model: cnn, mlp, resnet18, resnet50, simulated (sleeps instead of computing: see --config)")
+                  "Model: cnn, mlp, resnet18, resnet50, simulated (sleeps instead of computing: see --config); "
+                  "gpt-tiny, gpt-small, gpt-base (language models, on --dataset text:DIR)")
       ->capture_default_str();
-  cmd->add_option("--dataset", j.dataset, "Data: fashion-mnist or synthetic (random images, for benchmarks)")
+  cmd->add_option("--dataset", j.dataset,
+                  "Data: fashion-mnist, synthetic (random images, for benchmarks) or text:DIR (token files from "
+                  "`dsgd prepare-text --out DIR`)")
       ->capture_default_str();
   cmd->add_option("--data-dir", j.data_dir, "Directory with Fashion-MNIST's IDX files (.gz or plain)")
       ->capture_default_str();
   cmd->add_option("--epochs", j.epochs, "Passes over the training set")->capture_default_str();
   cmd->add_option("--batch-size", j.batch_size, "Global batch size (samples per step)")->capture_default_str();
   f.flag_of["batch_size"] = "--batch-size";
-  cmd->add_option("--lr", j.lr, "SGD learning rate")->capture_default_str();
+  f.lr_option = cmd->add_option("--lr", j.lr, "Learning rate (SGD's; a language model's AdamW: default 6e-4)")
+                    ->capture_default_str();
   cmd->add_option("--momentum", j.momentum, "SGD momentum, in [0, 1)")->capture_default_str();
   cmd->add_option("--lr-decay", j.lr_decay, "Multiply the learning rate by this after every epoch, in (0, 1]")
       ->capture_default_str();
@@ -502,7 +556,8 @@ void add_run_flags(CLI::App* cmd, TrainFlags& f) {
                   "JSON object merged into the operator's config (keys: model, dataset, data_dir, lr, momentum, "
                   "lr_decay, dropout, channels_last, cudnn_benchmark, synthetic_samples, synthetic_image_size, "
                   "synthetic_channels; for --model simulated: sim_parameters, "
-                  "sim_layers, sim_step_ms)");
+                  "sim_layers, sim_step_ms; for --model gpt-*: context, dropout, lr, min_lr, weight_decay, beta1, "
+                  "beta2, warmup_steps, decay_steps)");
   cmd->add_flag("--in-process", f.in_process, "Train in this process without workers (the single-process baseline)");
   cmd->add_option("--json-out", f.json_out, "Also write the JSON summary to this file");
   cmd->add_flag("-q,--quiet", f.quiet, "No progress output");

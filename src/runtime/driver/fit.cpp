@@ -116,8 +116,9 @@ class Loop {
     if (o_.evaluate) {
       const Results v = trainer_.validate();
       add_recoveries(v, &e);
-      e.test_loss = v.metrics.at("loss");
-      e.test_accuracy = v.metrics.at("accuracy");
+      // An operator without validation data reports nothing; a language model no accuracy.
+      e.test_loss = v.metrics.count("loss") ? v.metrics.at("loss") : -1;
+      e.test_accuracy = v.metrics.count("accuracy") ? v.metrics.at("accuracy") : -1;
     }
     result_.history.push_back(e);
     result_.epochs = epoch_;
