@@ -260,7 +260,7 @@ TEST(Cli, PrepareTextThenTrainALanguageModel) {
   const std::string out = dir.file("run.json");
   CliRun r = run_dsgd("train --model gpt-tiny --dataset text:" + dir.file("tok") +
                       " --workers 2 --threads 1 --batch-size 8 --max-steps 12 --config '{\"context\": 32, "
-                      "\"warmup_steps\": 4}' --json-out " + out);
+                      "\"warmup_steps\": 4}' --save " + dir.file("lm") + " --json-out " + out);
   ASSERT_EQ(r.exit_code, 0) << r.output;
   std::ifstream f(out);
   const auto j = nlohmann::json::parse(f);
@@ -271,6 +271,19 @@ TEST(Cli, PrepareTextThenTrainALanguageModel) {
   ASSERT_TRUE(j.contains("perplexity")) << j.dump();
   EXPECT_LT(j["perplexity"].get<double>(), 256) << "worse than guessing among the 256 bytes";
   EXPECT_FALSE(j.contains("test_accuracy"));
+  // generate: the checkpoint's model continues the prompt by --tokens bytes; the same seed, the same text.
+  CliRun g = run_dsgd("generate --checkpoint " + dir.file("lm") + " --prompt 'line 3' --tokens 40 --seed 5");
+  ASSERT_EQ(g.exit_code, 0) << g.output;
+  const size_t at = g.output.find("line 3");
+  ASSERT_NE(at, std::string::npos) << g.output;
+  ASSERT_GE(g.output.size(), at + 6 + 40) << g.output;
+  const std::string text = g.output.substr(at, 6 + 40);
+  const CliRun again = run_dsgd("generate --checkpoint " + dir.file("lm") + " --prompt 'line 3' --tokens 40 --seed 5");
+  EXPECT_NE(again.output.find(text), std::string::npos) << again.output;
+  expect_usage_error("generate --checkpoint " + dir.file("lm") + " --prompt ''", "--prompt is empty");
+  CliRun missing = run_dsgd("generate --checkpoint " + dir.file("none"));
+  EXPECT_EQ(missing.exit_code, 1) << missing.output;
+  EXPECT_NE(missing.output.find(dir.file("none")), std::string::npos) << missing.output;
   expect_usage_error("train --model gpt-tiny --dataset fashion-mnist --workers 2", "--dataset text:DIR");
   expect_usage_error("train --model gpt-tiny --dataset text:" + dir.file("tok") + " --in-process",
                      "a language model's one-process run is --workers 1");

@@ -28,6 +28,9 @@ void add_tune_command(CLI::App& app, int* exit_code);
 // `dsgd prepare-text`: a text file into a language model's token files (dsgd/text.h).
 void add_prepare_text_command(CLI::App& app, int* exit_code);
 
+// `dsgd generate`: text from a language model's checkpoint.
+void add_generate_command(CLI::App& app, int* exit_code);
+
 // `dsgd bench allreduce`: communication benchmarks.
 void add_bench_command(CLI::App& app, int* exit_code);
 

@@ -13,7 +13,8 @@ int main(int argc, char** argv) {
   dsgd::init(argc, argv);
   CLI::App app{
       "dsgd: distributed synchronous SGD for LibTorch models.\n"
-      "Trains the reference models (cnn, mlp, resnet18, resnet50) on Fashion-MNIST or synthetic data."};
+      "Trains the reference models (cnn, mlp, resnet18, resnet50) on Fashion-MNIST or synthetic data,\n"
+      "and GPT language models (gpt-tiny, gpt-small, gpt-base) on text."};
   app.set_version_flag("--version", std::string("dsgd ") + DSGD_VERSION);
   app.require_subcommand(1);
   app.footer("\nRun `dsgd SUBCOMMAND --help` for a subcommand's flags.");
@@ -24,6 +25,7 @@ int main(int argc, char** argv) {
   dsgd::cli::add_evaluate_command(app, &exit_code);
   dsgd::cli::add_tune_command(app, &exit_code);
   dsgd::cli::add_prepare_text_command(app, &exit_code);
+  dsgd::cli::add_generate_command(app, &exit_code);
   dsgd::cli::add_bench_command(app, &exit_code);
   // CLI11 would only say "a subcommand is required" for a misspelt one: name it.
   std::string known;

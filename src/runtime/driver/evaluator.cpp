@@ -10,6 +10,7 @@
 #include "dsgd/operator.h"
 #include "runtime/control/log.h"
 #include "runtime/driver/checkpoint.h"
+#include "runtime/driver/operator_runtime.h"
 #include "torch/replica.h"
 
 namespace dsgd {
@@ -26,18 +27,8 @@ class CheckpointModel {
   Metrics evaluate(const runtime::Checkpoint& c, const std::string& dir) {
     const auto& h = c.header;
     const std::string op = h.value("operator", std::string());
-    if (!h.contains("operator_config")) {
-      throw ConfigError(dir + ": the checkpoint does not carry its operator's config (an older dsgd wrote it): load it "
-                        "into a job of this dsgd (--load) and let that job write its checkpoints");
-    }
-    if (!runtime_ || op != op_ || h["operator_config"] != config_) {
-      torch_glue::ReplicaOptions o;
-      o.global_batch = 1;
-      o.seed = h.value("seed", uint64_t{1});
-      o.info.seed = o.seed;
-      o.threads = threads_;
-      runtime_ = std::make_unique<torch_glue::ReplicaRuntime>(make_operator(op), o);  // ConfigError if unknown
-      runtime_->setup(h["operator_config"]);
+    if (!runtime_ || op != op_ || h.value("operator_config", nlohmann::json()) != config_) {
+      runtime_ = runtime::operator_runtime(h, dir, threads_);
       op_ = op;
       config_ = h["operator_config"];
     }

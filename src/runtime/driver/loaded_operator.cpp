@@ -1,0 +1,64 @@
+#include "dsgd/loaded_operator.h"
+
+#include <filesystem>
+
+#include "dsgd/error.h"
+#include "dsgd/operator.h"
+#include "runtime/driver/checkpoint.h"
+#include "runtime/driver/operator_runtime.h"
+#include "torch/replica.h"
+
+namespace dsgd {
+namespace {
+
+class Loaded final : public LoadedOperator {
+ public:
+  Loaded(const runtime::Checkpoint& c, const std::string& path, int threads)
+      : runtime_(runtime::operator_runtime(c.header, path, threads)),
+        name_(c.header.value("operator", std::string())),
+        config_(c.header["operator_config"]) {
+    runtime_->load_state(c.state);
+  }
+  TrainingOperator& op() override { return runtime_->op(); }
+  const std::string& operator_name() const override { return name_; }
+  const nlohmann::json& operator_config() const override { return config_; }
+
+ private:
+  std::unique_ptr<torch_glue::ReplicaRuntime> runtime_;
+  std::string name_;
+  nlohmann::json config_;
+};
+
+}  // namespace
+
+namespace runtime {
+
+std::unique_ptr<torch_glue::ReplicaRuntime> operator_runtime(const nlohmann::json& h, const std::string& path,
+                                                             int threads) {
+  if (!h.contains("operator_config")) {
+    throw ConfigError(path + ": the checkpoint does not carry its operator's config (an older dsgd wrote it): load it "
+                      "into a job of this dsgd (--load) and let that job write its checkpoints");
+  }
+  torch_glue::ReplicaOptions o;
+  o.global_batch = 1;
+  o.seed = h.value("seed", uint64_t{1});
+  o.info.seed = o.seed;
+  o.threads = threads;
+  auto r = std::make_unique<torch_glue::ReplicaRuntime>(make_operator(h.value("operator", std::string())), o);
+  r->setup(h["operator_config"]);  // ConfigError above if the operator is unknown
+  return r;
+}
+
+}  // namespace runtime
+
+std::unique_ptr<LoadedOperator> load_operator(const std::string& path, int threads) {
+  if (threads < 1) throw ConfigError("load_operator: threads must be >= 1, got " + std::to_string(threads));
+  // A checkpoint directory, or a root of step-* ones (the newest intact one).
+  const bool single = std::filesystem::exists(std::filesystem::path(path) / "checkpoint.dsgd");
+  std::vector<std::string> skipped;
+  const runtime::Checkpoint c =
+      single ? runtime::read_checkpoint(path) : runtime::read_latest_checkpoint(path, &skipped);
+  return std::make_unique<Loaded>(c, path, threads);
+}
+
+}  // namespace dsgd
