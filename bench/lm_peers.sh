@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# dsgd's language model against PyTorch DDP on the same work, side by side in one run: the same
+# GPT shape, token file, sequences per worker, AdamW and 1 thread per process, 2 workers, in float32
+# and under bf16 autocast. Only ratios within a run mean anything on this shared machine.
+#   bench/lm_peers.sh [STEPS] [REPEATS] [MODEL]      (defaults: 30 steps, 2 repeats, gpt-small)
+# The token file is gcide's (dsgd prepare-text, made once under build/lm-bench); TOKENS=FILE
+# takes another. Each run trains STEPS steps of 8 sequences per worker; tokens/s counts every step
+# on both sides (dsgd's train_s, DDP's timed loop with no warm-up steps left out). Prints a markdown
+# table of medians and dsgd / DDP per precision; RESULTS_JSON=FILE also writes every measurement.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+steps=${1:-30}
+repeats=${2:-2}
+model=${3:-gpt-small}
+dsgd=${DSGD:-build/dsgd}
+py=/usr/bin/python3
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+[ -x "$dsgd" ] || { echo "lm_peers: $dsgd not built (make build)"; exit 1; }
+$py -c 'import torch, numpy' 2>/dev/null || { echo "lm_peers: $py lacks torch or numpy (scripts/install-deps.sh)"; exit 1; }
+tokens=${TOKENS:-}
+if [ -z "$tokens" ]; then
+  dir=build/lm-bench
+  [ -f $dir/train.tok ] || $dsgd prepare-text --out $dir >/dev/null
+  tokens=$dir/train.tok
+fi
+[ -f "$tokens" ] || { echo "lm_peers: no token file $tokens"; exit 1; }
+tokdir=$(dirname "$tokens")
+b=8
+for r in $(seq "$repeats"); do
+  for p in fp32 bf16; do
+    out="$tmp/dsgd.$p.$r.json"
+    OMP_NUM_THREADS=1 $dsgd train --model "$model" --dataset "text:$tokdir" --workers 2 --threads 1 \
+      --batch-size $((2 * b)) --max-steps "$steps" --no-eval --quiet --precision "$p" --json-out "$out" \
+      >/dev/null 2>"$tmp/err" || { echo "lm_peers: dsgd $p failed:" >&2; tail -5 "$tmp/err" >&2; exit 1; }
+    echo "  dsgd $p (repeat $r): $($py -c "import json;print(round(json.load(open('$out'))['tokens_per_s']))") tokens/s" >&2
+    out="$tmp/ddp.$p.$r.json"
+    OMP_NUM_THREADS=1 $py bench/peers/ddp_gpt.py --world-size 2 --model "$model" --tokens "$tokens" --batch-size $b \
+      --max-steps "$steps" --skip-steps 0 --threads 1 --precision "$p" --json-out "$out" >/dev/null 2>"$tmp/err" ||
+      { echo "lm_peers: ddp $p failed:" >&2; tail -5 "$tmp/err" >&2; exit 1; }
+    echo "  ddp $p (repeat $r): $($py -c "import json;print(round(json.load(open('$out'))['tokens_per_s']))") tokens/s" >&2
+  done
+done
+$py - "$tmp" "$steps" "$repeats" "$model" <<'PY'
+import glob, json, os, statistics, sys
+tmp, steps, repeats, model = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+runs = {}
+for f in glob.glob(os.path.join(tmp, "*.*.*.json")):
+    system, precision, _r, _ = os.path.basename(f).split(".")
+    runs.setdefault((system, precision), []).append(json.load(open(f))["tokens_per_s"])
+med = {k: statistics.median(v) for k, v in runs.items()}
+print(f"\n#### {model}, 2 workers x 1 thread, 8 sequences per worker ({steps} steps, median of {repeats})\n")
+print("| precision | dsgd tokens/s | DDP tokens/s | dsgd / DDP | runs (dsgd; DDP) |")
+print("|---|---|---|---|---|")
+for p in ("fp32", "bf16"):
+    d, t = med[("dsgd", p)], med[("ddp", p)]
+    print(f"| {p} | {d:.0f} | {t:.0f} | {d / t:.2f}x | {', '.join(f'{x:.0f}' for x in sorted(runs[('dsgd', p)]))}; "
+          f"{', '.join(f'{x:.0f}' for x in sorted(runs[('ddp', p)]))} |")
+if os.environ.get("RESULTS_JSON"):
+    json.dump({"model": model, "steps": steps, "runs": {f"{s}-{p}": v for (s, p), v in runs.items()}},
+              open(os.environ["RESULTS_JSON"], "w"), indent=2)
+PY

@@ -1,0 +1,186 @@
+#!/usr/bin/python3
+"""PyTorch DDP (gloo backend) training the same GPT on the same token file as
+`dsgd train --model gpt-*`: the peer that bench/lm_peers.sh measures dsgd against. Run with
+Debian's /usr/bin/python3 (python3-torch). Prints a JSON summary shaped like dsgd train's.
+
+  /usr/bin/python3 bench/peers/ddp_gpt.py --world-size 2 --model gpt-small --tokens gcide/train.tok \
+      --batch-size 8 --max-steps 50
+
+The model is src/models/gpt.cpp's (GPT-2's layout, tied output layer, tanh GELU, the same
+initialisation); the optimizer dsgd.LanguageModel's (AdamW, decay on tensors of 2+ dimensions,
+betas 0.9/0.95, linear warmup then cosine). --batch-size is sequences per worker; each worker reads
+its share of each global batch of windows (sample i = tokens [i T, (i + 1) T]) from the token file,
+memory-mapped. tokens/s counts the training loop after --skip-steps warm-up steps.
+"""
+import argparse, json, math, os, resource, socket, struct, sys, time
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+import torch.nn as nn
+import torch.nn.functional as F
+
+SIZES = {"gpt-tiny": (4, 128, 4, 128), "gpt-small": (6, 384, 6, 256), "gpt-base": (12, 768, 12, 1024)}
+
+
+def token_file(path):
+    with open(path, "rb") as f:
+        head = f.read(32)
+    if head[:8] != b"DSGDTOK1":
+        sys.exit(f"ddp_gpt: {path} is not a token file (dsgd prepare-text writes them)")
+    width, _, vocab, count = struct.unpack("<IIQQ", head[8:32])
+    dtype = {1: np.uint8, 2: np.uint16, 4: np.uint32}[width]
+    return np.memmap(path, dtype=dtype, mode="r", offset=32, shape=(count,)), vocab
+
+
+class Block(nn.Module):
+    def __init__(self, d, h):
+        super().__init__()
+        self.h = h
+        self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
+        self.qkv, self.proj = nn.Linear(d, 3 * d), nn.Linear(d, d)
+        self.fc, self.fc_proj = nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
+
+    def forward(self, x, mask):
+        n, t, d = x.shape
+        q, k, v = self.qkv(self.ln1(x)).view(n, t, 3, self.h, d // self.h).permute(2, 0, 3, 1, 4)
+        att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(d // self.h))
+        att = att.masked_fill(mask[:t, :t], float("-inf")).softmax(-1)
+        x = x + self.proj((att @ v).transpose(1, 2).reshape(n, t, d))
+        return x + self.fc_proj(F.gelu(self.fc(self.ln2(x)), approximate="tanh"))
+
+
+class Gpt(nn.Module):
+    def __init__(self, vocab, layers, d, heads, context):
+        super().__init__()
+        self.wte, self.wpe = nn.Embedding(vocab, d), nn.Embedding(context, d)
+        self.blocks = nn.ModuleList(Block(d, heads) for _ in range(layers))
+        self.ln_f = nn.LayerNorm(d)
+        # Not a buffer: DDP would broadcast it, and gloo broadcasts no bool tensors.
+        self.mask = torch.ones(context, context, dtype=torch.bool).triu(1)
+        for name, p in self.named_parameters():
+            if "ln" in name:
+                continue
+            nn.init.zeros_(p) if p.dim() == 1 else nn.init.normal_(p, 0.0, 0.02)
+        for b in self.blocks:
+            for w in (b.proj.weight, b.fc_proj.weight):
+                nn.init.normal_(w, 0.0, 0.02 / math.sqrt(2 * layers))
+
+    def forward(self, tokens):
+        x = self.wte(tokens) + self.wpe(torch.arange(tokens.shape[1]))
+        for b in self.blocks:
+            x = b(x, self.mask)
+        return F.linear(self.ln_f(x), self.wte.weight)
+
+
+def lr_at(args, step):
+    if step < args.warmup_steps:
+        return args.lr * (step + 1) / args.warmup_steps
+    if args.decay_steps == 0:
+        return args.lr
+    progress = min(1.0, (step - args.warmup_steps) / args.decay_steps)
+    return args.min_lr + (args.lr - args.min_lr) * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+def worker(rank, args, port, out):
+    torch.set_num_threads(args.threads)
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=args.world_size)
+    torch.manual_seed(args.seed)
+    tokens, vocab = token_file(args.tokens)
+    layers, d, heads, context = SIZES[args.model]
+    t = args.context or context
+    model = Gpt(vocab, layers, d, heads, max(context, t))
+    ddp = nn.parallel.DistributedDataParallel(model)
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    rest = [p for p in model.parameters() if p.dim() < 2]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": args.weight_decay}, {"params": rest, "weight_decay": 0.0}],
+                            lr=args.lr, betas=(0.9, 0.95))
+    samples = (len(tokens) - 1) // t
+    b, w = args.batch_size, args.world_size
+    order = torch.randperm(samples, generator=torch.Generator().manual_seed(args.seed))
+    steps, timed_s, losses = 0, 0.0, []
+    ddp.train()
+    dist.barrier()
+    while steps < args.max_steps:
+        idx = order[((steps * w + rank) * b) % (samples - b):][:b]
+        window = torch.from_numpy(np.stack([tokens[i * t:(i + 1) * t + 1].astype(np.int64) for i in idx.tolist()]))
+        for g in opt.param_groups:
+            g["lr"] = lr_at(args, steps)
+        t0 = time.perf_counter()
+        opt.zero_grad()
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.precision == "bf16"):
+            logits = ddp(window[:, :-1])
+            loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), window[:, 1:].reshape(-1))
+        loss.backward()
+        if args.max_grad_norm > 0:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), args.max_grad_norm)
+        opt.step()
+        losses.append(loss.item())
+        if steps >= args.skip_steps:
+            timed_s += time.perf_counter() - t0
+        steps += 1
+    timed = steps - args.skip_steps
+    if rank == 0:
+        rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        out.put({"system": "pytorch-ddp-gloo", "world_size": w, "precision": args.precision, "model": args.model,
+                 "parameters": sum(p.numel() for p in model.parameters()), "context": t,
+                 "batch_size_per_worker": b, "threads": args.threads, "steps": steps, "timed_steps": timed,
+                 "train_s": timed_s, "tokens_per_s": timed * b * w * t / timed_s, "train_loss": losses[-1],
+                 "max_rss_mb_rank0": rss_mb})
+    dist.destroy_process_group()
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--world-size", type=int, default=2)
+    p.add_argument("--model", choices=sorted(SIZES), default="gpt-small")
+    p.add_argument("--tokens", required=True, help="a token file (dsgd prepare-text)")
+    p.add_argument("--context", type=int, default=0, help="0 = the model's")
+    p.add_argument("--batch-size", type=int, default=8, help="sequences per worker")
+    p.add_argument("--max-steps", type=int, default=50)
+    p.add_argument("--skip-steps", type=int, default=5, help="warm-up steps left out of tokens/s")
+    p.add_argument("--lr", type=float, default=6e-4)
+    p.add_argument("--min-lr", type=float, default=6e-5)
+    p.add_argument("--warmup-steps", type=int, default=0)
+    p.add_argument("--decay-steps", type=int, default=0)
+    p.add_argument("--weight-decay", type=float, default=0.1)
+    p.add_argument("--max-grad-norm", type=float, default=0.0)
+    p.add_argument("--threads", type=int, default=1, help="per process")
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--precision", choices=["fp32", "bf16"], default="fp32")
+    p.add_argument("--json-out")
+    args = p.parse_args()
+    if args.max_steps <= args.skip_steps:
+        sys.exit("ddp_gpt: --max-steps must exceed --skip-steps")
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    procs = [ctx.Process(target=worker, args=(r, args, port, out)) for r in range(args.world_size)]
+    for pr in procs:
+        pr.start()
+    result = None
+    while result is None:  # a worker that died (its error on stderr) ends the run instead of hanging it
+        try:
+            result = out.get(timeout=5)
+        except Exception:
+            if any(pr.exitcode not in (None, 0) for pr in procs):
+                for pr in procs:
+                    pr.kill()
+                sys.exit("ddp_gpt: a worker failed (see its error above)")
+    for pr in procs:
+        pr.join(60)
+        if pr.exitcode != 0:
+            sys.exit(f"ddp_gpt: a worker failed with exit code {pr.exitcode}")
+    text = json.dumps(result, indent=2)
+    print(text)
+    if args.json_out:
+        with open(args.json_out, "w") as f:
+            f.write(text + "\n")
+
+
+if __name__ == "__main__":
+    main()
