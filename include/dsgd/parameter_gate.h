@@ -1,5 +1,5 @@
 // dsgd/parameter_gate.h — the forward pass's side of overlapping communication with the next
-// step (Trainer's forward_overlap_buckets).
+// step (TrainerConfig::comm.forward_overlap_buckets).
 //
 // With forward_overlap_buckets > 0, backward returns before the deferred buckets' averages have
 // arrived, and each bucket's optimizer step is taken when it lands, while the next forward

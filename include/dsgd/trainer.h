@@ -49,10 +49,10 @@ void init(int argc, char** argv);
 struct TrainOptions {
   int64_t num_steps = 0;        // > 0: at most this many global batches (within the current epoch)
   // Add the seconds per batch of each phase of the default train_batch, each its own work only:
-  // forward_s, backward_s, optimizer_s (with forward_overlap_buckets, including the steps taken
+  // forward_s, backward_s, optimizer_s (with comm.forward_overlap_buckets, including the steps taken
   // as forward goes), comm_wait_s (every wait for communication, wherever it fell), and epoch_s.
   // Also snapshot_s: the driver's seconds in all, during the call, taking the snapshots a lost
-  // worker's recovery starts from (and writing them to checkpoint_dir), between chunks.
+  // worker's recovery starts from (and writing them to checkpoints.dir), between chunks.
   bool profile = false;
   bool reduce_results = true;   // false: also fill per_worker
   // Non-empty: when the call returns, a timeline of it is written to this file as a Chrome trace
@@ -80,7 +80,7 @@ struct RecoveryEvent {
   int64_t at_step = 0;
   // How long the failure may have gone unnoticed: from the lost worker's last sign of life (its
   // last heartbeat; for a local process that exited, the last time it was seen running) to the
-  // detection. An exit is seen within ~0.1 s, a hung worker after heartbeat_timeout.
+  // detection. An exit is seen within ~0.1 s, a hung worker after recovery.heartbeat_timeout.
   double detect_s = 0;
   // From the failure to training resumed (group re-formed, state restored): detect_s plus the
   // recovery itself. For a killed worker, the kill-to-resumed time (to within ~0.1 s).
@@ -91,7 +91,7 @@ struct RecoveryEvent {
   int standbys_used = 0;        // lost workers whose places standbys took
   // Where recovery_s went after the detection, in order, in seconds: "drain" (the old generation
   // aborted; survivors idle, the lost known), "replace" (eviction; standbys promoted, or with
-  // wait_for_replacements new workers awaited), "connect" (the new group forms), "restore"
+  // recovery.wait_for_replacements new workers awaited), "connect" (the new group forms), "restore"
   // (every replica loads the snapshot), "replay" (steps done since the snapshot by calls that
   // returned, redone). A recovery that failed part-way and went round again adds its phases
   // again.
@@ -130,7 +130,7 @@ class Trainer {
   // their own names, model m's prefixed "model<m>.").
   void save(const std::string& path);
   // Restores a checkpoint saved under any worker count and strategy. `path` is a checkpoint
-  // directory, or a checkpoint_dir root: then the newest intact step-* in it.
+  // directory, or a checkpoints.dir root: then the newest intact step-* in it.
   // The optimizers' state (momentum buffers) comes from the checkpoint; their hyper-parameters
   // (each param group's learning rate, momentum, ...) stay as this job's setup() made them from
   // its config, as LibTorch's optimizer load leaves them (schedules then apply their step).

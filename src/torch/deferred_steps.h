@@ -1,4 +1,4 @@
-// The forward overlap's optimizer steps (TrainerConfig::forward_overlap_buckets): GradSync holds
+// The forward overlap's optimizer steps (TrainerConfig::comm.forward_overlap_buckets): GradSync holds
 // some buckets of a step back past backward, and each is applied here when the next forward
 // reaches its layer, with the learning rates of the step it belongs to.
 //

@@ -38,7 +38,8 @@ struct DriverServerOptions {
   std::string listen = "127.0.0.1:0";       // host:port; port 0 picks a free one
   std::string token;
   int num_workers = 1;
-  int standby_workers = 0;                  // registrations taken beyond num_workers (TrainerConfig::standby_workers)
+  int standby_workers = 0;                  // registrations taken beyond num_workers
+                                            // (TrainerConfig::recovery.standby_workers)
   int world_size = 1;                       // replicas at the start (the simple strategy's averages
                                             // take it from each call's generation afterwards)
   proto::JobSpec job;                       // handed to each worker at registration

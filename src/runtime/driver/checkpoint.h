@@ -8,7 +8,7 @@
 // Each file is written to a temporary name, fsynced and renamed over the old one (then the
 // directory is fsynced), so a crash mid-save leaves the previous checkpoint whole.
 //
-// Rotation (TrainerConfig::checkpoint_dir): a root holds the last K checkpoints,
+// Rotation (TrainerConfig::checkpoints.dir): a root holds the last K checkpoints,
 //   <root>/step-000000000150/   <root>/step-000000000200/   ...
 // each written whole into a temporary directory and renamed into place; loading the root takes
 // the newest one that reads back intact and names the damaged ones it passed over.

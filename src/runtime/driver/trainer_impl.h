@@ -203,7 +203,7 @@ struct Trainer::Impl {
   // training would not reproduce (a worker function).
   void flush_snapshot();
 
-  // The snapshot just taken, also on disk (TrainerConfig::checkpoint_dir), as step `step`.
+  // The snapshot just taken, also on disk (TrainerConfig::checkpoints.dir), as step `step`.
   void persist_snapshot(int64_t epoch, int64_t batch, int64_t batches_per_epoch);
 };
 

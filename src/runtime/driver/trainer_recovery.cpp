@@ -1,5 +1,5 @@
 // Trainer's snapshots and recovery: the replicas' state kept at consistent points (in memory,
-// and on disk with TrainerConfig::checkpoint_dir), the protocol that re-forms the job around a
+// and on disk with TrainerConfig::checkpoints.dir), the protocol that re-forms the job around a
 // lost worker and restores that state, and growing back to num_workers between chunks.
 #include <algorithm>
 #include <thread>

@@ -1,6 +1,6 @@
 // How the driver starts worker processes (TrainerConfig::launcher). Every start is a process on
 // this host whose life is the worker's: the worker itself (local); the ssh client running it on
-// one of TrainerConfig::hosts (ssh), or the srun running it as a job step on a node of the Slurm
+// one of TrainerConfig::launch.hosts (ssh), or the srun running it as a job step on a node of the Slurm
 // allocation (slurm), which exits with the worker's status and whose end (or the driver's) ends
 // the worker; or, for a launcher that starts them all at once (mpirun), one process whose life
 // is theirs together. So WorkerPool watches, kills and reaps local processes
@@ -32,7 +32,7 @@ dsgd::Launcher launcher_of(const TrainerConfig& config);
 // slurm inside an allocation, a non-empty command. ConfigError naming the field.
 void validate_launcher(const TrainerConfig& config);
 
-// A host of TrainerConfig::hosts: "name" or "name:slots" (slots >= 1, default 1).
+// A host of TrainerConfig::launch.hosts: "name" or "name:slots" (slots >= 1, default 1).
 struct HostSlots {
   std::string name;
   int slots = 1;
