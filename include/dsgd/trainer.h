@@ -67,10 +67,13 @@ struct TrainOptions {
   std::string trace_path = {};
 };
 
-// What a recovery did (in Results::recoveries of the call during which it happened).
+// What a recovery did (in Results::recoveries of the call during which it happened; the
+// constructor's, during start-up, in the first call's).
 struct RecoveryEvent {
-  // "recovery": a failure survived. "scale_up": after going on with fewer workers, the job grew
-  // back towards num_workers between chunks (failure and lost are empty; rolled_back_steps 0).
+  // "recovery": a failure survived. "restart": a worker lost before every replica was set up
+  // (the driver starts its workers): every process started again. "scale_up": after going on
+  // with fewer workers, the job grew back towards num_workers between chunks (failure and lost
+  // are empty; rolled_back_steps 0).
   std::string kind = "recovery";
   std::string failure;          // what was detected, naming the worker
   std::string lost;             // the evicted worker(s): "worker 1 (host h, pid 123, last step 310)"

@@ -2014,8 +2014,42 @@ TEST(TrainerRecovery, AWorkerKilledDuringStartUpCostsARestartAndTheJobTrainsTheS
   Trainer t(dsgd::kImageClassifier, c);
   ::unsetenv("DSGD_TEST_DIE_ONCE");
   EXPECT_TRUE(std::filesystem::exists(dir.file("died"))) << "no worker died at start-up";
-  EXPECT_EQ(t.train({.num_steps = 10}).batch, 10);
+  const auto r = t.train({.num_steps = 10});
+  EXPECT_EQ(r.batch, 10);
+  ASSERT_EQ(r.recoveries.size(), 1u) << "the first call reports the start-up's restart";
+  EXPECT_EQ(r.recoveries[0].kind, "restart");
+  EXPECT_NE(r.recoveries[0].failure.find("during start-up"), std::string::npos) << r.recoveries[0].failure;
+  EXPECT_EQ(r.recoveries[0].failure.find("dsgd::init"), std::string::npos) << "killed, not a wrong main()";
   EXPECT_LT(max_difference(reference, params_of(*t.get_model())), 1e-7);
+  EXPECT_TRUE(t.train({.num_steps = 1}).recoveries.empty()) << "reported once";
+}
+
+// Lost after every replica is set up (here: in the constructor's snapshot), a worker costs an
+// ordinary recovery, not a restart: a standby takes its place and the job trains the same.
+TEST(TrainerRecovery, AWorkerLostAfterSetUpAtStartUpIsAnOrdinaryRecovery) {
+  testing::TempDir dir;
+  const std::string armed = dir.file("die-in-snapshot");
+  auto c = base_config(2, "allreduce", 32);
+  c.config = json::object();
+  c.recovery.standby_workers = 1;
+  auto run = [&](bool fault) {
+    if (fault) std::ofstream(armed) << "die\n";
+    ::setenv("DSGD_TEST_DIE_IN_SNAPSHOT", armed.c_str(), 1);
+    Trainer t(operator_of<DiesInSnapshotOperator>(), c);
+    ::unsetenv("DSGD_TEST_DIE_IN_SNAPSHOT");
+    auto r = t.train({.num_steps = 6});
+    return std::make_pair(r, t.foreach_worker("weight_sum")[0].get<double>());
+  };
+  const auto [faulty, faulty_sum] = run(true);
+  EXPECT_FALSE(std::filesystem::exists(armed)) << "no replica took the snapshot";
+  ASSERT_GE(faulty.recoveries.size(), 1u);
+  EXPECT_EQ(faulty.recoveries[0].kind, "recovery");
+  EXPECT_NE(faulty.recoveries[0].failure.find("during start-up"), std::string::npos) << faulty.recoveries[0].failure;
+  EXPECT_EQ(faulty.recoveries[0].at_step, 0);
+  EXPECT_EQ(faulty.batch, 6);
+  const auto [clean, clean_sum] = run(false);
+  EXPECT_TRUE(clean.recoveries.empty());
+  EXPECT_EQ(faulty_sum, clean_sum);
 }
 
 TEST(TrainerRecovery, WorkersThatKeepDyingAtStartUpFailTheJobNamingEveryFailure) {

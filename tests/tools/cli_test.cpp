@@ -462,8 +462,9 @@ TEST(Cli, AnEvaluatorEvaluatesTheCheckpointsUntilTheJobEnds) {
 
 TEST(Cli, ARemoteWorkerBeyondNumWorkersIsAStandbyThatTakesALostWorkersPlace) {
   // A launcher starts 3 `dsgd worker` for a job of 2 with --standby 1: the last to register
-  // waits set up; the first is killed while training (once the standby says it is ready: a
-  // fixed delay killed it during set-up on a loaded machine), and the standby takes its place.
+  // waits set up; the first is killed once the standby says it is ready (while training, or on a
+  // loaded machine while the first snapshot is given out: both are recoveries), and the standby
+  // takes its place.
   dsgd::testing::TempDir dir;
   const std::string bin = DSGD_BINARY, address = "127.0.0.1:" + std::to_string(free_port());
   const std::string join = " --driver " + address + " --token t0ken", log = dir.file("driver.log");

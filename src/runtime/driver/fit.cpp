@@ -131,7 +131,7 @@ class Loop {
   void add_recoveries(const Results& r, EpochSummary* e) {
     for (const auto& ev : r.recoveries) {
       result_.recoveries.push_back(ev);
-      if (ev.kind == "recovery") ++e->recoveries;
+      if (ev.kind != "scale_up") ++e->recoveries;
     }
   }
 

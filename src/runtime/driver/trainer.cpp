@@ -10,6 +10,7 @@
 #include <random>
 #include <sstream>
 #include <thread>
+#include <utility>
 
 #include "dsgd/error.h"
 #include "dsgd/operator.h"
@@ -165,63 +166,93 @@ Trainer::~Trainer() {
 }
 
 void Trainer::Impl::start_up() {
-  while (true) {
-    try {
-      server->wait_registered(
-          config.launch.registration_timeout, [&] { pool->check_children(); }, pool->initial_count());
-      pool->choose_members();
+  while (!set_up_members()) {
+  }
+  // Every replica is set up: a worker lost from here on is an ordinary recovery (a standby takes
+  // its place, or the survivors go on), nothing to roll back. Lost before the first snapshot,
+  // the re-formed group has nothing to restore yet, and the snapshot is taken again.
+  try {
+    connect_group();
+  } catch (const std::exception& e) {
+    recover_or_rethrow(e);
+  }
+  recovering([&] {
+    take_snapshot(/*before_steps=*/true);
+    if (pool->members().size() > 1 || config.devices_per_worker > 1)
+      raw_call(set_state_command(snapshot, snapshot_feedback));
+  });
+  for (auto& ev : events) {
+    ev.failure += " (during start-up)";
+    start_events.push_back(std::move(ev));
+  }
+  events.clear();
+}
 
-      // Every replica builds its operator; all must agree on the parameters.
-      server->set_world(generation, config.num_workers * config.devices_per_worker);
-      proto::Command setup;
-      *setup.mutable_setup()->mutable_placement() = pool->placement(generation);
-      auto setups = raw_call(setup);
-      signature = setups[0].setup().signature();
-      parameters = setups[0].setup().parameters();
-      for (size_t w = 1; w < setups.size(); ++w) {
-        const std::string& sig = setups[w].setup().signature();
-        if (sig == signature) continue;
-        std::istringstream a(signature), b(sig);
-        std::string la, lb;
-        while (true) {
-          const bool ga = static_cast<bool>(std::getline(a, la)), gb = static_cast<bool>(std::getline(b, lb));
-          if (!ga && !gb) break;
-          if (la != lb || ga != gb) {
-            throw ConfigError("worker " + std::to_string(w) +
-                              " built a different model than worker 0: first difference: '" +
-                              (gb ? lb : std::string("(nothing)")) + "' vs worker 0's '" +
-                              (ga ? la : std::string("(nothing)")) + "'");
-          }
-        }
-      }
-      connect_group();
-      // Start every replica from replica 0's parameters (and optimizer state).
-      take_snapshot(/*before_steps=*/true);
-      if (config.num_workers > 1 || config.devices_per_worker > 1)
-        raw_call(set_state_command(snapshot, snapshot_feedback));
-      return;
-    } catch (const CommError& e) {
-      // A process lost before the first step: start them all again (the survivors hold nothing
-      // yet that a fresh start would not rebuild). Registrations that never came, or a worker
-      // that exited by itself before registering, are no loss to recover from.
-      const bool registration_timeout = dynamic_cast<const TimeoutError*>(&e) != nullptr && e.op() == "register";
-      if (!pool->spawns() || registration_timeout || e.op() == "worker start") throw;
-      failure_log.push_back(std::string(e.what()) + " (during start-up)");
-      if (++failures > config.recovery.max_failures) {
-        std::string all;
-        for (size_t i = 0; i < failure_log.size(); ++i) all += "\n  " + std::to_string(i + 1) + ". " + failure_log[i];
-        fail("giving up after " + std::to_string(failures) + " failures (max_failures " +
-             std::to_string(config.recovery.max_failures) + "):" + all);
-      }
-      control::log().warn("trainer: {} during start-up; starting every worker again (failure {} of at most {})",
-                          e.what(), failures, config.recovery.max_failures);
-      signature.clear();  // no setups in the background until the members' is known again
-      server->abort_generation(generation);
-      for (int id : server->alive()) server->evict(id, "the job starts again");
-      pool->restart();
-      ++generation;
+bool Trainer::Impl::set_up_members() {
+  try {
+    server->wait_registered(
+        config.launch.registration_timeout, [&] { pool->check_children(); }, pool->initial_count());
+    pool->choose_members();
+    server->set_world(generation, config.num_workers * config.devices_per_worker);
+    proto::Command setup;
+    *setup.mutable_setup()->mutable_placement() = pool->placement(generation);
+    auto setups = raw_call(setup);
+    signature = setups[0].setup().signature();
+    parameters = setups[0].setup().parameters();
+    for (size_t w = 1; w < setups.size(); ++w) check_same_model(static_cast<int>(w), setups[w].setup().signature());
+    return true;
+  } catch (const CommError& e) {
+    // A process lost before every replica is set up (local mode): start them all again (the
+    // survivors hold nothing yet that a fresh start would not rebuild). Registrations that
+    // never came, or a worker that exited by itself before registering, are no loss to recover
+    // from; in remote mode the driver cannot start the workers again.
+    const bool registration_timeout = dynamic_cast<const TimeoutError*>(&e) != nullptr && e.op() == "register";
+    if (!pool->spawns() || registration_timeout || e.op() == "worker start") throw;
+    restart_every_worker(e.what());
+    return false;
+  }
+}
+
+void Trainer::Impl::check_same_model(int worker, const std::string& sig) const {
+  if (sig == signature) return;
+  std::istringstream a(signature), b(sig);
+  std::string la, lb;
+  while (true) {
+    const bool ga = static_cast<bool>(std::getline(a, la)), gb = static_cast<bool>(std::getline(b, lb));
+    if (!ga && !gb) return;
+    if (la != lb || ga != gb) {
+      throw ConfigError("worker " + std::to_string(worker) + " built a different model than worker 0: first " +
+                        "difference: '" + (gb ? lb : std::string("(nothing)")) + "' vs worker 0's '" +
+                        (ga ? la : std::string("(nothing)")) + "'");
     }
   }
+}
+
+void Trainer::Impl::restart_every_worker(const std::string& failure) {
+  const auto detected = Clock::now();
+  failure_log.push_back(failure + " (during start-up)");
+  if (++failures > config.recovery.max_failures) {
+    std::string all;
+    for (size_t i = 0; i < failure_log.size(); ++i) all += "\n  " + std::to_string(i + 1) + ". " + failure_log[i];
+    fail("giving up after " + std::to_string(failures) + " failures (max_failures " +
+         std::to_string(config.recovery.max_failures) + "):" + all);
+  }
+  control::log().warn("trainer: {} during start-up; starting every worker again (failure {} of at most {})", failure,
+                      failures, config.recovery.max_failures);
+  RecoveryEvent ev;
+  ev.kind = "restart";
+  ev.failure = failure + " (during start-up)";
+  ev.detected_at = detected;
+  ev.workers_after = config.num_workers;
+  if (config.on_recovery) config.on_recovery(ev);
+  signature.clear();  // no setups in the background until the members' is known again
+  server->abort_generation(generation);
+  for (int id : server->alive()) server->evict(id, "the job starts again");
+  pool->restart();
+  ++generation;
+  ev.resumed_at = Clock::now();  // the new processes start; their registration is the next start's
+  ev.recovery_s = std::chrono::duration<double>(ev.resumed_at - detected).count();
+  start_events.push_back(std::move(ev));
 }
 
 std::function<void()> Trainer::Impl::progress_tick(const TrainOptions& options, const int64_t& done,
@@ -265,7 +296,7 @@ Results Trainer::train(const TrainOptions& options) {
   if (!options.trace_path.empty()) runtime::check_trace_path(options.trace_path);
   auto& d = *impl_;
   d.ensure_usable();
-  d.events.clear();
+  d.events = std::exchange(d.start_events, {});  // the first call reports the start-up's
   d.snapshot_s = 0;
   d.try_scale_up();  // lost workers replaced since the last call join now
   const auto t0 = Clock::now();
@@ -343,7 +374,7 @@ void Trainer::set_callbacks(std::function<void(const TrainProgress&)> on_progres
 
 Results Trainer::validate() {
   auto& d = *impl_;
-  d.events.clear();
+  d.events = std::exchange(d.start_events, {});
   Results r = runtime::results_of_command(d.call(command(&proto::Command::mutable_validate)), false);
   r.recoveries = d.events;  // a worker lost while the replicas evaluated
   return r;

@@ -67,6 +67,7 @@ struct Trainer::Impl {
   int failures = 0;
   std::vector<std::string> failure_log;
   std::vector<RecoveryEvent> events;   // of the current call
+  std::vector<RecoveryEvent> start_events;  // of the start-up, reported by the first call
   int64_t steps_done = 0;              // steps completed over the job's train() calls (RecoveryEvent::at_step)
   double snapshot_s = 0;               // of the current call: taking snapshots, writing checkpoints
   bool broken = false;
@@ -119,9 +120,17 @@ struct Trainer::Impl {
   // Recovery and snapshots (runtime/driver/trainer_recovery.cpp).
 
   // The job's start: registration, every replica's setup, the first group, the first snapshot
-  // given to every replica. A worker lost meanwhile (local mode) costs a restart of every
-  // process, counted as a failure; beyond max_failures, or in remote mode, it throws.
+  // given to every replica. A worker lost before every replica is set up (local mode) costs a
+  // restart of every process (restart_every_worker); lost after, it is an ordinary recovery.
+  // Both count as failures and are reported by the first call as RecoveryEvents.
   void start_up();
+  // Registration and setup: false when a lost worker restarted every process (go round again).
+  bool set_up_members();
+  // Throws ConfigError naming the first line where worker `worker`'s model signature differs.
+  void check_same_model(int worker, const std::string& sig) const;
+  // Kills and starts again every process the driver started, after `failure` (kind "restart");
+  // beyond max_failures the job fails naming every failure.
+  void restart_every_worker(const std::string& failure);
 
   // Inside a catch block: a recoverable failure re-forms the job; anything else leaves the
   // trainer broken (workers told to stop) and is rethrown.

@@ -173,6 +173,7 @@ void Trainer::Impl::form_group(const std::vector<int>& joining, PhaseClock* cloc
   server->set_world(generation, world);
   connect_group();
   clock->mark("connect");
+  if (snapshot.empty()) return;  // lost during start-up, before the first snapshot: nothing to restore
   raw_call(set_state_command(snapshot, snapshot_feedback));
   clock->mark("restore");
   replay();

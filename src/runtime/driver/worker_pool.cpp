@@ -278,9 +278,10 @@ void WorkerPool::check_children() {
     }
     // Killed: a failure like any other. Exited by itself: the binary or its set-up is wrong
     // ("worker start": the start-up does not try again).
+    if (gone->signaled) throw CommError(gone->what + " before registering", "worker");
     throw CommError(gone->what + " before registering; see its output above (does main() call dsgd::init(argc, argv) "
                                  "first?)",
-                    gone->signaled ? "worker" : "worker start");
+                    "worker start");
   }
 }
 
