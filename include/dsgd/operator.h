@@ -145,10 +145,13 @@ class TrainingOperator {
   // not, per the job's nonfinite_policy, counts a skipped step ("skipped_steps" in the results)
   // and returns false (skip: do not step), or throws dsgd::Error naming the step (error). Every
   // replica gets the same answer. Checked as backward makes the gradients: changes made to
-  // .grad after backward are not.
+  // .grad after backward are not. With step.accumulate_steps > 1 each batch is a micro-batch:
+  // false, with nothing counted, before the step's last one (its gradients are summed aside:
+  // do not step; zero_grad before each is fine), and the last one's answer covers the sum.
   bool check_gradients();
   // The loss to call backward() on: `loss` times the loss scale where the job scales losses
-  // (TrainerConfig::step.loss_scale; precision fp16 by default), `loss` itself otherwise. The
+  // (TrainerConfig::step.loss_scale; precision fp16 by default; under accumulation also times
+  // the micro-batch's share of the step's samples), `loss` itself otherwise. The
   // runtime unscales the averaged gradients, and check_gradients() skips the step and backs
   // the scale off when they overflowed. Custom train_batch code: scale_loss(loss).backward(),
   // then check_gradients() before each optimizer step.

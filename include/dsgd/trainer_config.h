@@ -46,6 +46,12 @@ struct StepConfig {
   // The train metrics report grad_norm, the mean norm before clipping. 0 = off. Needs the
   // replicas' own step, as loss_scale does.
   double max_grad_norm = 0;
+  // Gradient accumulation: each step's global batch_size is trained as this many micro-batches
+  // of batch_size / accumulate_steps, their gradients summed locally (no communication) and
+  // averaged across replicas once, after the last; then one optimizer step. Needs the replicas'
+  // own step, as loss_scale does. Steps, batches_per_epoch and positions count whole steps; an
+  // epoch's last step may have fewer micro-batches.
+  int64_t accumulate_steps = 1;
 };
 
 // How gradients travel between replicas.

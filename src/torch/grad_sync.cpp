@@ -179,20 +179,28 @@ void GradSync::on_grad(size_t param, const torch::Tensor& grad) {
   }
   got_grad_[param] = true;
   // Copied (times the weight) and checked in one pass; the rare other gradient is copied by
-  // LibTorch, then checked in its slot.
+  // LibTorch, then checked in its slot. Added to earlier held ones, the sum is checked.
   auto& slot = slots_[param];
   float* dst = slot.data_ptr<float>();
   const size_t n = static_cast<size_t>(slot.numel());
   if (staged_) {  // checked on the host, once staged
-    torch::mul_out(slot, grad, weight_);
+    if (held_) {
+      slot.add_(grad, weight_);
+    } else {
+      torch::mul_out(slot, grad, weight_);
+    }
     params_[param].mutable_grad() = torch::Tensor();
+    if (hold_) return;
     --missing_[bucket];
     if (overlap_) launch_ready_locked(false);
     return;
   }
   bool ok;
-  if (grad.scalar_type() == torch::kFloat32 && grad.device().is_cpu() && grad.layout() == torch::kStrided &&
-      grad.is_contiguous() && slot.is_contiguous() && grad.numel() == slot.numel()) {
+  if (held_) {
+    slot.add_(grad, weight_);
+    ok = comm::copy_scaled_below(dst, dst, n, 1.0f, kGradLimit);
+  } else if (grad.scalar_type() == torch::kFloat32 && grad.device().is_cpu() && grad.layout() == torch::kStrided &&
+             grad.is_contiguous() && slot.is_contiguous() && grad.numel() == slot.numel()) {
     ok = comm::copy_scaled_below(dst, grad.data_ptr<float>(), n, static_cast<float>(weight_), kGradLimit);
   } else {
     torch::mul_out(slot, grad, weight_);
@@ -202,6 +210,7 @@ void GradSync::on_grad(size_t param, const torch::Tensor& grad) {
   // AccumulateGrad runs after this hook: with no .grad it takes `grad` as it is (no sum into
   // the old one, no copy); finalize() then makes the slot, holding the average, the .grad.
   params_[param].mutable_grad() = torch::Tensor();
+  if (hold_) return;  // summed only: launched by the next backward not held
   --missing_[bucket];
   if (overlap_) launch_ready_locked(false);
 }
@@ -288,6 +297,18 @@ void GradSync::set_deferred_buckets(size_t count) {
   if (in_backward_ || next_launch_ != 0) throw Error("GradSync: the deferred buckets cannot change during a backward");
   deferred_count_ = std::min(count, plan_.buckets().size());
   schedule_ = strategy::overlap_schedule(plan_.buckets().size(), deferred_count_);
+}
+
+void GradSync::set_micro_batch(bool first, bool last) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (in_backward_ || next_launch_ != 0) throw Error("GradSync: micro-batches cannot change during a backward");
+  if (first) held_ = false;  // a new step: whatever an interrupted one held is dropped
+  const bool hold = !last;
+  if (hold && (deferred_count_ > 0 || strategy_->server_updates() != nullptr)) {
+    throw Error("GradSync: gradient accumulation needs the replicas' own step: not with deferred buckets or updates "
+                "on the servers");
+  }
+  hold_ = hold;
 }
 
 void GradSync::flush() {
@@ -464,13 +485,27 @@ void GradSync::finalize() {
   // (on_grad throws for the others): taken before their slots are overwritten.
   flush();
   std::unique_lock<std::mutex> lock(mutex_);
-  // Parameters without a gradient in this backward contribute zeros.
+  // Parameters without a gradient in this backward contribute zeros (to a held sum: nothing,
+  // and the sum is checked here).
   for (size_t i = 0; i < params_.size(); ++i) {
-    if (!got_grad_[i]) {
+    if (got_grad_[i]) continue;
+    if (!held_) {
       slots_[i].zero_();
-      --missing_[plan_.slot(i).bucket];
+    } else if (!staged_) {
+      float* p = slots_[i].data_ptr<float>();
+      if (!comm::copy_scaled_below(p, p, static_cast<size_t>(slots_[i].numel()), 1.0f, kGradLimit))
+        bucket_ok_[plan_.slot(i).bucket] = false;
     }
+    if (!hold_) --missing_[plan_.slot(i).bucket];
   }
+  if (hold_) {  // nothing sent: the next backward adds to the sum
+    held_ = true;
+    stage_cv_.wait(lock, [this] { return staging_ == 0; });
+    reset_backward_locked();
+    last_finite_ = true;
+    return;
+  }
+  held_ = false;
   launch_ready_locked(true);
   bool defer = deferred_count_ > 0 && deferred_.apply && !strategy_->server_updates();
   for (size_t i = 0; i < params_.size(); ++i) defer = defer && (!got_grad_[i] || gated_[i]);

@@ -19,8 +19,8 @@
 // and makes each slot, now holding the average, its parameter's .grad: a tensor sharing the flat
 // buffer (c10d's gradient_as_bucket_view), so nothing is copied back. That .grad is overwritten
 // by the next backward; keep a clone to hold on to it. The gradient of one backward is
-// averaged, whatever .grad held before it (accumulating gradients over several backwards is not
-// supported). One GradSync per model; a backward that gives none of its parameters a gradient
+// averaged, whatever .grad held before it; to accumulate over several backwards (micro-batches),
+// hold the earlier ones: see set_hold. One GradSync per model; a backward that gives none of its parameters a gradient
 // launches nothing. Parameters must be float32, all on the CPU or all on one CUDA device. The flat buffer is the
 // strategy's gradient_buffer where it offers one (a host's shared memory, which the allreduce then reads in place); a
 // .grad still sharing it when the GradSync goes is replaced by a copy.
@@ -70,6 +70,13 @@ class GradSync {
 
   // This replica's share of the global batch times the number of replicas (1 when even).
   void set_weight(double weight) { weight_ = weight; }
+  // Gradient accumulation (DDP's no_sync), said before each backward: which micro-batch of the
+  // step comes. Before the last, a backward's gradients (times the weight) are added into the
+  // flat buffer (the first's copied) and nothing is sent, nor is .grad set (it stays
+  // undefined); the last adds its own and averages the sum, checked as a whole. (true, true),
+  // the default, is a step of one backward. Holding needs neither deferred buckets nor server
+  // updates (throws dsgd::Error).
+  void set_micro_batch(bool first, bool last);
   // Whether every replica's gradient of the last backward passed the check (header comment);
   // the same answer on every replica. Where it did not, .grad holds the average with a NaN put
   // in: skip the step.
@@ -193,6 +200,8 @@ class GradSync {
   std::vector<char> bucket_ok_;                 // per bucket: this backward's gradients passed the check
   Times times_;
   bool last_finite_ = true;
+  bool hold_ = false;                           // this backward's gradients are only summed
+  bool held_ = false;                           // the flat buffer holds earlier backwards' sum
   std::vector<std::pair<torch::Tensor, unsigned>> hooks_;  // (param, hook id) to remove
 
   // CUDA staging (guarded by mutex_): buckets whose copy to the host is queued on the device.

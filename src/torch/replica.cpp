@@ -193,11 +193,20 @@ void ReplicaRuntime::drop_server_state_copy() {
   }
 }
 
-EpochSampler ReplicaRuntime::sampler() const {
-  return {op_->num_train_samples(), options_.global_batch, options_.info.world_size, options_.info.rank};
+EpochSampler ReplicaRuntime::sampler() const {  // of micro-batches, with accumulation
+  return {op_->num_train_samples(), options_.global_batch / accumulate(), options_.info.world_size,
+          options_.info.rank};
 }
 
-int64_t ReplicaRuntime::batches_per_epoch() const { return sampler().batches_per_epoch(); }
+int64_t ReplicaRuntime::batches_per_epoch() const {
+  const int64_t n = accumulate();
+  return (sampler().batches_per_epoch() + n - 1) / n;
+}
+
+int64_t ReplicaRuntime::micro_batches_in_step() const {
+  const int64_t n = accumulate();
+  return std::min(n, sampler().batches_per_epoch() - position_.batch * n);
+}
 
 void ReplicaRuntime::start_epoch_order() {
   if (order_epoch_ == position_.epoch) return;
@@ -214,11 +223,12 @@ bool ReplicaRuntime::next_batch(Batch& batch, int64_t max_batches) {
                       "override train_epoch");
   }
   if (position_.batch >= batches_per_epoch()) return false;
-  if (max_batches > 0 && taken_this_call_ >= max_batches) return false;
+  if (micro_ == 0 && max_batches > 0 && taken_this_call_ >= max_batches) return false;
   start_epoch_order();
   comm::timeline::Span span("next batch");
   const EpochSampler s = sampler();
-  const auto [begin, end] = s.part(position_.batch);
+  const int64_t n = accumulate(), micro_batch = position_.batch * n + micro_;
+  const auto [begin, end] = s.part(micro_batch);
   auto idx = order_.slice(0, begin, end);
   if (dataset != nullptr) {  // read now, this replica's samples only
     batch = dataset->get_batch(idx);
@@ -229,9 +239,16 @@ bool ReplicaRuntime::next_batch(Batch& batch, int64_t max_batches) {
     batch.data = gather(op_->train_data(), idx);
     batch.target = op_->train_targets().defined() ? gather(op_->train_targets(), idx) : torch::Tensor();
   }
-  batch_weight_ = s.weight(position_.batch);
+  batch_weight_ = s.weight(micro_batch);
+  if (n > 1) {  // each micro-batch's mean loss weighs its share of the step's samples
+    const int64_t count = micro_batches_in_step();
+    int64_t step_samples = 0;
+    for (int64_t j = 0; j < count; ++j) step_samples += s.batch_size(position_.batch * n + j);
+    loss_factor_ = static_cast<double>(s.batch_size(micro_batch)) / static_cast<double>(step_samples);
+    for (auto& sync : syncs_) sync->set_micro_batch(micro_ == 0, micro_ == count - 1);
+  }
   set_weights();
-  ++taken_this_call_;
+  if (micro_ == 0) ++taken_this_call_;
   return true;
 }
 
@@ -254,16 +271,40 @@ void ReplicaRuntime::set_weights() {
 }
 
 torch::Tensor ReplicaRuntime::scale_loss(const torch::Tensor& loss) {
-  return scaler_ ? loss * scaler_->scale() : loss;
+  const double factor = scaler_ ? loss_factor_ * scaler_->scale() : loss_factor_;
+  return factor != 1.0 ? loss * factor : loss;
 }
 
 void ReplicaRuntime::after_batch() {
+  if (check_) check_->take();  // a batch that did not ask leaves nothing for the next
+  if (++micro_ < micro_batches_in_step()) return;  // the step goes on with its next micro-batch
+  micro_ = 0;
   if (options_.step.precision != Precision::kFp32) AutocastScope::clear_cache();  // the step changed the weights
   batch_ends_.push_back(Clock::now());
   ++position_.batch;
   ++progress_.batches;
-  if (check_) check_->take();  // a batch that did not ask leaves nothing for the next
   if (options_.step.scheduler_step_freq == SchedulerStepFreq::kBatch) step_schedules();
+}
+
+bool ReplicaRuntime::hold_lone_gradients() {
+  const bool last = micro_ + 1 >= micro_batches_in_step();
+  torch::NoGradGuard no_grad;
+  size_t i = 0;
+  for (auto& m : op_->models()) {
+    for (auto& p : m->parameters()) {
+      if (held_grads_.size() <= i) held_grads_.resize(i + 1);
+      auto& held = held_grads_[i++];
+      const auto& g = p.grad();
+      if (last) {
+        if (held.defined() && g.defined()) p.mutable_grad().add_(held);
+        if (held.defined() && !g.defined()) p.mutable_grad() = held;
+        held = torch::Tensor();
+      } else if (g.defined()) {
+        held = held.defined() ? held.add_(g) : g.clone();
+      }
+    }
+  }
+  return last;
 }
 
 void ReplicaRuntime::step_schedules() { step_schedules_to(schedule_t_ + 1); }
@@ -286,12 +327,19 @@ bool ReplicaRuntime::check_gradients() {
     }
     return true;
   };
+  // Accumulating: before the step's last micro-batch nothing is checked and nothing steps (a
+  // lone replica sums its gradients aside; the last one gets the sum back, checked whole).
+  if (accumulate() > 1 && micro_ + 1 < micro_batches_in_step()) {
+    if (syncs_.empty()) hold_lone_gradients();
+    return false;
+  }
+  const bool summed = syncs_.empty() && accumulate() > 1 && hold_lone_gradients();
   bool finite = true;
   if (!syncs_.empty()) {
     for (auto& s : syncs_) finite = finite && s->last_finite();  // unscaled by their weight
   } else {
     std::vector<torch::Tensor> grads;
-    if (scaler_ || !check_) {
+    if (scaler_ || !check_ || summed) {
       for (auto& m : op_->models()) {
         for (auto& p : m->parameters()) {
           if (p.grad().defined()) grads.push_back(p.grad());
@@ -305,7 +353,7 @@ bool ReplicaRuntime::check_gradients() {
     // Checked as backward made them; or, a lone replica on a GPU (or after the hooks were
     // detached), all gradients at once, one host sync (isfinite().all() per parameter cost the
     // MLP ~20% of its step).
-    finite = check_ ? check_->take() : all_finite(grads);
+    finite = check_ && !summed ? check_->take() : all_finite(grads);
   }
   if (scaler_ && (finite || !scaler_->at_minimum())) {
     const double was = scaler_->scale();
@@ -436,6 +484,8 @@ void ReplicaRuntime::load_state(const std::string& bytes, const std::string& fee
   for (auto& s : syncs_) s->discard_pending();
   const ReplicaState state = load_replica_state(*op_, bytes, options_.info.device);
   position_ = state.position;
+  micro_ = 0;  // a step interrupted part-way starts again
+  held_grads_.clear();
   step_schedules_to(state.schedule_t);
   // A state saved without loss scaling leaves the scale where it is.
   if (scaler_ && state.loss_scale > 0) scaler_->restore(state.loss_scale, state.loss_scale_good_steps);

@@ -89,7 +89,9 @@ class ReplicaRuntime : private ParameterGate, private ReplicaHost {
   void drop_server_state_copy();
 
   // Runs the operator's train_epoch from the current position for at most max_batches batches
-  // (0 = to the end of the epoch); the epoch advances when finished. Adds profile times when
+  // (0 = to the end of the epoch); the epoch advances when finished. With step.accumulate_steps
+  // N, a batch (a step) is N micro-batches: the operator's train_batch runs N times per step,
+  // and positions, batches_per_epoch and the "batches" metric count steps. Adds profile times when
   // asked: forward_s, backward_s, comm_wait_s, optimizer_s (means per batch; as
   // TrainOptions::profile says), epoch_s.
   Metrics train(int64_t max_batches, bool profile);
@@ -160,6 +162,12 @@ class ReplicaRuntime : private ParameterGate, private ReplicaHost {
   void start_epoch_order();
   void step_schedules_to(int64_t t);
   void set_weights();  // batch_weight_ / the loss scale, into every GradSync
+  int64_t accumulate() const { return options_.step.accumulate_steps; }
+  // Micro-batches of the step at position_ (accumulate(), or fewer in an epoch's last step).
+  int64_t micro_batches_in_step() const;
+  // A lone replica accumulating: before the step's last micro-batch, adds .grad into
+  // held_grads_; at the last, adds held_grads_ into .grad (and forgets them). True at the last.
+  bool hold_lone_gradients();
   ReplicaState state() const;  // what save_state writes besides the operator's
 
   std::unique_ptr<TrainingOperator> op_;
@@ -176,6 +184,11 @@ class ReplicaRuntime : private ParameterGate, private ReplicaHost {
   int64_t skipped_this_call_ = 0;
   std::optional<LossScaler> scaler_;  // loss scaling, if on
   double batch_weight_ = 1.0;          // this batch's share (EpochSampler::weight)
+  // Accumulation: the micro-batch of the step in progress (0 between steps), its loss's weight
+  // in the step (its samples over the step's), and a lone replica's gradients summed so far.
+  int64_t micro_ = 0;
+  double loss_factor_ = 1.0;
+  std::vector<torch::Tensor> held_grads_;
   bool profiling_ = false;
   std::map<std::string, double> phase_s_;
   // Values the step's mechanics report once a step (e.g. grad_norm): their sum and count over

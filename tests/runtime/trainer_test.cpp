@@ -399,7 +399,8 @@ TEST(TrainerEquivalence, ClippedGradientsEqualOneProcessWithTheGlobalBatch) {
 }
 
 // The language model (gpt-tiny on a token file that streams from disk, AdamW, warmup and cosine
-// per step, clipping): 2 workers equal one process with the global batch, as the image models do.
+// per step, clipping): 2 workers equal one process with the global batch, as the image models do,
+// and so do 2 workers and one process that accumulate each step's gradient over 2 micro-batches.
 // AdamW divides by the root of its second moment, so it carries rounding further than SGD: 1e-5.
 TEST(TrainerEquivalence, LanguageModelTwoWorkersEqualOneProcessWithTheGlobalBatch) {
   constexpr int64_t kSteps = 20;
@@ -429,6 +430,57 @@ TEST(TrainerEquivalence, LanguageModelTwoWorkersEqualOneProcessWithTheGlobalBatc
   const Params after = params_of(*trainer.get_model());
   EXPECT_GT(max_difference(before, after), 1e-3) << "training did not move the parameters";
   EXPECT_LT(max_difference(reference, after), 1e-5);
+
+  o.step.accumulate_steps = c.step.accumulate_steps = 2;
+  torch_glue::ReplicaRuntime lone(make_operator(kLanguageModel), o);
+  lone.setup(c.config);
+  const auto m = lone.train(kSteps, false);
+  EXPECT_EQ(m.at("batches"), kSteps) << "steps, not micro-batches";
+  EXPECT_EQ(lone.position().batch, kSteps);
+  EXPECT_LT(max_difference(reference, params_of(lone.op().model(0))), 1e-5) << "one process accumulating";
+  Trainer accumulating(kLanguageModel, c);
+  const auto r = accumulating.train({.num_steps = kSteps});
+  EXPECT_EQ(r.batch, kSteps);
+  EXPECT_EQ(r.batches_per_epoch, one.batches_per_epoch());
+  const Params accumulated = params_of(*accumulating.get_model());
+  EXPECT_LT(max_difference(reference, accumulated), 1e-5) << "2 workers accumulating";
+  std::printf("2 workers %.2g, one process accumulating 2 %.2g, 2 workers accumulating 2 %.2g from one process\n",
+              max_difference(reference, after), max_difference(reference, params_of(lone.op().model(0))),
+              max_difference(reference, accumulated));
+}
+
+// Accumulation sends nothing for the micro-batches before a step's last: across 2 pseudo-hosts
+// a step of 4 micro-batches moves the bytes of a step of one, and trains the same parameters.
+TEST(TrainerEquivalence, AccumulatedMicroBatchesSendNothingAndEqualTheWholeBatch) {
+  constexpr int64_t kSteps = 3;
+  auto run = [&](int64_t accumulate) {
+    auto c = base_config(2, "allreduce", 64);
+    c.launch.local_hosts = 2;
+    c.step.accumulate_steps = accumulate;
+    Trainer trainer(dsgd::kImageClassifier, c);
+    auto r = trainer.train({.num_steps = kSteps});
+    EXPECT_EQ(r.metrics.at("batches"), kSteps);
+    return std::make_pair(params_of(*trainer.get_model()), r.metrics.at("comm_bytes_per_step"));
+  };
+  const auto [whole, whole_bytes] = run(1);
+  const auto [micro, micro_bytes] = run(4);
+  EXPECT_GT(whole_bytes, 0);
+  EXPECT_EQ(micro_bytes, whole_bytes);
+  EXPECT_LT(max_difference(whole, micro), 1e-5);
+  // An epoch of 1000 samples in steps of 4 x 16: its last step holds 40 samples in 3 micro-batches
+  // of 16, 16, 8, and equals the last batch of 40 of a process that does not accumulate.
+  auto small = synthetic_config();
+  small["synthetic_samples"] = 1000;
+  small["synthetic_image_size"] = 8;
+  StepConfig four;
+  four.accumulate_steps = 4;
+  EXPECT_LT(max_difference(single_process(64, 16, small), single_process(64, 16, small, four)), 1e-5);
+  EXPECT_THROW(Trainer(dsgd::kImageClassifier, [] {
+                 auto c = base_config(2, "allreduce", 64);
+                 c.step.accumulate_steps = 48;  // micro-batches of 1.33 samples
+                 return c;
+               }()),
+               ConfigError);
 }
 
 // compression fp16 / bf16 on allreduce across 2 pseudo-hosts: half the bytes cross hosts, and

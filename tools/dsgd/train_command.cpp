@@ -519,6 +519,9 @@ void add_precision_flags(CLI::App* cmd, TrainFlags& f) {
   bind_option(cmd, f, "--max-grad-norm", "step.max_grad_norm", f.trainer.step.max_grad_norm,
               "Clip the averaged gradients to this global L2 norm before each step (0: off)")
       ->capture_default_str();
+  bind_option(cmd, f, "--accumulate-steps", "step.accumulate_steps", f.trainer.step.accumulate_steps,
+              "Micro-batches per step: gradients summed locally, averaged once per step (1: off)")
+      ->capture_default_str();
 }
 
 // Who starts the workers, and how they find the driver.

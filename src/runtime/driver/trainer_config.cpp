@@ -97,6 +97,15 @@ void validate_step(const TrainerConfig& c) {
   require(c.step.max_grad_norm == 0 || (!server_steps && c.comm.forward_overlap_buckets == 0), "step.max_grad_norm",
           "clipping needs the whole averaged gradient in the replicas before their step: not with ps_async, "
           "ps.update_on_shards or comm.forward_overlap_buckets (set it to 0)");
+  const int64_t n = c.step.accumulate_steps, world = int64_t{c.num_workers} * c.devices_per_worker;
+  require(n >= 1 && n <= 4096, "step.accumulate_steps",
+          "step.accumulate_steps must be in 1..4096 (1 = no accumulation), got " + std::to_string(n));
+  require(n == 1 || (c.batch_size % n == 0 && c.batch_size / n >= world), "step.accumulate_steps",
+          "step.accumulate_steps " + std::to_string(n) + " must divide batch_size " + std::to_string(c.batch_size) +
+              " into micro-batches of at least one sample per replica (" + std::to_string(world) + ")");
+  require(n == 1 || (!server_steps && c.comm.forward_overlap_buckets == 0), "step.accumulate_steps",
+          "gradient accumulation needs the optimizer step in the replicas: not with ps_async, ps.update_on_shards or "
+          "comm.forward_overlap_buckets (set it to 0)");
 }
 
 void validate_recovery(const TrainerConfig& c) {
@@ -167,6 +176,7 @@ void step_fields(S& s, F&& field) {
   field("nonfinite_policy", s.nonfinite_policy);
   field("scheduler_step_freq", s.scheduler_step_freq);
   field("max_grad_norm", s.max_grad_norm);
+  field("accumulate_steps", s.accumulate_steps);
 }
 
 // A Choice as its enum's number (choice.h), never as a spelling.
