@@ -279,11 +279,46 @@ void ReplicaRuntime::after_batch() {
   if (check_) check_->take();  // a batch that did not ask leaves nothing for the next
   if (++micro_ < micro_batches_in_step()) return;  // the step goes on with its next micro-batch
   micro_ = 0;
+  sync_statistics();
   if (options_.step.precision != Precision::kFp32) AutocastScope::clear_cache();  // the step changed the weights
   batch_ends_.push_back(Clock::now());
   ++position_.batch;
   ++progress_.batches;
   if (options_.step.scheduler_step_freq == SchedulerStepFreq::kBatch) step_schedules();
+}
+
+void ReplicaRuntime::sync_statistics() {
+  if (syncs_.empty() || syncs_[0]->updates_on_servers()) return;
+  std::vector<torch::Tensor> stats;
+  int64_t total = 0;
+  const auto is_stat = [](const std::string& name) {
+    for (const std::string end : {"running_mean", "running_var"}) {
+      if (name.size() >= end.size() && name.compare(name.size() - end.size(), end.size(), end) == 0) return true;
+    }
+    return false;
+  };
+  for (const auto& m : op_->models()) {
+    for (const auto& b : m->named_buffers()) {
+      if (!is_stat(b.key()) || b.value().scalar_type() != torch::kFloat32) continue;
+      stats.push_back(b.value());
+      total += b.value().numel();
+    }
+  }
+  if (stats.empty()) return;
+  comm::timeline::Span span("average running statistics");
+  torch::NoGradGuard no_grad;
+  if (stats_flat_.numel() != total) stats_flat_ = torch::empty({total}, torch::kFloat32);
+  int64_t at = 0;
+  for (const auto& s : stats) {
+    stats_flat_.slice(0, at, at + s.numel()).copy_(s.reshape({-1}));
+    at += s.numel();
+  }
+  syncs_[0]->strategy().average_async(stats_flat_.data_ptr<float>(), static_cast<size_t>(total))->wait();
+  at = 0;
+  for (auto& s : stats) {
+    s.copy_(stats_flat_.slice(0, at, at + s.numel()).view(s.sizes()));
+    at += s.numel();
+  }
 }
 
 bool ReplicaRuntime::hold_lone_gradients() {

@@ -163,6 +163,10 @@ class ReplicaRuntime : private ParameterGate, private ReplicaHost {
   void step_schedules_to(int64_t t);
   void set_weights();  // batch_weight_ / the loss scale, into every GradSync
   int64_t accumulate() const { return options_.step.accumulate_steps; }
+  // After each step, with a strategy that averages: every model's float running statistics
+  // (buffers named *running_mean, *running_var: BatchNorm's) averaged over the replicas, so
+  // every replica holds the same buffers (and snapshots, checkpoints and get_model agree).
+  void sync_statistics();
   // Micro-batches of the step at position_ (accumulate(), or fewer in an epoch's last step).
   int64_t micro_batches_in_step() const;
   // A lone replica accumulating: before the step's last micro-batch, adds .grad into
@@ -189,6 +193,7 @@ class ReplicaRuntime : private ParameterGate, private ReplicaHost {
   int64_t micro_ = 0;
   double loss_factor_ = 1.0;
   std::vector<torch::Tensor> held_grads_;
+  torch::Tensor stats_flat_;  // sync_statistics's buffer
   bool profiling_ = false;
   std::map<std::string, double> phase_s_;
   // Values the step's mechanics report once a step (e.g. grad_norm): their sum and count over

@@ -250,6 +250,20 @@ DSGD_REGISTER_WORKER_FUNCTION(weight_sum, [](TrainingOperator* op, const json&) 
   return s;
 });
 
+// Every running_mean and running_var buffer of model 0 (BatchNorm's statistics), in order.
+std::vector<float> running_stats(torch::nn::Module& model) {
+  std::vector<float> out;
+  for (const auto& b : model.named_buffers()) {
+    if (b.key().find("running_") == std::string::npos || !b.value().is_floating_point()) continue;
+    const auto t = b.value().to(torch::kCPU).contiguous().reshape({-1});
+    out.insert(out.end(), t.data_ptr<float>(), t.data_ptr<float>() + t.numel());
+  }
+  return out;
+}
+DSGD_REGISTER_WORKER_FUNCTION(running_stats, [](TrainingOperator* op, const json&) -> json {
+  return running_stats(op->model(0));
+});
+
 // How the replica's convolution weights are laid out: "channels_last", "nchw" (or "mixed").
 DSGD_REGISTER_WORKER_FUNCTION(conv_layout, [](TrainingOperator* op, const json&) -> json {
   int last = 0, plain = 0;
@@ -447,6 +461,28 @@ TEST(TrainerEquivalence, LanguageModelTwoWorkersEqualOneProcessWithTheGlobalBatc
   std::printf("2 workers %.2g, one process accumulating 2 %.2g, 2 workers accumulating 2 %.2g from one process\n",
               max_difference(reference, after), max_difference(reference, params_of(lone.op().model(0))),
               max_difference(reference, accumulated));
+}
+
+// BatchNorm's running statistics are averaged over the replicas after every step (each replica
+// normalises with its own part of the batch, as DDP does): the replicas hold the same buffers
+// after every step, and the driver's copy of the model (from the snapshot) holds them too.
+TEST(TrainerEquivalence, BatchNormStatisticsAreTheSameOnEveryReplicaAfterEveryStep) {
+  auto c = base_config(2, "allreduce", 32);
+  c.config["model"] = "resnet18";
+  c.config["synthetic_samples"] = 512;
+  c.config["synthetic_image_size"] = 16;
+  Trainer t(dsgd::kImageClassifier, c);
+  const auto before = t.foreach_worker("running_stats")[0].get<std::vector<float>>();
+  ASSERT_GT(before.size(), 9000u) << "ResNet-18 has 9600 running statistics";
+  std::vector<float> stats;
+  for (int step = 1; step <= 3; ++step) {
+    t.train({.num_steps = 1});
+    const auto w = t.foreach_worker("running_stats");
+    stats = w[0].get<std::vector<float>>();
+    EXPECT_EQ(stats, w[1].get<std::vector<float>>()) << "the replicas' statistics differ after step " << step;
+  }
+  EXPECT_NE(stats, before) << "training did not move the statistics";
+  EXPECT_EQ(running_stats(*t.get_model()), stats) << "the snapshot's statistics are not the replicas'";
 }
 
 // Accumulation sends nothing for the micro-batches before a step's last: across 2 pseudo-hosts
