@@ -1709,13 +1709,14 @@ std::vector<int> worker_pids() { return child_pids_with("--dsgd-worker"); }
 // gradients round differently from one batch's, and over 40 steps that drift reached 5.5e-5 on
 // one machine and stayed under 1e-5 on another.)
 Results train_through_fault(TrainerConfig c, int sig, std::vector<int>* victims = nullptr, double tolerance = 1e-7,
-                            bool shard_victim = false, const std::function<void(Trainer&)>& after = {}) {
+                            bool shard_victim = false, const std::function<void(Trainer&)>& after = {},
+                            const std::string& op = dsgd::kImageClassifier) {
   c.checkpoints.every_steps = 10;
   c.checkpoints.max_overhead = 0;  // exactly that interval
   c.recovery.heartbeat_timeout = milliseconds(2000);
   c.comm.timeout = milliseconds(10000);
   const Params reference = [&] {
-    Trainer clean(dsgd::kImageClassifier, c);
+    Trainer clean(op, c);
     EXPECT_EQ(clean.train({.num_steps = 40}).recoveries.size(), 0u);
     return params_of(*clean.get_model());
   }();
@@ -1724,7 +1725,7 @@ Results train_through_fault(TrainerConfig c, int sig, std::vector<int>* victims 
   c.on_progress = [&](const TrainProgress& p) {
     if (p.batches >= 15 && !done.exchange(true)) ::kill(victim, sig);
   };
-  Trainer t(dsgd::kImageClassifier, c);
+  Trainer t(op, c);
   if (shard_victim) {
     const auto shards = shard_process_pids();
     EXPECT_EQ(shards.size(), static_cast<size_t>(c.ps.shards));
@@ -1770,6 +1771,27 @@ TEST(TrainerRecovery, AStandbyTakesAKilledWorkersPlaceAndTheResultEqualsAFaultFr
   EXPECT_EQ(ev.standbys_used, 1);
   EXPECT_EQ(ev.workers_after, 3);
   std::cout << "standby recovery: " << ev.recovery_s << " s, detected " << ev.detect_s << " s after the failure\n";
+}
+
+// The language model reads its sequences from a token file as it goes (a streaming dataset): a
+// worker killed mid-epoch, its standby takes its place and reads on from the snapshot's position,
+// and the job ends where the fault-free run does.
+TEST(TrainerRecovery, AKilledWorkerUnderAStreamingDatasetEndsAsTheFaultFreeRun) {
+  testing::TempDir dir;
+  std::string text;
+  for (int i = 0; i < 1600; ++i) text += "verse " + std::to_string(i * 7919 % 1000) + " of the text\n";
+  data::write_token_file(dir.file("train.tok"), data::encode_bytes(text), 256);
+  TrainerConfig c{.num_workers = 2, .batch_size = 16, .device = "cpu", .seed = 7, .threads_per_worker = 1};
+  c.config = {{"model", "gpt-tiny"}, {"train_tokens", dir.file("train.tok")}, {"context", 32}, {"lr", 1e-3},
+              {"warmup_steps", 5}, {"decay_steps", 40}};
+  c.step.scheduler_step_freq = SchedulerStepFreq::kBatch;
+  c.recovery.standby_workers = 1;
+  dsgd::register_builtin_operators();
+  const auto r = train_through_fault(c, SIGKILL, nullptr, 1e-7, false, {}, kLanguageModel);
+  ASSERT_EQ(r.recoveries.size(), 1u);
+  EXPECT_EQ(r.recoveries[0].standbys_used, 1);
+  EXPECT_GT(r.recoveries[0].rolled_back_steps, 0) << "killed at a snapshot: nothing streamed again";
+  EXPECT_GT(r.batches_per_epoch, 40) << "the fault should come mid-epoch";
 }
 
 TEST(TrainerRecovery, WaitingForReplacementsAKilledWorkersReplacementTakesItsPlaceExactly) {
