@@ -259,8 +259,9 @@ TEST(Cli, PrepareTextThenTrainALanguageModel) {
   EXPECT_GT(p["train_tokens"].get<int64_t>(), 8 * p["val_tokens"].get<int64_t>());
   const std::string out = dir.file("run.json");
   CliRun r = run_dsgd("train --model gpt-tiny --dataset text:" + dir.file("tok") +
-                      " --workers 2 --threads 1 --batch-size 8 --max-steps 12 --config '{\"context\": 32, "
-                      "\"warmup_steps\": 4}' --save " + dir.file("lm") + " --json-out " + out);
+                      " --workers 2 --threads 1 --batch-size 8 --accumulate-steps 2 --max-steps 12 --config "
+                      "'{\"context\": 32, \"warmup_steps\": 4}' --checkpoint-dir " + dir.file("ckpts") +
+                      " --save " + dir.file("lm") + " --json-out " + out);
   ASSERT_EQ(r.exit_code, 0) << r.output;
   std::ifstream f(out);
   const auto j = nlohmann::json::parse(f);
@@ -268,9 +269,25 @@ TEST(Cli, PrepareTextThenTrainALanguageModel) {
   EXPECT_EQ(j["steps"], 12);
   EXPECT_DOUBLE_EQ(j["tokens"].get<double>(), 12 * 8 * 32);
   EXPECT_GT(j["tokens_per_s"].get<double>(), 0);
+  EXPECT_NEAR(j["model_flops_per_s"].get<double>(),
+              6 * j["parameters"].get<double>() * j["tokens_per_s"].get<double>(), 1.0);
   ASSERT_TRUE(j.contains("perplexity")) << j.dump();
   EXPECT_LT(j["perplexity"].get<double>(), 256) << "worse than guessing among the 256 bytes";
   EXPECT_FALSE(j.contains("test_accuracy"));
+  // The epoch's line speaks in tokens and perplexity; so does the evaluator of its checkpoints.
+  EXPECT_NE(r.output.find(" tokens/s, val loss "), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find(", perplexity "), std::string::npos) << r.output;
+  CliRun ev = run_dsgd("evaluate --checkpoint-dir " + dir.file("ckpts") + " --metrics-out " + dir.file("eval.jsonl") +
+                       " --idle-timeout-s 60");
+  ASSERT_EQ(ev.exit_code, 0) << ev.output;
+  std::ifstream eval_lines(dir.file("eval.jsonl"));
+  std::string last_line;
+  for (std::string line; std::getline(eval_lines, line);) last_line = line;
+  const auto e = nlohmann::json::parse(last_line);
+  EXPECT_EQ(e["step"], 12);
+  EXPECT_NEAR(e["metrics"]["perplexity"].get<double>(), j["perplexity"].get<double>(),
+              1e-4 * j["perplexity"].get<double>())
+      << last_line;
   // generate: the checkpoint's model continues the prompt by --tokens bytes; the same seed, the same text.
   CliRun g = run_dsgd("generate --checkpoint " + dir.file("lm") + " --prompt 'line 3' --tokens 40 --seed 5");
   ASSERT_EQ(g.exit_code, 0) << g.output;

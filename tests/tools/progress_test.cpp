@@ -49,6 +49,21 @@ TEST(Progress, PlainModeThrottlesLinesButAlwaysPrintsTheLastStep) {
       << out;
 }
 
+TEST(Progress, ALanguageModelCountsTokensAndShowsPerplexity) {
+  std::FILE* f = std::tmpfile();
+  ProgressPrinter p(f, /*interactive=*/false);
+  p.count_tokens(256);
+  p.on_batch(batch(1, 10));
+  p.on_epoch({.epoch = 1, .train_loss = 2.1, .test_loss = 2.0, .samples_per_s = 100, .epoch_s = 5, .profile_ms = {}});
+  const std::string out = contents(f);
+  std::fclose(f);
+  EXPECT_NE(out.find("loss 0.5000  25600 tokens/s  ETA"), std::string::npos) << out;
+  EXPECT_NE(out.find("epoch 1 done in 5.0 s: train loss 2.1000, 25600 tokens/s, val loss 2.0000, perplexity 7.39"),
+            std::string::npos)
+      << out;
+  EXPECT_EQ(out.find("accuracy"), std::string::npos) << out;
+}
+
 TEST(Progress, InteractiveModeRedrawsABar) {
   std::FILE* f = std::tmpfile();
   ProgressPrinter p(f, /*interactive=*/true);

@@ -28,20 +28,23 @@ void ProgressPrinter::on_batch(const dsgd::BatchProgress& p) {
   printed_ = true;
   last_print_ = now;
   const double eta = p.samples_per_s > 0 ? p.elapsed_s / p.step * (p.total_steps - p.step) : NAN;
+  const bool tokens = tokens_per_sample_ > 0;
+  const double rate = tokens ? p.samples_per_s * static_cast<double>(tokens_per_sample_) : p.samples_per_s;
+  const char* unit = tokens ? "tokens/s" : "samples/s";
   if (interactive_) {
     constexpr int kWidth = 24;
     const int filled = static_cast<int>(kWidth * p.batch / std::max<int64_t>(1, p.batches_per_epoch));
     std::string bar(filled, '#');
     bar.resize(kWidth, '.');
-    std::fprintf(out_, "\r\033[Kepoch %lld/%lld [%s] %lld/%lld  loss %.4f  %.0f samples/s  ETA %s",
+    std::fprintf(out_, "\r\033[Kepoch %lld/%lld [%s] %lld/%lld  loss %.4f  %.0f %s  ETA %s",
                  static_cast<long long>(p.epoch), static_cast<long long>(p.epochs), bar.c_str(),
-                 static_cast<long long>(p.batch), static_cast<long long>(p.batches_per_epoch), p.loss, p.samples_per_s,
+                 static_cast<long long>(p.batch), static_cast<long long>(p.batches_per_epoch), p.loss, rate, unit,
                  format_duration(eta).c_str());
     bar_open_ = true;
   } else {
-    std::fprintf(out_, "epoch %lld/%lld batch %lld/%lld  loss %.4f  %.0f samples/s  ETA %s\n",
+    std::fprintf(out_, "epoch %lld/%lld batch %lld/%lld  loss %.4f  %.0f %s  ETA %s\n",
                  static_cast<long long>(p.epoch), static_cast<long long>(p.epochs), static_cast<long long>(p.batch),
-                 static_cast<long long>(p.batches_per_epoch), p.loss, p.samples_per_s, format_duration(eta).c_str());
+                 static_cast<long long>(p.batches_per_epoch), p.loss, rate, unit, format_duration(eta).c_str());
   }
   std::fflush(out_);
 }
@@ -49,9 +52,15 @@ void ProgressPrinter::on_batch(const dsgd::BatchProgress& p) {
 void ProgressPrinter::on_epoch(const dsgd::EpochSummary& s) {
   if (bar_open_) std::fputs("\r\033[K", out_);
   bar_open_ = false;
-  std::fprintf(out_, "epoch %lld done in %.1f s: train loss %.4f, %.0f samples/s", static_cast<long long>(s.epoch),
-               s.epoch_s, s.train_loss, s.samples_per_s);
-  if (s.test_accuracy >= 0)
+  if (tokens_per_sample_ > 0) {
+    std::fprintf(out_, "epoch %lld done in %.1f s: train loss %.4f, %.0f tokens/s", static_cast<long long>(s.epoch),
+                 s.epoch_s, s.train_loss, s.samples_per_s * static_cast<double>(tokens_per_sample_));
+    if (s.test_loss >= 0) std::fprintf(out_, ", val loss %.4f, perplexity %.2f", s.test_loss, std::exp(s.test_loss));
+  } else {
+    std::fprintf(out_, "epoch %lld done in %.1f s: train loss %.4f, %.0f samples/s", static_cast<long long>(s.epoch),
+                 s.epoch_s, s.train_loss, s.samples_per_s);
+  }
+  if (s.test_accuracy >= 0 && tokens_per_sample_ == 0)
     std::fprintf(out_, ", test loss %.4f, test accuracy %.2f%%", s.test_loss, 100 * s.test_accuracy);
   std::fputc('\n', out_);
   if (!s.profile_ms.empty()) std::fprintf(out_, "  %s\n", describe_profile(s.profile_ms).c_str());

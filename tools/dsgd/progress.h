@@ -16,6 +16,9 @@ class ProgressPrinter : public dsgd::ProgressListener {
   // interactive: redraw a bar in place (true on a terminal). line_interval_s: seconds between
   // plain lines when not interactive.
   ProgressPrinter(std::FILE* out, bool interactive, double line_interval_s = 10.0);
+  // A language model: each sample is `tokens` tokens. The lines then show tokens/s instead of
+  // samples/s, and the epoch's validation loss with its perplexity (exp of the loss per token).
+  void count_tokens(int64_t tokens) { tokens_per_sample_ = tokens; }
 
   void on_batch(const dsgd::BatchProgress& p) override;
   void on_epoch(const dsgd::EpochSummary& s) override;
@@ -32,6 +35,7 @@ class ProgressPrinter : public dsgd::ProgressListener {
   Clock::time_point last_print_{};
   bool printed_ = false;   // the first step always prints (steady_clock may start at boot)
   bool bar_open_ = false;  // a bar is drawn on the current line
+  int64_t tokens_per_sample_ = 0;  // 0: not a language model
 };
 
 // --profile's figures, one line: "per step, mean over workers: forward 17.3 ms, backward 35.0 ms,

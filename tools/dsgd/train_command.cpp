@@ -59,6 +59,8 @@ void add_language_model_figures(const TrainFlags& f, nlohmann::json* j) {
   (*j)["lr"] = o.lr;
   (*j)["tokens_per_s"] = (*j)["samples_per_s"].get<double>() * tokens;
   (*j)["tokens"] = (*j)["samples"].get<double>() * tokens;
+  // The usual estimate of a transformer's training work: 6 FLOPs per parameter per token.
+  (*j)["model_flops_per_s"] = 6.0 * (*j)["parameters"].get<double>() * (*j)["tokens_per_s"].get<double>();
   const double val_loss = (*j)["test_loss"].get<double>();
   if (val_loss >= 0) (*j)["perplexity"] = std::exp(val_loss);
   j->erase("test_accuracy");
@@ -296,6 +298,8 @@ int run_train(TrainFlags& f) {
   try {
     std::unique_ptr<ProgressPrinter> progress;
     if (!f.quiet) progress = std::make_unique<ProgressPrinter>(stderr, ::isatty(STDERR_FILENO) != 0);
+    if (progress && is_language_model(f))
+      progress->count_tokens(language_model_context(language_model_options(trainer_config_of(f).config)));
     if (!f.quiet)
       std::cerr << "dsgd train: model " << f.job.model << ", dataset " << f.job.dataset << ", " << f.job.epochs
                 << " epoch(s), batch " << f.job.batch_size << ", " << f.job.threads << " thread(s), "

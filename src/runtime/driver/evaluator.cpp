@@ -2,11 +2,13 @@
 
 #include <spdlog/fmt/fmt.h>
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <thread>
 
 #include "dsgd/error.h"
+#include "dsgd/language_model.h"
 #include "dsgd/operator.h"
 #include "runtime/control/log.h"
 #include "runtime/driver/checkpoint.h"
@@ -33,7 +35,11 @@ class CheckpointModel {
       config_ = h["operator_config"];
     }
     runtime_->load_state(c.state);
-    return runtime_->validate();
+    Metrics m = runtime_->validate();
+    // The language model's loss is the mean negative log-likelihood per token: its exp is the
+    // perplexity (here, over the whole validation split, exact).
+    if (op == kLanguageModel && m.count("loss")) m["perplexity"] = std::exp(m.at("loss"));
+    return m;
   }
 
  private:
