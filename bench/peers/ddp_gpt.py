@@ -10,7 +10,10 @@ The model is src/models/gpt.cpp's (GPT-2's layout, tied output layer, tanh GELU,
 initialisation); the optimizer dsgd.LanguageModel's (AdamW, decay on tensors of 2+ dimensions,
 betas 0.9/0.95, linear warmup then cosine). --batch-size is sequences per worker; each worker reads
 its share of each global batch of windows (sample i = tokens [i T, (i + 1) T]) from the token file,
-memory-mapped. tokens/s counts the training loop after --skip-steps warm-up steps.
+memory-mapped. tokens/s counts the training loop after --skip-steps warm-up steps. With
+--val-tokens, rank 0 then reports val_loss: the mean loss per token over the first --val-sequences
+sequences of that file (0: all), 16 at a time, as dsgd.LanguageModel's validation computes it.
+max_rss_mb is the largest peak resident memory of any rank.
 """
 import argparse, json, math, os, resource, socket, struct, sys, time
 
@@ -122,14 +125,42 @@ def worker(rank, args, port, out):
             timed_s += time.perf_counter() - t0
         steps += 1
     timed = steps - args.skip_steps
+    val_loss = validate(args, model, t) if rank == 0 and args.val_tokens else None
+    rss = [None] * w
+    dist.all_gather_object(rss, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
     if rank == 0:
-        rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-        out.put({"system": "pytorch-ddp-gloo", "world_size": w, "precision": args.precision, "model": args.model,
-                 "parameters": sum(p.numel() for p in model.parameters()), "context": t,
-                 "batch_size_per_worker": b, "threads": args.threads, "steps": steps, "timed_steps": timed,
-                 "train_s": timed_s, "tokens_per_s": timed * b * w * t / timed_s, "train_loss": losses[-1],
-                 "max_rss_mb_rank0": rss_mb})
-    dist.destroy_process_group()
+        result = {"system": "pytorch-ddp-gloo", "world_size": w, "precision": args.precision, "model": args.model,
+                  "parameters": sum(p.numel() for p in model.parameters()), "context": t,
+                  "batch_size_per_worker": b, "threads": args.threads, "steps": steps, "timed_steps": timed,
+                  "train_s": timed_s, "tokens_per_s": timed * b * w * t / timed_s, "tokens": steps * b * w * t,
+                  "train_loss": losses[-1], "max_rss_mb": max(rss)}
+        if val_loss is not None:
+            result["val_loss"] = val_loss
+        out.put(result)
+        out.close()
+        out.join_thread()  # the result is in the pipe
+    # Not destroy_process_group: a rank that reached it while the other still ran once spun there
+    # for good (gloo); every collective is done, so each rank just ends.
+    os._exit(0)
+
+
+def validate(args, model, t):
+    tokens, _ = token_file(args.val_tokens)
+    n = (len(tokens) - 1) // t
+    if args.val_sequences > 0:
+        n = min(n, args.val_sequences)
+    total, count = 0.0, 0
+    model.eval()
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.precision == "bf16"):
+        for s in range(0, n, 16):
+            window = torch.from_numpy(np.stack([tokens[i * t:(i + 1) * t + 1].astype(np.int64)
+                                                for i in range(s, min(n, s + 16))]))
+            logits = model(window[:, :-1])
+            loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), window[:, 1:].reshape(-1))
+            total += loss.item() * window.shape[0]
+            count += window.shape[0]
+    model.train()
+    return total / count
 
 
 def main():
@@ -138,6 +169,8 @@ def main():
     p.add_argument("--model", choices=sorted(SIZES), default="gpt-small")
     p.add_argument("--tokens", required=True, help="a token file (dsgd prepare-text)")
     p.add_argument("--context", type=int, default=0, help="0 = the model's")
+    p.add_argument("--val-tokens", help="a token file to report val_loss on after training")
+    p.add_argument("--val-sequences", type=int, default=0, help="its first this many sequences (0: all)")
     p.add_argument("--batch-size", type=int, default=8, help="sequences per worker")
     p.add_argument("--max-steps", type=int, default=50)
     p.add_argument("--skip-steps", type=int, default=5, help="warm-up steps left out of tokens/s")

@@ -61,6 +61,8 @@ struct FitResult {
   // Worker jobs whose strategy counts them (allreduce, ps): bytes each replica sent to other
   // hosts per step, mean over replicas and steps; -1: not counted.
   double comm_bytes_per_step = -1;
+  // Worker jobs: the largest peak resident memory (VmHWM) of any worker process, MiB; 0: unknown.
+  double worker_peak_rss_mib = 0;
   std::vector<EpochSummary> history;
   std::map<std::string, double> profile_ms;  // as EpochSummary's, over the run (by steps)
   std::vector<RecoveryEvent> recoveries;     // every failure survived and scale-up, in order

@@ -27,6 +27,7 @@ struct LanguageModelOptions {
   std::string model = "gpt-tiny";  // gpt-tiny | gpt-small | gpt-base (dsgd/gpt.h)
   std::string train_tokens;        // a token file (dsgd prepare-text)
   std::string val_tokens;          // "" = no validation
+  int64_t val_sequences = 0;       // validate on the first this many sequences of it; 0 = all
   int64_t context = 0;             // tokens a sample; 0 = the model's context
   double dropout = 0;
   double lr = 6e-4;

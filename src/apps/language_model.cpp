@@ -36,12 +36,15 @@ void validate(const LanguageModelOptions& o) {
   require(o.beta2 >= 0 && o.beta2 < 1, "beta2", "must be in [0, 1), got " + std::to_string(o.beta2));
   require(o.warmup_steps >= 0, "warmup_steps", "must be >= 0, got " + std::to_string(o.warmup_steps));
   require(o.decay_steps >= 0, "decay_steps", "must be >= 0 (0 = no decay), got " + std::to_string(o.decay_steps));
+  require(o.val_sequences >= 0, "val_sequences",
+          "must be >= 0 (0 = every sequence of val_tokens), got " + std::to_string(o.val_sequences));
 }
 
 class LanguageModel : public TrainingOperator {
  public:
   void setup(const nlohmann::json& config) override {
     const LanguageModelOptions o = language_model_options(config);
+    val_sequences_ = o.val_sequences;
     auto train = std::make_shared<data::TokenDataset>(o.train_tokens, language_model_context(o));
     std::shared_ptr<const Dataset> val;
     if (!o.val_tokens.empty()) val = std::make_shared<data::TokenDataset>(o.val_tokens, train->context());
@@ -71,7 +74,8 @@ class LanguageModel : public TrainingOperator {
     if (val == nullptr) return {};
     torch::NoGradGuard no_grad;
     for (auto& m : models()) m->eval();
-    const int64_t n = val->size(), w = replica().world_size, r = replica().rank;
+    const int64_t all = val->size(), n = val_sequences_ > 0 ? std::min(all, val_sequences_) : all;
+    const int64_t w = replica().world_size, r = replica().rank;
     const int64_t begin = r * (n / w) + std::min(r, n % w), end = begin + n / w + (r < n % w ? 1 : 0);
     std::vector<Metrics> parts;
     for (int64_t s = begin; s < end; s += kValidationBatch) {
@@ -86,15 +90,16 @@ class LanguageModel : public TrainingOperator {
 
  private:
   static constexpr int64_t kValidationBatch = 16;
+  int64_t val_sequences_ = 0;  // 0: all
 };
 
 }  // namespace
 
 LanguageModelOptions language_model_options(const nlohmann::json& config) {
   if (!config.is_object()) throw ConfigError("the language model's config must be a JSON object");
-  static const std::vector<std::string> known = {"model",   "train_tokens", "val_tokens",   "context",
-                                                 "dropout", "lr",           "min_lr",       "weight_decay",
-                                                 "beta1",   "beta2",        "warmup_steps", "decay_steps"};
+  static const std::vector<std::string> known = {
+      "model", "train_tokens", "val_tokens", "val_sequences", "context",      "dropout",
+      "lr",    "min_lr",       "weight_decay", "beta1",       "beta2",        "warmup_steps", "decay_steps"};
   for (const auto& [k, v] : config.items()) {
     if (std::find(known.begin(), known.end(), k) == known.end()) {
       throw ConfigError("unknown language model config key '" + k + "'");
@@ -105,6 +110,7 @@ LanguageModelOptions language_model_options(const nlohmann::json& config) {
     o.model = config.value("model", o.model);
     o.train_tokens = config.value("train_tokens", o.train_tokens);
     o.val_tokens = config.value("val_tokens", o.val_tokens);
+    o.val_sequences = integer_field(config, "val_sequences", o.val_sequences);
     o.context = integer_field(config, "context", o.context);
     o.dropout = config.value("dropout", o.dropout);
     o.lr = config.value("lr", o.lr);

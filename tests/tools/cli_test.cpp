@@ -269,6 +269,8 @@ TEST(Cli, PrepareTextThenTrainALanguageModel) {
   EXPECT_EQ(j["steps"], 12);
   EXPECT_DOUBLE_EQ(j["tokens"].get<double>(), 12 * 8 * 32);
   EXPECT_GT(j["tokens_per_s"].get<double>(), 0);
+  EXPECT_GT(j["worker_peak_rss_mib"].get<double>(), 50) << "a worker process holds LibTorch at least";
+  EXPECT_LT(j["worker_peak_rss_mib"].get<double>(), 4096);
   EXPECT_NEAR(j["model_flops_per_s"].get<double>(),
               6 * j["parameters"].get<double>() * j["tokens_per_s"].get<double>(), 1.0);
   ASSERT_TRUE(j.contains("perplexity")) << j.dump();

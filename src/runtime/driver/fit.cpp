@@ -103,6 +103,8 @@ class Loop {
       comm_bytes_ += it->second * static_cast<double>(batches);
       comm_steps_ += batches;
     }
+    if (const auto it = r.metrics.find("peak_rss_mib"); it != r.metrics.end())
+      result_.worker_peak_rss_mib = std::max(result_.worker_peak_rss_mib, it->second);
     result_.train_s += epoch_s;
     EpochSummary e;
     e.epoch = epoch_;

@@ -1,7 +1,21 @@
 #include "runtime/driver/results.h"
 
+#include <algorithm>
+#include <string>
 
 namespace dsgd::runtime {
+namespace {
+
+// A peak is the largest of the parts', not their mean.
+void keep_largest(const std::vector<Metrics>& parts, const std::string& key, Metrics* out) {
+  double largest = -1;
+  for (const auto& m : parts) {
+    if (const auto it = m.find(key); it != m.end()) largest = std::max(largest, it->second);
+  }
+  if (largest >= 0) (*out)[key] = largest;
+}
+
+}  // namespace
 
 Results results_of_command(const std::vector<proto::CommandResult>& outs, bool per_worker) {
   Results r;
@@ -14,6 +28,7 @@ Results results_of_command(const std::vector<proto::CommandResult>& outs, bool p
     r.batches_per_epoch = e.batches_per_epoch();
   }
   r.metrics = weighted_mean(parts);
+  keep_largest(parts, "peak_rss_mib", &r.metrics);
   if (per_worker) r.per_worker = parts;
   return r;
 }
@@ -38,6 +53,7 @@ Results merge_chunks(const std::vector<Results>& chunks, bool profile, bool redu
       skipped += m.count("skipped_steps") ? m.at("skipped_steps") : 0;
     }
     total.metrics = weighted_mean(metrics);
+    keep_largest(metrics, "peak_rss_mib", &total.metrics);
     total.metrics["batches"] = batches;
     total.metrics["skipped_steps"] = skipped;
     if (profile) total.metrics["epoch_s"] = epoch_s;

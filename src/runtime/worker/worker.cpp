@@ -14,6 +14,7 @@
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <mutex>
 #include <thread>
 
@@ -37,6 +38,15 @@ using std::chrono::milliseconds;
 
 // "--spawn-index N", or "mpi:B" from a launcher that starts every worker at once: B plus this
 // process's rank, from the variables MPI launchers set.
+// This process's peak resident memory (VmHWM) in MiB; 0 where /proc does not say.
+static double peak_resident_mib() {
+  std::ifstream status("/proc/self/status");
+  for (std::string line; std::getline(status, line);) {
+    if (line.rfind("VmHWM:", 0) == 0) return static_cast<double>(std::atoll(line.c_str() + 6)) / 1024;  // in kB
+  }
+  return 0;
+}
+
 static int64_t spawn_index_of(const std::string& value) {
   if (value.rfind("mpi:", 0) != 0) return std::stoll(value);
   for (const char* name : {"OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK"}) {
@@ -362,6 +372,7 @@ class Worker {
     proto::EpochReply out;
     if (trace) out.set_trace_json(runtime::trace_json(comm::timeline::stop()).dump());
     for (const auto& [k, v] : weighted_mean(parts)) (*out.mutable_metrics())[k] = v;
+    if (const double mib = peak_resident_mib(); mib > 0) (*out.mutable_metrics())["peak_rss_mib"] = mib;
     if (chosen_overlap) {  // for the driver's choice (trainer.cpp, OverlapTuner)
       double steady = 0;
       for (auto& r : replicas_) steady = std::max(steady, r->steady_step_seconds());
