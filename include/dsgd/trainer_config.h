@@ -137,6 +137,7 @@ struct TrainProgress {
   int64_t batches_total = 0;  // of this call
   double loss = 0;            // the last batch's loss
   double elapsed_s = 0;
+  int64_t batches_per_epoch = 0;  // as worker 0 counts them (0 until it has said)
 };
 
 struct RecoveryEvent;

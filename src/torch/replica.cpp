@@ -422,6 +422,7 @@ Metrics ReplicaRuntime::train(int64_t max_batches, bool profile) {
   phase_s_.clear();
   taken_this_call_ = 0;
   skipped_this_call_ = 0;
+  progress_.batches_per_epoch = batches_per_epoch();
   step_values_.clear();
   for (auto& s : syncs_) s->take_times();
   gate_s_ = 0;

@@ -134,6 +134,7 @@ class ReplicaRuntime : private ParameterGate, private ReplicaHost {
   struct Progress {
     std::atomic<int64_t> batches{0};
     std::atomic<double> loss{0};
+    std::atomic<int64_t> batches_per_epoch{0};  // set as each train() starts
   };
   Progress& progress() { return progress_; }
 

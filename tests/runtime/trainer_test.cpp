@@ -29,6 +29,7 @@
 
 #include "dsgd/error.h"
 #include "dsgd/image_classifier.h"
+#include "dsgd/fit.h"
 #include "dsgd/language_model.h"
 #include "dsgd/text.h"
 #include "dsgd/operator.h"
@@ -461,6 +462,26 @@ TEST(TrainerEquivalence, LanguageModelTwoWorkersEqualOneProcessWithTheGlobalBatc
   std::printf("2 workers %.2g, one process accumulating 2 %.2g, 2 workers accumulating 2 %.2g from one process\n",
               max_difference(reference, after), max_difference(reference, params_of(lone.op().model(0))),
               max_difference(reference, accumulated));
+}
+
+// dsgd::fit reports progress while the first epoch runs, before any call has returned the number
+// of batches in an epoch (worker 0 says it in its heartbeat).
+TEST(TrainerFit, ProgressIsReportedFromTheFirstEpochOn) {
+  class Recorder : public ProgressListener {
+   public:
+    void on_batch(const BatchProgress& p) override { batches.push_back(p); }
+    void on_epoch(const EpochSummary& s) override { epochs.push_back(s); }
+    std::vector<BatchProgress> batches;
+    std::vector<EpochSummary> epochs;
+  } rec;
+  Trainer t(dsgd::kImageClassifier, base_config(2, "allreduce", 64));
+  const FitResult r = fit(t, {.epochs = 2, .evaluate = false}, &rec);
+  EXPECT_EQ(r.steps, 128);
+  ASSERT_EQ(rec.epochs.size(), 2u);
+  ASSERT_FALSE(rec.batches.empty()) << "no progress at all";
+  EXPECT_EQ(rec.batches.front().epoch, 1) << "nothing reported during the first epoch";
+  EXPECT_EQ(rec.batches.front().batches_per_epoch, 64);
+  EXPECT_EQ(rec.batches.front().total_steps, 128);
 }
 
 // BatchNorm's running statistics are averaged over the replicas after every step (each replica

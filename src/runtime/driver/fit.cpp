@@ -139,15 +139,17 @@ class Loop {
 
   void on_progress(const TrainProgress& p) {
     if (saved_.on_progress) saved_.on_progress(p);
-    if (listener_ == nullptr || batches_per_epoch_ == 0) return;
-    const int64_t all = batches_per_epoch_ * o_.epochs;
+    // Before the first call has returned, worker 0's count (the first epoch's progress too).
+    const int64_t per_epoch = batches_per_epoch_ > 0 ? batches_per_epoch_ : p.batches_per_epoch;
+    if (listener_ == nullptr || per_epoch == 0) return;
+    const int64_t all = per_epoch * o_.epochs;
     const double elapsed = result_.train_s + p.elapsed_s;
     const int64_t step = result_.steps + p.batches;
     const int64_t batch_size = trainer_.config().batch_size;
     listener_->on_batch({.epoch = epoch_,
                          .epochs = o_.epochs,
                          .batch = p.batches,
-                         .batches_per_epoch = batches_per_epoch_,
+                         .batches_per_epoch = per_epoch,
                          .step = step,
                          .total_steps = o_.max_steps > 0 ? std::min(o_.max_steps, all) : all,
                          .loss = p.loss,

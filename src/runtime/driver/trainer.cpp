@@ -264,7 +264,8 @@ std::function<void()> Trainer::Impl::progress_tick(const TrainOptions& options, 
     const json p = json::parse(w.progress.empty() ? "null" : w.progress, nullptr, false);
     if (!p.is_object()) return;
     config.on_progress({done + p.value("batches", int64_t{0}), options.num_steps, p.value("loss", 0.0),
-                        std::chrono::duration<double>(Clock::now() - t0).count()});
+                        std::chrono::duration<double>(Clock::now() - t0).count(),
+                        p.value("batches_per_epoch", int64_t{0})});
   };
 }
 

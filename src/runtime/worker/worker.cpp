@@ -182,6 +182,7 @@ class Worker {
         if (auto* r = progress_source_.load()) {
           p["batches"] = r->progress().batches.load();
           p["loss"] = r->progress().loss.load();
+          p["batches_per_epoch"] = r->progress().batches_per_epoch.load();
         }
         const auto beat = client_.heartbeat(index_, p.is_null() ? std::string() : p.dump(), known_abort, interval,
                                             std::max(heartbeat_timeout_ / 2, milliseconds(500)));
