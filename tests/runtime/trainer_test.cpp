@@ -2183,6 +2183,24 @@ TEST(TrainerRecovery, AWorkerLostAfterSetUpAtStartUpIsAnOrdinaryRecovery) {
   EXPECT_EQ(faulty_sum, clean_sum);
 }
 
+// A lone worker without a standby has no survivor to recover with: lost after set-up, it is
+// started again as before set-up.
+TEST(TrainerRecovery, ALoneWorkerLostAfterSetUpAtStartUpIsStartedAgain) {
+  testing::TempDir dir;
+  const std::string armed = dir.file("die-in-snapshot");
+  std::ofstream(armed) << "die\n";
+  auto c = base_config(1, "allreduce", 32);
+  c.config = json::object();
+  ::setenv("DSGD_TEST_DIE_IN_SNAPSHOT", armed.c_str(), 1);
+  Trainer t(operator_of<DiesInSnapshotOperator>(), c);
+  ::unsetenv("DSGD_TEST_DIE_IN_SNAPSHOT");
+  EXPECT_FALSE(std::filesystem::exists(armed)) << "no replica took the snapshot";
+  const auto r = t.train({.num_steps = 3});
+  EXPECT_EQ(r.batch, 3);
+  ASSERT_EQ(r.recoveries.size(), 1u);
+  EXPECT_EQ(r.recoveries[0].kind, "restart");
+}
+
 TEST(TrainerRecovery, WorkersThatKeepDyingAtStartUpFailTheJobNamingEveryFailure) {
   auto c = base_config(2, "allreduce", 64);
   c.initialization_hook = "die_at_start";

@@ -166,26 +166,47 @@ Trainer::~Trainer() {
 }
 
 void Trainer::Impl::start_up() {
-  while (!set_up_members()) {
+  // A lone worker without a standby has no survivor to recover with: lost after set-up too, the
+  // driver that starts its workers starts it again.
+  const bool alone = pool->spawns() && config.num_workers == 1 && config.recovery.standby_workers == 0;
+  while (true) {
+    while (!set_up_members()) {
+    }
+    try {
+      form_first_group(/*recover=*/!alone);
+      break;
+    } catch (const CommError& e) {
+      if (!alone) throw;
+      restart_every_worker(e.what());
+    }
   }
+  for (auto& ev : events) {
+    ev.failure += " (during start-up)";
+    start_events.push_back(std::move(ev));
+  }
+  events.clear();
+}
+
+void Trainer::Impl::form_first_group(bool recover) {
   // Every replica is set up: a worker lost from here on is an ordinary recovery (a standby takes
   // its place, or the survivors go on), nothing to roll back. Lost before the first snapshot,
   // the re-formed group has nothing to restore yet, and the snapshot is taken again.
   try {
     connect_group();
   } catch (const std::exception& e) {
+    if (!recover) throw;
     recover_or_rethrow(e);
   }
-  recovering([&] {
+  const auto give_out = [&] {
     take_snapshot(/*before_steps=*/true);
     if (pool->members().size() > 1 || config.devices_per_worker > 1)
       raw_call(set_state_command(snapshot, snapshot_feedback));
-  });
-  for (auto& ev : events) {
-    ev.failure += " (during start-up)";
-    start_events.push_back(std::move(ev));
+  };
+  if (recover) {
+    recovering(give_out);
+  } else {
+    give_out();
   }
-  events.clear();
 }
 
 bool Trainer::Impl::set_up_members() {

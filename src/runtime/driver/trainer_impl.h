@@ -121,11 +121,15 @@ struct Trainer::Impl {
 
   // The job's start: registration, every replica's setup, the first group, the first snapshot
   // given to every replica. A worker lost before every replica is set up (local mode) costs a
-  // restart of every process (restart_every_worker); lost after, it is an ordinary recovery.
+  // restart of every process (restart_every_worker); lost after, it is an ordinary recovery
+  // (but a lone local worker without a standby, which is started again).
   // Both count as failures and are reported by the first call as RecoveryEvents.
   void start_up();
   // Registration and setup: false when a lost worker restarted every process (go round again).
   bool set_up_members();
+  // The first group and the first snapshot given to every replica; `recover`: a lost worker is
+  // recovered from (else the CommError is thrown).
+  void form_first_group(bool recover);
   // Throws ConfigError naming the first line where worker `worker`'s model signature differs.
   void check_same_model(int worker, const std::string& sig) const;
   // Kills and starts again every process the driver started, after `failure` (kind "restart");
