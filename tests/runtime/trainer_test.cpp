@@ -413,6 +413,19 @@ TEST(TrainerEquivalence, ClippedGradientsEqualOneProcessWithTheGlobalBatch) {
   EXPECT_GT(max_difference(unclipped, clipped), 1e-3) << "clipping changed nothing";
 }
 
+// gpt-tiny, 2 workers, on a token file of `lines` lines of text written into `dir`, with AdamW,
+// 5 warmup steps and cosine decay over `decay_steps`, stepped per batch.
+TrainerConfig language_model_job(const testing::TempDir& dir, int lines, int64_t decay_steps) {
+  std::string text;
+  for (int i = 0; i < lines; ++i) text += "verse " + std::to_string(i * 7919 % 1000) + " of the text\n";
+  data::write_token_file(dir.file("train.tok"), data::encode_bytes(text), 256);
+  TrainerConfig c{.num_workers = 2, .batch_size = 16, .device = "cpu", .seed = 7, .threads_per_worker = 1};
+  c.config = {{"model", "gpt-tiny"}, {"train_tokens", dir.file("train.tok")}, {"context", 32}, {"lr", 1e-3},
+              {"warmup_steps", 5}, {"decay_steps", decay_steps}};
+  c.step.scheduler_step_freq = SchedulerStepFreq::kBatch;
+  return c;
+}
+
 // The language model (gpt-tiny on a token file that streams from disk, AdamW, warmup and cosine
 // per step, clipping): 2 workers equal one process with the global batch, as the image models do,
 // and so do 2 workers and one process that accumulate each step's gradient over 2 micro-batches.
@@ -420,13 +433,7 @@ TEST(TrainerEquivalence, ClippedGradientsEqualOneProcessWithTheGlobalBatch) {
 TEST(TrainerEquivalence, LanguageModelTwoWorkersEqualOneProcessWithTheGlobalBatch) {
   constexpr int64_t kSteps = 20;
   testing::TempDir dir;
-  std::string text;
-  for (int i = 0; i < 800; ++i) text += "verse " + std::to_string(i * 7919 % 1000) + " of the text\n";
-  data::write_token_file(dir.file("train.tok"), data::encode_bytes(text), 256);
-  TrainerConfig c{.num_workers = 2, .batch_size = 16, .device = "cpu", .seed = 7, .threads_per_worker = 1};
-  c.config = {{"model", "gpt-tiny"}, {"train_tokens", dir.file("train.tok")}, {"context", 32}, {"lr", 1e-3},
-              {"warmup_steps", 5}, {"decay_steps", 20}};
-  c.step.scheduler_step_freq = SchedulerStepFreq::kBatch;
+  TrainerConfig c = language_model_job(dir, 800, kSteps);
   c.step.max_grad_norm = 1.0;
   dsgd::register_builtin_operators();
   torch_glue::ReplicaOptions o;
@@ -1799,13 +1806,7 @@ TEST(TrainerRecovery, AStandbyTakesAKilledWorkersPlaceAndTheResultEqualsAFaultFr
 // and the job ends where the fault-free run does.
 TEST(TrainerRecovery, AKilledWorkerUnderAStreamingDatasetEndsAsTheFaultFreeRun) {
   testing::TempDir dir;
-  std::string text;
-  for (int i = 0; i < 1600; ++i) text += "verse " + std::to_string(i * 7919 % 1000) + " of the text\n";
-  data::write_token_file(dir.file("train.tok"), data::encode_bytes(text), 256);
-  TrainerConfig c{.num_workers = 2, .batch_size = 16, .device = "cpu", .seed = 7, .threads_per_worker = 1};
-  c.config = {{"model", "gpt-tiny"}, {"train_tokens", dir.file("train.tok")}, {"context", 32}, {"lr", 1e-3},
-              {"warmup_steps", 5}, {"decay_steps", 40}};
-  c.step.scheduler_step_freq = SchedulerStepFreq::kBatch;
+  TrainerConfig c = language_model_job(dir, 1600, 40);
   c.recovery.standby_workers = 1;
   dsgd::register_builtin_operators();
   const auto r = train_through_fault(c, SIGKILL, nullptr, 1e-7, false, {}, kLanguageModel);
