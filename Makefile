@@ -36,11 +36,14 @@ demo: demo-deps $(BUILD)/build.ninja
 
 test: test-fast test-long
 
+# Each suite ends by checking that no test left a shared-memory segment in /dev/shm.
 test-fast: build
 	$(CTEST) -j $(JOBS) -LE long
+	tests/no_shm_left.sh
 
 test-long: build
 	$(CTEST) -L long
+	tests/no_shm_left.sh
 
 # A real Slurm on this machine (munged, slurmctld, 3 slurmd in network namespaces; root): submits
 # examples/slurm/train.sbatch, kills a worker, checks Slurm's replacement (~2 min). Also in test-long.

@@ -3,12 +3,16 @@
 // /dev/shm left clean in every case.
 #include "dsgd/comm/shm_group.h"
 
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
+#include <cstring>
 #include <filesystem>
 #include <thread>
 
@@ -321,6 +325,78 @@ TEST(Shm, ManyQueuedAsyncOperationsCompleteInOrder) {
       EXPECT_EQ(bufs[k].back(), static_cast<float>(3 * k + 3)) << k;
     }
   });
+}
+
+}  // namespace
+}  // namespace dsgd::comm
+
+namespace dsgd::comm {
+namespace {
+
+bool in_dev_shm(const std::string& name) { return std::filesystem::exists("/dev/shm/" + name); }
+
+std::string make_segment(const std::string& name) {
+  const int fd = ::shm_open(("/" + name).c_str(), O_CREAT | O_RDWR, 0600);
+  EXPECT_GE(fd, 0) << name << ": " << std::strerror(errno);
+  if (fd >= 0) ::close(fd);
+  return name;
+}
+
+// A process that has exited: its pid names no one (until the kernel hands it out again, which
+// takes a full turn of the pid space).
+pid_t dead_pid() {
+  const pid_t pid = ::fork();
+  if (pid == 0) ::_exit(0);
+  ::waitpid(pid, nullptr, 0);
+  return pid;
+}
+
+std::string our_pid_namespace() {
+  struct stat st {};
+  EXPECT_EQ(::stat("/proc/self/ns/pid", &st), 0);
+  return std::to_string(st.st_ino);
+}
+
+TEST(ShmOrphans, OnlySegmentsOfDeadCreatorsInThisPidNamespaceAreRemoved) {
+  const std::string dead = std::to_string(dead_pid()), alive = std::to_string(::getpid()), ns = our_pid_namespace();
+  const std::string orphan = make_segment("dsgd-" + dead + "-11-" + ns);
+  const std::string legacy = make_segment("dsgd-" + dead + "-12");  // a name from before the namespace
+  const std::string live = make_segment("dsgd-" + alive + "-13-" + ns);
+  const std::string elsewhere = make_segment("dsgd-" + dead + "-14-" + ns + "7");  // another namespace's pid
+  const std::string stranger = make_segment("dsgd-" + dead + "-x-" + ns);          // not a name of ours
+  EXPECT_GE(remove_orphaned_segments(), 0);
+  EXPECT_FALSE(in_dev_shm(orphan));
+  EXPECT_FALSE(in_dev_shm(legacy));
+  EXPECT_TRUE(in_dev_shm(live));
+  EXPECT_TRUE(in_dev_shm(elsewhere));
+  EXPECT_TRUE(in_dev_shm(stranger));
+  for (const auto& n : {live, elsewhere, stranger}) ::shm_unlink(("/" + n).c_str());
+}
+
+// The path that leaked: a creator killed after making its segment, before the other ranks mapped
+// it (here: they never come). Its name stays until the next group on the host is created.
+TEST(ShmOrphans, ACreatorKilledBeforeItsGroupFormedLeavesANameTheNextGroupRemoves) {
+  testing::TempDir dir;
+  const std::string store_dir = dir.file("store");
+  const pid_t creator = ::fork();
+  if (creator == 0) {
+    try {
+      ShmOptions o = small_slots();
+      o.timeout = milliseconds(60000);
+      (void)ShmGroup::create(make_file_store(store_dir), 0, 2, o);  // waits for rank 1, which never comes
+    } catch (...) {
+    }
+    ::_exit(0);
+  }
+  auto store = make_file_store(store_dir);
+  const std::string name = store->get("shm/name", milliseconds(20000)).substr(1);
+  ASSERT_TRUE(in_dev_shm(name)) << name;
+  ::kill(creator, SIGKILL);
+  ::waitpid(creator, nullptr, 0);
+  EXPECT_TRUE(in_dev_shm(name)) << "nobody was left to remove it";
+  auto g = ShmGroup::create(make_memory_store(), 0, 1, small_slots());
+  EXPECT_FALSE(in_dev_shm(name)) << name;
+  EXPECT_EQ(dsgd_segments_in_dev_shm(), 0);  // and the new group's own name is gone once formed
 }
 
 }  // namespace

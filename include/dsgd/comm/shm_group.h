@@ -20,7 +20,9 @@
 // at once with dsgd::CommError naming it; a hung one gives dsgd::TimeoutError at the deadline,
 // naming the ranks that did not arrive. Errors are sticky (the segment's state is unknown after
 // one): re-form. The segment's name is unlinked as soon as every rank has mapped it, so nothing
-// is left in /dev/shm whatever happens afterwards.
+// is left in /dev/shm whatever happens afterwards; before then, a creator killed while the others
+// were still to come leaves it, and the next group created on the host (or the next driver)
+// removes it: remove_orphaned_segments().
 //
 // Operations run one at a time, in submission order, on the group's own thread: the *_async
 // forms return a Work at once (overlap them with computation), the plain forms wait for it.
@@ -88,5 +90,11 @@ class ShmGroup {
   // Thread-safe.
   virtual void abort(const std::string& reason) = 0;
 };
+
+// Removes this user's segments in `dir` ("dsgd-<pid>-<random>-<pid namespace>") whose creating
+// process is dead: names left by a creator killed before every rank had mapped its segment.
+// Only names from this PID namespace are judged (a pid from another one means nothing here).
+// Returns how many it removed. Runs when a group is created and when a driver starts.
+int remove_orphaned_segments(const std::string& dir = "/dev/shm");
 
 }  // namespace dsgd::comm

@@ -2,7 +2,9 @@
 
 #include <fcntl.h>
 #include <linux/futex.h>
+#include <signal.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -10,6 +12,8 @@
 #include <chrono>
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
+#include <limits>
 #include <immintrin.h>
 #include <random>
 #include <thread>
@@ -57,6 +61,42 @@ struct Header {
 constexpr uint32_t kAborting = 1;
 constexpr uint32_t kAbortReasonWritten = 2;
 constexpr auto kAbortReasonWithin = std::chrono::milliseconds(100);
+
+// This process's PID namespace (the inode of /proc/self/ns/pid), 0 when it cannot be read. A
+// segment's name carries its creator's, so a sweep judges only pids it can see.
+uint64_t pid_namespace() {
+  struct stat st {};
+  return ::stat("/proc/self/ns/pid", &st) == 0 ? static_cast<uint64_t>(st.st_ino) : 0;
+}
+
+// "/dsgd-<creator pid>-<random>-<creator's pid namespace>".
+std::string segment_name() {
+  std::random_device rd;
+  return "/dsgd-" + std::to_string(::getpid()) + "-" + std::to_string(rd()) + "-" + std::to_string(pid_namespace());
+}
+
+// The creator pid and PID namespace of a segment's file name; false for a name that is not one.
+// Names without the namespace (from versions before it) count as this namespace's.
+bool parse_segment_name(const std::string& name, pid_t* pid, uint64_t* ns) {
+  if (name.rfind("dsgd-", 0) != 0) return false;
+  std::vector<uint64_t> parts;
+  size_t at = 5;
+  while (at <= name.size()) {
+    const size_t end = std::min(name.find('-', at), name.size());
+    if (end == at || name.find_first_not_of("0123456789", at) < end) return false;
+    try {
+      parts.push_back(std::stoull(name.substr(at, end - at)));
+    } catch (const std::exception&) {
+      return false;
+    }
+    at = end + 1;
+  }
+  if (parts.size() != 2 && parts.size() != 3) return false;
+  if (parts[0] == 0 || parts[0] > static_cast<uint64_t>(std::numeric_limits<pid_t>::max())) return false;
+  *pid = static_cast<pid_t>(parts[0]);
+  *ns = parts.size() == 3 ? parts[2] : pid_namespace();
+  return true;
+}
 
 size_t round_up(size_t n, size_t a) { return (n + a - 1) / a * a; }
 
@@ -267,8 +307,8 @@ class ShmGroupImpl : public ShmGroup {
   void attach(Store& store) {
     // The creator picks a unique name and publishes it; the others open it.
     if (rank_ == 0) {
-      std::random_device rd;
-      name_ = "/dsgd-" + std::to_string(::getpid()) + "-" + std::to_string(rd());
+      remove_orphaned_segments();  // what creators killed before their group formed left
+      name_ = segment_name();
       const int fd = ::shm_open(name_.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
       if (fd < 0) throw CommError("shm group: shm_open " + name_ + ": " + std::strerror(errno), "shm create");
       if (::ftruncate(fd, static_cast<off_t>(bytes_)) != 0) {
@@ -279,7 +319,12 @@ class ShmGroupImpl : public ShmGroup {
                             std::strerror(err) + " (is /dev/shm large enough?)",
                         "shm create");
       }
-      map(fd);
+      try {
+        map(fd);
+      } catch (...) {
+        ::shm_unlink(name_.c_str());
+        throw;
+      }
       header_ = new (base_) Header{};
       header_->magic = kMagic;
       header_->ranks = static_cast<uint32_t>(size_);
@@ -294,6 +339,7 @@ class ShmGroupImpl : public ShmGroup {
       header_ = static_cast<Header*>(base_);
       if (header_->magic != kMagic || header_->ranks != static_cast<uint32_t>(size_) ||
           header_->slot_bytes != options_.slot_bytes || header_->shared_bytes != options_.shared_bytes) {
+        ::shm_unlink(name_.c_str());  // the group cannot form: leave nothing behind
         throw ConfigError(
             "shm group: segment " + name_ + " was made for " + std::to_string(header_->ranks) + " ranks of " +
             std::to_string(header_->slot_bytes) + " + " + std::to_string(header_->shared_bytes) +
@@ -406,6 +452,24 @@ class ShmGroupImpl : public ShmGroup {
 };
 
 }  // namespace
+
+int remove_orphaned_segments(const std::string& dir) {
+  const uint64_t ours = pid_namespace();
+  if (ours == 0) return 0;  // no /proc: whose pids a name holds cannot be judged
+  int removed = 0;
+  std::error_code ec;
+  for (std::filesystem::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    pid_t pid = 0;
+    uint64_t ns = 0;
+    struct stat st {};
+    if (!parse_segment_name(name, &pid, &ns) || ns != ours) continue;
+    if (::stat(it->path().c_str(), &st) != 0 || st.st_uid != ::geteuid()) continue;
+    if (::kill(pid, 0) == 0 || errno != ESRCH) continue;  // alive (or not ours to probe)
+    if (std::filesystem::remove(it->path(), ec)) ++removed;
+  }
+  return removed;
+}
 
 std::unique_ptr<ShmGroup> ShmGroup::create(std::shared_ptr<Store> store, int rank, int size,
                                            const ShmOptions& options) {

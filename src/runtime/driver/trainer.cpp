@@ -12,6 +12,7 @@
 #include <thread>
 #include <utility>
 
+#include "dsgd/comm/shm_group.h"
 #include "dsgd/error.h"
 #include "dsgd/operator.h"
 #include "runtime/control/driver_service.h"
@@ -54,6 +55,13 @@ void init(int argc, char** argv) {
 }
 
 namespace {
+
+// Names in /dev/shm that workers killed while their host's shared-memory group formed left
+// behind (dsgd/comm/shm_group.h): removed when a driver starts and when it stops.
+void remove_orphaned_segments() {
+  if (const int n = comm::remove_orphaned_segments(); n > 0)
+    control::log().info("driver: removed {} shared-memory segment name(s) of dead processes from /dev/shm", n);
+}
 
 std::string random_token() {
   std::random_device rd;
@@ -126,6 +134,7 @@ Trainer::Trainer(const std::string& operator_name, TrainerConfig config) : impl_
   d.config = std::move(config);
   const auto& c = d.config;
   d.token = c.launch.token.empty() ? random_token() : c.launch.token;
+  remove_orphaned_segments();
   control::DriverServerOptions so;
   so.listen = c.launch.listen.empty() ? "127.0.0.1:0" : c.launch.listen;
   so.token = d.token;
@@ -492,6 +501,7 @@ void Trainer::shutdown() {
   if (d.pool) d.pool->stop(3000);
   d.pool.reset();
   d.server.reset();
+  remove_orphaned_segments();
   if (!d.config.checkpoints.dir.empty()) {  // an evaluator stops once it has evaluated what came before
     try {
       runtime::mark_job_ended(d.config.checkpoints.dir, true);
