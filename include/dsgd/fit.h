@@ -66,6 +66,7 @@ struct FitResult {
   std::vector<EpochSummary> history;
   std::map<std::string, double> profile_ms;  // as EpochSummary's, over the run (by steps)
   std::vector<RecoveryEvent> recoveries;     // every failure survived and scale-up, in order
+  int checkpoint_failures = 0;               // checkpoints.dir writes that failed (Results')
 };
 
 // Receives progress; called on the training thread, so keep it cheap.

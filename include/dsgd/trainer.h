@@ -108,6 +108,9 @@ struct Results {
   int64_t batch = 0;                // next global batch within the current epoch
   int64_t batches_per_epoch = 0;
   std::vector<RecoveryEvent> recoveries;  // failures survived during this call
+  // Checkpoints to checkpoints.dir that could not be written during this call (each warned
+  // about; training went on: checkpoints.fail_on_write_error).
+  int checkpoint_failures = 0;
 };
 
 class Trainer {

@@ -130,6 +130,10 @@ struct CheckpointConfig {
   // `keep` kept; load(dir) resumes from the newest intact one.
   std::string dir;
   int keep = 3;
+  // A checkpoint in `dir` that cannot be written (the volume full, an I/O error): false = warn,
+  // count it (Results::checkpoint_failures), keep the good ones, try again at the next snapshot;
+  // true = the job fails. A save() that cannot be written always fails.
+  bool fail_on_write_error = false;
 };
 
 struct TrainProgress {

@@ -21,27 +21,13 @@
 #include <nlohmann/json.hpp>
 
 #include "dsgd/trainer.h"
+#include "run_dsgd.h"
 #include "testing/temp_dir.h"
 
 namespace {
 
-struct CliRun {
-  int exit_code = -1;
-  std::string output;  // stdout and stderr together
-};
-
-CliRun run_dsgd(const std::string& args) {
-  CliRun r;
-  const std::string cmd = std::string(DSGD_BINARY) + " " + args + " 2>&1";
-  FILE* p = ::popen(cmd.c_str(), "r");
-  if (p == nullptr) return r;
-  std::array<char, 4096> buf;
-  size_t n;
-  while ((n = std::fread(buf.data(), 1, buf.size(), p)) > 0) r.output.append(buf.data(), n);
-  const int status = ::pclose(p);
-  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
-}
+using dsgd::testing::CliRun;
+using dsgd::testing::run_dsgd;
 
 void expect_usage_error(const std::string& args, const std::string& needle) {
   CliRun r = run_dsgd(args);

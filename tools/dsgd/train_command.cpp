@@ -87,6 +87,7 @@ nlohmann::json to_json(const TrainFlags& f, const dsgd::FitResult& r) {
   if (f.profile) j["profile_ms"] = r.profile_ms;
   if (r.comm_bytes_per_step >= 0) j["comm_bytes_per_step"] = r.comm_bytes_per_step;
   if (r.worker_peak_rss_mib > 0) j["worker_peak_rss_mib"] = r.worker_peak_rss_mib;
+  if (!f.trainer.checkpoints.dir.empty()) j["checkpoint_failures"] = r.checkpoint_failures;
   if (is_language_model(f)) add_language_model_figures(f, &j);
   if (!f.in_process) {
     j["compression"] = f.trainer.comm.compression == Compression::kPowerSgd

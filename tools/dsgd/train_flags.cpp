@@ -155,6 +155,10 @@ void add_recovery_flags(CLI::App* cmd, TrainFlags& f) {
   bind_option(cmd, f, "--keep-checkpoints", "checkpoints.keep", f.trainer.checkpoints.keep,
               "Checkpoints kept in --checkpoint-dir")
       ->capture_default_str();
+  bind_flag(cmd, f, "--fail-on-checkpoint-error", "checkpoints.fail_on_write_error",
+            f.trainer.checkpoints.fail_on_write_error,
+            "A --checkpoint-dir checkpoint that cannot be written (volume full) ends the job; without it: a "
+            "warning, counted in the summary, and the next snapshot tries again");
   bind_option(cmd, f, "--standby", "recovery.standby_workers", f.trainer.recovery.standby_workers,
               "Standby workers: set up outside the group, each takes a lost worker's place in well under a second")
       ->capture_default_str();

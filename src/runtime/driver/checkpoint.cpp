@@ -188,7 +188,12 @@ std::string write_rotating_checkpoint(const std::string& root, int64_t step, int
   const fs::path tmp = fs::path(root) / ("." + std::string(name) + ".partial" + suffix);
   std::error_code ec;
   fs::remove_all(tmp, ec);
-  write_checkpoint(tmp.string(), checkpoint, model_pickle);  // creates root too
+  try {
+    write_checkpoint(tmp.string(), checkpoint, model_pickle);  // creates root too
+  } catch (...) {
+    fs::remove_all(tmp, ec);  // a volume that filled up keeps no half-written step
+    throw;
+  }
   // rename(2) cannot replace a non-empty directory: move an old one of the same step aside first.
   const fs::path old = fs::path(root) / ("." + std::string(name) + ".old" + suffix);
   const bool replacing = fs::exists(final_dir);
@@ -196,7 +201,10 @@ std::string write_rotating_checkpoint(const std::string& root, int64_t step, int
     throw DataError(final_dir.string(), std::string("cannot move the old checkpoint aside: ") + std::strerror(errno));
   }
   if (::rename(tmp.c_str(), final_dir.c_str()) != 0) {
-    throw DataError(final_dir.string(), std::string("cannot rename into place: ") + std::strerror(errno));
+    const int err = errno;
+    fs::remove_all(tmp, ec);
+    if (replacing) ::rename(old.c_str(), final_dir.c_str());  // the old one back in its place
+    throw DataError(final_dir.string(), std::string("cannot rename into place: ") + std::strerror(err));
   }
   fsync_dir(root);
   if (replacing) fs::remove_all(old, ec);

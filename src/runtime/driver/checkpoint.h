@@ -35,6 +35,8 @@ void write_checkpoint(const std::string& dir, const Checkpoint& checkpoint, cons
 Checkpoint read_checkpoint(const std::string& dir);
 
 // Writes <root>/step-<step> and then removes all but the newest `keep` (>= 1). Returns its path.
+// A write that fails (DataError: the volume full, say) leaves the checkpoints there were and no
+// half-written directory.
 std::string write_rotating_checkpoint(const std::string& root, int64_t step, int keep, const Checkpoint& checkpoint,
                                       const std::string& model_pickle);
 // The step-* checkpoint directories under root, oldest first (empty if none or no such root).

@@ -106,6 +106,7 @@ class Loop {
     if (const auto it = r.metrics.find("peak_rss_mib"); it != r.metrics.end())
       result_.worker_peak_rss_mib = std::max(result_.worker_peak_rss_mib, it->second);
     result_.train_s += epoch_s;
+    result_.checkpoint_failures += r.checkpoint_failures;
     EpochSummary e;
     e.epoch = epoch_;
     e.train_loss = r.metrics.count("loss") ? r.metrics.at("loss") : 0;

@@ -329,6 +329,7 @@ Results Trainer::train(const TrainOptions& options) {
   d.ensure_usable();
   d.events = std::exchange(d.start_events, {});  // the first call reports the start-up's
   d.snapshot_s = 0;
+  d.checkpoint_failures = 0;
   d.try_scale_up();  // lost workers replaced since the last call join now
   const auto t0 = Clock::now();
   int64_t done = 0;  // steps completed in earlier chunks of this call
@@ -394,6 +395,7 @@ Results Trainer::train(const TrainOptions& options) {
                             : std::string());
   }
   total.recoveries = d.events;
+  total.checkpoint_failures = d.checkpoint_failures;
   return total;
 }
 

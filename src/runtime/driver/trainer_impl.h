@@ -70,6 +70,8 @@ struct Trainer::Impl {
   std::vector<RecoveryEvent> start_events;  // of the start-up, reported by the first call
   int64_t steps_done = 0;              // steps completed over the job's train() calls (RecoveryEvent::at_step)
   double snapshot_s = 0;               // of the current call: taking snapshots, writing checkpoints
+  int checkpoint_failures = 0;         // of the current call: checkpoints.dir writes that failed
+  std::string last_checkpoint;         // the newest one written to checkpoints.dir ("" = none yet)
   bool broken = false;
   bool stopped = false;
   std::unique_ptr<torch_glue::ReplicaRuntime> local;  // get_model's copy
@@ -216,7 +218,8 @@ struct Trainer::Impl {
   // training would not reproduce (a worker function).
   void flush_snapshot();
 
-  // The snapshot just taken, also on disk (TrainerConfig::checkpoints.dir), as step `step`.
+  // The snapshot just taken, also on disk (TrainerConfig::checkpoints.dir), as step `step`. One
+  // that cannot be written is warned about and counted, unless checkpoints.fail_on_write_error.
   void persist_snapshot(int64_t epoch, int64_t batch, int64_t batches_per_epoch);
 };
 

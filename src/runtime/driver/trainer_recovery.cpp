@@ -2,6 +2,7 @@
 // and on disk with TrainerConfig::checkpoints.dir), the protocol that re-forms the job around a
 // lost worker and restores that state, and growing back to num_workers between chunks.
 #include <algorithm>
+#include <filesystem>
 #include <thread>
 
 #include "dsgd/error.h"
@@ -318,9 +319,26 @@ void Trainer::Impl::persist_snapshot(int64_t epoch, int64_t batch, int64_t batch
   const auto t0 = Clock::now();
   runtime::Checkpoint c{checkpoint_header(epoch, batch), snapshot, snapshot_feedback};
   auto pickle = call(command(&proto::Command::mutable_get_pickle), true);  // a recovery restores `snapshot`
-  const auto path = runtime::write_rotating_checkpoint(config.checkpoints.dir, epoch * batches_per_epoch + batch,
-                                                       config.checkpoints.keep, c, pickle[0].pickle().pickle());
-  control::log().debug("trainer: checkpoint {}", path);
+  const int64_t step = epoch * batches_per_epoch + batch;
+  const std::string& model_pt = pickle[0].pickle().pickle();
+  try {
+    last_checkpoint = runtime::write_rotating_checkpoint(config.checkpoints.dir, step, config.checkpoints.keep, c,
+                                                         model_pt);
+    control::log().debug("trainer: checkpoint {}", last_checkpoint);
+  } catch (const DataError& e) {
+    if (config.checkpoints.fail_on_write_error) throw;
+    ++checkpoint_failures;
+    std::error_code ec;
+    const auto space = std::filesystem::space(config.checkpoints.dir, ec);
+    const double mib = 1.0 / (1 << 20);
+    control::log().warn(
+        "trainer: checkpoint of step {} NOT written: {} (it takes {:.1f} MiB; {}). Training goes on; the "
+        "newest checkpoint on disk is {}; the next snapshot tries again. Make room in {}, or set "
+        "checkpoints.fail_on_write_error (--fail-on-checkpoint-error) to stop the job instead",
+        step, e.what(), static_cast<double>(c.state.size() + model_pt.size()) * mib,
+        ec ? std::string("free space unknown") : fmt::format("{:.1f} MiB free there", space.available * mib),
+        last_checkpoint.empty() ? std::string("none of this job's") : last_checkpoint, config.checkpoints.dir);
+  }
   snapshot_s += std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
