@@ -12,6 +12,7 @@ demo_pkgs=(
   libopenblas0-openmp     # without it LibTorch runs on the reference BLAS: CNN 2.3x, MLP 4.7x slower
   libgloo-dev             # cross-host data plane
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler   # control plane
+  libssl-dev              # OpenSSL's libcrypto: the HMAC in every data connection's hello
   libspdlog-dev libcli11-dev nlohmann-json3-dev libgtest-dev zlib1g-dev
   dataset-fashion-mnist   # /usr/share/datasets/fashion-mnist
 )

@@ -1,7 +1,7 @@
 // The handshake in front of Gloo's connections (comm/gloo/guarded_transport.h): strangers who
 // reach a pair's listening port before the real peer (half-open, garbage, a port scan's probe,
-// a wrong or replayed hello) never take the peer's place, and a group forms while every port of
-// the process is under that attack.
+// a wrong or replayed hello) never take the peer's place, a hello gives no secret away, and a
+// group forms while every port of the process is under that attack.
 #include "comm/gloo/guarded_transport.h"
 
 #include <arpa/inet.h>
@@ -46,12 +46,35 @@ bool closed_by_peer(int fd, milliseconds within) {
 
 // What a stranger can send first: everything but the connecting rank's own hello.
 std::string hello_like(int listener, int connector, const PairSecret& secret) {
-  std::string h = "dsgdpair";
-  const uint32_t to = htonl(static_cast<uint32_t>(listener)), from = htonl(static_cast<uint32_t>(connector));
-  h.append(reinterpret_cast<const char*>(&to), 4);
-  h.append(reinterpret_cast<const char*>(&from), 4);
-  h.append(reinterpret_cast<const char*>(secret.data()), secret.size());
-  return h;
+  const PairHello h = pair_hello(listener, connector, secret);
+  return std::string(reinterpret_cast<const char*>(h.data()), h.size());
+}
+
+// The hello as it was before it carried an HMAC: the secret itself after the ranks.
+std::string hello_with_the_secret_in_clear(int listener, int connector, const PairSecret& secret) {
+  std::string h = hello_like(listener, connector, secret).substr(0, 16);
+  return h.append(reinterpret_cast<const char*>(secret.data()), secret.size());
+}
+
+bool holds(const std::string& bytes, const PairSecret& secret) {
+  return bytes.find(std::string(reinterpret_cast<const char*>(secret.data()), secret.size())) != std::string::npos;
+}
+
+// What a recording of a hello gives away: not the secret, and nothing another pair or a later
+// formation accepts.
+TEST(GuardedTransport, AHelloProvesTheSecretWithoutSendingIt) {
+  const PairSecret s = random_pair_secret(), next = random_pair_secret();
+  const std::string h = hello_like(0, 1, s);
+  ASSERT_EQ(h.size(), 32u);
+  EXPECT_EQ(h.substr(0, 8), "dsgdpair");
+  EXPECT_FALSE(holds(h, s)) << "the secret crosses the network in the clear";
+  for (size_t i = 16; i + 4 <= 32; ++i) {  // nor any 4 bytes of it where it used to be
+    EXPECT_NE(std::memcmp(h.data() + i, s.data() + (i - 16), 4), 0) << i;
+  }
+  EXPECT_EQ(h, hello_like(0, 1, s));       // the listener computes what it expects alike
+  EXPECT_NE(h, hello_like(2, 1, s));       // another listener: another hello
+  EXPECT_NE(h, hello_like(0, 2, s));       // another connector
+  EXPECT_NE(h, hello_like(0, 1, next));    // the next formation's secret
 }
 
 TEST(GuardedTransport, StrangersWhoArriveFirstNeverTakeAPeersPlace) {
@@ -81,12 +104,16 @@ TEST(GuardedTransport, StrangersWhoArriveFirstNeverTakeAPeersPlace) {
       (void)!::send(fd, junk.data(), junk.size(), MSG_NOSIGNAL);
       ::close(fd);
     }
-    // The right ranks with a wrong secret; the listener's own secret; ranks swapped; a prefix.
-    PairSecret wrong = secrets[static_cast<size_t>(peer)];
+    // The right ranks with a wrong secret; the listener's own secret; ranks swapped; a prefix;
+    // the real peer's hello recorded in an earlier formation (its secret then); the secret itself
+    // where the MAC goes (the hello before it carried one).
+    const PairSecret& real = secrets[static_cast<size_t>(peer)];
+    PairSecret wrong = real;
     wrong[15] ^= 1;
-    for (const std::string& h : {hello_like(r, peer, wrong), hello_like(r, peer, secrets[static_cast<size_t>(r)]),
-                                 hello_like(peer, r, secrets[static_cast<size_t>(peer)]),
-                                 hello_like(r, peer, secrets[static_cast<size_t>(peer)]).substr(0, 31)}) {
+    for (const std::string& h :
+         {hello_like(r, peer, wrong), hello_like(r, peer, secrets[static_cast<size_t>(r)]), hello_like(peer, r, real),
+          hello_like(r, peer, real).substr(0, 31), hello_like(r, peer, random_pair_secret()),
+          hello_with_the_secret_in_clear(r, peer, real)}) {
       if (const int fd = testing::connect_loopback(port); fd >= 0) {
         ASSERT_EQ(::send(fd, h.data(), h.size(), MSG_NOSIGNAL), static_cast<ssize_t>(h.size()));
         held.push_back(fd);
@@ -131,7 +158,7 @@ TEST(GuardedTransport, StrangersWhoArriveFirstNeverTakeAPeersPlace) {
   // Every stranger got in (the listener kept listening), and the listening side dropped its
   // strangers when the peer arrived (the connecting side's went with its listener when it
   // started to connect).
-  EXPECT_EQ(held.size(), 2u * (40 + 4));
+  EXPECT_EQ(held.size(), 2u * (40 + 6));
   for (int fd : held) {
     EXPECT_TRUE(closed_by_peer(fd, milliseconds(2000))) << "a stranger's connection is still held open";
     ::close(fd);

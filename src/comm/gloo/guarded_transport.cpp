@@ -13,6 +13,8 @@
 #include <gloo/transport/tcp/context.h>
 #include <gloo/transport/tcp/device.h>
 #include <gloo/transport/tcp/pair.h>
+#include <openssl/evp.h>
+#include <openssl/hmac.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -33,11 +35,8 @@ using std::chrono::milliseconds;
 static_assert(sizeof(tcp::Pair) == 0x380, "gloo/transport/tcp/pair.h does not match Debian 12's libgloo0");
 static_assert(sizeof(tcp::Context) == 0xe0, "gloo/transport/tcp/context.h does not match Debian 12's libgloo0");
 
-// The hello: "dsgdpair", the listener's rank, the connector's rank (both big-endian u32), then
-// the connector's secret.
-constexpr char kMagic[8] = {'d', 's', 'g', 'd', 'p', 'a', 'i', 'r'};
-constexpr size_t kHelloBytes = 32;
-using Hello = std::array<uint8_t, kHelloBytes>;
+constexpr size_t kHelloBytes = std::tuple_size_v<PairHello>;
+using Hello = PairHello;
 
 // Candidates one listening pair holds at once; a newcomer past it drops the oldest. The real
 // peer sends its hello in the same moment it connects, so it is never the oldest for long.
@@ -47,14 +46,7 @@ constexpr size_t kMaxCandidates = 32;
 constexpr int kListenBacklog = 128;
 
 Hello make_hello(int listener_rank, int connector_rank, const PairSecret& connector_secret) {
-  Hello h{};
-  std::memcpy(h.data(), kMagic, sizeof(kMagic));
-  const uint32_t to = htonl(static_cast<uint32_t>(listener_rank));
-  const uint32_t from = htonl(static_cast<uint32_t>(connector_rank));
-  std::memcpy(h.data() + 8, &to, 4);
-  std::memcpy(h.data() + 12, &from, 4);
-  std::memcpy(h.data() + 16, connector_secret.data(), connector_secret.size());
-  return h;
+  return pair_hello(listener_rank, connector_rank, connector_secret);
 }
 
 // "127.0.0.1:41997" (Gloo's Address::str() prints the port in network byte order).
@@ -85,6 +77,29 @@ int send_hello(int fd, const Hello& hello) {
   }
   return 0;
 }
+
+}  // namespace
+
+PairHello pair_hello(int listener_rank, int connector_rank, const PairSecret& connector_secret) {
+  static constexpr char kMagic[8] = {'d', 's', 'g', 'd', 'p', 'a', 'i', 'r'};
+  PairHello h{};
+  std::memcpy(h.data(), kMagic, sizeof(kMagic));
+  const uint32_t to = htonl(static_cast<uint32_t>(listener_rank));
+  const uint32_t from = htonl(static_cast<uint32_t>(connector_rank));
+  std::memcpy(h.data() + 8, &to, 4);
+  std::memcpy(h.data() + 12, &from, 4);
+  std::array<unsigned char, EVP_MAX_MD_SIZE> mac{};
+  unsigned int mac_bytes = 0;
+  if (HMAC(EVP_sha256(), connector_secret.data(), static_cast<int>(connector_secret.size()), h.data(), 16,
+           mac.data(), &mac_bytes) == nullptr ||
+      mac_bytes < h.size() - 16) {
+    throw gloo::Exception("pair hello: HMAC-SHA256 failed (OpenSSL)");
+  }
+  std::memcpy(h.data() + 16, mac.data(), h.size() - 16);
+  return h;
+}
+
+namespace {
 
 class GuardedPair;
 
