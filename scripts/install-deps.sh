@@ -13,6 +13,7 @@ demo_pkgs=(
   libgloo-dev             # cross-host data plane
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler   # control plane
   libssl-dev              # OpenSSL's libcrypto: the HMAC in every data connection's hello
+  libcpp-httplib-dev      # the driver's metrics endpoint (--metrics-port)
   libspdlog-dev libcli11-dev nlohmann-json3-dev libgtest-dev zlib1g-dev
   dataset-fashion-mnist   # /usr/share/datasets/fashion-mnist
 )
@@ -23,6 +24,7 @@ build_pkgs=(
   slurmctld slurmd slurm-client munge   # `make test-cluster`: a real Slurm, nodes in namespaces
   clang libclang-rt-14-dev     # libFuzzer for the parsers' fuzz targets (tests/fuzz)
   gnuplot-nox             # `dsgd tune`'s plot (its test checks it), and the plots in docs/BENCHMARKS.md
+  python3-prometheus-client   # its parser reads the metrics endpoint in the tests, as Prometheus would
 )
 bench_pkgs=(
   python3-torch           # PyTorch DDP, the peer we measure against (/usr/bin/python3)

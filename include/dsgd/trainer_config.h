@@ -136,6 +136,14 @@ struct CheckpointConfig {
   bool fail_on_write_error = false;
 };
 
+// What the driver shows while the job runs, besides on_progress.
+struct MonitorConfig {
+  // >= 0: the driver serves its live figures in Prometheus' text format at
+  // http://metrics_host:metrics_port/metrics (0: a free port, logged); -1: off.
+  int metrics_port = -1;
+  std::string metrics_host = "127.0.0.1";  // 0.0.0.0 for a scraper on another machine
+};
+
 struct TrainProgress {
   int64_t batches = 0;        // done in this train() call (worker 0's first replica)
   int64_t batches_total = 0;  // of this call
@@ -164,6 +172,7 @@ struct TrainerConfig {
   LaunchConfig launch;
   RecoveryConfig recovery;
   CheckpointConfig checkpoints;
+  MonitorConfig monitor;
 
   std::function<void(const TrainProgress&)> on_progress;  // called ~10x/s during train()
   // Called when a recovery starts (failure set, resumed_at unset), when training resumed (the

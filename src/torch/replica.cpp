@@ -282,8 +282,14 @@ void ReplicaRuntime::after_batch() {
   sync_statistics();
   if (options_.step.precision != Precision::kFp32) AutocastScope::clear_cache();  // the step changed the weights
   batch_ends_.push_back(Clock::now());
+  if (batch_ends_.size() >= 2) {  // the step's time, averaged over the last ~5 steps
+    const double s = std::chrono::duration<double>(batch_ends_.back() - batch_ends_[batch_ends_.size() - 2]).count();
+    const double old = progress_.step_s.load();
+    progress_.step_s = old > 0 ? 0.8 * old + 0.2 * s : s;
+  }
   ++position_.batch;
   ++progress_.batches;
+  progress_.step = position_.epoch * batches_per_epoch() + position_.batch;
   if (options_.step.scheduler_step_freq == SchedulerStepFreq::kBatch) step_schedules();
 }
 
@@ -520,6 +526,7 @@ void ReplicaRuntime::load_state(const std::string& bytes, const std::string& fee
   for (auto& s : syncs_) s->discard_pending();
   const ReplicaState state = load_replica_state(*op_, bytes, options_.info.device);
   position_ = state.position;
+  progress_.step = position_.epoch * batches_per_epoch() + position_.batch;
   micro_ = 0;  // a step interrupted part-way starts again
   held_grads_.clear();
   step_schedules_to(state.schedule_t);

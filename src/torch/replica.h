@@ -135,6 +135,8 @@ class ReplicaRuntime : private ParameterGate, private ReplicaHost {
     std::atomic<int64_t> batches{0};
     std::atomic<double> loss{0};
     std::atomic<int64_t> batches_per_epoch{0};  // set as each train() starts
+    std::atomic<double> step_s{0};  // recent seconds per step (a moving average; 0: not yet known)
+    std::atomic<int64_t> step{0};   // the steps its position in the epochs stands for (epoch x per epoch + batch)
   };
   Progress& progress() { return progress_; }
 

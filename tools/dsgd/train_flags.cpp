@@ -248,6 +248,13 @@ void add_run_flags(CLI::App* cmd, TrainFlags& f) {
                   "synthetic_channels; for --model simulated: sim_parameters, "
                   "sim_layers, sim_step_ms; for --model gpt-*: context, dropout, lr, min_lr, weight_decay, beta1, "
                   "beta2, warmup_steps, decay_steps)");
+  bind_option(cmd, f, "--metrics-port", "monitor.metrics_port", f.trainer.monitor.metrics_port,
+              "Serve the job's live figures for Prometheus at http://HOST:PORT/metrics (0: any free port, "
+              "logged; -1: off)")
+      ->capture_default_str();
+  bind_option(cmd, f, "--metrics-host", "monitor.metrics_host", f.trainer.monitor.metrics_host,
+              "The address --metrics-port listens on (0.0.0.0: every interface)")
+      ->capture_default_str();
   cmd->add_flag("--in-process", f.in_process, "Train in this process without workers (the single-process baseline)");
   cmd->add_option("--json-out", f.json_out, "Also write the JSON summary to this file");
   cmd->add_flag("-q,--quiet", f.quiet, "No progress output");

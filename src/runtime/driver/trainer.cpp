@@ -153,6 +153,7 @@ Trainer::Trainer(const std::string& operator_name, TrainerConfig config) : impl_
   if (!c.checkpoints.dir.empty()) runtime::mark_job_ended(c.checkpoints.dir, false);  // this job runs now
 
   try {
+    d.start_metrics();
     if (d.pool->spawns()) {
       d.pool->spawn_initial();
     } else {
@@ -160,6 +161,7 @@ Trainer::Trainer(const std::string& operator_name, TrainerConfig config) : impl_
                    c.num_workers, address(), d.token);
     }
     d.start_up();
+    d.publish_gauges();
   } catch (...) {
     shutdown();
     throw;
@@ -381,6 +383,7 @@ Results Trainer::train(const TrainOptions& options) {
     done += batches;
     d.steps_done += batches;
     step_s = chunk_step_s;
+    d.publish_gauges(chunk_step_s > 0 ? static_cast<double>(d.config.batch_size) / chunk_step_s : 0);
     if (!deferred) d.persist_snapshot(r.epoch, r.batch, r.batches_per_epoch);  // a checkpoint_dir's
     if (call_ends || chunk == 0) break;
     d.try_scale_up();
@@ -496,6 +499,7 @@ void Trainer::shutdown() {
       control::log().debug("trainer: shutdown: {}", e.what());
     }
   }
+  d.metrics.reset();  // its scrapes read the server
   if (d.server) {
     d.announce_to_servers("stop");
     d.server->stop_workers();

@@ -121,6 +121,11 @@ void validate_recovery(const TrainerConfig& c) {
               std::to_string(c.checkpoints.every_steps));
   require(c.launch.registration_timeout.count() > 0, "launch.registration_timeout",
           "launch.registration_timeout must be positive");
+  require(c.monitor.metrics_port >= -1 && c.monitor.metrics_port <= 65535, "monitor.metrics_port",
+          "monitor.metrics_port must be a TCP port (0: any free one) or -1 (off), got " +
+              std::to_string(c.monitor.metrics_port));
+  require(!c.monitor.metrics_host.empty(), "monitor.metrics_host",
+          "monitor.metrics_host must name an address to listen on (e.g. 127.0.0.1 or 0.0.0.0)");
   require(c.recovery.replacement_timeout.count() > 0, "recovery.replacement_timeout",
           "recovery.replacement_timeout must be positive");
   require(c.recovery.heartbeat_timeout.count() >= 100, "recovery.heartbeat_timeout",

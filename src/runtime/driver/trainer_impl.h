@@ -10,6 +10,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
@@ -17,6 +18,7 @@
 
 #include "dsgd/trainer.h"
 #include "runtime/control/driver_service.h"
+#include "runtime/driver/metrics.h"
 #include "runtime/driver/overlap_tuner.h"
 #include "runtime/driver/snapshot_policy.h"
 #include "runtime/driver/worker_pool.h"
@@ -71,6 +73,14 @@ struct Trainer::Impl {
   int64_t steps_done = 0;              // steps completed over the job's train() calls (RecoveryEvent::at_step)
   double snapshot_s = 0;               // of the current call: taking snapshots, writing checkpoints
   int checkpoint_failures = 0;         // of the current call: checkpoints.dir writes that failed
+  int64_t checkpoint_failures_total = 0;  // of the job
+  Clock::time_point started_at = Clock::now();
+  // monitor.metrics_port: the server, and what the training thread last published for it (the
+  // workers' own figures come from their heartbeats at each scrape).
+  std::unique_ptr<runtime::MetricsServer> metrics;
+  mutable std::mutex published_m;
+  runtime::JobGauges published;        // guarded by published_m
+  std::vector<int> published_members;  // guarded by published_m
   std::string last_checkpoint;         // the newest one written to checkpoints.dir ("" = none yet)
   bool broken = false;
   bool stopped = false;
@@ -217,6 +227,13 @@ struct Trainer::Impl {
   // Takes the snapshot SnapshotPolicy put off, before a command whose effect a replay of
   // training would not reproduce (a worker function).
   void flush_snapshot();
+
+  // monitor.metrics_port: starts the server (nothing otherwise).
+  void start_metrics();
+  // The training thread's figures for the next scrape: after set-up, each chunk and each recovery.
+  void publish_gauges(double samples_per_s = -1);
+  // What a scrape shows: the published figures and every worker's last heartbeat.
+  runtime::JobGauges gauges_now() const;
 
   // The snapshot just taken, also on disk (TrainerConfig::checkpoints.dir), as step `step`. One
   // that cannot be written is warned about and counted, unless checkpoints.fail_on_write_error.

@@ -59,6 +59,7 @@ void Trainer::Impl::recover(std::string failure) {
                           ev.standbys_used > 0 ? " (a standby took over)" : "", ev.lost);
       if (config.on_recovery) config.on_recovery(ev);
       events.push_back(std::move(ev));
+      publish_gauges();
       return;
     } catch (const std::exception& e) {
       if (!recoverable(e)) {
@@ -328,6 +329,7 @@ void Trainer::Impl::persist_snapshot(int64_t epoch, int64_t batch, int64_t batch
   } catch (const DataError& e) {
     if (config.checkpoints.fail_on_write_error) throw;
     ++checkpoint_failures;
+    ++checkpoint_failures_total;
     std::error_code ec;
     const auto space = std::filesystem::space(config.checkpoints.dir, ec);
     const double mib = 1.0 / (1 << 20);

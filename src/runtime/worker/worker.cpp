@@ -183,6 +183,8 @@ class Worker {
           p["batches"] = r->progress().batches.load();
           p["loss"] = r->progress().loss.load();
           p["batches_per_epoch"] = r->progress().batches_per_epoch.load();
+          p["step_s"] = r->progress().step_s.load();
+          p["step"] = r->progress().step.load();
         }
         const auto beat = client_.heartbeat(index_, p.is_null() ? std::string() : p.dump(), known_abort, interval,
                                             std::max(heartbeat_timeout_ / 2, milliseconds(500)));
