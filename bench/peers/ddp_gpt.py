@@ -10,7 +10,12 @@ The model is src/models/gpt.cpp's (GPT-2's layout, tied output layer, tanh GELU,
 initialisation); the optimizer dsgd.LanguageModel's (AdamW, decay on tensors of 2+ dimensions,
 betas 0.9/0.95, linear warmup then cosine). --batch-size is sequences per worker; each worker reads
 its share of each global batch of windows (sample i = tokens [i T, (i + 1) T]) from the token file,
-memory-mapped. tokens/s counts the training loop after --skip-steps warm-up steps. With
+memory-mapped. The windows come in dsgd's order (src/torch/replica.cpp: epoch 1's permutation,
+drawn by a generator seeded seed x 0x9E3779B97F4A7C15 + 1; global batch s its elements [s B, (s + 1) B),
+rank r the r-th part), and the model is built in dsgd's order after torch.manual_seed(seed): given
+the same seed both start from the same weights and read the same sequences, so their losses can
+be compared step by step (the first epoch; later ones are not reshuffled here). tokens/s counts
+the training loop after --skip-steps warm-up steps. With
 --val-tokens, rank 0 then reports val_loss: the mean loss per token over the first --val-sequences
 sequences of that file (0: all), 16 at a time, as dsgd.LanguageModel's validation computes it.
 max_rss_mb is the largest peak resident memory of any rank.
@@ -41,8 +46,11 @@ class Block(nn.Module):
     def __init__(self, d, h):
         super().__init__()
         self.h = h
-        self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
+        # dsgd's order (ln1, attention's qkv and proj, ln2, fc, fc_proj): the same draws from the
+        # generator in construction and in the re-initialisation that follows.
+        self.ln1 = nn.LayerNorm(d)
         self.qkv, self.proj = nn.Linear(d, 3 * d), nn.Linear(d, d)
+        self.ln2 = nn.LayerNorm(d)
         self.fc, self.fc_proj = nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
 
     def forward(self, x, mask):
@@ -77,6 +85,11 @@ class Gpt(nn.Module):
         return F.linear(self.ln_f(x), self.wte.weight)
 
 
+def dsgd_epoch_seed(seed, epoch):
+    """The seed of dsgd's permutation of the training set in `epoch` (0-based)."""
+    return (seed * 0x9E3779B97F4A7C15 + epoch + 1) % (1 << 64)
+
+
 def lr_at(args, step):
     if step < args.warmup_steps:
         return args.lr * (step + 1) / args.warmup_steps
@@ -102,7 +115,7 @@ def worker(rank, args, port, out):
                             lr=args.lr, betas=(0.9, 0.95))
     samples = (len(tokens) - 1) // t
     b, w = args.batch_size, args.world_size
-    order = torch.randperm(samples, generator=torch.Generator().manual_seed(args.seed))
+    order = torch.randperm(samples, generator=torch.Generator().manual_seed(dsgd_epoch_seed(args.seed, 0)))
     steps, timed_s, losses = 0, 0.0, []
     ddp.train()
     dist.barrier()
