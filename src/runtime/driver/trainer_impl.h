@@ -18,7 +18,7 @@
 
 #include "dsgd/trainer.h"
 #include "runtime/control/driver_service.h"
-#include "runtime/driver/metrics.h"
+#include "runtime/monitor/metrics.h"
 #include "runtime/driver/overlap_tuner.h"
 #include "runtime/driver/snapshot_policy.h"
 #include "runtime/driver/worker_pool.h"

@@ -1,5 +1,5 @@
 // The Trainer's live figures for a monitoring system (TrainerConfig::monitor): what the training
-// thread publishes, and what a scrape of runtime/driver/metrics.h's server reads.
+// thread publishes, and what a scrape of runtime/monitor/metrics.h's server reads.
 #include <algorithm>
 
 #include "runtime/control/log.h"

@@ -1,4 +1,4 @@
-#include "runtime/driver/metrics.h"
+#include "runtime/monitor/metrics.h"
 
 #include <httplib.h>
 
@@ -112,7 +112,8 @@ std::string prometheus_text(const JobGauges& g) {
   job_sample(out, "dsgd_steps_total", "counter",
              "Training steps completed over the job, counted as each chunk of steps ends (a snapshot point).",
              static_cast<double>(g.steps));
-  job_sample(out, "dsgd_step", "gauge", "The step the slowest worker is at now (its place in the epochs).",
+  job_sample(out, "dsgd_step", "gauge",
+             "The step the slowest worker is at, as its last heartbeat said (at most a second old).",
              static_cast<double>(g.step));
   job_sample(out, "dsgd_samples_total", "counter", "Training samples processed (steps x global batch).",
              static_cast<double>(g.samples));
