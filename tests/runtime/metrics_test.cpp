@@ -20,8 +20,8 @@ JobGauges two_workers() {
   g.members = 1;
   g.standbys = 1;
   g.step = 112;
-  g.workers.push_back({0, "node-a", 101, "member", 12, 112, 1.25, 0.078, 0.1});
-  g.workers.push_back({2, "node \"b\"\\x", 202, "standby", 0, 0, 0, 0, 0.3});
+  g.workers.push_back({0, "node-a", 101, "member", 112, 1.25, 0.078, 0.1});
+  g.workers.push_back({2, "node \"b\"\\x", 202, "standby", 0, 0, 0, 0.3});
   return g;
 }
 

@@ -345,15 +345,7 @@ int free_port() {
 // `script` under sh, killed after `timeout_s`: its exit status (-1 if it did not exit) and
 // output, stderr included.
 CliRun run_shell(const std::string& script, int timeout_s) {
-  CliRun r;
-  FILE* p = ::popen(("timeout " + std::to_string(timeout_s) + " sh -c '" + script + "' 2>&1").c_str(), "r");
-  if (p == nullptr) return {-1, "popen failed"};
-  std::array<char, 4096> buf;
-  size_t n;
-  while ((n = std::fread(buf.data(), 1, buf.size(), p)) > 0) r.output.append(buf.data(), n);
-  const int status = ::pclose(p);
-  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
+  return dsgd::testing::run_command("timeout " + std::to_string(timeout_s) + " sh -c '" + script + "' 2>&1");
 }
 
 // The summary of 2 workers training 16 steps of strategy ps (512 samples, batch 32).

@@ -1,6 +1,6 @@
 // Runs the built `dsgd` binary (DSGD_BINARY) as a user would, for the command-line tests.
 //
-//   CliRun r = run_dsgd("train --help");
+//   CliRun r = run_dsgd("train --help");          // or run_command("any shell line 2>&1")
 //   EXPECT_EQ(r.exit_code, 0) << r.output;
 #pragma once
 
@@ -17,11 +17,11 @@ struct CliRun {
   std::string output;  // stdout and stderr together
 };
 
-inline CliRun run_dsgd(const std::string& args) {
+// `command` under sh, stdout and stderr together as written (append "2>&1" for stderr).
+inline CliRun run_command(const std::string& command) {
   CliRun r;
-  const std::string cmd = std::string(DSGD_BINARY) + " " + args + " 2>&1";
-  FILE* p = ::popen(cmd.c_str(), "r");
-  if (p == nullptr) return r;
+  FILE* p = ::popen(command.c_str(), "r");
+  if (p == nullptr) return {-1, "popen failed"};
   std::array<char, 4096> buf;
   size_t n;
   while ((n = std::fread(buf.data(), 1, buf.size(), p)) > 0) r.output.append(buf.data(), n);
@@ -29,5 +29,7 @@ inline CliRun run_dsgd(const std::string& args) {
   r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
   return r;
 }
+
+inline CliRun run_dsgd(const std::string& args) { return run_command(std::string(DSGD_BINARY) + " " + args + " 2>&1"); }
 
 }  // namespace dsgd::testing

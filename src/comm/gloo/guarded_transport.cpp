@@ -36,7 +36,6 @@ static_assert(sizeof(tcp::Pair) == 0x380, "gloo/transport/tcp/pair.h does not ma
 static_assert(sizeof(tcp::Context) == 0xe0, "gloo/transport/tcp/context.h does not match Debian 12's libgloo0");
 
 constexpr size_t kHelloBytes = std::tuple_size_v<PairHello>;
-using Hello = PairHello;
 
 // Candidates one listening pair holds at once; a newcomer past it drops the oldest. The real
 // peer sends its hello in the same moment it connects, so it is never the oldest for long.
@@ -44,10 +43,6 @@ constexpr size_t kMaxCandidates = 32;
 // Gloo listens with a backlog of 1: one stranger waiting to be accepted would make the kernel
 // drop the real peer's SYN (retried after 1 s, then 3 s). Candidates are accepted at once anyway.
 constexpr int kListenBacklog = 128;
-
-Hello make_hello(int listener_rank, int connector_rank, const PairSecret& connector_secret) {
-  return pair_hello(listener_rank, connector_rank, connector_secret);
-}
 
 // "127.0.0.1:41997" (Gloo's Address::str() prints the port in network byte order).
 std::string endpoint(const sockaddr_storage& ss) {
@@ -67,7 +62,7 @@ std::string endpoint(const sockaddr_storage& ss) {
 
 // Writes all of `hello` to a socket that has just connected (its send buffer is empty, so a
 // non-blocking send takes 32 bytes at once; EAGAIN is an error here). Returns errno, or 0.
-int send_hello(int fd, const Hello& hello) {
+int send_hello(int fd, const PairHello& hello) {
   size_t sent = 0;
   while (sent < hello.size()) {
     const ssize_t n = ::send(fd, hello.data() + sent, hello.size() - sent, MSG_NOSIGNAL);
@@ -121,8 +116,8 @@ struct NullHandler final : tcp::Handler {
 
 class GuardedPair final : public tcp::Pair {
  public:
-  GuardedPair(tcp::Context* context, tcp::Device* device, int peer_rank, milliseconds timeout, const Hello& send,
-              const Hello& expect)
+  GuardedPair(tcp::Context* context, tcp::Device* device, int peer_rank, milliseconds timeout, const PairHello& send,
+              const PairHello& expect)
       : tcp::Pair(context, device, peer_rank, timeout), send_(send), expect_(expect) {
     std::lock_guard<std::mutex> lock(m_);
     if (state_ != LISTENING) {
@@ -302,9 +297,9 @@ class GuardedPair final : public tcp::Pair {
     ::close(fd);
   }
 
-  const Hello send_;    // what this side says when it connects
-  const Hello expect_;  // what the peer must say when it connects here
-  Hello received_{};    // scratch for one recv
+  const PairHello send_;    // what this side says when it connects
+  const PairHello expect_;  // what the peer must say when it connects here
+  PairHello received_{};    // scratch for one recv
   std::vector<std::unique_ptr<Candidate>> candidates_;  // guarded by m_
   uint64_t accepted_ = 0;                               // guarded by m_
 };
@@ -319,8 +314,8 @@ class GuardedContext final : public tcp::Context {
   std::unique_ptr<gloo::transport::Pair>& createPair(int peer) override {
     auto& slot = pairs_.at(static_cast<size_t>(peer));
     slot = std::make_unique<GuardedPair>(this, device_.get(), peer, getTimeout(),
-                                         make_hello(peer, rank, secrets_.at(static_cast<size_t>(rank))),
-                                         make_hello(rank, peer, secrets_.at(static_cast<size_t>(peer))));
+                                         pair_hello(peer, rank, secrets_.at(static_cast<size_t>(rank))),
+                                         pair_hello(rank, peer, secrets_.at(static_cast<size_t>(peer))));
     return slot;
   }
 

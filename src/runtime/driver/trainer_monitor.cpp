@@ -47,7 +47,6 @@ runtime::JobGauges Trainer::Impl::gauges_now() const {
     out.heartbeat_age_s = w.since_heartbeat_s;
     const json p = json::parse(w.progress.empty() ? "null" : w.progress, nullptr, false);
     if (p.is_object()) {
-      out.batches = p.value("batches", int64_t{0});
       out.step = p.value("step", int64_t{0});
       out.loss = p.value("loss", 0.0);
       out.step_s = p.value("step_s", 0.0);

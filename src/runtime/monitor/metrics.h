@@ -22,7 +22,6 @@ struct WorkerGauge {
   std::string host;
   int64_t pid = 0;
   std::string role;    // "member" (trains) or "standby" (the lost are not listed)
-  int64_t batches = 0;           // steps done in the current chunk of steps (0 for a standby)
   int64_t step = 0;              // the step its replicas are at (epoch x steps per epoch + batch)
   double loss = 0;               // its last batch's loss
   double step_s = 0;             // its recent seconds per step (0: not yet known)
