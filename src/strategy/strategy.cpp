@@ -9,7 +9,7 @@ namespace dsgd::strategy {
 
 namespace {
 
-class AllreduceStrategy final : public GradientStrategy, private ErrorFeedback {
+class AllreduceStrategy final : public GradientStrategy, private ErrorFeedback, private Sharing {
  public:
   AllreduceStrategy(std::shared_ptr<comm::HierarchicalGroup> group, comm::AllreduceAlgorithm algorithm,
                     const CompressionOptions& compression)
@@ -57,6 +57,21 @@ class AllreduceStrategy final : public GradientStrategy, private ErrorFeedback {
   void abort(const std::string& reason) override {
     group_->abort(reason);
   }
+  Sharing* sharing() override { return this; }
+  std::shared_ptr<comm::Work> sum_async(float* data, size_t count) override {
+    if (algorithm_ == comm::AllreduceAlgorithm::kAuto) {
+      return group_->allreduce_async(data, count, comm::DataType::kFloat32, comm::ReduceOp::kSum);
+    }
+    return group_->global().allreduce_async(data, count, comm::DataType::kFloat32, comm::ReduceOp::kSum, algorithm_);
+  }
+  void broadcast_bytes(std::string* bytes, int root) override {
+    uint64_t n = bytes->size();
+    group_->global().broadcast(&n, sizeof n, root);
+    bytes->resize(n);
+    if (n > 0) group_->global().broadcast(bytes->data(), n, root);
+  }
+  int rank() const override { return group_->global().rank(); }
+  int size() const override { return group_->global().size(); }
 
  private:
   std::shared_ptr<comm::HierarchicalGroup> group_;

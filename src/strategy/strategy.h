@@ -53,6 +53,7 @@ struct ShardUpdate {
 
 class ErrorFeedback;
 class ServerUpdates;
+class Sharing;
 
 // The core every strategy has: averaging buckets. What only some strategies do is a facet of its
 // own, reached through an accessor that returns null where the strategy lacks it:
@@ -80,6 +81,28 @@ class GradientStrategy {
   // Non-null where this strategy applies the optimizer on its servers: then buckets go through
   // it (gradients in, parameters out) instead of average_async.
   virtual ServerUpdates* server_updates() { return nullptr; }
+  // Non-null where replicas can hand each other their shares of the parameters and optimizer
+  // state (ZeRO, StepConfig::zero_stage).
+  virtual Sharing* sharing() { return nullptr; }
+};
+
+// Strategies over which each replica steps a share of the parameters (ZeRO stage 1: allreduce).
+// Collective: every replica makes the same calls in the same order.
+class Sharing {
+ public:
+  // Starts an exact float32 sum of `count` floats over all replicas, in place, in float32 at every
+  // stage. Where each replica's buffer is zero outside its own share, the sum is every share:
+  // an allgather through the allreduce's fast paths (a host's shared memory, Gloo across hosts),
+  // bit-exact because adding zeros is.
+  virtual std::shared_ptr<comm::Work> sum_async(float* data, size_t count) = 0;
+  // Replica `root`'s *bytes (any length) into every replica's *bytes. Blocking; for state
+  // gathers outside steps.
+  virtual void broadcast_bytes(std::string* bytes, int root) = 0;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+
+ protected:
+  ~Sharing() = default;
 };
 
 // Strategies that compress what crosses hosts with error feedback (allreduce and ps with

@@ -91,6 +91,7 @@ class GradSync {
   Times take_times();
   size_t num_buckets() const { return plan_.buckets().size(); }
   const torch::Tensor& param(size_t i) const { return params_[i]; }
+  size_t num_params() const { return params_.size(); }
   // Fails communication in flight (from any thread).
   void abort(const std::string& reason) { strategy_->abort(reason); }
   // Error feedback of a strategy that compresses (strategy::GradientStrategy::error_feedback):
@@ -133,6 +134,21 @@ class GradSync {
   // Forgets pending steps after waiting for their communication (errors ignored): the
   // parameters are about to be replaced (snapshot, checkpoint).
   void discard_pending();
+
+  // ---- ZeRO stage 1 (strategy->sharing()): each parameter stepped by one replica ----
+  // owned[i]: this replica steps parameter i, so its optimizer keeps state for it alone. CPU
+  // only (throws ConfigError on CUDA, or without the strategy's Sharing facet).
+  void set_owned(std::vector<bool> owned);
+  bool sharded() const { return !owned_.empty(); }
+  bool owns(size_t param) const { return owned_.empty() || owned_[param]; }
+  // After the averaged gradients were checked (and clipped): .grad of the parameters this replica
+  // does not own is cleared, so the operator's optimizer.step() skips them and makes no state.
+  void release_unowned_grads();
+  // Collective, after the step: every replica's owned parameters to every replica. Through the
+  // flat buffer, bucket by bucket: the owned parameters' values in their slots, zeros in the
+  // others, an exact sum over the replicas (Sharing::sum_async), then the others' slots into
+  // their parameters. The gradients in the buffer are gone afterwards.
+  void share_parameters();
 
   // ---- update on the servers (strategy->server_updates()) ----
   struct ServerOptimizer {
@@ -214,6 +230,8 @@ class GradSync {
   bool stage_stop_ = false;
   std::condition_variable stage_cv_;
   std::thread stager_;                          // why: waits for each copy while backward goes on
+
+  std::vector<bool> owned_;                     // ZeRO: per parameter (empty: not sharded)
 
   // Update on the servers.
   uint32_t server_id_ = 0;

@@ -154,6 +154,30 @@ void ReplicaRuntime::attach(std::shared_ptr<strategy::GradientStrategy> strategy
     }
   }
   deferred_.reset(syncs_.size());
+  partition_parameters();
+}
+
+void ReplicaRuntime::partition_parameters() {
+  owned_ = {};
+  share_after_step_ = false;
+  if (options_.step.zero_stage == 0 || options_.info.world_size < 2 || syncs_.empty()) return;
+  std::vector<int64_t> numels;
+  for (const auto& s : syncs_) {
+    for (size_t i = 0; i < s->num_params(); ++i) numels.push_back(s->param(i).numel());
+  }
+  const auto owner = partition_by_size(numels, options_.info.world_size);
+  size_t k = 0;
+  for (auto& s : syncs_) {
+    std::vector<bool> mine(s->num_params());
+    for (size_t i = 0; i < mine.size(); ++i, ++k) {
+      mine[i] = owner[k] == options_.info.rank;
+      const void* impl = s->param(i).unsafeGetTensorImpl();
+      owned_.sharded.insert(impl);
+      if (mine[i]) owned_.owned.insert(impl);
+    }
+    s->set_owned(std::move(mine));
+  }
+  drop_unowned_state(*op_, owned_);  // a state loaded whole keeps only this replica's share
 }
 
 double ReplicaRuntime::steady_step_seconds() const {
@@ -183,14 +207,16 @@ std::string ReplicaRuntime::where() const {
   return "epoch " + std::to_string(position_.epoch + 1) + ", batch " + std::to_string(position_.batch + 1);
 }
 
-void ReplicaRuntime::gather_server_state() {
+void ReplicaRuntime::gather_server_state(bool keep) {
   for (auto& s : syncs_) s->gather_server_state();
+  if (!owned_.empty()) gather_optimizer_state(*op_, *syncs_[0]->strategy().sharing(), keep);
 }
 
 void ReplicaRuntime::drop_server_state_copy() {
   for (auto& s : syncs_) {
     if (s->updates_on_servers()) s->drop_optimizer_momentum();
   }
+  drop_unowned_state(*op_, owned_);
 }
 
 EpochSampler ReplicaRuntime::sampler() const {  // of micro-batches, with accumulation
@@ -279,6 +305,10 @@ void ReplicaRuntime::after_batch() {
   if (check_) check_->take();  // a batch that did not ask leaves nothing for the next
   if (++micro_ < micro_batches_in_step()) return;  // the step goes on with its next micro-batch
   micro_ = 0;
+  if (share_after_step_) {
+    for (auto& s : syncs_) s->share_parameters();
+    share_after_step_ = false;
+  }
   sync_statistics();
   if (options_.step.precision != Precision::kFp32) AutocastScope::clear_cache();  // the step changed the weights
   batch_ends_.push_back(Clock::now());
@@ -365,6 +395,10 @@ bool ReplicaRuntime::check_gradients() {
       auto& [sum, steps] = step_values_["grad_norm"];
       sum += clip_gradients(*op_, options_.step.max_grad_norm);
       ++steps;
+    }
+    if (!owned_.empty()) {  // zero: the optimizer steps this replica's share only
+      for (auto& s : syncs_) s->release_unowned_grads();
+      share_after_step_ = true;
     }
     return true;
   };
@@ -484,6 +518,7 @@ Metrics ReplicaRuntime::train(int64_t max_batches, bool profile) {
   m["skipped_steps"] = static_cast<double>(skipped_this_call_);
   for (const auto& [name, v] : step_values_) m[name] = v.first / static_cast<double>(v.second);
   if (scaler_) m["loss_scale"] = scaler_->scale();
+  m["optimizer_state_bytes"] = static_cast<double>(optimizer_state_bytes(*op_));
   if (bytes0 >= 0 && batches > 0) {  // what this replica sent to other hosts, per step
     m["comm_bytes_per_step"] =
         static_cast<double>(syncs_[0]->strategy().cross_host_bytes() - bytes0) / static_cast<double>(batches);
@@ -533,6 +568,8 @@ void ReplicaRuntime::load_state(const std::string& bytes, const std::string& fee
   // A state saved without loss scaling leaves the scale where it is.
   if (scaler_ && state.loss_scale > 0) scaler_->restore(state.loss_scale, state.loss_scale_good_steps);
   for (auto& s : syncs_) s->restart_servers();
+  drop_unowned_state(*op_, owned_);  // zero: the state loaded is whole; this replica keeps its share
+  share_after_step_ = false;
   const bool keeps = std::any_of(syncs_.begin(), syncs_.end(), [](const auto& s) { return s->residuals().defined(); });
   if (!keeps) return;
   const char* p = feedback.data();

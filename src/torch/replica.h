@@ -40,6 +40,7 @@
 #include "torch/replica_host.h"
 #include "torch/replica_state.h"
 #include "torch/sampler.h"
+#include "torch/zero.h"
 
 namespace dsgd::torch_glue {
 
@@ -82,10 +83,13 @@ class ReplicaRuntime : private ParameterGate, private ReplicaHost {
   // ConfigError where a model's parameters are not all in one torch::optim::SGD param group).
   void attach(std::shared_ptr<strategy::GradientStrategy> strategy);
   // Collective, on every replica: the optimizer state the strategy's servers hold comes back
-  // into the optimizers, so save_state() is whole (nothing to do for other strategies).
-  void gather_server_state();
+  // into the optimizers, so save_state() is whole (nothing to do for other strategies). Under
+  // step.zero_stage, every replica's share of the optimizer state goes to all, and those that
+  // `keep` merge it into their optimizers (the others only send theirs).
+  void gather_server_state(bool keep = true);
   // After the gathered state was saved (or where it is not needed): the optimizers let go of the
-  // servers' momentum again, which lives on the servers only.
+  // servers' momentum again, which lives on the servers only, and of the state of parameters
+  // another replica owns under step.zero_stage.
   void drop_server_state_copy();
 
   // Runs the operator's train_epoch from the current position for at most max_batches batches
@@ -170,6 +174,9 @@ class ReplicaRuntime : private ParameterGate, private ReplicaHost {
   // (buffers named *running_mean, *running_var: BatchNorm's) averaged over the replicas, so
   // every replica holds the same buffers (and snapshots, checkpoints and get_model agree).
   void sync_statistics();
+  // step.zero_stage over a strategy that averages: each trainable parameter's owner among the
+  // replicas (partition_by_size over all models), into every GradSync and owned_.
+  void partition_parameters();
   // Micro-batches of the step at position_ (accumulate(), or fewer in an epoch's last step).
   int64_t micro_batches_in_step() const;
   // A lone replica accumulating: before the step's last micro-batch, adds .grad into
@@ -197,6 +204,8 @@ class ReplicaRuntime : private ParameterGate, private ReplicaHost {
   double loss_factor_ = 1.0;
   std::vector<torch::Tensor> held_grads_;
   torch::Tensor stats_flat_;  // sync_statistics's buffer
+  OwnedSet owned_;            // step.zero_stage: the parameters this replica steps (empty: all)
+  bool share_after_step_ = false;  // zero: a step was taken; after_batch shares the parameters
   bool profiling_ = false;
   std::map<std::string, double> phase_s_;
   // Values the step's mechanics report once a step (e.g. grad_norm): their sum and count over

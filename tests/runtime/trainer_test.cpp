@@ -471,6 +471,54 @@ TEST(TrainerEquivalence, LanguageModelTwoWorkersEqualOneProcessWithTheGlobalBatc
               max_difference(reference, accumulated));
 }
 
+// step.zero_stage 1: each replica's optimizer holds state for its share of the parameters only
+// and steps only those; the shares are summed into every replica after the step. The parameters
+// must be those of plain allreduce (the same averaged gradients, the same optimizer arithmetic per
+// tensor), and each replica's optimizer state about 1/N of plain's. Fails if the parameters are
+// not shared (replicas keep the others' old values), if a replica steps a parameter it does not
+// own twice over, or if the state is not sharded.
+void expect_zero_equals_plain(TrainerConfig c, const std::string& op, int64_t steps) {
+  const auto run = [&](int stage) {
+    c.step.zero_stage = stage;
+    Trainer t(op, c);
+    const auto r = t.train({.num_steps = steps});
+    EXPECT_EQ(r.batch, steps);
+    return std::make_pair(params_of(*t.get_model()), r.metrics.at("optimizer_state_bytes"));
+  };
+  const auto [plain, plain_bytes] = run(0);
+  const auto [zero, zero_bytes] = run(1);
+  const double difference = max_difference(plain, zero);
+  std::printf("%s, %d workers: zero 1 %.2g from plain allreduce; optimizer state %.0f bytes a replica (plain %.0f)\n",
+              op.c_str(), c.num_workers, difference, zero_bytes, plain_bytes);
+  EXPECT_LT(difference, 1e-6);
+  const double n = c.num_workers;
+  EXPECT_GT(plain_bytes, 0);
+  EXPECT_LT(zero_bytes, plain_bytes / n * 1.35) << "the state is not sharded";
+  EXPECT_GT(zero_bytes, plain_bytes / n * 0.65);
+}
+
+TEST(TrainerZero, Stage1EqualsPlainAllreduceWithSgdMomentumOnTwoWorkers) {
+  expect_zero_equals_plain(base_config(2, "allreduce", 64), dsgd::kImageClassifier, 20);
+}
+
+TEST(TrainerZero, Stage1EqualsPlainAllreduceWithSgdMomentumOnThreeWorkersOverTwoHosts) {
+  auto c = base_config(3, "allreduce", 66);
+  c.launch.local_hosts = 2;  // shared memory within a pseudo-host, Gloo between them
+  expect_zero_equals_plain(c, dsgd::kImageClassifier, 20);
+}
+
+TEST(TrainerZero, Stage1EqualsPlainAllreduceWithAdamWClippingAndAccumulation) {
+  testing::TempDir dir;
+  TrainerConfig c = language_model_job(dir, 800, 20);
+  c.step.max_grad_norm = 1.0;
+  c.step.accumulate_steps = 2;
+  expect_zero_equals_plain(c, kLanguageModel, 20);
+  c.num_workers = 3;
+  c.batch_size = 18;
+  c.launch.local_hosts = 2;
+  expect_zero_equals_plain(c, kLanguageModel, 20);
+}
+
 // dsgd::fit reports progress while the first epoch runs, before any call has returned the number
 // of batches in an epoch (worker 0 says it in its heartbeat).
 TEST(TrainerFit, ProgressIsReportedFromTheFirstEpochOn) {
@@ -977,6 +1025,16 @@ void expect_checkpoint_moves(const TrainerConfig& from, const TrainerConfig& to)
   EXPECT_EQ(rb.batch, 15);
   EXPECT_NEAR(ra.metrics.at("loss"), rb.metrics.at("loss"), 1e-5);
   EXPECT_LT(max_difference(params_of(*a.get_model()), params_of(*b.get_model())), 1e-5);
+}
+
+// A checkpoint holds the whole optimizer state whatever the stage: saved under zero 1 by 3
+// workers it continues identically without zero on 2, and the reverse (the momentum must come
+// whole: with only one replica's share the two runs part at once).
+TEST(TrainerZero, CheckpointsMoveBetweenStagesAndWorkerCounts) {
+  auto zero3 = base_config(3, "allreduce", 60);
+  zero3.step.zero_stage = 1;
+  expect_checkpoint_moves(zero3, base_config(2, "allreduce", 60));
+  expect_checkpoint_moves(base_config(2, "allreduce", 60), zero3);
 }
 
 // With compression a checkpoint holds every replica's error feedback: a job of the same shape
@@ -1493,6 +1551,20 @@ TEST(TrainerBadInput, EveryConfigErrorNamesItsField) {
   bad = c;
   bad.step.max_grad_norm = -1;
   EXPECT_EQ(field_of(bad), "step.max_grad_norm");
+  for (const int stage : {-1, 2}) {
+    bad = c;
+    bad.step.zero_stage = stage;
+    EXPECT_EQ(field_of(bad), "step.zero_stage");
+  }
+  bad = c;
+  bad.step.zero_stage = 1;
+  bad.strategy = Strategy::kPs;
+  EXPECT_EQ(field_of(bad), "step.zero_stage");
+  bad.strategy = Strategy::kAllreduce;
+  bad.comm.compression = Compression::kBf16;
+  EXPECT_EQ(field_of(bad), "step.zero_stage");
+  bad.comm.compression = Compression::kNone;
+  EXPECT_EQ(field_of(bad), "<accepted>");
   EXPECT_EQ(field_of(c), "<accepted>");
 }
 
@@ -1799,6 +1871,18 @@ TEST(TrainerRecovery, AStandbyTakesAKilledWorkersPlaceAndTheResultEqualsAFaultFr
   EXPECT_EQ(ev.standbys_used, 1);
   EXPECT_EQ(ev.workers_after, 3);
   std::cout << "standby recovery: " << ev.recovery_s << " s, detected " << ev.detect_s << " s after the failure\n";
+}
+
+// Under zero 1 a snapshot holds every replica's share of the optimizer state: the standby takes
+// the lost share from it.
+TEST(TrainerZero, AStandbyTakesAKilledWorkersShareAndTheResultEqualsAFaultFreeRun) {
+  auto c = base_config(3, "allreduce", 66);
+  c.launch.local_hosts = 2;
+  c.recovery.standby_workers = 1;
+  c.step.zero_stage = 1;
+  auto r = train_through_fault(c, SIGKILL);
+  ASSERT_EQ(r.recoveries.size(), 1u);
+  EXPECT_EQ(r.recoveries[0].standbys_used, 1);
 }
 
 // The language model reads its sequences from a token file as it goes (a streaming dataset): a

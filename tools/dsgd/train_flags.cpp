@@ -209,6 +209,9 @@ void add_precision_flags(CLI::App* cmd, TrainFlags& f) {
   bind_option(cmd, f, "--accumulate-steps", "step.accumulate_steps", f.trainer.step.accumulate_steps,
               "Micro-batches per step: gradients summed locally, averaged once per step (1: off)")
       ->capture_default_str();
+  bind_option(cmd, f, "--zero", "step.zero_stage", f.trainer.step.zero_stage,
+              "ZeRO stage: 1 = each replica keeps optimizer state for its share of the parameters only (0: off)")
+      ->capture_default_str();
 }
 
 // Who starts the workers, and how they find the driver.

@@ -60,6 +60,25 @@ void validate_processes(const TrainerConfig& c) {
   }
 }
 
+void validate_zero(const TrainerConfig& c) {
+  const int z = c.step.zero_stage;
+  require(z == 0 || z == 1, "step.zero_stage",
+          "step.zero_stage must be 0 (off) or 1 (optimizer state sharded); stage 2 (gradients sharded too) is not "
+          "built yet, got " + std::to_string(z));
+  if (z == 0) return;
+  require(c.strategy == Strategy::kAllreduce, "step.zero_stage",
+          "step.zero_stage 1 shards the optimizer state over the replicas of strategy allreduce; strategy is '" +
+              c.strategy.name() + "' (ps.update_on_shards shards SGD's state over the servers instead)");
+  require(c.comm.compression == Compression::kNone, "step.zero_stage",
+          "step.zero_stage 1 does not combine with comm.compression '" + c.comm.compression.name() +
+              "' yet: set compression none");
+  require(c.comm.forward_overlap_buckets == 0, "step.zero_stage",
+          "step.zero_stage 1 needs the optimizer step taken whole after backward: set comm.forward_overlap_buckets "
+          "to 0");
+  require(c.device != Device::kCuda, "step.zero_stage",
+          "step.zero_stage 1 runs on the CPU only so far: use device cpu, or zero_stage 0 on CUDA");
+}
+
 void validate_step(const TrainerConfig& c) {
   require(c.comm.grad_shard_bytes > 0, "comm.grad_shard_bytes",
           "comm.grad_shard_bytes must be > 0, got " + std::to_string(c.comm.grad_shard_bytes));
@@ -106,6 +125,7 @@ void validate_step(const TrainerConfig& c) {
   require(n == 1 || (!server_steps && c.comm.forward_overlap_buckets == 0), "step.accumulate_steps",
           "gradient accumulation needs the optimizer step in the replicas: not with ps_async, ps.update_on_shards or "
           "comm.forward_overlap_buckets (set it to 0)");
+  validate_zero(c);
 }
 
 void validate_recovery(const TrainerConfig& c) {
@@ -182,6 +202,7 @@ void step_fields(S& s, F&& field) {
   field("scheduler_step_freq", s.scheduler_step_freq);
   field("max_grad_norm", s.max_grad_norm);
   field("accumulate_steps", s.accumulate_steps);
+  field("zero_stage", s.zero_stage);
 }
 
 // A Choice as its enum's number (choice.h), never as a spelling.

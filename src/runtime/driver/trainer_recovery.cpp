@@ -271,7 +271,9 @@ void Trainer::Impl::try_scale_up() {
 }
 
 std::string Trainer::Impl::read_state(Feedback* feedback) {
-  if (config.ps.update_on_shards || config.strategy == Strategy::kPsAsync) {
+  // The optimizer state lives split over the servers (ps) or the replicas (zero): made whole
+  // in the member whose state is read.
+  if (config.ps.update_on_shards || config.strategy == Strategy::kPsAsync || config.step.zero_stage > 0) {
     proto::Command gather;
     gather.mutable_gather_state()->set_keep(pool->members().at(0));
     raw_call(gather);

@@ -307,7 +307,7 @@ class Worker {
 
   // Every replica takes part; only the worker whose state is read next ("keep") keeps a copy.
   void on_gather_state(const proto::GatherStateRequest& in) {
-    each_replica([&](int i) { replica(i).gather_server_state(); });
+    each_replica([&](int i) { replica(i).gather_server_state(/*keep=*/in.keep() == index_ && i == 0); });
     if (in.keep() != index_) {
       for (auto& r : replicas_) r->drop_server_state_copy();
     }
