@@ -31,8 +31,9 @@ namespace dsgd::control {
 // worker of different builds would misread. A worker that registers with another is refused
 // (FAILED_PRECONDITION), naming both.
 // 1: JSON job and commands; 2: JobSpec, typed commands; 3: JobSpec.device, .precision;
-// 4: long-poll heartbeats, Placement.hosts; 5: JobSpec.step (the step settings as one JSON).
-inline constexpr uint32_t kControlProtocol = 5;
+// 4: long-poll heartbeats, Placement.hosts; 5: JobSpec.step (the step settings as one JSON);
+// 6: states in chunks (StateChunk, ReadStateRequest).
+inline constexpr uint32_t kControlProtocol = 6;
 
 struct DriverServerOptions {
   std::string listen = "127.0.0.1:0";       // host:port; port 0 picks a free one

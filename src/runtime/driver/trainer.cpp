@@ -83,6 +83,38 @@ std::vector<proto::CommandResult> Trainer::Impl::raw_call(const proto::Command& 
   }, std::move(targets));
 }
 
+void Trainer::Impl::send_state(const std::string& state, const Feedback& feedback, std::vector<int> targets) {
+  if (targets.empty()) targets = pool->members();
+  for (size_t at = 0; at < state.size(); at += kStateChunkBytes) {
+    proto::Command piece;
+    piece.mutable_state_chunk()->set_offset(at);
+    piece.mutable_state_chunk()->set_data(state.data() + at, std::min(kStateChunkBytes, state.size() - at));
+    raw_call(piece, targets);
+  }
+  proto::Command c = set_state_command({}, feedback);
+  c.mutable_set_state()->set_chunked(true);
+  raw_call(c, targets);
+}
+
+std::string Trainer::Impl::fetch_state(int member) {
+  proto::Command c;
+  c.mutable_get_state()->set_chunk_bytes(kStateChunkBytes);
+  auto first = std::move(*raw_call(c, {member})[0].mutable_state());
+  std::string state = std::move(*first.mutable_state());
+  state.reserve(first.total());
+  while (state.size() < first.total()) {
+    proto::Command read;
+    read.mutable_read_state()->set_offset(state.size());
+    read.mutable_read_state()->set_bytes(kStateChunkBytes);
+    const auto piece = raw_call(read, {member});
+    if (piece[0].state().state().empty()) {
+      throw Error("worker " + std::to_string(member) + "'s state read stalled at byte " + std::to_string(state.size()));
+    }
+    state += piece[0].state().state();
+  }
+  return state;
+}
+
 void Trainer::Impl::announce_to_servers(const std::string& generation_or_state) {
   if (ps_shard_processes(config) == 0) return;
   try {
@@ -211,7 +243,7 @@ void Trainer::Impl::form_first_group(bool recover) {
   const auto give_out = [&] {
     take_snapshot(/*before_steps=*/true);
     if (pool->members().size() > 1 || config.devices_per_worker > 1)
-      raw_call(set_state_command(snapshot, snapshot_feedback));
+      send_state(snapshot, snapshot_feedback);
   };
   if (recover) {
     recovering(give_out);
@@ -460,7 +492,7 @@ void Trainer::load(const std::string& path) {
     throw ConfigError(path + ": the checkpoint is of operator '" + op + "', this trainer runs '" + impl_->op_name +
                       "'");
   }
-  impl_->call(set_state_command(c.state, c.feedback));
+  impl_->recovering([&] { impl_->send_state(c.state, c.feedback); });
   impl_->snapshot = c.state;
   impl_->snapshot_feedback = c.feedback;
   impl_->snapshots->reset();
@@ -469,7 +501,7 @@ void Trainer::load(const std::string& path) {
 
 std::shared_ptr<torch::nn::Module> Trainer::get_model(size_t index) {
   auto& d = *impl_;
-  auto state = d.call(command(&proto::Command::mutable_get_state), true);
+  const std::string state = d.recovering([&] { return d.fetch_state(d.pool->members().at(0)); });
   if (!d.local) {
     torch_glue::ReplicaOptions o;
     o.global_batch = d.config.batch_size;
@@ -479,7 +511,7 @@ std::shared_ptr<torch::nn::Module> Trainer::get_model(size_t index) {
     d.local = std::make_unique<torch_glue::ReplicaRuntime>(make_operator(d.op_name), o);
     d.local->setup(d.config.config);
   }
-  d.local->load_state(state[0].state().state());
+  d.local->load_state(state);
   const auto& models = d.local->op().models();
   if (index >= models.size()) {
     throw ConfigError("get_model(" + std::to_string(index) + "): the operator registered " +

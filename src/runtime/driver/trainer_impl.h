@@ -91,6 +91,15 @@ struct Trainer::Impl {
                                              const std::function<void()>& extra_tick = {},
                                              milliseconds timeout = milliseconds(0));
 
+  // States travel in pieces of this size (control.proto's StateChunk: one message of gigabytes
+  // would hold the receiver's gRPC poller, and with it the heartbeats, for seconds).
+  static constexpr size_t kStateChunkBytes = 4u << 20;
+  // Every member (or `targets`) loads `state` with its `feedback`, sent in pieces; throws as
+  // raw_call does.
+  void send_state(const std::string& state, const Feedback& feedback, std::vector<int> targets = {});
+  // Worker `member`'s state (get_state), read in pieces; throws as raw_call does.
+  std::string fetch_state(int member);
+
   // Strategy ps with shard processes: tells them the generation to join (runtime/ps_server_process.h).
   void announce_to_servers(const std::string& generation_or_state);
 

@@ -176,7 +176,7 @@ void Trainer::Impl::form_group(const std::vector<int>& joining, PhaseClock* cloc
   connect_group();
   clock->mark("connect");
   if (snapshot.empty()) return;  // lost during start-up, before the first snapshot: nothing to restore
-  raw_call(set_state_command(snapshot, snapshot_feedback));
+  send_state(snapshot, snapshot_feedback);
   clock->mark("restore");
   replay();
   clock->mark("replay");
@@ -286,9 +286,7 @@ std::string Trainer::Impl::read_state(Feedback* feedback) {
       }
     }
   }
-  return std::move(*raw_call(command(&proto::Command::mutable_get_state), {pool->members().at(0)})[0]
-                        .mutable_state()
-                        ->mutable_state());
+  return fetch_state(pool->members().at(0));
 }
 
 void Trainer::Impl::take_snapshot(bool before_steps) {

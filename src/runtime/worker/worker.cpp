@@ -11,6 +11,7 @@
 #include <ATen/Parallel.h>
 #include <torch/serialize.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
@@ -256,10 +257,12 @@ class Worker {
     switch (cmd.request_case()) {
       case C::kSetup: *out.mutable_setup() = on_setup(cmd.setup()); break;
       case C::kConnect: connect(cmd.connect().placement()); break;
+      case C::kStateChunk: on_state_chunk(cmd.state_chunk()); break;
       case C::kSetState: on_set_state(cmd.set_state()); break;
       case C::kGetFeedback: *out.mutable_feedback() = on_get_feedback(); break;
       case C::kGatherState: on_gather_state(cmd.gather_state()); break;
-      case C::kGetState: *out.mutable_state() = on_get_state(); break;
+      case C::kGetState: *out.mutable_state() = on_get_state(cmd.get_state()); break;
+      case C::kReadState: *out.mutable_state() = on_read_state(cmd.read_state()); break;
       case C::kGetPickle: *out.mutable_pickle() = on_get_pickle(); break;
       case C::kTrain: *out.mutable_epoch() = on_epoch(&cmd.train()); break;
       case C::kValidate: *out.mutable_epoch() = on_epoch(nullptr); break;
@@ -313,14 +316,25 @@ class Worker {
     }
   }
 
+  void on_state_chunk(const proto::StateChunk& in) {
+    if (in.offset() == 0) incoming_state_.clear();
+    if (in.offset() != incoming_state_.size()) {
+      throw Error("state chunk at byte " + std::to_string(in.offset()) + ", expected " +
+                  std::to_string(incoming_state_.size()) + ": the driver's pieces came out of order");
+    }
+    incoming_state_.append(in.data());
+  }
+
   // Feedback saved by a world of another size is no one's here: each replica starts from zero.
   void on_set_state(const proto::SetStateRequest& in) {
     const auto& fb = in.feedback();
     const bool ours = static_cast<int>(fb.size()) == world_;
+    const std::string& state = in.chunked() ? incoming_state_ : in.state();
     each_replica([&](int i) {
       const auto it = ours ? fb.find(rank_base_ + i) : fb.end();
-      replica(i).load_state(in.state(), it != fb.end() ? it->second : std::string());
+      replica(i).load_state(state, it != fb.end() ? it->second : std::string());
     });
+    std::string().swap(incoming_state_);
   }
 
   proto::FeedbackReply on_get_feedback() {
@@ -332,13 +346,33 @@ class Worker {
     return out;
   }
 
-  proto::StateReply on_get_state() {
+  proto::StateReply on_get_state(const proto::GetStateRequest& in) {
     const auto t0 = Clock::now();
-    proto::StateReply out;
-    out.set_state(replicas_.at(0)->save_state());
+    outgoing_state_ = replicas_.at(0)->save_state();
     for (auto& r : replicas_) r->drop_server_state_copy();  // saved: the servers hold it
-    control::log().debug("worker {}: state of {} bytes serialised in {:.3f} s", index_, out.state().size(),
+    control::log().debug("worker {}: state of {} bytes serialised in {:.3f} s", index_, outgoing_state_.size(),
                          std::chrono::duration<double>(Clock::now() - t0).count());
+    proto::ReadStateRequest first;
+    first.set_bytes(in.chunk_bytes() > 0 ? in.chunk_bytes() : outgoing_state_.size());
+    return on_read_state(first);
+  }
+
+  // A piece of the state the last get_state serialised; the bytes go with the last piece.
+  proto::StateReply on_read_state(const proto::ReadStateRequest& in) {
+    const size_t total = outgoing_state_.size();
+    if (in.offset() > total) {
+      throw Error("read_state at byte " + std::to_string(in.offset()) + " of a state of " + std::to_string(total) +
+                  " bytes: no get_state before it");
+    }
+    proto::StateReply out;
+    out.set_total(total);
+    const size_t n = std::min<size_t>(in.bytes(), total - in.offset());
+    if (in.offset() == 0 && n == total) {
+      out.set_state(std::move(outgoing_state_));  // whole: nothing to copy
+    } else {
+      out.set_state(outgoing_state_.substr(in.offset(), n));
+    }
+    if (in.offset() + n >= total) std::string().swap(outgoing_state_);
     return out;
   }
 
@@ -498,6 +532,8 @@ class Worker {
   }
 
   control::DriverClient& client_;
+  std::string incoming_state_;  // StateChunks so far
+  std::string outgoing_state_;  // the state get_state serialised, until its last piece is read
   const std::string token_;
   const int64_t index_;
   const proto::JobSpec job_;
