@@ -1,0 +1,120 @@
+// dsgd_zero_bench: what step.zero_stage 1 saves and costs, on PyTorch's ZeroRedundancyOptimizer
+// recipe (20 x Linear(2000, 2000), Adam (lr 1e-4: the
+// recipe's 0.01 diverges within steps), MSE against random targets, global batch 20).
+// Runs the same job with zero 0 and zero 1 (interleaved, --rounds times each), fresh workers each
+// run, and prints per run: seconds per step (median of the timed chunks), the workers' largest
+// peak resident memory, and each replica's optimizer-state bytes; then the saving against the
+// formula (Adam: 8 bytes a parameter, (N-1)/N of it saved per replica). bench/zero.sh runs it
+// beside PyTorch's own (bench/peers/zero_peer.py).
+//
+//   dsgd_zero_bench --workers 2 --rounds 2 --json out.json
+#include <CLI/CLI.hpp>
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <vector>
+
+#include "dsgd/operator.h"
+#include "dsgd/trainer.h"
+
+namespace {
+
+// The recipe's model: `layers` Linear(width, width) in a row, Adam, MSE on random data.
+class ZeroRecipe : public dsgd::TrainingOperator {
+ public:
+  void setup(const nlohmann::json& config) override {
+    const int64_t layers = config.value("layers", 20), width = config.value("width", 2000);
+    const int64_t samples = config.value("samples", 400);
+    torch::nn::Sequential net;
+    for (int64_t i = 0; i < layers; ++i) net->push_back(torch::nn::Linear(width, width));
+    auto model = register_model(net.ptr());
+    register_optimizer(std::make_unique<torch::optim::Adam>(model->parameters(), torch::optim::AdamOptions(config.value("lr", 1e-4))));
+    register_loss([](const torch::Tensor& out, const torch::Tensor& target) { return torch::mse_loss(out, target); });
+    register_data(torch::randn({samples, width}), torch::randn({samples, width}));
+  }
+};
+DSGD_REGISTER_OPERATOR(ZeroRecipe);
+
+struct Run {
+  int zero = 0;
+  double step_s = 0, peak_rss_mib = 0, state_bytes = 0, loss = 0;
+};
+
+int heartbeat_ms = 3000;
+
+Run run(int zero, int workers, int64_t steps, int chunks, const nlohmann::json& config) {
+  dsgd::TrainerConfig c{.num_workers = workers, .batch_size = 20, .device = "cpu", .seed = 1, .threads_per_worker = 1};
+  c.config = config;
+  c.step.zero_stage = zero;
+  c.checkpoints.every_steps = 1 << 30;  // no snapshots between chunks: the step alone
+  c.recovery.heartbeat_timeout = std::chrono::milliseconds(heartbeat_ms);
+  dsgd::Trainer t(dsgd::operator_of<ZeroRecipe>(), c);
+  t.train({.num_steps = 2});  // warm-up: the optimizer state exists from here on
+  std::vector<double> per_step;
+  Run r{.zero = zero};
+  for (int i = 0; i < chunks; ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    const auto res = t.train({.num_steps = steps});
+    per_step.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() /
+                       static_cast<double>(steps));
+    r.peak_rss_mib = res.metrics.count("peak_rss_mib") ? res.metrics.at("peak_rss_mib") : 0;
+    r.state_bytes = res.metrics.at("optimizer_state_bytes");
+    r.loss = res.metrics.at("loss");
+  }
+  std::sort(per_step.begin(), per_step.end());
+  r.step_s = per_step[per_step.size() / 2];
+  std::printf("zero %d: %.3f s/step, worker peak RSS %.0f MiB, optimizer state %.1f MB a replica, loss %.4f\n", zero,
+              r.step_s, r.peak_rss_mib, r.state_bytes / 1e6, r.loss);
+  std::fflush(stdout);
+  return r;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  dsgd::init(argc, argv);
+  int workers = 2, rounds = 2, chunks = 3, layers = 20, width = 2000;
+  int64_t steps = 5;
+  std::string json_out;
+  CLI::App app{"dsgd_zero_bench: memory and step time of step.zero_stage 1 against 0 on ZeRO's recipe"};
+  app.add_option("--workers", workers, "Workers (one replica each, one thread each)")->capture_default_str();
+  app.add_option("--rounds", rounds, "Runs of each stage, interleaved")->capture_default_str();
+  app.add_option("--chunks", chunks, "Timed train() calls per run")->capture_default_str();
+  app.add_option("--steps", steps, "Steps per timed call")->capture_default_str();
+  app.add_option("--layers", layers, "Linear layers")->capture_default_str();
+  app.add_option("--width", width, "Their width")->capture_default_str();
+  app.add_option("--json", json_out, "Also write the runs here");
+  app.add_option("--heartbeat-ms", heartbeat_ms, "recovery.heartbeat_timeout")->capture_default_str();
+  CLI11_PARSE(app, argc, argv);
+  const nlohmann::json config{{"layers", layers}, {"width", width}};
+  std::vector<Run> runs;
+  for (int i = 0; i < rounds; ++i) {
+    for (int zero : {0, 1}) runs.push_back(run(zero, workers, steps, chunks, config));
+  }
+  const auto best = [&](int zero, double Run::*field) {
+    double v = 1e300;
+    for (const auto& r : runs) v = r.zero == zero ? std::min(v, r.*field) : v;
+    return v;
+  };
+  const double params = static_cast<double>(layers) * (static_cast<double>(width) * width + width);
+  const double formula_mib = 8 * params * (workers - 1) / workers / (1 << 20);
+  const double saved_mib = best(0, &Run::peak_rss_mib) - best(1, &Run::peak_rss_mib);
+  const double step_ratio = best(1, &Run::step_s) / best(0, &Run::step_s);
+  std::printf("%.1fM parameters, %d workers: zero 1 saves %.0f MiB of peak RSS per worker (formula %.0f MiB: %.2f of "
+              "it); step time zero 1 / zero 0 = %.3f (best of %d runs each)\n",
+              params / 1e6, workers, saved_mib, formula_mib, saved_mib / formula_mib, step_ratio, rounds);
+  if (!json_out.empty()) {
+    nlohmann::json j = {{"parameters", params},     {"workers", workers},     {"formula_saved_mib", formula_mib},
+                        {"saved_mib", saved_mib},   {"step_ratio", step_ratio}, {"runs", nlohmann::json::array()}};
+    for (const auto& r : runs) {
+      j["runs"].push_back({{"zero", r.zero}, {"step_s", r.step_s}, {"peak_rss_mib", r.peak_rss_mib},
+                           {"optimizer_state_bytes", r.state_bytes}, {"loss", r.loss}});
+    }
+    std::ofstream(json_out) << j.dump(2) << "\n";
+  }
+  return 0;
+}

@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# ZeRO stage 1 (step.zero_stage) against plain allreduce and against PyTorch's
+# ZeroRedundancyOptimizer, side by side in one run, on PyTorch's recipe: 20 x Linear(2000, 2000),
+# Adam, 2 ranks of one thread, global batch 20. dsgd runs each stage ROUNDS times (interleaved,
+# fresh workers each run), PyTorch each once (its steps are slow here). Prints both sides' seconds
+# per step and largest per-rank peak RSS, and dsgd's saving against the formula.
+#   bench/zero.sh [ROUNDS]            (default 3; RESULTS_JSON=FILE also writes dsgd's runs)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+rounds=${1:-3}
+bench=${DSGD_ZERO_BENCH:-build/dsgd_zero_bench}
+py=/usr/bin/python3
+[ -x "$bench" ] || { echo "zero.sh: $bench not built (make build)"; exit 1; }
+$py -c 'import torch' 2>/dev/null || { echo "zero.sh: $py lacks torch (scripts/install-deps.sh)"; exit 1; }
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+OMP_NUM_THREADS=1 "$bench" --workers 2 --rounds "$rounds" --json "$tmp/dsgd.json" 2>/dev/null | grep -v '^\['
+OMP_NUM_THREADS=1 $py bench/peers/zero_peer.py --world-size 2 > "$tmp/peer.json"
+[ -n "${RESULTS_JSON:-}" ] && cp "$tmp/dsgd.json" "$RESULTS_JSON"
+$py - "$tmp/dsgd.json" "$tmp/peer.json" <<'PY'
+import json, sys
+d, p = (json.load(open(f)) for f in sys.argv[1:3])
+def best(runs, zero, key):
+    return min(r[key] for r in runs if r["zero"] == zero)
+print("| | s/step zero 0 | s/step zero 1 | peak RSS MiB zero 0 | peak RSS MiB zero 1 |")
+print("|---|---|---|---|---|")
+for name, runs in (("dsgd", d["runs"]), ("PyTorch DDP + ZeroRedundancyOptimizer", p["runs"])):
+    print(f"| {name} | {best(runs, 0, 'step_s'):.3f} | {best(runs, 1, 'step_s'):.3f} | "
+          f"{best(runs, 0, 'peak_rss_mib'):.0f} | {best(runs, 1, 'peak_rss_mib'):.0f} |")
+print(f"dsgd zero 1 saves {d['saved_mib']:.0f} MiB per rank (formula {d['formula_saved_mib']:.0f}); "
+      f"step time zero 1 / zero 0 = {d['step_ratio']:.3f}; peak RSS zero 1 dsgd / PyTorch = "
+      f"{best(d['runs'], 1, 'peak_rss_mib') / best(p['runs'], 1, 'peak_rss_mib'):.2f}")
+PY
