@@ -1,6 +1,6 @@
 // dsgd_zero_bench: what step.zero_stage 1 saves and costs, on PyTorch's ZeroRedundancyOptimizer
-// recipe (20 x Linear(2000, 2000), Adam (lr 1e-4: the
-// recipe's 0.01 diverges within steps), MSE against random targets, global batch 20).
+// recipe (20 x Linear(2000, 2000), Adam (lr 1e-4: the recipe's 0.01 diverges within steps), MSE
+// against random targets, global batch 20).
 // Runs the same job with zero 0 and zero 1 (interleaved, --rounds times each), fresh workers each
 // run, and prints per run: seconds per step (median of the timed chunks), the workers' largest
 // peak resident memory, and each replica's optimizer-state bytes; then the saving against the
@@ -32,7 +32,8 @@ class ZeroRecipe : public dsgd::TrainingOperator {
     torch::nn::Sequential net;
     for (int64_t i = 0; i < layers; ++i) net->push_back(torch::nn::Linear(width, width));
     auto model = register_model(net.ptr());
-    register_optimizer(std::make_unique<torch::optim::Adam>(model->parameters(), torch::optim::AdamOptions(config.value("lr", 1e-4))));
+    const double lr = config.value("lr", 1e-4);
+    register_optimizer(std::make_unique<torch::optim::Adam>(model->parameters(), torch::optim::AdamOptions(lr)));
     register_loss([](const torch::Tensor& out, const torch::Tensor& target) { return torch::mse_loss(out, target); });
     register_data(torch::randn({samples, width}), torch::randn({samples, width}));
   }
