@@ -1,6 +1,7 @@
 #include "torch/replica_state.h"
 
 #include <ATen/CPUGeneratorImpl.h>
+#include <torch/optim.h>
 #include <torch/serialize.h>
 
 #include <mutex>
@@ -43,9 +44,58 @@ void write_replica_state(const TrainingOperator& op, const ReplicaState& state,
   archive.save_to(writer);
 }
 
+namespace {
+
+int64_t bytes_of(const torch::Tensor& t) { return t.defined() ? static_cast<int64_t>(t.nbytes()) : 0; }
+
+int64_t state_bytes(const torch::optim::OptimizerParamState& s) {
+  namespace o = torch::optim;
+  if (const auto* x = dynamic_cast<const o::SGDParamState*>(&s)) return bytes_of(x->momentum_buffer());
+  if (const auto* x = dynamic_cast<const o::AdamParamState*>(&s)) {
+    return bytes_of(x->exp_avg()) + bytes_of(x->exp_avg_sq()) + bytes_of(x->max_exp_avg_sq());
+  }
+  if (const auto* x = dynamic_cast<const o::AdamWParamState*>(&s)) {
+    return bytes_of(x->exp_avg()) + bytes_of(x->exp_avg_sq()) + bytes_of(x->max_exp_avg_sq());
+  }
+  if (const auto* x = dynamic_cast<const o::RMSpropParamState*>(&s)) {
+    return bytes_of(x->square_avg()) + bytes_of(x->momentum_buffer()) + bytes_of(x->grad_avg());
+  }
+  if (const auto* x = dynamic_cast<const o::AdagradParamState*>(&s)) return bytes_of(x->sum());
+  return 0;
+}
+
+}  // namespace
+
+int64_t optimizer_state_bytes(const TrainingOperator& op) {
+  int64_t total = 0;
+  for (size_t k = 0; k < op.num_optimizers(); ++k) {
+    for (const auto& [key, state] : op.optimizer(k).state()) total += state ? state_bytes(*state) : 0;
+  }
+  return total;
+}
+
+namespace {
+
+// About the bytes the archive will take: every model tensor and optimizer-state tensor, plus a
+// little for each record's header. Reserved up front, a state of gigabytes is written once
+// instead of copied as the string doubles (and each copy's fresh pages faulted in again).
+size_t estimated_state_bytes(const TrainingOperator& op) {
+  size_t bytes = 1 << 20;
+  for (const auto& [name, t] : named_tensors(op)) bytes += t.nbytes() + 256;
+  for (size_t i = 0; i < op.num_optimizers(); ++i) {
+    for (const auto& [key, state] : op.optimizer(i).state()) {
+      if (state) bytes += 1024;  // the tensors themselves are below
+    }
+  }
+  return bytes + static_cast<size_t>(optimizer_state_bytes(op));
+}
+
+}  // namespace
+
 std::string save_replica_state(const TrainingOperator& op, const ReplicaState& state) {
   // Straight into one string (an ostringstream copies the 10s of MB again as it grows and in str()).
   std::string bytes;
+  bytes.reserve(estimated_state_bytes(op));
   write_replica_state(op, state, [&bytes](const void* data, size_t n) {
     bytes.append(static_cast<const char*>(data), n);
     return n;
@@ -64,8 +114,7 @@ size_t replica_state_bytes(const TrainingOperator& op, const ReplicaState& state
 
 ReplicaState load_replica_state(TrainingOperator& op, const std::string& bytes, torch::Device device) {
   torch::serialize::InputArchive archive;
-  std::istringstream in(bytes);
-  archive.load_from(in, device);
+  archive.load_from(bytes.data(), bytes.size(), device);  // read in place: no copy of the state
   for (size_t i = 0; i < op.models().size(); ++i) {
     torch::serialize::InputArchive sub;
     if (!archive.try_read("model" + std::to_string(i), sub)) {

@@ -57,6 +57,9 @@ std::vector<std::pair<std::string, torch::Tensor>> named_tensors(const TrainingO
 // "model<m>.<name> <sizes> <dtype>" per parameter and buffer, one per line: equal on replicas
 // that built the same models.
 std::string model_signature(const TrainingOperator& op);
+// Bytes of the tensors in the registered optimizers' state (SGD, Adam, AdamW, RMSprop, Adagrad;
+// other kinds count 0): what each replica's optimizers hold (step.zero_stage shards it).
+int64_t optimizer_state_bytes(const TrainingOperator& op);
 // Bytes of each model's trainable float32 parameters, each model's rounded up to 64.
 size_t gradient_bytes(const TrainingOperator& op);
 

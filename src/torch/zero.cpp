@@ -66,34 +66,4 @@ void gather_optimizer_state(TrainingOperator& op, strategy::Sharing& sharing, bo
   }
 }
 
-namespace {
-
-int64_t bytes_of(const torch::Tensor& t) { return t.defined() ? static_cast<int64_t>(t.nbytes()) : 0; }
-
-int64_t state_bytes(const torch::optim::OptimizerParamState& s) {
-  namespace o = torch::optim;
-  if (const auto* x = dynamic_cast<const o::SGDParamState*>(&s)) return bytes_of(x->momentum_buffer());
-  if (const auto* x = dynamic_cast<const o::AdamParamState*>(&s)) {
-    return bytes_of(x->exp_avg()) + bytes_of(x->exp_avg_sq()) + bytes_of(x->max_exp_avg_sq());
-  }
-  if (const auto* x = dynamic_cast<const o::AdamWParamState*>(&s)) {
-    return bytes_of(x->exp_avg()) + bytes_of(x->exp_avg_sq()) + bytes_of(x->max_exp_avg_sq());
-  }
-  if (const auto* x = dynamic_cast<const o::RMSpropParamState*>(&s)) {
-    return bytes_of(x->square_avg()) + bytes_of(x->momentum_buffer()) + bytes_of(x->grad_avg());
-  }
-  if (const auto* x = dynamic_cast<const o::AdagradParamState*>(&s)) return bytes_of(x->sum());
-  return 0;
-}
-
-}  // namespace
-
-int64_t optimizer_state_bytes(const TrainingOperator& op) {
-  int64_t total = 0;
-  for (size_t k = 0; k < op.num_optimizers(); ++k) {
-    for (const auto& [key, state] : op.optimizer(k).state()) total += state ? state_bytes(*state) : 0;
-  }
-  return total;
-}
-
 }  // namespace dsgd::torch_glue

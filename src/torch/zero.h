@@ -45,8 +45,4 @@ void drop_unowned_state(TrainingOperator& op, const OwnedSet& owned);
 // whole state (save_state writes it; drop_unowned_state lets go of it again).
 void gather_optimizer_state(TrainingOperator& op, strategy::Sharing& sharing, bool keep);
 
-// Bytes of the tensors in the registered optimizers' state (SGD, Adam, AdamW, RMSprop, Adagrad;
-// other kinds count 0).
-int64_t optimizer_state_bytes(const TrainingOperator& op);
-
 }  // namespace dsgd::torch_glue
