@@ -157,29 +157,6 @@ void ReplicaRuntime::attach(std::shared_ptr<strategy::GradientStrategy> strategy
   partition_parameters();
 }
 
-void ReplicaRuntime::partition_parameters() {
-  owned_ = {};
-  share_after_step_ = false;
-  if (options_.step.zero_stage == 0 || options_.info.world_size < 2 || syncs_.empty()) return;
-  std::vector<int64_t> numels;
-  for (const auto& s : syncs_) {
-    for (size_t i = 0; i < s->num_params(); ++i) numels.push_back(s->param(i).numel());
-  }
-  const auto owner = partition_by_size(numels, options_.info.world_size);
-  size_t k = 0;
-  for (auto& s : syncs_) {
-    std::vector<bool> mine(s->num_params());
-    for (size_t i = 0; i < mine.size(); ++i, ++k) {
-      mine[i] = owner[k] == options_.info.rank;
-      const void* impl = s->param(i).unsafeGetTensorImpl();
-      owned_.sharded.insert(impl);
-      if (mine[i]) owned_.owned.insert(impl);
-    }
-    s->set_owned(std::move(mine));
-  }
-  drop_unowned_state(*op_, owned_);  // a state loaded whole keeps only this replica's share
-}
-
 double ReplicaRuntime::steady_step_seconds() const {
   std::vector<double> gaps;
   for (size_t i = 1; i < batch_ends_.size(); ++i) {
@@ -205,18 +182,6 @@ void ReplicaRuntime::wait(const torch::Tensor& parameter) {
 
 std::string ReplicaRuntime::where() const {
   return "epoch " + std::to_string(position_.epoch + 1) + ", batch " + std::to_string(position_.batch + 1);
-}
-
-void ReplicaRuntime::gather_server_state(bool keep) {
-  for (auto& s : syncs_) s->gather_server_state();
-  if (!owned_.empty()) gather_optimizer_state(*op_, *syncs_[0]->strategy().sharing(), keep);
-}
-
-void ReplicaRuntime::drop_server_state_copy() {
-  for (auto& s : syncs_) {
-    if (s->updates_on_servers()) s->drop_optimizer_momentum();
-  }
-  drop_unowned_state(*op_, owned_);
 }
 
 EpochSampler ReplicaRuntime::sampler() const {  // of micro-batches, with accumulation

@@ -5,6 +5,7 @@
 //   torch/deferred_steps.h  the forward overlap's held-back optimizer steps
 //   torch/replica_state.h   the state as bytes (checkpoints, snapshots), named tensors
 //   torch/server_optimizer.h  SGD on the parameter servers
+//   torch/zero.h            ZeRO stage 1: which parameters this replica steps (replica_sharded_state.cpp)
 // ReplicaRuntime ties them together, schedules the learning rates, profiles, and is the
 // operator's ReplicaHost (torch/replica_host.h).
 //
