@@ -5,7 +5,6 @@
 
 #include <algorithm>
 #include <numeric>
-#include <sstream>
 
 #include "torch/optimizer_state.h"
 
@@ -46,13 +45,12 @@ void gather_optimizer_state(TrainingOperator& op, strategy::Sharing& sharing, bo
   for (size_t k = 0; k < op.num_optimizers(); ++k) {
     auto& opt = op.optimizer(k);
     std::string mine;
-    {
-      torch::serialize::OutputArchive archive;
-      opt.save(archive);  // the state this replica holds: its share
-      std::ostringstream out;
-      archive.save_to(out);
-      mine = out.str();
-    }
+    torch::serialize::OutputArchive archive;
+    opt.save(archive);  // the state this replica holds: its share
+    archive.save_to([&mine](const void* data, size_t n) {  // straight into the string, as save_replica_state
+      mine.append(static_cast<const char*>(data), n);
+      return n;
+    });
     for (int r = 0; r < sharing.size(); ++r) {
       std::string bytes = r == sharing.rank() ? mine : std::string();
       sharing.broadcast_bytes(&bytes, r);

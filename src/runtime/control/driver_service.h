@@ -32,7 +32,7 @@ namespace dsgd::control {
 // (FAILED_PRECONDITION), naming both.
 // 1: JSON job and commands; 2: JobSpec, typed commands; 3: JobSpec.device, .precision;
 // 4: long-poll heartbeats, Placement.hosts; 5: JobSpec.step (the step settings as one JSON);
-// 6: states in chunks (StateChunk, ReadStateRequest).
+// 6: states in pieces only (StateChunk, ReadStateRequest).
 inline constexpr uint32_t kControlProtocol = 6;
 
 struct DriverServerOptions {

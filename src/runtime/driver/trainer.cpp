@@ -91,8 +91,9 @@ void Trainer::Impl::send_state(const std::string& state, const Feedback& feedbac
     piece.mutable_state_chunk()->set_data(state.data() + at, std::min(kStateChunkBytes, state.size() - at));
     raw_call(piece, targets);
   }
-  proto::Command c = set_state_command({}, feedback);
-  c.mutable_set_state()->set_chunked(true);
+  proto::Command c;
+  auto* set = c.mutable_set_state();  // loads what the pieces carried
+  for (const auto& [rank, bytes] : feedback) (*set->mutable_feedback())[rank] = bytes;
   raw_call(c, targets);
 }
 

@@ -42,12 +42,6 @@ proto::Command command(Request* (proto::Command::*mutable_request)()) {
 // Error feedback by replica rank (compression; empty without): runtime::Checkpoint::feedback.
 using Feedback = std::map<int64_t, std::string>;
 
-inline proto::Command set_state_command(const std::string& state, const Feedback& feedback) {
-  proto::Command c;
-  c.mutable_set_state()->set_state(state);
-  for (const auto& [rank, bytes] : feedback) (*c.mutable_set_state()->mutable_feedback())[rank] = bytes;
-  return c;
-}
 
 struct Trainer::Impl {
   using json = nlohmann::json;

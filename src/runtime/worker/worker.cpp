@@ -261,10 +261,9 @@ class Worker {
   void on_set_state(const proto::SetStateRequest& in) {
     const auto& fb = in.feedback();
     const bool ours = static_cast<int>(fb.size()) == world_;
-    const std::string& state = in.chunked() ? incoming_state_ : in.state();
     each_replica([&](int i) {
       const auto it = ours ? fb.find(rank_base_ + i) : fb.end();
-      replica(i).load_state(state, it != fb.end() ? it->second : std::string());
+      replica(i).load_state(incoming_state_, it != fb.end() ? it->second : std::string());
     });
     std::string().swap(incoming_state_);
   }
