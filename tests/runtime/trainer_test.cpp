@@ -1886,18 +1886,36 @@ TEST(TrainerZero, AStandbyTakesAKilledWorkersShareAndTheResultEqualsAFaultFreeRu
 }
 
 // The language model reads its sequences from a token file as it goes (a streaming dataset): a
-// worker killed mid-epoch, its standby takes its place and reads on from the snapshot's position,
-// and the job ends where the fault-free run does.
+// worker killed mid-epoch, between the snapshots at steps 10 and 20, its standby takes its place
+// and reads on from the snapshot's position, and the job ends where the fault-free run does. (The
+// kill comes between two calls, at step 15 exactly: gpt-tiny's steps are faster than progress
+// reports, and a kill timed by them landed on a snapshot under load.)
 TEST(TrainerRecovery, AKilledWorkerUnderAStreamingDatasetEndsAsTheFaultFreeRun) {
   testing::TempDir dir;
   TrainerConfig c = language_model_job(dir, 1600, 40);
   c.recovery.standby_workers = 1;
+  c.checkpoints.every_steps = 10;
+  c.checkpoints.max_overhead = 0;
+  c.recovery.heartbeat_timeout = milliseconds(2000);
   dsgd::register_builtin_operators();
-  const auto r = train_through_fault(c, SIGKILL, nullptr, 1e-7, false, {}, kLanguageModel);
+  const Params reference = [&] {
+    Trainer clean(kLanguageModel, c);
+    EXPECT_EQ(clean.train({.num_steps = 40}).recoveries.size(), 0u);
+    return params_of(*clean.get_model());
+  }();
+  Trainer t(kLanguageModel, c);
+  const int victim = t.foreach_worker("replica_info")[1]["pid"].get<int>();  // (before: it takes a snapshot)
+  EXPECT_EQ(t.train({.num_steps = 15}).batch, 15);
+  ::kill(victim, SIGKILL);
+  const auto r = t.train({.num_steps = 25});
+  EXPECT_EQ(r.batch, 40);
   ASSERT_EQ(r.recoveries.size(), 1u);
   EXPECT_EQ(r.recoveries[0].standbys_used, 1);
-  EXPECT_GT(r.recoveries[0].rolled_back_steps, 0) << "killed at a snapshot: nothing streamed again";
+  // Back to the snapshot at step 10: steps 11-15, and step 16 if it had begun.
+  EXPECT_GE(r.recoveries[0].rolled_back_steps, 5);
+  EXPECT_LE(r.recoveries[0].rolled_back_steps, 6);
   EXPECT_GT(r.batches_per_epoch, 40) << "the fault should come mid-epoch";
+  EXPECT_LT(max_difference(reference, params_of(*t.get_model())), 1e-7);
 }
 
 TEST(TrainerRecovery, WaitingForReplacementsAKilledWorkersReplacementTakesItsPlaceExactly) {

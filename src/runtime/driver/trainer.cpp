@@ -392,7 +392,9 @@ Results Trainer::train(const TrainOptions& options) {
     args.set_max_batches(chunk);
     // A recovery during the chunk restarts it from the snapshot (its start): results stay whole.
     const auto chunk_t0 = Clock::now();
+    args.set_chunk(d.chunk_in_flight = ++d.chunks_sent);
     auto outs = d.call(request, false, tick);
+    d.chunk_in_flight = 0;
     Results r = runtime::results_of_command(outs, true);
     if (!options.trace_path.empty()) {
       d.add_traces(outs, std::chrono::duration<double, std::micro>(chunk_t0 - t0).count(), &trace);

@@ -65,6 +65,8 @@ struct Trainer::Impl {
   std::vector<RecoveryEvent> events;   // of the current call
   std::vector<RecoveryEvent> start_events;  // of the start-up, reported by the first call
   int64_t steps_done = 0;              // steps completed over the job's train() calls (RecoveryEvent::at_step)
+  uint64_t chunks_sent = 0;            // train chunks numbered (TrainRequest::chunk)
+  uint64_t chunk_in_flight = 0;        // the one being trained, 0 when none: progress of others is past
   double snapshot_s = 0;               // of the current call: taking snapshots, writing checkpoints
   int checkpoint_failures = 0;         // of the current call: checkpoints.dir writes that failed
   int64_t checkpoint_failures_total = 0;  // of the job

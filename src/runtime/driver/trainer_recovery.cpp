@@ -111,8 +111,11 @@ std::vector<int> Trainer::Impl::drain(Clock::time_point detected, RecoveryEvent*
       json p = json::parse(w.progress.empty() ? "{}" : w.progress, nullptr, false);
       ev->lost += (ev->lost.empty() ? "" : ", ") + std::string("worker ") + std::to_string(w.index) + " (host " +
                   w.host + ", pid " + std::to_string(w.pid) + (exited ? ", exited" : ", silent") + ")";
+      // Steps of the chunk in flight, as the worker last told them; none where it last spoke of
+      // another (a worker lost between two calls: that chunk's steps are pending()).
+      const bool current = chunk_in_flight != 0 && p.is_object() && p.value("chunk", uint64_t{0}) == chunk_in_flight;
       if (p.is_object()) {
-        const int64_t batches = p.value("batches", int64_t{0});
+        const int64_t batches = current ? p.value("batches", int64_t{0}) : 0;
         ev->rolled_back_steps = std::max(ev->rolled_back_steps, snapshots->pending() + batches);
         ev->at_step = std::max(ev->at_step, steps_done + batches);
       }

@@ -113,6 +113,7 @@ class Worker {
       try {
         json p;
         if (auto* r = progress_source_.load()) {
+          p["chunk"] = progress_chunk_.load();  // before batches: a new chunk's are reset by then
           p["batches"] = r->progress().batches.load();
           p["loss"] = r->progress().loss.load();
           p["batches_per_epoch"] = r->progress().batches_per_epoch.load();
@@ -321,6 +322,7 @@ class Worker {
   proto::EpochReply on_epoch(const proto::TrainRequest* train) {
     std::vector<Metrics> parts(static_cast<size_t>(dpw_));
     for (auto& r : replicas_) r->progress().batches = 0;
+    progress_chunk_ = train != nullptr ? train->chunk() : 0;  // after the reset: see heartbeat_loop
     // forward_overlap_buckets chosen by the driver (-1 in the job): T for this call, 0 when the
     // call names none (a replay), the same on every worker.
     const bool chosen_overlap = train != nullptr && job_.forward_overlap_buckets() < 0;
@@ -478,6 +480,7 @@ class Worker {
   std::atomic<bool> stop_{false};
   std::atomic<bool> busy_{false};
   std::atomic<torch_glue::ReplicaRuntime*> progress_source_{nullptr};
+  std::atomic<uint64_t> progress_chunk_{0};  // TrainRequest::chunk of the batches in progress
   std::atomic<int64_t> generation_{0};
   int rank_base_ = 0;
   int position_ = 0;                     // this worker's index among the live workers
