@@ -25,9 +25,10 @@ build_pkgs=(
   clang libclang-rt-14-dev     # libFuzzer for the parsers' fuzz targets (tests/fuzz)
   gnuplot-nox             # `dsgd tune`'s plot (its test checks it), and the plots in docs/BENCHMARKS.md
   python3-prometheus-client   # its parser reads the metrics endpoint in the tests, as Prometheus would
+  python3-torch           # TorchScript models made in Python (tests); PyTorch DDP, the peer in bench/
+  python3-pytest          # the tests written in Python (tests/python)
 )
 bench_pkgs=(
-  python3-torch           # PyTorch DDP, the peer we measure against (/usr/bin/python3)
   openmpi-bin libopenmpi-dev   # MPI_Allreduce peer
   dict-gcide              # the language model's corpus: 40 MB of English (dsgd prepare-text's default)
 )

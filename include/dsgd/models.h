@@ -13,6 +13,8 @@
 //              and backward sleep sim_step_ms in all (1/3 forward, 2/3
 //              backward); gradients of the real size appear layer by
 //              layer as backward reaches them (cluster benchmarks)
+//   FILE.pt    a TorchScript module saved in Python (ScriptedModel,     the file's
+//              below): any name ending in .pt or .pth, or with a '/'
 //
 // ResNets use torchvision's stem (7x7 stride 2 + max pool) for images of 64 pixels or more and
 // a 3x3 stride-1 stem without pooling for small images such as 28x28. make_model throws
@@ -30,6 +32,7 @@
 #include <vector>
 
 #include "dsgd/model_names.h"
+#include "dsgd/self_contained_model.h"
 
 namespace dsgd::models {
 
@@ -58,5 +61,29 @@ std::shared_ptr<Classifier> make_model(const std::string& name, const ModelOptio
 
 // Total number of parameter elements (trainable tensors only).
 int64_t parameter_count(const torch::nn::Module& module);
+
+// A TorchScript module made in Python (torch.jit.save(torch.jit.script(net), path), or traced)
+// as a Classifier: its parameters and buffers are the module's own tensors, under the names
+// Python gives them ("conv1.weight", "features.0.bias"), so training this trains the script,
+// and model_file() writes it back for torch.jit.load with the weights it has now. forward calls
+// the script's forward(x); train()/eval() set its training flag (Dropout, BatchNorm).
+//
+//   auto net = ScriptedModel::load("cnn.pt");         // ConfigError naming the file if unreadable
+//   auto logits = net->forward(images);
+class ScriptedModel : public Classifier, public SelfContainedModel {
+ public:
+  static std::shared_ptr<ScriptedModel> load(const std::string& path);
+  ~ScriptedModel() override;
+  torch::Tensor forward(const torch::Tensor& x) override;
+  void train(bool on = true) override;
+  std::string model_file() const override;  // the bytes torch.jit.save would write
+  const std::string& path() const { return path_; }
+
+ private:
+  struct Script;  // the torch::jit::Module (kept out of this header: torch/script.h is heavy)
+  ScriptedModel(std::unique_ptr<Script> script, std::string path);
+  std::unique_ptr<Script> script_;
+  std::string path_;
+};
 
 }  // namespace dsgd::models

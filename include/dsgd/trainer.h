@@ -133,7 +133,9 @@ class Trainer {
   // Checkpoint directory `path`: checkpoint.dsgd (models, optimizers, schedules, operator state,
   // epoch and sampler position; checksummed, written atomically) and model.pt (every model's
   // parameters and buffers as one name -> tensor dict for Python's torch.load: model 0's under
-  // their own names, model m's prefixed "model<m>.").
+  // their own names, model m's prefixed "model<m>."); where model 0 is a TorchScript module
+  // (models::ScriptedModel, `--model file.pt`), model.pt is that module with the trained weights,
+  // for torch.jit.load.
   void save(const std::string& path);
   // Restores a checkpoint saved under any worker count and strategy. `path` is a checkpoint
   // directory, or a checkpoints.dir root: then the newest intact step-* in it.

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <stdexcept>
 #include <vector>
 
@@ -20,10 +21,16 @@ void require(bool ok, const std::string& what) {
 
 void validate(const LocalJobOptions& o) {
   const auto& names = models::model_names();
-  if (std::find(names.begin(), names.end(), o.model) == names.end()) {
+  if (models::is_model_file(o.model)) {
+    std::error_code ec;
+    require(std::filesystem::is_regular_file(o.model, ec),
+            "model file '" + o.model + "' not found (a TorchScript module: in Python, "
+            "torch.jit.save(torch.jit.script(model), '" + o.model + "'); every worker reads it at this path)");
+  } else if (std::find(names.begin(), names.end(), o.model) == names.end()) {
     std::string known;
     for (const auto& n : names) known += (known.empty() ? "" : ", ") + n;
-    throw ConfigError("unknown model '" + o.model + "'; known models: " + known);
+    throw ConfigError("unknown model '" + o.model + "'; known models: " + known +
+                      ", or a TorchScript file (ending in .pt or .pth)");
   }
   require(o.dataset == "fashion-mnist" || o.dataset == "synthetic",
           "unknown dataset '" + o.dataset + "'; use fashion-mnist or synthetic");

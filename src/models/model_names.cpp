@@ -7,4 +7,11 @@ const std::vector<std::string>& model_names() {
   return names;
 }
 
+bool is_model_file(const std::string& name) {
+  const auto ends_with = [&](const std::string& tail) {
+    return name.size() > tail.size() && name.compare(name.size() - tail.size(), tail.size(), tail) == 0;
+  };
+  return ends_with(".pt") || ends_with(".pth") || name.find('/') != std::string::npos;
+}
+
 }  // namespace dsgd::models

@@ -27,6 +27,7 @@ std::shared_ptr<Classifier> make_model(const std::string& name, const ModelOptio
                       std::to_string(o.in_channels) + ", " + std::to_string(o.image_size) + ", " +
                       std::to_string(o.num_classes) + ")");
   }
+  if (is_model_file(name)) return laid_out(load_scripted(name, o), o);
   if (o.channels_last && (name == "mlp" || name == "simulated")) {
     throw ConfigError("model '" + name + "' has no convolutions: channels_last applies to cnn, resnet18 and resnet50");
   }
@@ -55,7 +56,8 @@ std::shared_ptr<Classifier> make_model(const std::string& name, const ModelOptio
   }
   std::string known;
   for (const auto& n : model_names()) known += (known.empty() ? "" : ", ") + n;
-  throw ConfigError("unknown model '" + name + "'; known models: " + known);
+  throw ConfigError("unknown model '" + name + "'; known models: " + known +
+                    ", or a TorchScript file (ending in .pt or .pth)");
 }
 
 int64_t parameter_count(const torch::nn::Module& module) {

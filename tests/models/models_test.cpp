@@ -191,7 +191,8 @@ TEST(Models, UnknownNameListsKnownOnes) {
     make_model("vgg16");
     FAIL() << "unknown model accepted";
   } catch (const ConfigError& e) {
-    EXPECT_STREQ(e.what(), "unknown model 'vgg16'; known models: cnn, mlp, resnet18, resnet50, simulated");
+    EXPECT_STREQ(e.what(), "unknown model 'vgg16'; known models: cnn, mlp, resnet18, resnet50, simulated, or a "
+                           "TorchScript file (ending in .pt or .pth)");
   }
 }
 

@@ -102,7 +102,8 @@ TEST(Cli, FlagErrorsExitWithUsageStatusAndSayWhatIsWrong) {
   expect_usage_error("train --lr -0.1", "learning rate must be a positive number");
   expect_usage_error("train --momentum 1", "momentum must be in [0, 1)");
   expect_usage_error("train --model vgg16",
-                     "unknown model 'vgg16'; known models: cnn, mlp, resnet18, resnet50, simulated");
+                     "unknown model 'vgg16'; known models: cnn, mlp, resnet18, resnet50, simulated, or a TorchScript "
+                     "file (ending in .pt or .pth)");
   expect_usage_error("train --strategy gossip", "--strategy: unknown strategy 'gossip'; use simple, allreduce, ps");
   expect_usage_error("train --workers 0", "--workers: num_workers must be in 1..4096, got 0");
   expect_usage_error("train --workers 2 --in-process", "--in-process trains in this one process");

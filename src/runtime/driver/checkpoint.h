@@ -3,7 +3,8 @@
 //   <dir>/checkpoint.dsgd   one JSON header line (format, version, size, crc32, epoch, ...) then
 //                           the state bytes (models, optimizers, schedules, operator state),
 //                           then each replica's error feedback (compression), if any
-//   <dir>/model.pt          model 0 as a name -> tensor dict, for Python's torch.load
+//   <dir>/model.pt          model 0 as a name -> tensor dict, for Python's torch.load (a
+//                           TorchScript model: the module, for torch.jit.load)
 //
 // Each file is written to a temporary name, fsynced and renamed over the old one (then the
 // directory is fsynced), so a crash mid-save leaves the previous checkpoint whole.

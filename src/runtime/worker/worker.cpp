@@ -19,6 +19,7 @@
 #include "dsgd/comm/hierarchical.h"
 #include "dsgd/error.h"
 #include "dsgd/operator.h"
+#include "dsgd/self_contained_model.h"
 #include "runtime/control/driver_service.h"
 #include "runtime/control/store_service.h"
 #include "runtime/worker/job_spec.h"
@@ -309,11 +310,15 @@ class Worker {
   }
 
   proto::PickleReply on_get_pickle() {
+    proto::PickleReply out;
+    if (const auto* whole = dynamic_cast<const SelfContainedModel*>(&replicas_.at(0)->op().model(0))) {
+      out.set_pickle(whole->model_file());  // a TorchScript module: torch.jit.load reads it back
+      return out;
+    }
     c10::Dict<std::string, at::Tensor> dict;
     for (auto& [name, t] : replicas_.at(0)->named_tensors())
       dict.insert(name, t.detach().to(torch::kCPU, /*non_blocking=*/false, /*copy=*/true));
     const auto bytes = torch::pickle_save(dict);
-    proto::PickleReply out;
     out.set_pickle(std::string(bytes.begin(), bytes.end()));
     return out;
   }

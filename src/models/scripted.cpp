@@ -1,0 +1,109 @@
+// A TorchScript module as a Classifier (dsgd/models.h: ScriptedModel). The torch::nn::Module
+// side is a mirror: one empty Module per script submodule, holding the script's own parameter
+// and buffer tensors under the same names. Everything the runtime does to a model's tensors
+// (copy_ on a restore, set_data on a device move, .grad from backward) therefore reaches the
+// script, which computes the forward pass.
+#include <torch/script.h>
+
+#include <sstream>
+
+#include "dsgd/error.h"
+#include "dsgd/models.h"
+#include "dsgd/parameter_gate.h"
+#include "models/zoo.h"
+
+namespace dsgd::models {
+
+struct ScriptedModel::Script {
+  torch::jit::Module module;
+};
+
+namespace {
+
+void mirror(torch::nn::Module& into, const torch::jit::Module& from) {
+  for (const auto& p : from.named_parameters(/*recurse=*/false)) {
+    into.register_parameter(p.name, p.value, p.value.requires_grad());
+  }
+  for (const auto& b : from.named_buffers(/*recurse=*/false)) into.register_buffer(b.name, b.value);
+  for (const auto& child : from.named_children()) {
+    auto m = std::make_shared<torch::nn::Module>();
+    mirror(*m, child.value);
+    into.register_module(child.name, m);
+  }
+}
+
+// c10::Error's message runs on with a C++ backtrace: its first line says what went wrong.
+std::string first_line(const std::string& s) { return s.substr(0, s.find('\n')); }
+
+}  // namespace
+
+std::shared_ptr<ScriptedModel> ScriptedModel::load(const std::string& path) {
+  auto script = std::make_unique<Script>();
+  try {
+    script->module = torch::jit::load(path, torch::kCPU);
+  } catch (const c10::Error& e) {
+    throw ConfigError("model file '" + path + "': torch.jit.load cannot read it (" +
+                      first_line(e.what_without_backtrace()) +
+                      "); save a model with torch.jit.save(torch.jit.script(model), '" + path + "')");
+  }
+  if (!script->module.find_method("forward")) {
+    throw ConfigError("model file '" + path + "': the TorchScript module has no forward method");
+  }
+  return std::shared_ptr<ScriptedModel>(new ScriptedModel(std::move(script), path));
+}
+
+ScriptedModel::ScriptedModel(std::unique_ptr<Script> script, std::string path)
+    : script_(std::move(script)), path_(std::move(path)) {
+  mirror(*this, script_->module);
+  torch::nn::Module::train(script_->module.is_training());
+}
+
+ScriptedModel::~ScriptedModel() = default;
+
+torch::Tensor ScriptedModel::forward(const torch::Tensor& x) {
+  wait_for_parameters(*this);  // the script's layers are out of reach: all of them first
+  const c10::IValue out = script_->module.forward({x});
+  if (!out.isTensor()) {
+    throw ConfigError("model file '" + path_ + "': forward returned " + std::string(out.tagKind()) +
+                      "; dsgd needs one tensor (the logits)");
+  }
+  return out.toTensor();
+}
+
+void ScriptedModel::train(bool on) {
+  torch::nn::Module::train(on);
+  script_->module.train(on);
+}
+
+std::shared_ptr<Classifier> load_scripted(const std::string& path, const ModelOptions& o) {
+  auto net = ScriptedModel::load(path);
+  torch::NoGradGuard no_grad;
+  const bool training = net->is_training();
+  net->eval();  // BatchNorm's statistics stay as they are
+  const auto images = torch::zeros({2, o.in_channels, o.image_size, o.image_size});
+  std::ostringstream shapes;
+  shapes << "images " << images.sizes();
+  torch::Tensor logits;
+  try {
+    logits = net->forward(images);
+  } catch (const c10::Error& e) {
+    throw ConfigError("model file '" + path + "' fails on " + shapes.str() + ": " +
+                      first_line(e.what_without_backtrace()));
+  }
+  net->train(training);
+  if (logits.sizes() != torch::IntArrayRef{2, o.num_classes}) {
+    std::ostringstream out;
+    out << "model file '" << path << "' returns " << logits.sizes() << " for " << shapes.str() << "; the data has "
+        << o.num_classes << " classes: its forward must return [N, " << o.num_classes << "] logits";
+    throw ConfigError(out.str());
+  }
+  return net;
+}
+
+std::string ScriptedModel::model_file() const {
+  std::ostringstream out;
+  script_->module.save(out);
+  return std::move(out).str();
+}
+
+}  // namespace dsgd::models
