@@ -191,6 +191,15 @@ struct TrainerConfig {
 // (register_operator_config_check). For front ends that check many configs up front (dsgd tune).
 void validate_config(const std::string& operator_name, const TrainerConfig& config);
 
+// Sets the fields `settings` names, by their paths as in C++, nested or dotted alike:
+//   {"num_workers": 2, "step": {"max_grad_norm": 1.0}, "recovery.standby_workers": 1}
+// Durations (comm.timeout, recovery.heartbeat_timeout, ...) in milliseconds; choices by the
+// names the command line uses ("ps", "bf16"); "config" merges into config key by key. A name
+// that is no field, or a value of the wrong type, is a ConfigError naming it (ranges are
+// validate_config's). For front ends that take settings as data (the Python module).
+void apply_settings(TrainerConfig& config, const nlohmann::json& settings);
+std::vector<std::string> setting_names();  // every field's path, "batch_size" to "step.zero_stage"
+
 // Values derived from a TrainerConfig, one function each (nothing keeps a copy of them).
 // Worker processes the job keeps running: num_workers plus recovery.standby_workers.
 int worker_processes(const TrainerConfig& config);
