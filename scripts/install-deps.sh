@@ -27,6 +27,7 @@ build_pkgs=(
   python3-prometheus-client   # its parser reads the metrics endpoint in the tests, as Prometheus would
   python3-torch           # TorchScript models made in Python (tests); PyTorch DDP, the peer in bench/
   python3-pytest          # the tests written in Python (tests/python)
+  pybind11-dev python3-dev   # the Python module (python/: import dsgd)
 )
 bench_pkgs=(
   openmpi-bin libopenmpi-dev   # MPI_Allreduce peer

@@ -1,0 +1,149 @@
+"""dsgd from Python: a model defined in Python, trained by dsgd's C++ worker processes.
+
+    import torch, dsgd
+    net = MyNet()                                   # any torch.nn.Module that TorchScript can script
+    with dsgd.Trainer(model=net, data="fashion-mnist", num_workers=2, batch_size=128, lr=0.01) as t:
+        for epoch in range(3):
+            print(t.train(), t.validate())          # dicts: loss, accuracy, samples_per_s, ...
+        t.save("ckpt")                              # ckpt/model.pt: torch.jit.load reads it
+        trained = t.get_model()                     # a torch.jit.ScriptModule with the trained weights
+
+The model is scripted (torch.jit.script; pass a ScriptModule to choose tracing yourself) and saved
+to a file every worker reads: the workers run no Python. Keywords are TrainerConfig's fields, named
+as in C++ (num_workers, strategy, batch_size, step={"max_grad_norm": 1.0} or step_max_grad_norm,
+recovery={"standby_workers": 1}, ...; dsgd.setting_names() lists them), and the operator's own
+settings (lr, momentum, lr_decay, dropout, data_dir, ...). A bad one raises dsgd.ConfigError (a
+ValueError) naming it; other failures raise dsgd.Error. The GIL is released while the workers train;
+Ctrl-C raises KeyboardInterrupt and stops every worker.
+"""
+import atexit
+import io
+import json
+import os
+import tempfile
+import weakref
+
+from ._core import ConfigError, Error, TimeoutError, setting_names  # noqa: F401
+from . import _core
+
+__all__ = ["Trainer", "Error", "ConfigError", "TimeoutError", "setting_names"]
+
+_GROUPS = ("step", "comm", "ps", "launch", "recovery", "checkpoints", "monitor")
+_live = weakref.WeakSet()
+
+
+@atexit.register
+def _stop_all():
+    for t in list(_live):
+        t.shutdown()
+
+
+def _settings(keywords):
+    """Splits keywords into TrainerConfig settings and the operator's config."""
+    names = set(setting_names())
+    settings, config = {}, {}
+    for key, value in keywords.items():
+        dotted = key.replace("_", ".", 1) if key.split("_", 1)[0] in _GROUPS else key
+        if key in names or key in _GROUPS:
+            settings[key] = value
+        elif dotted in names:
+            settings[dotted] = value  # step_max_grad_norm -> step.max_grad_norm
+        else:
+            config[key] = value
+    return settings, config
+
+
+class Trainer:
+    """Trains `model` on `data` with dsgd's workers (see the module's docstring).
+
+    model: a torch.nn.Module (scripted here), a torch.jit.ScriptModule, a function that returns
+           either, a path to a TorchScript file, or a reference model's name ("cnn", "mlp", ...).
+    data:  "fashion-mnist" or "synthetic" (images), or "text:DIR" with a gpt-* model.
+    """
+
+    def __init__(self, model="cnn", data="fashion-mnist", **keywords):
+        self._core = None
+        self._dir = tempfile.TemporaryDirectory(prefix="dsgd-")
+        settings, config = _settings(keywords)
+        config["model"] = self._model_path(model)
+        operator = "image_classifier"
+        if isinstance(data, str) and data.startswith("text:"):
+            operator = "language_model"
+            config["train_tokens"] = os.path.join(data[5:], "train.tok")
+            val = os.path.join(data[5:], "val.tok")
+            if os.path.exists(val):
+                config["val_tokens"] = val
+        else:
+            config["dataset"] = data
+        settings["config"] = config
+        self.settings = settings
+        self._core = _core.Trainer(operator, json.dumps(settings))
+        _live.add(self)
+
+    def _model_path(self, model):
+        if callable(model) and not _is_module(model):
+            model = model()
+        if isinstance(model, (str, os.PathLike)):
+            return os.fspath(model)
+        import torch
+        if not isinstance(model, torch.jit.ScriptModule):
+            model = torch.jit.script(model)
+        path = os.path.join(self._dir.name, "model.pt")
+        torch.jit.save(model, path)
+        return path
+
+    def train(self, num_steps=0, profile=False):
+        """One epoch (or num_steps global batches): metrics averaged over batches and workers,
+        the position (epoch, batch) and the recoveries of the call."""
+        return json.loads(self._trainer().train(num_steps, profile))
+
+    def validate(self):
+        return json.loads(self._trainer().validate())
+
+    def save(self, path):
+        self._trainer().save(os.fspath(path))
+
+    def load(self, path):
+        self._trainer().load(os.fspath(path))
+
+    def get_model(self):
+        """The trained model: a torch.jit.ScriptModule for a model from Python, a name -> tensor
+        dict (a state dict) for a reference model."""
+        import torch
+        data = io.BytesIO(self._trainer().model_bytes())
+        try:
+            return torch.jit.load(data)
+        except RuntimeError:
+            data.seek(0)
+            return torch.load(data)
+
+    def shutdown(self):
+        if self._core is not None:
+            self._core.shutdown()
+            self._core = None
+        self._dir.cleanup()
+
+    def _trainer(self):
+        if self._core is None:
+            raise ConfigError("this Trainer was shut down; make a new one")
+        return self._core
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.shutdown()
+
+    def __del__(self):
+        try:
+            self.shutdown()
+        except Exception:  # at interpreter exit, modules may be gone
+            pass
+
+
+def _is_module(obj):
+    try:
+        import torch
+        return isinstance(obj, torch.nn.Module)
+    except ImportError:
+        return False

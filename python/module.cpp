@@ -1,0 +1,181 @@
+// dsgd._core: the Trainer for Python (pybind11). The Python side (python/dsgd/__init__.py) turns
+// keywords into settings and models into TorchScript files; this file drives a dsgd::Trainer with
+// them. Tensors never cross: models and checkpoints travel as the bytes torch.jit.load and
+// torch.load read, so the module needs no libtorch_python (Debian's python3-torch runs on the same
+// libtorch, /usr/lib/x86_64-linux-gnu/libtorch_cpu.so.1.13, as this module does).
+//
+// The GIL is released while the driver waits on its workers. Ctrl-C: the progress callback
+// (~10 times a second during train) checks Python's signals and stops the call with
+// KeyboardInterrupt; the Trainer then shuts its workers down.
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <torch/nn/module.h>
+#include <torch/serialize.h>
+
+#include <unistd.h>
+
+#include <cstdlib>
+#include <memory>
+#include <string>
+
+#include "dsgd/error.h"
+#include "dsgd/image_classifier.h"
+#include "dsgd/language_model.h"
+#include "dsgd/self_contained_model.h"
+#include "dsgd/trainer.h"
+
+#if !defined(DSGD_WORKER_BINARY) || !defined(DSGD_INSTALLED_BINARY)
+#error "DSGD_WORKER_BINARY and DSGD_INSTALLED_BINARY must name the dsgd executables (CMakeLists.txt)"
+#endif
+
+namespace py = pybind11;
+using json = nlohmann::json;
+
+namespace {
+
+// What the workers run: $DSGD_WORKER_BINARY, else the dsgd this module was built beside, else
+// the installed one, else dsgd in PATH (LaunchConfig::worker_binary looks it up).
+std::string worker_binary() {
+  if (const char* w = std::getenv("DSGD_WORKER_BINARY"); w != nullptr && *w != '\0') return w;
+  for (const char* path : {DSGD_WORKER_BINARY, DSGD_INSTALLED_BINARY}) {
+    if (::access(path, X_OK) == 0) return path;
+  }
+  return "dsgd";
+}
+
+// Raised from the progress callback when Python has a pending signal (its exception is set).
+struct Interrupted : std::exception {};
+
+json recovery_json(const dsgd::RecoveryEvent& e) {
+  json phases = json::object();
+  for (const auto& [name, s] : e.phases) phases[name] = s;
+  return {{"kind", e.kind},           {"failure", e.failure},
+          {"lost", e.lost},           {"rolled_back_steps", e.rolled_back_steps},
+          {"at_step", e.at_step},     {"detect_s", e.detect_s},
+          {"recovery_s", e.recovery_s}, {"workers_after", e.workers_after},
+          {"standbys_used", e.standbys_used}, {"phases", phases}};
+}
+
+std::string results_json(const dsgd::Results& r) {
+  json out = json::object();
+  for (const auto& [k, v] : r.metrics) out[k] = v;
+  out["epoch"] = r.epoch;
+  out["batch"] = r.batch;
+  out["batches_per_epoch"] = r.batches_per_epoch;
+  out["recoveries"] = json::array();
+  for (const auto& e : r.recoveries) out["recoveries"].push_back(recovery_json(e));
+  out["checkpoint_failures"] = r.checkpoint_failures;
+  return out.dump();
+}
+
+class PyTrainer {
+ public:
+  // `settings`: apply_settings' JSON (dsgd/trainer_config.h); `op`: "image_classifier" or
+  // "language_model".
+  PyTrainer(const std::string& op, const std::string& settings) {
+    dsgd::register_builtin_operators();
+    dsgd::TrainerConfig c;
+    c.launch.worker_binary = worker_binary();
+    dsgd::apply_settings(c, json::parse(settings));
+    c.on_progress = [](const dsgd::TrainProgress&) {
+      py::gil_scoped_acquire gil;
+      if (PyErr_CheckSignals() != 0) throw Interrupted();
+    };
+    const std::string name = op == "language_model" ? dsgd::kLanguageModel : dsgd::kImageClassifier;
+    if (op != "language_model" && op != "image_classifier") {
+      throw dsgd::ConfigError("operator must be 'image_classifier' or 'language_model', got '" + op + "'");
+    }
+    py::gil_scoped_release release;
+    trainer_ = std::make_unique<dsgd::Trainer>(name, std::move(c));
+  }
+
+  std::string train(int64_t num_steps, bool profile) {
+    return run([&] { return trainer().train({.num_steps = num_steps, .profile = profile}); });
+  }
+  std::string validate() {
+    return run([&] { return trainer().validate(); });
+  }
+  void save(const std::string& path) {
+    py::gil_scoped_release release;
+    trainer().save(path);
+  }
+  void load(const std::string& path) {
+    py::gil_scoped_release release;
+    trainer().load(path);
+  }
+  // Model 0 as bytes: a TorchScript module's file, or a name -> tensor dict (torch.load).
+  py::bytes model_bytes() {
+    std::string bytes;
+    {
+      py::gil_scoped_release release;
+      auto model = trainer().get_model();
+      if (const auto* whole = dynamic_cast<const dsgd::SelfContainedModel*>(model.get())) {
+        bytes = whole->model_file();
+      } else {
+        c10::Dict<std::string, at::Tensor> dict;
+        for (const auto& p : model->named_parameters()) dict.insert(p.key(), p.value().detach().clone());
+        for (const auto& b : model->named_buffers()) dict.insert(b.key(), b.value().detach().clone());
+        const auto pickled = torch::pickle_save(dict);
+        bytes.assign(pickled.begin(), pickled.end());
+      }
+    }
+    return py::bytes(bytes);
+  }
+  void shutdown() {
+    if (!trainer_) return;
+    py::gil_scoped_release release;
+    trainer_->shutdown();
+    trainer_.reset();
+  }
+
+ private:
+  dsgd::Trainer& trainer() {
+    if (!trainer_) throw dsgd::ConfigError("this Trainer was shut down (or interrupted); make a new one");
+    return *trainer_;
+  }
+  template <typename F>
+  std::string run(F&& call) {
+    dsgd::Results r;
+    try {
+      py::gil_scoped_release release;
+      r = call();
+    } catch (const Interrupted&) {
+      shutdown();  // no worker left behind; Python's KeyboardInterrupt is set
+      throw py::error_already_set();
+    }
+    return results_json(r);
+  }
+  std::unique_ptr<dsgd::Trainer> trainer_;
+};
+
+}  // namespace
+
+PYBIND11_MODULE(_core, m) {
+  m.doc() = "dsgd's C++ core (use the dsgd package)";
+  static py::exception<dsgd::Error> error(m, "Error", PyExc_RuntimeError);
+  // A bad setting is also a ValueError, as Python's own bad arguments are.
+  static py::tuple config_bases = py::make_tuple(error, py::handle(PyExc_ValueError));
+  static py::exception<dsgd::ConfigError> config_error(m, "ConfigError", config_bases.ptr());
+  static py::exception<dsgd::TimeoutError> timeout_error(m, "TimeoutError", error.ptr());
+  py::register_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const dsgd::ConfigError& e) {
+      config_error(e.what());
+    } catch (const dsgd::TimeoutError& e) {
+      timeout_error(e.what());
+    } catch (const dsgd::Error& e) {
+      error(e.what());
+    }
+  });
+  m.def("setting_names", &dsgd::setting_names, "Every TrainerConfig field's path");
+  py::class_<PyTrainer>(m, "Trainer")
+      .def(py::init<const std::string&, const std::string&>(), py::arg("operator"), py::arg("settings"))
+      .def("train", &PyTrainer::train, py::arg("num_steps") = 0, py::arg("profile") = false)
+      .def("validate", &PyTrainer::validate)
+      .def("save", &PyTrainer::save, py::arg("path"))
+      .def("load", &PyTrainer::load, py::arg("path"))
+      .def("model_bytes", &PyTrainer::model_bytes)
+      .def("shutdown", &PyTrainer::shutdown);
+}

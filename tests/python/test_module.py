@@ -1,0 +1,127 @@
+"""The dsgd Python module (python/): a model defined in Python, trained by dsgd's C++ workers.
+
+ctest runs these with PYTHONPATH=build/python (tests/CMakeLists.txt).
+"""
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+import uuid
+
+import pytest
+import torch
+
+sys.path.insert(0, os.path.dirname(__file__))
+import dsgd  # noqa: E402
+import scripted_models  # noqa: E402
+
+SMALL = dict(data="synthetic", synthetic_samples=2048, batch_size=64, threads_per_worker=1, dropout=False)
+
+
+def worker_pids(parent=None):
+    """This process's dsgd workers (children started with --dsgd-worker)."""
+    parent = os.getpid() if parent is None else parent
+    out = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmd = f.read()
+        except (OSError, IndexError, ValueError):
+            continue
+        if ppid == parent and b"--dsgd-worker" in cmd:
+            out.append(int(pid))
+    return out
+
+
+def test_a_python_model_trains_and_comes_back_as_a_script_module():
+    torch.manual_seed(0)
+    with dsgd.Trainer(model=scripted_models.Cnn(dropout=False), num_workers=2, lr=0.01, **SMALL) as t:
+        before = {k: v.clone() for k, v in t.get_model().state_dict().items()}
+        first = t.train(num_steps=10)
+        assert first["batches"] == 10 and first["epoch"] == 0 and first["batch"] == 10
+        assert 0 <= first["accuracy"] <= 1 and first["loss"] > 0
+        assert set(t.validate()) >= {"loss", "accuracy", "num_samples"}
+        after = t.get_model()
+        assert isinstance(after, torch.jit.ScriptModule)
+        assert list(after.state_dict()) == list(before), "Python's parameter names"
+        moved = max(float((after.state_dict()[k] - before[k]).abs().max()) for k in before)
+        assert moved > 1e-4, "training moved the weights"
+
+
+def test_settings_are_trainer_config_fields_by_their_cpp_names():
+    with dsgd.Trainer(model="cnn", num_workers=1, step={"max_grad_norm": 0.5},
+                      recovery_heartbeat_timeout=5000, **SMALL) as t:
+        assert t.settings["step"] == {"max_grad_norm": 0.5}
+        assert t.settings["recovery.heartbeat_timeout"] == 5000
+        assert "grad_norm" in t.train(num_steps=2), "clipping on: the norm is reported"
+    assert "step.zero_stage" in dsgd.setting_names()
+
+
+@pytest.mark.parametrize("keywords, message", [
+    (dict(num_workers=0), "num_workers must be in 1..4096, got 0"),
+    (dict(step={"max_grad_norm": "high"}), 'step.max_grad_norm must be a number, got "high"'),
+    (dict(strategy="gossip"), "unknown strategy 'gossip'"),
+    (dict(colour="red"), "unknown image classifier config key 'colour'"),
+    (dict(model="/nonexistent/net.pt"), "model file '/nonexistent/net.pt' not found"),
+])
+def test_a_bad_argument_raises_a_value_error_naming_it(keywords, message):
+    with pytest.raises(dsgd.ConfigError) as e:
+        dsgd.Trainer(**{**SMALL, **keywords})
+    assert isinstance(e.value, ValueError)
+    assert message in str(e.value)
+
+
+def test_a_killed_worker_is_recovered_and_listed_in_the_results():
+    with dsgd.Trainer(model=scripted_models.Cnn(dropout=False), num_workers=2, recovery_standby_workers=1,
+                      checkpoints_every_steps=5, **SMALL) as t:
+        t.train(num_steps=3)
+        victim = worker_pids()[1]
+        killer = threading.Timer(0.5, os.kill, (victim, signal.SIGKILL))
+        killer.start()
+        r = t.train(num_steps=25)
+        killer.join()
+        assert r["batch"] == 28
+        assert len(r["recoveries"]) == 1, r["recoveries"]
+        assert f"pid {victim}" in r["recoveries"][0]["lost"]
+        assert r["recoveries"][0]["standbys_used"] == 1
+
+
+def test_ctrl_c_stops_the_job_leaving_no_process_and_no_shared_memory(tmp_path):
+    mark = uuid.uuid4().hex  # in every process the job starts: their environment is inherited
+    script = tmp_path / "job.py"
+    script.write_text(textwrap.dedent(f"""
+        import sys
+        sys.path.insert(0, {os.path.dirname(__file__)!r})
+        import dsgd, scripted_models
+        t = dsgd.Trainer(model=scripted_models.Cnn(), num_workers=2, data="synthetic", batch_size=64,
+                         threads_per_worker=1, synthetic_samples=200000)
+        print("training", flush=True)
+        t.train()
+        print("finished", flush=True)
+    """))
+    shm_before = set(os.listdir("/dev/shm"))
+    job = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                           env={**os.environ, "DSGD_TEST_MARK": mark}, text=True)
+    assert job.stdout.readline().strip() == "training"
+    time.sleep(2)
+    assert len(worker_pids(job.pid)) == 2
+    job.send_signal(signal.SIGINT)
+    _, err = job.communicate(timeout=60)
+    assert job.returncode != 0
+    assert "KeyboardInterrupt" in err, err[-2000:]
+    time.sleep(0.5)
+    left = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                if f"DSGD_TEST_MARK={mark}".encode() in f.read():
+                    left.append(pid)
+        except OSError:
+            pass
+    assert left == [], "processes left behind"
+    assert [s for s in set(os.listdir("/dev/shm")) - shm_before if "dsgd" in s] == []
