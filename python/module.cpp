@@ -24,6 +24,7 @@
 #include "dsgd/language_model.h"
 #include "dsgd/self_contained_model.h"
 #include "dsgd/trainer.h"
+#include "dsgd/tune.h"
 
 #if !defined(DSGD_WORKER_BINARY) || !defined(DSGD_INSTALLED_BINARY)
 #error "DSGD_WORKER_BINARY and DSGD_INSTALLED_BINARY must name the dsgd executables (CMakeLists.txt)"
@@ -69,23 +70,64 @@ std::string results_json(const dsgd::Results& r) {
   return out.dump();
 }
 
+const char* operator_name(const std::string& op) {
+  if (op != "language_model" && op != "image_classifier") {
+    throw dsgd::ConfigError("operator must be 'image_classifier' or 'language_model', got '" + op + "'");
+  }
+  return op == "language_model" ? dsgd::kLanguageModel : dsgd::kImageClassifier;
+}
+
+dsgd::TrainerConfig config_of(const std::string& settings) {
+  dsgd::register_builtin_operators();
+  dsgd::TrainerConfig c;
+  c.launch.worker_binary = worker_binary();
+  dsgd::apply_settings(c, json::parse(settings));
+  return c;
+}
+
+// dsgd.tune: a search over `space` (dsgd/tune.h) from the base settings; `options` names
+// TuneOptions' fields. Returns TuneResult::to_json. (Ctrl-C is seen when the search returns: its
+// trials run on threads of their own.)
+std::string tune(const std::string& op, const std::string& settings, const std::string& space,
+                 const std::string& options) {
+  const dsgd::TrainerConfig base = config_of(settings);
+  const json o = json::parse(options);
+  dsgd::TuneOptions t;
+  try {
+    t.dir = o.value("dir", t.dir);
+    t.num_trials = o.value("num_trials", t.num_trials);
+    t.scheduler = o.value("scheduler", t.scheduler);
+    t.cores = o.value("cores", t.cores);
+    t.metric = o.value("metric", t.metric);
+    t.mode = o.value("mode", t.mode);
+    t.max_iterations = o.value("max_iterations", t.max_iterations);
+    t.steps_per_iteration = o.value("steps_per_iteration", t.steps_per_iteration);
+    t.grace_period = o.value("grace_period", t.grace_period);
+    t.reduction_factor = o.value("reduction_factor", t.reduction_factor);
+    t.perturbation_interval = o.value("perturbation_interval", t.perturbation_interval);
+    t.quantile = o.value("quantile", t.quantile);
+    t.resample_probability = o.value("resample_probability", t.resample_probability);
+    t.seed = o.value("seed", t.seed);
+  } catch (const json::exception& e) {
+    throw dsgd::ConfigError(std::string("tune: an option has the wrong type: ") + e.what());
+  }
+  auto search = dsgd::SearchSpace::from_json(json::parse(space), "space");
+  py::gil_scoped_release release;
+  dsgd::Tuner tuner(operator_name(op), base, std::move(search), t);
+  return tuner.run().to_json(t).dump();
+}
+
 class PyTrainer {
  public:
   // `settings`: apply_settings' JSON (dsgd/trainer_config.h); `op`: "image_classifier" or
   // "language_model".
   PyTrainer(const std::string& op, const std::string& settings) {
-    dsgd::register_builtin_operators();
-    dsgd::TrainerConfig c;
-    c.launch.worker_binary = worker_binary();
-    dsgd::apply_settings(c, json::parse(settings));
+    dsgd::TrainerConfig c = config_of(settings);
     c.on_progress = [](const dsgd::TrainProgress&) {
       py::gil_scoped_acquire gil;
       if (PyErr_CheckSignals() != 0) throw Interrupted();
     };
-    const std::string name = op == "language_model" ? dsgd::kLanguageModel : dsgd::kImageClassifier;
-    if (op != "language_model" && op != "image_classifier") {
-      throw dsgd::ConfigError("operator must be 'image_classifier' or 'language_model', got '" + op + "'");
-    }
+    const std::string name = operator_name(op);
     py::gil_scoped_release release;
     trainer_ = std::make_unique<dsgd::Trainer>(name, std::move(c));
   }
@@ -170,6 +212,7 @@ PYBIND11_MODULE(_core, m) {
     }
   });
   m.def("setting_names", &dsgd::setting_names, "Every TrainerConfig field's path");
+  m.def("tune", &tune, py::arg("operator"), py::arg("settings"), py::arg("space"), py::arg("options"));
   py::class_<PyTrainer>(m, "Trainer")
       .def(py::init<const std::string&, const std::string&>(), py::arg("operator"), py::arg("settings"))
       .def("train", &PyTrainer::train, py::arg("num_steps") = 0, py::arg("profile") = false)

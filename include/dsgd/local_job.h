@@ -24,7 +24,10 @@
 namespace dsgd {
 
 struct LocalJobOptions {
-  std::string model = "cnn";               // a name from dsgd::models::model_names()
+  std::string model = "cnn";               // a name from dsgd::models::model_names(), or a TorchScript file
+  // cross_entropy (on logits), nll (on log-probabilities), mse (logits against one-hot targets), or
+  // a TorchScript file whose forward(output, target) returns the loss (dsgd/models.h: load_scripted_loss)
+  std::string loss = "cross_entropy";
   std::string dataset = "fashion-mnist";   // "fashion-mnist" or "synthetic"
   std::string data_dir = "/usr/share/datasets/fashion-mnist";
   int64_t epochs = 1;                      // passes over the training set

@@ -27,6 +27,7 @@
 #include <torch/nn/module.h>
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -61,6 +62,11 @@ std::shared_ptr<Classifier> make_model(const std::string& name, const ModelOptio
 
 // Total number of parameter elements (trainable tensors only).
 int64_t parameter_count(const torch::nn::Module& module);
+
+// A loss from Python: a TorchScript module (torch.jit.save(torch.jit.script(loss), path)) whose
+// forward(output, target) returns the loss as a scalar tensor. ConfigError naming the file when
+// torch.jit.load cannot read it or it has no forward.
+std::function<torch::Tensor(const torch::Tensor&, const torch::Tensor&)> load_scripted_loss(const std::string& path);
 
 // A TorchScript module made in Python (torch.jit.save(torch.jit.script(net), path), or traced)
 // as a Classifier: its parameters and buffers are the module's own tensors, under the names

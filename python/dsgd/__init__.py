@@ -26,7 +26,7 @@ import weakref
 from ._core import ConfigError, Error, TimeoutError, setting_names  # noqa: F401
 from . import _core
 
-__all__ = ["Trainer", "Error", "ConfigError", "TimeoutError", "setting_names"]
+__all__ = ["Trainer", "tune", "Error", "ConfigError", "TimeoutError", "setting_names"]
 
 _GROUPS = ("step", "comm", "ps", "launch", "recovery", "checkpoints", "monitor")
 _live = weakref.WeakSet()
@@ -59,38 +59,17 @@ class Trainer:
     model: a torch.nn.Module (scripted here), a torch.jit.ScriptModule, a function that returns
            either, a path to a TorchScript file, or a reference model's name ("cnn", "mlp", ...).
     data:  "fashion-mnist" or "synthetic" (images), or "text:DIR" with a gpt-* model.
+    loss:  "cross_entropy" (the default), "nll", "mse", or a torch.nn.Module whose
+           forward(output, target) returns the loss (scripted here, e.g. nn.CrossEntropyLoss(
+           label_smoothing=0.1)).
     """
 
-    def __init__(self, model="cnn", data="fashion-mnist", **keywords):
+    def __init__(self, model="cnn", data="fashion-mnist", loss=None, **keywords):
         self._core = None
         self._dir = tempfile.TemporaryDirectory(prefix="dsgd-")
-        settings, config = _settings(keywords)
-        config["model"] = self._model_path(model)
-        operator = "image_classifier"
-        if isinstance(data, str) and data.startswith("text:"):
-            operator = "language_model"
-            config["train_tokens"] = os.path.join(data[5:], "train.tok")
-            val = os.path.join(data[5:], "val.tok")
-            if os.path.exists(val):
-                config["val_tokens"] = val
-        else:
-            config["dataset"] = data
-        settings["config"] = config
-        self.settings = settings
-        self._core = _core.Trainer(operator, json.dumps(settings))
+        operator, self.settings = _job(model, data, loss, keywords, self._dir.name)
+        self._core = _core.Trainer(operator, json.dumps(self.settings))
         _live.add(self)
-
-    def _model_path(self, model):
-        if callable(model) and not _is_module(model):
-            model = model()
-        if isinstance(model, (str, os.PathLike)):
-            return os.fspath(model)
-        import torch
-        if not isinstance(model, torch.jit.ScriptModule):
-            model = torch.jit.script(model)
-        path = os.path.join(self._dir.name, "model.pt")
-        torch.jit.save(model, path)
-        return path
 
     def train(self, num_steps=0, profile=False):
         """One epoch (or num_steps global batches): metrics averaged over batches and workers,
@@ -139,6 +118,63 @@ class Trainer:
             self.shutdown()
         except Exception:  # at interpreter exit, modules may be gone
             pass
+
+
+_TUNE_OPTIONS = ("num_trials", "scheduler", "cores", "metric", "mode", "max_iterations", "steps_per_iteration",
+                 "grace_period", "reduction_factor", "perturbation_interval", "quantile", "resample_probability",
+                 "seed")
+
+
+def tune(space, dir, model="cnn", data="fashion-mnist", loss=None, **keywords):
+    """A hyper-parameter search (dsgd tune): trials as dsgd jobs over `space`, a dict as in
+    `dsgd tune --space` ({"lr": {"loguniform": [0.005, 0.2]}, "batch_size": {"choice": [32, 64]}}).
+
+    Keywords: the search's (num_trials, scheduler "fifo"/"asha"/"pbt", metric, mode, max_iterations,
+    steps_per_iteration, grace_period, reduction_factor, perturbation_interval, quantile,
+    resample_probability, seed, cores), then the jobs' as for Trainer. Everything lives in `dir`
+    (the model as dir/model.pt); run again on the same dir, it resumes. Returns the results as a
+    dict: "best" (its params, metrics and checkpoint), "trials", ...
+    """
+    os.makedirs(dir, exist_ok=True)
+    options = {k: keywords.pop(k) for k in _TUNE_OPTIONS if k in keywords}
+    options["dir"] = os.fspath(dir)
+    operator, settings = _job(model, data, loss, keywords, os.fspath(dir))
+    return json.loads(_core.tune(operator, json.dumps(settings), json.dumps(space), json.dumps(options)))
+
+
+def _job(model, data, loss, keywords, directory):
+    """The operator and the settings of a job (models saved into `directory`)."""
+    settings, config = _settings(keywords)
+    config["model"] = _saved(model, directory, "model.pt")
+    if loss is not None:
+        config["loss"] = _saved(loss, directory, "loss.pt")
+    operator = "image_classifier"
+    if isinstance(data, str) and data.startswith("text:"):
+        operator = "language_model"
+        if "step.scheduler_step_freq" not in settings and "scheduler_step_freq" not in settings.get("step", {}):
+            settings["step.scheduler_step_freq"] = "batch"  # warmup and cosine count steps, as in dsgd train
+        config["train_tokens"] = os.path.join(data[5:], "train.tok")
+        val = os.path.join(data[5:], "val.tok")
+        if os.path.exists(val):
+            config["val_tokens"] = val
+    else:
+        config["dataset"] = data
+    settings["config"] = config
+    return operator, settings
+
+
+def _saved(model, directory, name):
+    """A name or path as it is; a module scripted (unless it is a script) and saved."""
+    if callable(model) and not _is_module(model):
+        model = model()
+    if isinstance(model, (str, os.PathLike)):
+        return os.fspath(model)
+    import torch
+    if not isinstance(model, torch.jit.ScriptModule):
+        model = torch.jit.script(model)
+    path = os.path.join(directory, name)
+    torch.jit.save(model, path)
+    return path
 
 
 def _is_module(obj):

@@ -5,6 +5,7 @@
 
 #include <cmath>
 
+#include "apps/classifier_loss.h"
 #include "dsgd/data.h"
 #include "dsgd/error.h"
 #include "dsgd/language_model.h"
@@ -53,7 +54,7 @@ class ImageClassifier : public TrainingOperator {
     auto model = register_model(models::make_model(o.model, mo));
     register_optimizer(std::make_unique<FusedSGD>(model->parameters(),
                                                            torch::optim::SGDOptions(o.lr).momentum(o.momentum)));
-    register_loss(cross_entropy_loss());
+    register_loss(apps::classifier_loss(o.loss, mo.num_classes));
     const double decay = o.lr_decay;
     if (decay != 1.0)
       register_scheduler([decay](int64_t epoch) { return std::pow(decay, static_cast<double>(epoch)); });

@@ -32,6 +32,15 @@ void validate(const LocalJobOptions& o) {
     throw ConfigError("unknown model '" + o.model + "'; known models: " + known +
                       ", or a TorchScript file (ending in .pt or .pth)");
   }
+  if (models::is_model_file(o.loss)) {
+    std::error_code ec;
+    require(std::filesystem::is_regular_file(o.loss, ec),
+            "loss file '" + o.loss + "' not found (a TorchScript module whose forward(output, target) returns "
+            "the loss: in Python, torch.jit.save(torch.jit.script(loss_module), '" + o.loss + "'))");
+  } else {
+    require(o.loss == "cross_entropy" || o.loss == "nll" || o.loss == "mse",
+            "unknown loss '" + o.loss + "'; use cross_entropy, nll, mse or a TorchScript file (ending in .pt)");
+  }
   require(o.dataset == "fashion-mnist" || o.dataset == "synthetic",
           "unknown dataset '" + o.dataset + "'; use fashion-mnist or synthetic");
   require(o.epochs >= 1, "epochs must be >= 1, got " + std::to_string(o.epochs));
@@ -67,6 +76,7 @@ nlohmann::json parse_config_text(std::string_view text, const std::string& what)
 LocalJobOptions image_classifier_options(const nlohmann::json& config) {
   if (!config.is_object()) throw ConfigError("the image classifier's config must be a JSON object");
   static const std::vector<std::string> known = {"model",
+                                                 "loss",
                                                  "dataset",
                                                  "data_dir",
                                                  "lr",
@@ -89,6 +99,7 @@ LocalJobOptions image_classifier_options(const nlohmann::json& config) {
   LocalJobOptions o;
   try {
     o.model = config.value("model", o.model);
+    o.loss = config.value("loss", o.loss);
     o.dataset = config.value("dataset", o.dataset);
     o.data_dir = config.value("data_dir", o.data_dir);
     o.lr = config.value("lr", o.lr);

@@ -1,7 +1,6 @@
 #include "dsgd/local_job.h"
 
 #include <ATen/Parallel.h>
-#include <torch/nn/functional/loss.h>
 #include <torch/optim/sgd.h>
 #include <torch/utils.h>
 
@@ -10,6 +9,7 @@
 #include <cmath>
 #include <optional>
 
+#include "apps/classifier_loss.h"
 #include "dsgd/data.h"
 #include "dsgd/error.h"
 #include "dsgd/models.h"
@@ -28,7 +28,7 @@ struct Evaluation {
   double accuracy = 0;
 };
 
-Evaluation evaluate(models::Classifier& model, const data::ImageDataset& test) {
+Evaluation evaluate(models::Classifier& model, const LossFn& loss, const data::ImageDataset& test) {
   torch::NoGradGuard no_grad;
   model.eval();
   constexpr int64_t kEvalBatch = 1000;
@@ -40,9 +40,7 @@ Evaluation evaluate(models::Classifier& model, const data::ImageDataset& test) {
     auto x = test.images().slice(0, start, end);
     auto y = test.labels().slice(0, start, end);
     auto logits = model.forward(x);
-    loss_sum += torch::nn::functional::cross_entropy(
-                    logits, y, torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum))
-                    .item<double>();
+    loss_sum += loss(logits, y).item<double>() * static_cast<double>(end - start);  // the batch's mean
     correct += logits.argmax(1).eq(y).sum().item<int64_t>();
   }
   model.train();
@@ -92,7 +90,8 @@ class LocalJob {
  public:
   LocalJob(const LocalJobOptions& o, ProgressListener* listener)
       : o_(o), listener_(listener), data_(load_splits(o)), model_(make_job_model(o, data_.first)),
-        optimizer_(model_->parameters(), torch::optim::SGDOptions(o.lr).momentum(o.momentum)) {
+        optimizer_(model_->parameters(), torch::optim::SGDOptions(o.lr).momentum(o.momentum)),
+        loss_(apps::classifier_loss(o.loss, data_.first.num_classes())) {
     result_.parameters = models::parameter_count(*model_);
     n_ = data_.first.length();
     batches_ = (n_ + o.batch_size - 1) / o.batch_size;
@@ -103,7 +102,7 @@ class LocalJob {
     for (int64_t epoch = 1; epoch <= o_.epochs && result_.steps < total_steps_; ++epoch) {
       EpochSummary summary = train_epoch(epoch);
       if (data_.second) {
-        auto ev = evaluate(*model_, *data_.second);
+        auto ev = evaluate(*model_, loss_, *data_.second);
         summary.test_loss = ev.loss;
         summary.test_accuracy = ev.accuracy;
       }
@@ -137,7 +136,7 @@ class LocalJob {
       auto indices = order.slice(0, b * o_.batch_size, std::min(n_, (b + 1) * o_.batch_size));
       auto batch = data_.first.batch(indices);
       optimizer_.zero_grad();
-      auto loss = torch::nn::functional::cross_entropy(model_->forward(batch.data), batch.target);
+      auto loss = loss_(model_->forward(batch.data), batch.target);
       loss.backward();
       optimizer_.step();
       const double loss_value = loss.item<double>();
@@ -165,6 +164,7 @@ class LocalJob {
   std::pair<data::ImageDataset, std::optional<data::ImageDataset>> data_;  // training, test
   std::shared_ptr<models::Classifier> model_;
   torch::optim::SGD optimizer_;
+  LossFn loss_;
   LocalJobResult result_;
   int64_t n_ = 0;            // training samples
   int64_t batches_ = 0;      // per epoch

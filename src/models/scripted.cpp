@@ -35,21 +35,39 @@ void mirror(torch::nn::Module& into, const torch::jit::Module& from) {
 // c10::Error's message runs on with a C++ backtrace: its first line says what went wrong.
 std::string first_line(const std::string& s) { return s.substr(0, s.find('\n')); }
 
+// `what` ("model", "loss") names the file's role in messages.
+torch::jit::Module load_module(const std::string& path, const std::string& what) {
+  torch::jit::Module m;
+  try {
+    m = torch::jit::load(path, torch::kCPU);
+  } catch (const c10::Error& e) {
+    throw ConfigError(what + " file '" + path + "': torch.jit.load cannot read it (" +
+                      first_line(e.what_without_backtrace()) + "); save a " + what +
+                      " with torch.jit.save(torch.jit.script(" + what + "), '" + path + "')");
+  }
+  if (!m.find_method("forward")) {
+    throw ConfigError(what + " file '" + path + "': the TorchScript module has no forward method");
+  }
+  return m;
+}
+
 }  // namespace
 
 std::shared_ptr<ScriptedModel> ScriptedModel::load(const std::string& path) {
   auto script = std::make_unique<Script>();
-  try {
-    script->module = torch::jit::load(path, torch::kCPU);
-  } catch (const c10::Error& e) {
-    throw ConfigError("model file '" + path + "': torch.jit.load cannot read it (" +
-                      first_line(e.what_without_backtrace()) +
-                      "); save a model with torch.jit.save(torch.jit.script(model), '" + path + "')");
-  }
-  if (!script->module.find_method("forward")) {
-    throw ConfigError("model file '" + path + "': the TorchScript module has no forward method");
-  }
+  script->module = load_module(path, "model");
   return std::shared_ptr<ScriptedModel>(new ScriptedModel(std::move(script), path));
+}
+
+std::function<torch::Tensor(const torch::Tensor&, const torch::Tensor&)> load_scripted_loss(const std::string& path) {
+  torch::jit::Module m = load_module(path, "loss");
+  return [m, path](const torch::Tensor& output, const torch::Tensor& target) mutable {
+    const c10::IValue loss = m.forward({output, target});
+    if (!loss.isTensor() || loss.toTensor().numel() != 1) {
+      throw ConfigError("loss file '" + path + "': forward(output, target) must return the loss as one number");
+    }
+    return loss.toTensor();
+  };
 }
 
 ScriptedModel::ScriptedModel(std::unique_ptr<Script> script, std::string path)

@@ -68,12 +68,42 @@ def test_settings_are_trainer_config_fields_by_their_cpp_names():
     (dict(strategy="gossip"), "unknown strategy 'gossip'"),
     (dict(colour="red"), "unknown image classifier config key 'colour'"),
     (dict(model="/nonexistent/net.pt"), "model file '/nonexistent/net.pt' not found"),
+    (dict(loss="hinge"), "unknown loss 'hinge'; use cross_entropy, nll, mse or a TorchScript file"),
 ])
 def test_a_bad_argument_raises_a_value_error_naming_it(keywords, message):
     with pytest.raises(dsgd.ConfigError) as e:
         dsgd.Trainer(**{**SMALL, **keywords})
     assert isinstance(e.value, ValueError)
     assert message in str(e.value)
+
+
+def trained_with(loss, steps=10):
+    torch.manual_seed(0)
+    with dsgd.Trainer(model=scripted_models.Cnn(dropout=False), num_workers=2, loss=loss, **SMALL) as t:
+        r = t.train(num_steps=steps)
+        return r["loss"], t.get_model().state_dict()
+
+
+def test_a_loss_from_python_trains_as_the_built_in_one_it_equals():
+    loss, params = trained_with(None)
+    scripted_loss, scripted_params = trained_with(torch.nn.CrossEntropyLoss())
+    assert scripted_loss == pytest.approx(loss, rel=1e-6)
+    assert max(float((params[k] - scripted_params[k]).abs().max()) for k in params) < 1e-6
+    smoothed, _ = trained_with(torch.nn.CrossEntropyLoss(label_smoothing=0.2))
+    assert smoothed != pytest.approx(loss, rel=1e-3), "the module's own settings count"
+    mse, _ = trained_with("mse")
+    assert 0 < mse < loss, "mse against one-hot targets: a different, smaller number"
+
+
+def test_tune_searches_over_a_python_model_and_names_the_best(tmp_path):
+    space = {"lr": {"grid": [0.001, 0.05]}}
+    r = dsgd.tune(space, tmp_path / "search", model=scripted_models.Cnn(dropout=False), num_trials=1,
+                  max_iterations=2, steps_per_iteration=5, num_workers=1, **SMALL)
+    assert [t["state"] for t in r["trials"]] == ["done", "done"]
+    assert sorted(t["params"]["lr"] for t in r["trials"]) == [0.001, 0.05]
+    assert r["best"]["params"] == max(r["trials"], key=lambda t: t["last"])["params"]
+    assert (tmp_path / "search" / "model.pt").exists()
+    assert torch.jit.load(os.path.join(r["best"]["checkpoint"], "model.pt")) is not None
 
 
 def test_a_killed_worker_is_recovered_and_listed_in_the_results():

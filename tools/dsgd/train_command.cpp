@@ -195,6 +195,7 @@ TrainerConfig trainer_config_of(const TrainFlags& f) {
     return c;
   }
   c.config = {{"model", j.model},
+              {"loss", j.loss},
               {"dataset", j.dataset},
               {"data_dir", j.data_dir},
               {"lr", j.lr},

@@ -72,6 +72,10 @@ void add_job_flags(CLI::App* cmd, TrainFlags& f) {
                   "gpt-tiny, gpt-small, gpt-base (language models, on --dataset text:DIR); or a TorchScript file "
                   "(FILE.pt: torch.jit.save(torch.jit.script(net), FILE.pt) in Python; images to logits)")
       ->capture_default_str();
+  cmd->add_option("--loss", j.loss,
+                  "Image models' loss: cross_entropy, nll (log-probabilities), mse (against one-hot targets), or a "
+                  "TorchScript file whose forward(output, target) returns it")
+      ->capture_default_str();
   cmd->add_option("--dataset", j.dataset,
                   "Data: fashion-mnist, synthetic (random images, for benchmarks) or text:DIR (token files from "
                   "`dsgd prepare-text --out DIR`)")
