@@ -13,7 +13,7 @@
 //              and backward sleep sim_step_ms in all (1/3 forward, 2/3
 //              backward); gradients of the real size appear layer by
 //              layer as backward reaches them (cluster benchmarks)
-//   FILE.pt    a TorchScript module saved in Python (ScriptedModel,     the file's
+//   FILE.pt    a TorchScript module saved in Python (ScriptedModel      the script's
 //              below): any name ending in .pt or .pth, or with a '/'
 //
 // ResNets use torchvision's stem (7x7 stride 2 + max pool) for images of 64 pixels or more and

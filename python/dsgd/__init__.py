@@ -4,7 +4,7 @@
     net = MyNet()                                   # any torch.nn.Module that TorchScript can script
     with dsgd.Trainer(model=net, data="fashion-mnist", num_workers=2, batch_size=128, lr=0.01) as t:
         for epoch in range(3):
-            print(t.train(), t.validate())          # dicts: loss, accuracy, samples_per_s, ...
+            print(t.train(), t.validate())          # dicts: loss, accuracy, num_samples, recoveries, ...
         t.save("ckpt")                              # ckpt/model.pt: torch.jit.load reads it
         trained = t.get_model()                     # a torch.jit.ScriptModule with the trained weights
 
@@ -43,6 +43,9 @@ def _settings(keywords):
     names = set(setting_names())
     settings, config = {}, {}
     for key, value in keywords.items():
+        if key == "config":  # the operator's config as one dict, as in C++
+            config.update(value)
+            continue
         dotted = key.replace("_", ".", 1) if key.split("_", 1)[0] in _GROUPS else key
         if key in names or key in _GROUPS:
             settings[key] = value
