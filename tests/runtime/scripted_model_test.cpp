@@ -12,6 +12,7 @@
 #include "dsgd/image_classifier.h"
 #include "dsgd/models.h"
 #include "dsgd/trainer.h"
+#include "testing/params.h"
 #include "testing/temp_dir.h"
 
 #ifndef DSGD_SOURCE_DIR
@@ -21,23 +22,9 @@
 namespace dsgd {
 namespace {
 
-using Params = std::vector<std::pair<std::string, torch::Tensor>>;
-
-Params params_of(const torch::nn::Module& m) {
-  Params out;
-  for (const auto& p : m.named_parameters()) out.emplace_back(p.key(), p.value().detach().clone());
-  return out;
-}
-
-double max_difference(const Params& a, const Params& b) {
-  EXPECT_EQ(a.size(), b.size());
-  double worst = 0;
-  for (size_t i = 0; i < a.size() && i < b.size(); ++i) {
-    EXPECT_EQ(a[i].first, b[i].first);
-    worst = std::max(worst, (a[i].second - b[i].second).abs().max().item<double>());
-  }
-  return worst;
-}
+using testing::max_difference;
+using testing::Params;
+using testing::params_of;
 
 // Runs tests/python/scripted_models.py with Debian's python3 (the one with torch).
 std::string make_scripted(const testing::TempDir& dir, const std::string& model, const std::string& flags = "",

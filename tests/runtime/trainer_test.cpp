@@ -34,6 +34,7 @@
 #include "dsgd/text.h"
 #include "dsgd/operator.h"
 #include "runtime/driver/checkpoint.h"
+#include "testing/params.h"
 #include "testing/temp_dir.h"
 #include "torch/replica.h"
 
@@ -294,13 +295,9 @@ TrainerConfig base_config(int workers, const std::string& strategy, int64_t batc
   return c;
 }
 
-using Params = std::vector<std::pair<std::string, torch::Tensor>>;
-
-Params params_of(torch::nn::Module& m) {
-  Params out;
-  for (const auto& p : m.named_parameters()) out.emplace_back(p.key(), p.value().detach().clone());
-  return out;
-}
+using testing::max_difference;
+using testing::Params;
+using testing::params_of;
 
 // One process, no dsgd communication: the global batch at once.
 Params single_process(int64_t batch, int64_t steps, const json& config = synthetic_config(),
@@ -358,16 +355,6 @@ TEST(ReplicaState, StateBytesIsTheSizeSaveStateWritesAndGrowsWithTheMomentum) {
   const size_t after = r.state_bytes();
   EXPECT_EQ(after, r.save_state().size());
   EXPECT_GT(after, before * 3 / 2) << "momentum 0.9: a buffer per parameter after the first step";
-}
-
-double max_difference(const Params& a, const Params& b) {
-  EXPECT_EQ(a.size(), b.size());
-  double worst = 0;
-  for (size_t i = 0; i < a.size() && i < b.size(); ++i) {
-    EXPECT_EQ(a[i].first, b[i].first);
-    worst = std::max(worst, (a[i].second - b[i].second).abs().max().item<double>());
-  }
-  return worst;
 }
 
 // Data parallelism's claim: the replicas' weighted average of their shards' gradients is the
