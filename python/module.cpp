@@ -15,11 +15,13 @@
 
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdlib>
 #include <memory>
 #include <string>
 
 #include "dsgd/error.h"
+#include "dsgd/fit.h"
 #include "dsgd/image_classifier.h"
 #include "dsgd/language_model.h"
 #include "dsgd/self_contained_model.h"
@@ -48,15 +50,26 @@ std::string worker_binary() {
 // Raised from the progress callback when Python has a pending signal (its exception is set).
 struct Interrupted : std::exception {};
 
-json recovery_json(const dsgd::RecoveryEvent& e) {
-  json phases = json::object();
-  for (const auto& [name, s] : e.phases) phases[name] = s;
-  return {{"kind", e.kind},           {"failure", e.failure},
-          {"lost", e.lost},           {"rolled_back_steps", e.rolled_back_steps},
-          {"at_step", e.at_step},     {"detect_s", e.detect_s},
-          {"recovery_s", e.recovery_s}, {"workers_after", e.workers_after},
-          {"standbys_used", e.standbys_used}, {"phases", phases}};
-}
+// Python's signals checked on every batch (Ctrl-C), and each epoch handed to a Python callable.
+class FitListener : public dsgd::ProgressListener {
+ public:
+  explicit FitListener(py::object on_epoch) : on_epoch_(std::move(on_epoch)) {}
+  void on_batch(const dsgd::BatchProgress&) override {
+    py::gil_scoped_acquire gil;
+    if (PyErr_CheckSignals() != 0) throw Interrupted();
+  }
+  void on_epoch(const dsgd::EpochSummary& e) override {
+    py::gil_scoped_acquire gil;
+    if (on_epoch_.is_none()) return;
+    dsgd::FitResult one;
+    one.history = {e};
+    const std::string text = dsgd::to_json(one)["history"][0].dump();
+    on_epoch_(py::module_::import("json").attr("loads")(text));
+  }
+
+ private:
+  py::object on_epoch_;
+};
 
 std::string results_json(const dsgd::Results& r) {
   json out = json::object();
@@ -65,7 +78,7 @@ std::string results_json(const dsgd::Results& r) {
   out["batch"] = r.batch;
   out["batches_per_epoch"] = r.batches_per_epoch;
   out["recoveries"] = json::array();
-  for (const auto& e : r.recoveries) out["recoveries"].push_back(recovery_json(e));
+  for (const auto& e : r.recoveries) out["recoveries"].push_back(dsgd::to_json(e));
   out["checkpoint_failures"] = r.checkpoint_failures;
   return out.dump();
 }
@@ -137,6 +150,25 @@ class PyTrainer {
   }
   std::string validate() {
     return run([&] { return trainer().validate(); });
+  }
+  // dsgd::fit over this Trainer: the run's summary as JSON (dsgd::to_json(FitResult)).
+  std::string fit(int64_t epochs, int64_t max_steps, bool evaluate, bool profile, py::object on_epoch) {
+    FitListener listener(std::move(on_epoch));
+    dsgd::FitResult r;
+    try {
+      py::gil_scoped_release release;
+      const auto start = std::chrono::steady_clock::now();
+      r = dsgd::fit(trainer(), {.epochs = epochs, .max_steps = max_steps, .evaluate = evaluate, .profile = profile},
+                    &listener);
+      r.wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    } catch (const Interrupted&) {
+      shutdown();
+      throw py::error_already_set();
+    } catch (const py::error_already_set&) {  // the callback raised: stop, as Ctrl-C does
+      shutdown();
+      throw;
+    }
+    return dsgd::to_json(r).dump();
   }
   void save(const std::string& path) {
     py::gil_scoped_release release;
@@ -217,6 +249,8 @@ PYBIND11_MODULE(_core, m) {
       .def(py::init<const std::string&, const std::string&>(), py::arg("operator"), py::arg("settings"))
       .def("train", &PyTrainer::train, py::arg("num_steps") = 0, py::arg("profile") = false)
       .def("validate", &PyTrainer::validate)
+      .def("fit", &PyTrainer::fit, py::arg("epochs"), py::arg("max_steps"), py::arg("evaluate"), py::arg("profile"),
+           py::arg("on_epoch"))
       .def("save", &PyTrainer::save, py::arg("path"))
       .def("load", &PyTrainer::load, py::arg("path"))
       .def("model_bytes", &PyTrainer::model_bytes)

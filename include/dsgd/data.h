@@ -1,4 +1,5 @@
-// dsgd/data.h — datasets: Fashion-MNIST from Debian's IDX files, and synthetic images.
+// dsgd/data.h — datasets: Fashion-MNIST from Debian's IDX files, synthetic images, and tensors
+// handed over in a file (from Python).
 //
 //   auto train = dsgd::data::load_fashion_mnist(dsgd::data::kFashionMnistDir, dsgd::data::Split::kTrain);
 //   auto b = train.batch(torch::arange(64));   // b.data: [64, 1, 28, 28] float, b.target: [64] int64
@@ -22,10 +23,11 @@ inline constexpr const char* kFashionMnistDir = "/usr/share/datasets/fashion-mni
 
 enum class Split { kTrain, kTest };
 
-// An in-memory image classification dataset.
+// An in-memory classification dataset: images, or samples of any other shape.
 class ImageDataset : public torch::data::datasets::Dataset<ImageDataset> {
  public:
-  // images: [N, C, H, W] float32; labels: [N] int64 in [0, num_classes).
+  // images: [N, C, H, W] float32 (or [N, ...]: any sample shape); labels: [N] int64 in
+  // [0, num_classes).
   ImageDataset(torch::Tensor images, torch::Tensor labels, int64_t num_classes);
 
   torch::data::Example<> get(size_t index) override;
@@ -61,5 +63,18 @@ struct SyntheticOptions {
 // Random N(0,1) images for benchmarks. Labels come from a fixed random linear "teacher"
 // (argmax of W·x), so the task is learnable and a loss that falls means training works.
 ImageDataset make_synthetic(const SyntheticOptions& options);
+
+// A classification dataset handed over as tensors, in a file written by Python's
+//   torch.save({"train_x": x, "train_y": y, "test_x": xt, "test_y": yt}, path)
+// (dsgd.Trainer(data=(x, y)) writes one). x: [N, ...] floating point, any sample shape (images
+// [N, C, H, W], feature rows [N, D], ...), read as float32; y: [N] integer class labels, read as
+// int64; the test pair may be left out. "num_classes" (an int) may say how many classes there
+// are; otherwise the largest label + 1. DataError naming the file and the key for anything else.
+struct TensorData {
+  torch::Tensor train_x, train_y;
+  torch::Tensor test_x, test_y;  // undefined when the file has none
+  int64_t num_classes = 0;
+};
+TensorData load_tensors_file(const std::string& path);
 
 }  // namespace dsgd::data

@@ -16,6 +16,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "dsgd/trainer.h"
 
 namespace dsgd {
@@ -90,6 +92,14 @@ struct FitOptions {
 };
 
 FitResult fit(Trainer& trainer, const FitOptions& options = {}, ProgressListener* listener = nullptr);
+
+// The run as JSON, as `dsgd train` prints it (it adds the job's settings) and dsgd.Trainer.fit
+// returns it: the result's figures, "history" (one object per epoch) and "recoveries".
+nlohmann::json to_json(const FitResult& result);
+// One recovery or scale-up: kind, failure, lost, at_step, rolled_back_steps, detect_s,
+// recovery_s, workers_after, standbys_used, phases_s and resumed_at_unix_s (when training
+// resumed, for scripts that time a fault themselves).
+nlohmann::json to_json(const RecoveryEvent& event);
 
 // FitOptions::trace_path's file for `epoch` of `epochs`.
 std::string trace_path_of(const std::string& path, int64_t epoch, int64_t epochs);

@@ -1,8 +1,8 @@
 // dsgd/image_classifier.h — the operator compiled into every dsgd binary, so that `dsgd train`
 // and `dsgd worker` need no user code: a reference model (cnn, mlp, resnet18, resnet50,
-// simulated) or a TorchScript file, on Fashion-MNIST or synthetic images, SGD with momentum, a
-// loss by name (cross-entropy by default) or from a TorchScript file, the learning rate times
-// lr_decay after every epoch.
+// simulated) or a TorchScript file, on Fashion-MNIST, synthetic images or tensors from a file,
+// SGD with momentum (or Adam, AdamW), a loss by name (cross-entropy by default) or from a
+// TorchScript file, the learning rate times lr_decay after every epoch.
 //
 //   dsgd::register_builtin_operators();
 //   dsgd::Trainer trainer(dsgd::kImageClassifier, {.num_workers = 2, .config = {{"model", "mlp"}}});
@@ -23,10 +23,11 @@ inline constexpr const char* kImageClassifier = "dsgd.ImageClassifier";
 // Registers the built-in operators (idempotent).
 void register_builtin_operators();
 
-// The image classifier's config (keys: model, loss, dataset, data_dir, lr, momentum, lr_decay,
-// dropout, channels_last, cudnn_benchmark, synthetic_samples, synthetic_image_size, synthetic_channels, sim_parameters,
-// sim_layers, sim_step_ms) over the defaults, validated. ConfigError for anything else: not an object, an unknown key,
-// a value of the wrong type or out of range.
+// The image classifier's config (keys: model, loss, dataset, data_dir, optimizer, lr, momentum,
+// weight_decay, beta1, beta2, lr_decay, dropout, channels_last, cudnn_benchmark,
+// synthetic_samples, synthetic_image_size, synthetic_channels, sim_parameters, sim_layers,
+// sim_step_ms) over the defaults, validated. ConfigError for anything else: not an object, an
+// unknown key, a value of the wrong type or out of range.
 LocalJobOptions image_classifier_options(const nlohmann::json& config);
 
 }  // namespace dsgd

@@ -28,12 +28,18 @@ struct LocalJobOptions {
   // cross_entropy (on logits), nll (on log-probabilities), mse (logits against one-hot targets), or
   // a TorchScript file whose forward(output, target) returns the loss (dsgd/models.h: load_scripted_loss)
   std::string loss = "cross_entropy";
-  std::string dataset = "fashion-mnist";   // "fashion-mnist" or "synthetic"
+  // "fashion-mnist", "synthetic", or a file of tensors (ends in .pt or holds a '/'; dsgd/data.h:
+  // load_tensors_file)
+  std::string dataset = "fashion-mnist";
   std::string data_dir = "/usr/share/datasets/fashion-mnist";
   int64_t epochs = 1;                      // passes over the training set
   int64_t batch_size = 64;                 // samples per step
-  double lr = 0.01;                        // SGD learning rate
-  double momentum = 0.9;                   // SGD momentum, in [0, 1)
+  std::string optimizer = "sgd";           // "sgd" (with momentum), "adam" or "adamw"
+  double lr = 0.01;                        // learning rate
+  double momentum = 0.9;                   // SGD's momentum, in [0, 1)
+  std::optional<double> weight_decay;      // unset: PyTorch's default (0; AdamW 0.01)
+  double beta1 = 0.9;                      // Adam's and AdamW's betas, in [0, 1)
+  double beta2 = 0.999;
   double lr_decay = 1.0;                   // learning rate x this after every epoch, in (0, 1]
   uint64_t seed = 1;                       // initial weights and shuffling
   int threads = 1;                         // LibTorch intra-op (and OpenMP/OpenBLAS) threads

@@ -41,6 +41,9 @@ struct ModelOptions {
   int64_t in_channels = 1;                   // image channels
   int64_t image_size = 28;                   // height = width, pixels
   int64_t num_classes = 10;                  // outputs (logits)
+  std::vector<int64_t> input_shape = {};     // a model file's: one sample's shape, where the data
+                                             // are not images (empty: [in_channels, image_size,
+                                             // image_size])
   bool dropout = true;                       // false: dropout layers become identities (for
                                              // bit-exact equivalence tests)
   bool channels_last = false;                // cnn, resnets: convolution weights and images in

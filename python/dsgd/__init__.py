@@ -61,16 +61,21 @@ class Trainer:
 
     model: a torch.nn.Module (scripted here), a torch.jit.ScriptModule, a function that returns
            either, a path to a TorchScript file, or a reference model's name ("cnn", "mlp", ...).
-    data:  "fashion-mnist" or "synthetic" (images), or "text:DIR" with a gpt-* model.
+    data:  tensors: (x, y) with x [N, ...] floating point and y [N] class labels, a
+           torch.utils.data.TensorDataset of the two, or {"train": (x, y), "validation": (x, y)};
+           "fashion-mnist" or "synthetic" (images); "text:DIR" with a gpt-* model; or a file
+           torch.save'd as {"train_x": x, "train_y": y, "test_x": ..., "test_y": ...}.
     loss:  "cross_entropy" (the default), "nll", "mse", or a torch.nn.Module whose
            forward(output, target) returns the loss (scripted here, e.g. nn.CrossEntropyLoss(
            label_smoothing=0.1)).
+    optimizer: "sgd" (the default, with momentum), "adam" or "adamw", or torch.optim.SGD, Adam or
+           AdamW themselves; their settings as keywords: lr, momentum, weight_decay, betas.
     """
 
-    def __init__(self, model="cnn", data="fashion-mnist", loss=None, **keywords):
+    def __init__(self, model="cnn", data="fashion-mnist", loss=None, optimizer=None, **keywords):
         self._core = None
         self._dir = tempfile.TemporaryDirectory(prefix="dsgd-")
-        operator, self.settings = _job(model, data, loss, keywords, self._dir.name)
+        operator, self.settings = _job(model, data, loss, optimizer, keywords, self._dir.name)
         self._core = _core.Trainer(operator, json.dumps(self.settings))
         _live.add(self)
 
@@ -81,6 +86,14 @@ class Trainer:
 
     def validate(self):
         return json.loads(self._trainer().validate())
+
+    def fit(self, epochs=1, max_steps=0, evaluate=True, profile=False, on_epoch=None):
+        """Trains `epochs` epochs (or max_steps steps in all) from where the Trainer is, validating
+        after each; returns the run's summary as `dsgd train --json-out` writes it: test_accuracy,
+        train_loss, steps, samples_per_s, "history" (a dict per epoch), "recoveries" (every worker
+        lost and how it was recovered), ... `on_epoch(dict)` is called after each epoch; an
+        exception it raises stops the job, as Ctrl-C does."""
+        return json.loads(self._trainer().fit(epochs, max_steps, evaluate, profile, on_epoch))
 
     def save(self, path):
         self._trainer().save(os.fspath(path))
@@ -128,7 +141,7 @@ _TUNE_OPTIONS = ("num_trials", "scheduler", "cores", "metric", "mode", "max_iter
                  "seed")
 
 
-def tune(space, dir, model="cnn", data="fashion-mnist", loss=None, **keywords):
+def tune(space, dir, model="cnn", data="fashion-mnist", loss=None, optimizer=None, **keywords):
     """A hyper-parameter search (dsgd tune): trials as dsgd jobs over `space`, a dict as in
     `dsgd tune --space` ({"lr": {"loguniform": [0.005, 0.2]}, "batch_size": {"choice": [32, 64]}}).
 
@@ -141,17 +154,23 @@ def tune(space, dir, model="cnn", data="fashion-mnist", loss=None, **keywords):
     os.makedirs(dir, exist_ok=True)
     options = {k: keywords.pop(k) for k in _TUNE_OPTIONS if k in keywords}
     options["dir"] = os.fspath(dir)
-    operator, settings = _job(model, data, loss, keywords, os.fspath(dir))
+    operator, settings = _job(model, data, loss, optimizer, keywords, os.fspath(dir))
     return json.loads(_core.tune(operator, json.dumps(settings), json.dumps(space), json.dumps(options)))
 
 
-def _job(model, data, loss, keywords, directory):
-    """The operator and the settings of a job (models saved into `directory`)."""
+def _job(model, data, loss, optimizer, keywords, directory):
+    """The operator and the settings of a job (models and data saved into `directory`)."""
     settings, config = _settings(keywords)
     config["model"] = _saved(model, directory, "model.pt")
     if loss is not None:
         config["loss"] = _saved(loss, directory, "loss.pt")
+    if optimizer is not None:
+        config["optimizer"] = _optimizer_name(optimizer)
+    if "betas" in config:
+        config["beta1"], config["beta2"] = config.pop("betas")
     operator = "image_classifier"
+    if not isinstance(data, (str, os.PathLike)):
+        data = _saved_tensors(data, os.path.join(directory, "data.pt"))
     if isinstance(data, str) and data.startswith("text:"):
         operator = "language_model"
         if "step.scheduler_step_freq" not in settings and "scheduler_step_freq" not in settings.get("step", {}):
@@ -161,7 +180,7 @@ def _job(model, data, loss, keywords, directory):
         if os.path.exists(val):
             config["val_tokens"] = val
     else:
-        config["dataset"] = data
+        config["dataset"] = os.fspath(data)
     settings["config"] = config
     return operator, settings
 
@@ -177,6 +196,44 @@ def _saved(model, directory, name):
         model = torch.jit.script(model)
     path = os.path.join(directory, name)
     torch.jit.save(model, path)
+    return path
+
+
+def _optimizer_name(optimizer):
+    """"sgd", "adam" or "adamw", from the name or torch.optim's class."""
+    name = optimizer if isinstance(optimizer, str) else getattr(optimizer, "__name__", repr(optimizer))
+    if name.lower() not in ("sgd", "adam", "adamw"):
+        raise ConfigError(f"optimizer {name!r}: dsgd's workers run sgd, adam or adamw (torch.optim.SGD, Adam, AdamW)")
+    return name.lower()
+
+
+def _saved_tensors(data, path):
+    """(x, y), a TensorDataset or {"train": (x, y), "validation": (x, y)} saved where every
+    worker reads it (dsgd/data.h: load_tensors_file)."""
+    import torch
+
+    def pair(value, what):
+        value = getattr(value, "tensors", value)  # torch.utils.data.TensorDataset
+        if not (isinstance(value, (tuple, list)) and len(value) == 2
+                and all(isinstance(t, torch.Tensor) for t in value)):
+            raise ConfigError(f"data{what}: give (x, y), two tensors: samples [N, ...] and class labels [N]")
+        x, y = value
+        if not x.is_floating_point() or y.is_floating_point() or y.dim() != 1 or len(x) != len(y):
+            raise ConfigError(f"data{what}: x must be floating point [N, ...] and y integer labels [N]; got "
+                              f"{x.dtype} {tuple(x.shape)} and {y.dtype} {tuple(y.shape)}")
+        return x.detach().cpu().contiguous(), y.detach().cpu().long().contiguous()
+
+    if isinstance(data, dict):
+        unknown = set(data) - {"train", "validation", "test"}
+        if unknown or "train" not in data:
+            raise ConfigError(f"data: a dict holds 'train' and may hold 'validation'; got {sorted(data)}")
+        tensors = dict(zip(("train_x", "train_y"), pair(data["train"], "['train']")))
+        held_out = data.get("validation", data.get("test"))
+        if held_out is not None:
+            tensors.update(zip(("test_x", "test_y"), pair(held_out, "['validation']")))
+    else:
+        tensors = dict(zip(("train_x", "train_y"), pair(data, "")))
+    torch.save(tensors, path)
     return path
 
 

@@ -41,8 +41,23 @@ void validate(const LocalJobOptions& o) {
     require(o.loss == "cross_entropy" || o.loss == "nll" || o.loss == "mse",
             "unknown loss '" + o.loss + "'; use cross_entropy, nll, mse or a TorchScript file (ending in .pt)");
   }
-  require(o.dataset == "fashion-mnist" || o.dataset == "synthetic",
-          "unknown dataset '" + o.dataset + "'; use fashion-mnist or synthetic");
+  if (models::is_model_file(o.dataset)) {  // a file of tensors: names end as a model file's do
+    std::error_code ec;
+    require(std::filesystem::is_regular_file(o.dataset, ec),
+            "dataset file '" + o.dataset + "' not found (tensors: in Python, torch.save({\"train_x\": x, "
+            "\"train_y\": y}, '" + o.dataset + "'); every worker reads it at this path)");
+  } else {
+    require(o.dataset == "fashion-mnist" || o.dataset == "synthetic",
+            "unknown dataset '" + o.dataset + "'; use fashion-mnist, synthetic or a file of tensors (ending in .pt)");
+  }
+  require(o.optimizer == "sgd" || o.optimizer == "adam" || o.optimizer == "adamw",
+          "unknown optimizer '" + o.optimizer + "'; use sgd, adam or adamw");
+  require(!o.weight_decay || (std::isfinite(*o.weight_decay) && *o.weight_decay >= 0),
+          "weight_decay must be >= 0, got " + std::to_string(o.weight_decay.value_or(0)));
+  for (const auto& [name, beta] : {std::pair{"beta1", o.beta1}, std::pair{"beta2", o.beta2}}) {
+    require(std::isfinite(beta) && beta >= 0 && beta < 1, std::string(name) + " must be in [0, 1), got " +
+                                                              std::to_string(beta));
+  }
   require(o.epochs >= 1, "epochs must be >= 1, got " + std::to_string(o.epochs));
   require(o.batch_size >= 1, "batch size must be >= 1, got " + std::to_string(o.batch_size));
   require(std::isfinite(o.lr) && o.lr > 0, "learning rate must be a positive number, got " + std::to_string(o.lr));
@@ -79,8 +94,12 @@ LocalJobOptions image_classifier_options(const nlohmann::json& config) {
                                                  "loss",
                                                  "dataset",
                                                  "data_dir",
+                                                 "optimizer",
                                                  "lr",
                                                  "momentum",
+                                                 "weight_decay",
+                                                 "beta1",
+                                                 "beta2",
                                                  "lr_decay",
                                                  "dropout",
                                                  "channels_last",
@@ -102,8 +121,12 @@ LocalJobOptions image_classifier_options(const nlohmann::json& config) {
     o.loss = config.value("loss", o.loss);
     o.dataset = config.value("dataset", o.dataset);
     o.data_dir = config.value("data_dir", o.data_dir);
+    o.optimizer = config.value("optimizer", o.optimizer);
     o.lr = config.value("lr", o.lr);
     o.momentum = config.value("momentum", o.momentum);
+    if (config.contains("weight_decay")) o.weight_decay = config.at("weight_decay").get<double>();
+    o.beta1 = config.value("beta1", o.beta1);
+    o.beta2 = config.value("beta2", o.beta2);
     o.lr_decay = config.value("lr_decay", o.lr_decay);
     o.dropout = config.value("dropout", o.dropout);
     if (config.contains("channels_last")) o.channels_last = config.at("channels_last").get<bool>();

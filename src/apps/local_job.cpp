@@ -1,7 +1,6 @@
 #include "dsgd/local_job.h"
 
 #include <ATen/Parallel.h>
-#include <torch/optim/sgd.h>
 #include <torch/utils.h>
 
 #include <algorithm>
@@ -9,7 +8,7 @@
 #include <cmath>
 #include <optional>
 
-#include "apps/classifier_loss.h"
+#include "apps/classifier_parts.h"
 #include "dsgd/data.h"
 #include "dsgd/error.h"
 #include "dsgd/models.h"
@@ -47,39 +46,23 @@ Evaluation evaluate(models::Classifier& model, const LossFn& loss, const data::I
   return {loss_sum / static_cast<double>(n), static_cast<double>(correct) / static_cast<double>(n)};
 }
 
-// The training and test splits the job's options name. The synthetic dataset is drawn once and
-// split 4:1, so both splits share its teacher. No test split without evaluation.
-std::pair<data::ImageDataset, std::optional<data::ImageDataset>> load_splits(const LocalJobOptions& o) {
-  const int64_t synthetic_test = std::max<int64_t>(1, o.synthetic_samples / 4);
-  std::optional<data::ImageDataset> synthetic;
-  if (o.dataset == "synthetic") {
-    synthetic.emplace(data::make_synthetic({.num_samples = o.synthetic_samples + synthetic_test,
-                                            .channels = o.synthetic_channels,
-                                            .image_size = o.synthetic_image_size,
-                                            .seed = o.seed}));
-  }
-  auto split = [&](data::Split which) {
-    if (!synthetic) return data::load_fashion_mnist(o.data_dir, which);
-    auto rows = which == data::Split::kTrain ? synthetic->images().slice(0, 0, o.synthetic_samples)
-                                             : synthetic->images().slice(0, o.synthetic_samples);
-    auto labels = which == data::Split::kTrain ? synthetic->labels().slice(0, 0, o.synthetic_samples)
-                                               : synthetic->labels().slice(0, o.synthetic_samples);
-    return data::ImageDataset(rows.contiguous(), labels.contiguous(), synthetic->num_classes());
-  };
+// The training and test splits the job's options name (no test split without evaluation), and
+// the options of a model for them.
+struct Splits {
+  data::ImageDataset train;
   std::optional<data::ImageDataset> test;
-  if (o.evaluate) test.emplace(split(data::Split::kTest));
-  return {split(data::Split::kTrain), std::move(test)};
+  models::ModelOptions model;
+};
+
+Splits load_splits(const LocalJobOptions& o) {
+  const apps::ClassifierData d = apps::classifier_data(o, o.seed);
+  std::optional<data::ImageDataset> test;
+  if (o.evaluate && d.test_x.defined()) test.emplace(d.test_x, d.test_y, d.num_classes);
+  return {data::ImageDataset(d.train_x, d.train_y, d.num_classes), std::move(test),
+          apps::classifier_model_options(o, d)};
 }
 
-std::shared_ptr<models::Classifier> make_job_model(const LocalJobOptions& o, const data::ImageDataset& train) {
-  models::ModelOptions mo;
-  mo.in_channels = train.images().size(1);
-  mo.image_size = train.images().size(2);
-  mo.num_classes = train.num_classes();
-  mo.dropout = o.dropout;
-  mo.sim_parameters = o.sim_parameters;
-  mo.sim_layers = o.sim_layers;
-  mo.sim_step_ms = o.sim_step_ms;
+std::shared_ptr<models::Classifier> make_job_model(const LocalJobOptions& o, const models::ModelOptions& mo) {
   auto model = models::make_model(o.model, mo);
   model->train();
   return model;
@@ -89,11 +72,11 @@ std::shared_ptr<models::Classifier> make_job_model(const LocalJobOptions& o, con
 class LocalJob {
  public:
   LocalJob(const LocalJobOptions& o, ProgressListener* listener)
-      : o_(o), listener_(listener), data_(load_splits(o)), model_(make_job_model(o, data_.first)),
-        optimizer_(model_->parameters(), torch::optim::SGDOptions(o.lr).momentum(o.momentum)),
-        loss_(apps::classifier_loss(o.loss, data_.first.num_classes())) {
+      : o_(o), listener_(listener), data_(load_splits(o)), model_(make_job_model(o, data_.model)),
+        optimizer_(apps::classifier_optimizer(model_->parameters(), o)),
+        loss_(apps::classifier_loss(o.loss, data_.model.num_classes)) {
     result_.parameters = models::parameter_count(*model_);
-    n_ = data_.first.length();
+    n_ = data_.train.length();
     batches_ = (n_ + o.batch_size - 1) / o.batch_size;
     total_steps_ = o.max_steps > 0 ? std::min(o.max_steps, batches_ * o.epochs) : batches_ * o.epochs;
   }
@@ -101,16 +84,13 @@ class LocalJob {
   LocalJobResult run() {
     for (int64_t epoch = 1; epoch <= o_.epochs && result_.steps < total_steps_; ++epoch) {
       EpochSummary summary = train_epoch(epoch);
-      if (data_.second) {
-        auto ev = evaluate(*model_, loss_, *data_.second);
+      if (data_.test) {
+        auto ev = evaluate(*model_, loss_, *data_.test);
         summary.test_loss = ev.loss;
         summary.test_accuracy = ev.accuracy;
       }
       result_.history.push_back(summary);
-      for (auto& group : optimizer_.param_groups()) {
-        auto& options = static_cast<torch::optim::SGDOptions&>(group.options());
-        options.lr(options.lr() * o_.lr_decay);
-      }
+      apps::scale_learning_rate(*optimizer_, o_.lr_decay);
       result_.epochs = epoch;
       result_.train_loss = summary.train_loss;
       result_.test_loss = summary.test_loss;
@@ -134,11 +114,11 @@ class LocalJob {
     for (int64_t b = 0; b < batches_ && result_.steps < total_steps_; ++b) {
       const auto step_start = Clock::now();
       auto indices = order.slice(0, b * o_.batch_size, std::min(n_, (b + 1) * o_.batch_size));
-      auto batch = data_.first.batch(indices);
-      optimizer_.zero_grad();
+      auto batch = data_.train.batch(indices);
+      optimizer_->zero_grad();
       auto loss = loss_(model_->forward(batch.data), batch.target);
       loss.backward();
-      optimizer_.step();
+      optimizer_->step();
       const double loss_value = loss.item<double>();
       const int64_t bs = indices.size(0);
       result_.train_s += seconds_since(step_start);
@@ -161,9 +141,9 @@ class LocalJob {
 
   const LocalJobOptions& o_;
   ProgressListener* listener_;
-  std::pair<data::ImageDataset, std::optional<data::ImageDataset>> data_;  // training, test
+  Splits data_;
   std::shared_ptr<models::Classifier> model_;
-  torch::optim::SGD optimizer_;
+  std::unique_ptr<torch::optim::Optimizer> optimizer_;
   LossFn loss_;
   LocalJobResult result_;
   int64_t n_ = 0;            // training samples

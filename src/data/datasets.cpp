@@ -36,8 +36,8 @@ std::string find_file(const std::string& dir, const std::string& stem) {
 
 ImageDataset::ImageDataset(torch::Tensor images, torch::Tensor labels, int64_t num_classes)
     : images_(std::move(images)), labels_(std::move(labels)), num_classes_(num_classes) {
-  if (images_.dim() != 4 || labels_.dim() != 1 || images_.size(0) != labels_.size(0)) {
-    throw ConfigError("ImageDataset: images must be [N, C, H, W] and labels [N]; got images " +
+  if (images_.dim() < 1 || labels_.dim() != 1 || images_.size(0) != labels_.size(0)) {
+    throw ConfigError("ImageDataset: samples must be [N, ...] and labels [N]; got samples " +
                       std::to_string(images_.dim()) + "-d and labels " +
                       std::to_string(labels_.dim()) + "-d with different lengths");
   }

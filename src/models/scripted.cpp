@@ -98,9 +98,14 @@ std::shared_ptr<Classifier> load_scripted(const std::string& path, const ModelOp
   torch::NoGradGuard no_grad;
   const bool training = net->is_training();
   net->eval();  // BatchNorm's statistics stay as they are
-  const auto images = torch::zeros({2, o.in_channels, o.image_size, o.image_size});
+  std::vector<int64_t> shape = {2, o.in_channels, o.image_size, o.image_size};
+  if (!o.input_shape.empty()) {
+    shape = {2};
+    shape.insert(shape.end(), o.input_shape.begin(), o.input_shape.end());
+  }
+  const auto images = torch::zeros(shape);
   std::ostringstream shapes;
-  shapes << "images " << images.sizes();
+  shapes << (o.input_shape.empty() ? "images " : "inputs ") << images.sizes();
   torch::Tensor logits;
   try {
     logits = net->forward(images);

@@ -69,6 +69,11 @@ def test_settings_are_trainer_config_fields_by_their_cpp_names():
     (dict(colour="red"), "unknown image classifier config key 'colour'"),
     (dict(model="/nonexistent/net.pt"), "model file '/nonexistent/net.pt' not found"),
     (dict(loss="hinge"), "unknown loss 'hinge'; use cross_entropy, nll, mse or a TorchScript file"),
+    (dict(optimizer="rmsprop"), "optimizer 'rmsprop': dsgd's workers run sgd, adam or adamw"),
+    (dict(optimizer=torch.optim.LBFGS), "optimizer 'LBFGS'"),
+    (dict(beta1=1.5), "beta1 must be in [0, 1), got 1.5"),
+    (dict(data=(torch.zeros(4, 3), torch.zeros(4))), "data: x must be floating point [N, ...] and y integer labels"),
+    (dict(data={"training": (torch.zeros(4, 3), torch.zeros(4).long())}), "data: a dict holds 'train'"),
 ])
 def test_a_bad_argument_raises_a_value_error_naming_it(keywords, message):
     with pytest.raises(dsgd.ConfigError) as e:
@@ -95,6 +100,91 @@ def test_a_loss_from_python_trains_as_the_built_in_one_it_equals():
     assert 0 < mse < loss, "mse against one-hot targets: a different, smaller number"
 
 
+def rows(n=256, features=20, classes=4, seed=0):
+    """Feature rows [n, features] labelled by a random linear teacher: data that are not images."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, features, generator=g)
+    return x, (x @ torch.randn(features, classes, generator=g)).argmax(1)
+
+
+@pytest.mark.parametrize("optimizer, options", [
+    (torch.optim.SGD, dict(lr=0.05, momentum=0.9, weight_decay=0.01)),
+    (torch.optim.Adam, dict(lr=0.01, betas=(0.8, 0.99))),
+    (torch.optim.AdamW, dict(lr=0.01, weight_decay=0.1)),
+])
+def test_tensors_and_an_optimizer_from_python_train_as_pytorch_does(optimizer, options):
+    """Full batches, so the order of samples does not count: dsgd's two workers average their
+    halves' gradients and step as torch.optim does on the whole batch."""
+    x, y = rows()
+    torch.manual_seed(1)
+    net = torch.nn.Sequential(torch.nn.Linear(20, 32), torch.nn.Tanh(), torch.nn.Linear(32, 4))
+    reference = {k: v.clone() for k, v in net.state_dict().items()}
+    with dsgd.Trainer(model=net, data=(x, y), optimizer=optimizer, num_workers=2, batch_size=len(x),
+                      threads_per_worker=1, **options) as t:
+        for _ in range(10):
+            assert t.train()["batches"] == 1, "an epoch: one full batch"
+        trained = t.get_model().state_dict()
+    net.load_state_dict(reference)
+    step = optimizer(net.parameters(), **options)
+    for _ in range(10):
+        step.zero_grad()
+        torch.nn.functional.cross_entropy(net(x), y).backward()
+        step.step()
+    difference = max(float((trained[k] - v).abs().max()) for k, v in net.state_dict().items())
+    moved = max(float((reference[k] - v).abs().max()) for k, v in net.state_dict().items())
+    print(f"{optimizer.__name__}: weights moved {moved:.3g}; dsgd and PyTorch differ by {difference:.3g}")
+    assert moved > 1e-2 and difference < 1e-5
+
+
+def test_fit_returns_the_run_summary_and_calls_back_each_epoch():
+    x, y = rows(n=600)
+    seen = []
+    with dsgd.Trainer(model=torch.nn.Sequential(torch.nn.Linear(20, 4)), optimizer="adamw", lr=0.02,
+                      data=torch.utils.data.TensorDataset(x[:512], y[:512]), num_workers=2, batch_size=64,
+                      threads_per_worker=1) as t:
+        r = t.fit(epochs=2, on_epoch=seen.append)
+    assert r["epochs"] == 2 and r["steps"] == 16 and r["samples"] == 1024
+    assert [e["epoch"] for e in r["history"]] == [1, 2] and seen == r["history"]
+    assert r["test_accuracy"] == -1, "no validation split given"
+    assert r["history"][1]["train_loss"] < r["history"][0]["train_loss"] and r["recoveries"] == []
+    with dsgd.Trainer(model=torch.nn.Sequential(torch.nn.Linear(20, 4)), optimizer="adam", lr=0.05,
+                      data={"train": (x[:512], y[:512]), "validation": (x[512:], y[512:])}, num_workers=2,
+                      batch_size=64, threads_per_worker=1) as t:
+        r = t.fit(epochs=3)
+    assert r["test_accuracy"] == r["history"][-1]["test_accuracy"] > 0.8, r
+
+
+def test_a_callback_that_raises_stops_the_job():
+    x, y = rows()
+
+    def stop(epoch):
+        raise RuntimeError("enough")
+    with dsgd.Trainer(model=torch.nn.Linear(20, 4), data=(x, y), num_workers=2, threads_per_worker=1) as t:
+        pids = worker_pids()
+        with pytest.raises(RuntimeError, match="enough"):
+            t.fit(epochs=3, on_epoch=stop)
+        time.sleep(0.5)
+        assert len(pids) == 2 and not set(pids) & set(worker_pids()), "the workers stopped"
+
+
+@pytest.mark.parametrize("tensors, message", [
+    (dict(train_x=torch.zeros(4, 3), test_x=torch.zeros(2, 3)), "no 'train_y' tensor"),
+    ([torch.zeros(4, 3), torch.zeros(4)], "holds a GenericList; torch.save a dict"),
+    (dict(train_x=torch.zeros(4, 3), train_y=torch.zeros(3).long()), "'train_y' has 3 labels for 4 samples"),
+])
+def test_a_bad_tensors_file_fails_the_job_naming_the_file_and_the_key(tmp_path, tensors, message):
+    torch.save(tensors, tmp_path / "data.pt")
+    with pytest.raises(dsgd.Error) as e:
+        dsgd.Trainer(model=torch.nn.Linear(3, 2), data=tmp_path / "data.pt", num_workers=1, threads_per_worker=1)
+    assert str(tmp_path / "data.pt") in str(e.value) and message in str(e.value)
+
+
+def test_a_reference_model_on_data_that_are_not_images_is_refused():
+    with pytest.raises(dsgd.Error, match=r"model 'cnn' takes square images \[N, C, H, H\]; the data's samples "
+                                         r"are \[256, 20\]"):
+        dsgd.Trainer(model="cnn", data=rows(), num_workers=1, threads_per_worker=1)
+
+
 def test_tune_searches_over_a_python_model_and_names_the_best(tmp_path):
     space = {"lr": {"grid": [0.001, 0.05]}}
     r = dsgd.tune(space, tmp_path / "search", model=scripted_models.Cnn(dropout=False), num_trials=1,
@@ -113,9 +203,9 @@ def test_a_killed_worker_is_recovered_and_listed_in_the_results():
         victim = worker_pids()[1]
         killer = threading.Timer(0.5, os.kill, (victim, signal.SIGKILL))
         killer.start()
-        r = t.train(num_steps=25)
+        r = t.fit(epochs=1, max_steps=25)
         killer.join()
-        assert r["batch"] == 28
+        assert r["steps"] == 25 and r["history"][0]["recoveries"] == 1
         assert len(r["recoveries"]) == 1, r["recoveries"]
         assert f"pid {victim}" in r["recoveries"][0]["lost"]
         assert r["recoveries"][0]["standbys_used"] == 1

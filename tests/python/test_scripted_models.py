@@ -33,8 +33,9 @@ def fashion_mnist_test_set():
 
 def train(tmp_path, model_file, *flags):
     summary = tmp_path / "summary.json"
-    cmd = [DSGD, "train", "--model", str(model_file), "--workers", "2", "--batch-size", "128",
-           "--json-out", str(summary), *flags]
+    workers = [] if "--in-process" in flags else ["--workers", "2"]
+    cmd = [DSGD, "train", "--model", str(model_file), *workers, "--batch-size", "128", "--json-out", str(summary),
+           *flags]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(summary.read_text()), done
@@ -65,3 +66,20 @@ def test_a_file_that_is_not_a_model_is_refused_naming_it(tmp_path):
                           timeout=300)
     assert done.returncode != 0
     assert f"model file '{bad}': torch.jit.load cannot read it" in done.stderr
+
+
+def test_dsgd_train_takes_tensors_and_adamw_with_workers_and_in_one_process_alike(tmp_path):
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(1000, 20, generator=g)
+    y = (x @ torch.randn(20, 4, generator=g)).argmax(1)
+    torch.save({"train_x": x[:800], "train_y": y[:800], "test_x": x[800:], "test_y": y[800:]}, tmp_path / "rows.pt")
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(20, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
+    torch.jit.save(torch.jit.script(net), str(tmp_path / "mlp.pt"))
+    flags = ["--dataset", str(tmp_path / "rows.pt"), "--optimizer", "adamw", "--weight-decay", "0.05", "--lr", "0.01",
+             "--epochs", "3", "--max-steps", "0"]
+    workers, _ = train(tmp_path, tmp_path / "mlp.pt", *flags)
+    alone, _ = train(tmp_path, tmp_path / "mlp.pt", *flags, "--in-process")
+    assert workers["optimizer"] == "adamw" and workers["steps"] == 3 * 7  # 800 rows in batches of 128
+    assert workers["test_accuracy"] > 0.8, workers
+    assert alone["test_accuracy"] == pytest.approx(workers["test_accuracy"], abs=0.011), "the same training, within 2 rows"

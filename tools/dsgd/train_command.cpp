@@ -21,7 +21,6 @@
 #include "dsgd/trainer.h"
 #include "progress.h"
 #include "train_flags.h"
-#include "train_summary.h"
 
 namespace dsgd::cli {
 namespace {
@@ -45,49 +44,24 @@ void add_language_model_figures(const TrainFlags& f, nlohmann::json* j) {
   if (val_loss >= 0) (*j)["perplexity"] = std::exp(val_loss);
   j->erase("test_accuracy");
   for (const char* k : {"momentum", "lr_decay"}) j->erase(k);
+  (*j)["optimizer"] = "adamw";
 }
 
 nlohmann::json to_json(const TrainFlags& f, const dsgd::FitResult& r) {
-  nlohmann::json recoveries = nlohmann::json::array();
-  for (const auto& e : r.recoveries) recoveries.push_back(recovery_json(e));
-  nlohmann::json history = nlohmann::json::array();
-  for (const auto& e : r.history) {
-    history.push_back({{"epoch", e.epoch},
-                       {"train_loss", e.train_loss},
-                       {"test_loss", e.test_loss},
-                       {"test_accuracy", e.test_accuracy},
-                       {"samples_per_s", e.samples_per_s},
-                       {"epoch_s", e.epoch_s},
-                       {"recoveries", e.recoveries}});
-    if (!e.profile_ms.empty()) history.back()["profile_ms"] = e.profile_ms;
-  }
-  nlohmann::json j = {{"test_accuracy", r.test_accuracy},
-                      {"test_loss", r.test_loss},
-                      {"train_loss", r.train_loss},
-                      {"epochs", r.epochs},
-                      {"steps", r.steps},
-                      {"samples", r.samples},
-                      {"workers", f.in_process ? 0 : f.trainer.num_workers},
-                      {"devices_per_worker", f.trainer.devices_per_worker},
-                      {"strategy", f.in_process ? "in-process" : f.trainer.strategy.name()},
-                      {"samples_per_s", r.samples_per_s},
-                      {"train_s", r.train_s},
-                      {"wall_s", r.wall_s},
-                      {"model", f.job.model},
-                      {"parameters", r.parameters},
-                      {"dataset", f.job.dataset},
-                      {"batch_size", f.job.batch_size},
-                      {"lr", f.job.lr},
-                      {"momentum", f.job.momentum},
-                      {"lr_decay", f.job.lr_decay},
-                      {"seed", f.job.seed},
-                      {"threads", f.job.threads},
-                      {"history", history},
-                      {"recoveries", recoveries}};
-  if (f.profile) j["profile_ms"] = r.profile_ms;
-  if (r.comm_bytes_per_step >= 0) j["comm_bytes_per_step"] = r.comm_bytes_per_step;
-  if (r.worker_peak_rss_mib > 0) j["worker_peak_rss_mib"] = r.worker_peak_rss_mib;
-  if (!f.trainer.checkpoints.dir.empty()) j["checkpoint_failures"] = r.checkpoint_failures;
+  nlohmann::json j = dsgd::to_json(r);
+  j.update({{"workers", f.in_process ? 0 : f.trainer.num_workers},
+            {"devices_per_worker", f.trainer.devices_per_worker},
+            {"strategy", f.in_process ? "in-process" : f.trainer.strategy.name()},
+            {"model", f.job.model},
+            {"dataset", f.job.dataset},
+            {"batch_size", f.job.batch_size},
+            {"optimizer", f.job.optimizer},
+            {"lr", f.job.lr},
+            {"momentum", f.job.momentum},
+            {"lr_decay", f.job.lr_decay},
+            {"seed", f.job.seed},
+            {"threads", f.job.threads}});
+  if (f.trainer.checkpoints.dir.empty()) j.erase("checkpoint_failures");
   if (is_language_model(f)) add_language_model_figures(f, &j);
   if (!f.in_process) {
     j["compression"] = f.trainer.comm.compression == Compression::kPowerSgd
@@ -198,6 +172,7 @@ TrainerConfig trainer_config_of(const TrainFlags& f) {
               {"loss", j.loss},
               {"dataset", j.dataset},
               {"data_dir", j.data_dir},
+              {"optimizer", j.optimizer},
               {"lr", j.lr},
               {"momentum", j.momentum},
               {"lr_decay", j.lr_decay},
@@ -205,6 +180,7 @@ TrainerConfig trainer_config_of(const TrainFlags& f) {
               {"synthetic_samples", j.synthetic_samples},
               {"synthetic_image_size", j.synthetic_image_size},
               {"synthetic_channels", j.synthetic_channels}};
+  if (j.weight_decay) c.config["weight_decay"] = *j.weight_decay;
   c.config.update(f.config_json);
   return c;
 }

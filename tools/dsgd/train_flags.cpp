@@ -77,8 +77,9 @@ void add_job_flags(CLI::App* cmd, TrainFlags& f) {
                   "TorchScript file whose forward(output, target) returns it")
       ->capture_default_str();
   cmd->add_option("--dataset", j.dataset,
-                  "Data: fashion-mnist, synthetic (random images, for benchmarks) or text:DIR (token files from "
-                  "`dsgd prepare-text --out DIR`)")
+                  "Data: fashion-mnist, synthetic (random images, for benchmarks), text:DIR (token files from "
+                  "`dsgd prepare-text --out DIR`) or FILE.pt (tensors: torch.save({'train_x': x, 'train_y': y, "
+                  "'test_x': ..., 'test_y': ...}, FILE.pt))")
       ->capture_default_str();
   cmd->add_option("--data-dir", j.data_dir, "Directory with Fashion-MNIST's IDX files (.gz or plain)")
       ->capture_default_str();
@@ -87,7 +88,11 @@ void add_job_flags(CLI::App* cmd, TrainFlags& f) {
   f.flag_of["batch_size"] = "--batch-size";
   f.lr_option = cmd->add_option("--lr", j.lr, "Learning rate (SGD's; a language model's AdamW: default 6e-4)")
                     ->capture_default_str();
+  cmd->add_option("--optimizer", j.optimizer, "Image models' optimizer: sgd (with --momentum), adam or adamw")
+      ->check(CLI::IsMember({"sgd", "adam", "adamw"}))
+      ->capture_default_str();
   cmd->add_option("--momentum", j.momentum, "SGD momentum, in [0, 1)")->capture_default_str();
+  cmd->add_option("--weight-decay", j.weight_decay, "Image models' weight decay (default: 0; adamw 0.01)");
   cmd->add_option("--lr-decay", j.lr_decay, "Multiply the learning rate by this after every epoch, in (0, 1]")
       ->capture_default_str();
   cmd->add_option("--seed", j.seed, "Seed for initial weights and shuffling")->capture_default_str();

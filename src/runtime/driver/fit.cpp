@@ -185,4 +185,48 @@ FitResult fit(Trainer& trainer, const FitOptions& options, ProgressListener* lis
   return Loop(trainer, options, listener).run();
 }
 
+nlohmann::json to_json(const RecoveryEvent& e) {
+  nlohmann::json phases = nlohmann::json::object();
+  for (const auto& [name, s] : e.phases) phases[name] = phases.value(name, 0.0) + s;
+  const auto resumed = std::chrono::system_clock::now() - (std::chrono::steady_clock::now() - e.resumed_at);
+  return {{"kind", e.kind},
+          {"resumed_at_unix_s", std::chrono::duration<double>(resumed.time_since_epoch()).count()},
+          {"failure", e.failure},
+          {"lost", e.lost},
+          {"at_step", e.at_step},
+          {"rolled_back_steps", e.rolled_back_steps},
+          {"detect_s", e.detect_s},
+          {"recovery_s", e.recovery_s},
+          {"workers_after", e.workers_after},
+          {"standbys_used", e.standbys_used},
+          {"phases_s", phases}};
+}
+
+nlohmann::json to_json(const FitResult& r) {
+  nlohmann::json recoveries = nlohmann::json::array();
+  for (const auto& e : r.recoveries) recoveries.push_back(to_json(e));
+  nlohmann::json history = nlohmann::json::array();
+  for (const auto& e : r.history) {
+    history.push_back({{"epoch", e.epoch},
+                       {"train_loss", e.train_loss},
+                       {"test_loss", e.test_loss},
+                       {"test_accuracy", e.test_accuracy},
+                       {"samples_per_s", e.samples_per_s},
+                       {"epoch_s", e.epoch_s},
+                       {"recoveries", e.recoveries}});
+    if (!e.profile_ms.empty()) history.back()["profile_ms"] = e.profile_ms;
+  }
+  nlohmann::json j = {{"test_accuracy", r.test_accuracy}, {"test_loss", r.test_loss},
+                      {"train_loss", r.train_loss},       {"epochs", r.epochs},
+                      {"steps", r.steps},                 {"samples", r.samples},
+                      {"samples_per_s", r.samples_per_s}, {"train_s", r.train_s},
+                      {"wall_s", r.wall_s},               {"parameters", r.parameters},
+                      {"history", history},               {"recoveries", recoveries},
+                      {"checkpoint_failures", r.checkpoint_failures}};
+  if (!r.profile_ms.empty()) j["profile_ms"] = r.profile_ms;
+  if (r.comm_bytes_per_step >= 0) j["comm_bytes_per_step"] = r.comm_bytes_per_step;
+  if (r.worker_peak_rss_mib > 0) j["worker_peak_rss_mib"] = r.worker_peak_rss_mib;
+  return j;
+}
+
 }  // namespace dsgd
