@@ -24,11 +24,12 @@ namespace dsgd {
 inline constexpr const char* kLanguageModel = "dsgd.LanguageModel";
 
 struct LanguageModelOptions {
-  std::string model = "gpt-tiny";  // gpt-tiny | gpt-small | gpt-base (dsgd/gpt.h)
+  std::string model = "gpt-tiny";  // gpt-tiny | gpt-small | gpt-base (dsgd/gpt.h), or a TorchScript
+                                   // file (dsgd/models.h: load_scripted_language_model; needs context)
   std::string train_tokens;        // a token file (dsgd prepare-text)
   std::string val_tokens;          // "" = no validation
   int64_t val_sequences = 0;       // validate on the first this many sequences of it; 0 = all
-  int64_t context = 0;             // tokens a sample; 0 = the model's context
+  int64_t context = 0;             // tokens a sample; 0 = the gpt's context
   double dropout = 0;
   double lr = 6e-4;
   double min_lr = 6e-5;

@@ -95,4 +95,10 @@ class ScriptedModel : public Classifier, public SelfContainedModel {
   std::string path_;
 };
 
+// A TorchScript language model: forward(tokens int64 [N, context]) -> logits [N, context,
+// vocab_size] (as dsgd/gpt.h's). ConfigError naming the file, when it cannot be read or gives
+// other shapes on two blank sequences.
+std::shared_ptr<ScriptedModel> load_scripted_language_model(const std::string& path, int64_t context,
+                                                            int64_t vocab_size);
+
 }  // namespace dsgd::models

@@ -60,7 +60,9 @@ class Trainer:
     """Trains `model` on `data` with dsgd's workers (see the module's docstring).
 
     model: a torch.nn.Module (scripted here), a torch.jit.ScriptModule, a function that returns
-           either, a path to a TorchScript file, or a reference model's name ("cnn", "mlp", ...).
+           either, a path to a TorchScript file, or a reference model's name ("cnn", the default,
+           "mlp", ...; "gpt-tiny", the default on text, "gpt-small", "gpt-base"). A language model
+           maps tokens [N, T] to logits [N, T, vocab]; give its context= (T).
     data:  tensors: (x, y) with x [N, ...] floating point and y [N] class labels, a
            torch.utils.data.TensorDataset of the two, or {"train": (x, y), "validation": (x, y)};
            "fashion-mnist" or "synthetic" (images); "text:DIR" with a gpt-* model; or a file
@@ -72,7 +74,7 @@ class Trainer:
            AdamW themselves; their settings as keywords: lr, momentum, weight_decay, betas.
     """
 
-    def __init__(self, model="cnn", data="fashion-mnist", loss=None, optimizer=None, **keywords):
+    def __init__(self, model=None, data="fashion-mnist", loss=None, optimizer=None, **keywords):
         self._core = None
         self._dir = tempfile.TemporaryDirectory(prefix="dsgd-")
         operator, self.settings = _job(model, data, loss, optimizer, keywords, self._dir.name)
@@ -141,7 +143,7 @@ _TUNE_OPTIONS = ("num_trials", "scheduler", "cores", "metric", "mode", "max_iter
                  "seed")
 
 
-def tune(space, dir, model="cnn", data="fashion-mnist", loss=None, optimizer=None, **keywords):
+def tune(space, dir, model=None, data="fashion-mnist", loss=None, optimizer=None, **keywords):
     """A hyper-parameter search (dsgd tune): trials as dsgd jobs over `space`, a dict as in
     `dsgd tune --space` ({"lr": {"loguniform": [0.005, 0.2]}, "batch_size": {"choice": [32, 64]}}).
 
@@ -161,6 +163,9 @@ def tune(space, dir, model="cnn", data="fashion-mnist", loss=None, optimizer=Non
 def _job(model, data, loss, optimizer, keywords, directory):
     """The operator and the settings of a job (models and data saved into `directory`)."""
     settings, config = _settings(keywords)
+    text = isinstance(data, str) and data.startswith("text:")
+    if model is None:
+        model = "gpt-tiny" if text else "cnn"
     config["model"] = _saved(model, directory, "model.pt")
     if loss is not None:
         config["loss"] = _saved(loss, directory, "loss.pt")
@@ -171,7 +176,7 @@ def _job(model, data, loss, optimizer, keywords, directory):
     operator = "image_classifier"
     if not isinstance(data, (str, os.PathLike)):
         data = _saved_tensors(data, os.path.join(directory, "data.pt"))
-    if isinstance(data, str) and data.startswith("text:"):
+    if text:
         operator = "language_model"
         if "step.scheduler_step_freq" not in settings and "scheduler_step_freq" not in settings.get("step", {}):
             settings["step.scheduler_step_freq"] = "batch"  # warmup and cosine count steps, as in dsgd train

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <numbers>
 #include <stdexcept>
 #include <vector>
@@ -12,6 +13,8 @@
 #include "dsgd/gpt.h"
 #include "dsgd/image_classifier.h"
 #include "dsgd/json_fields.h"
+#include "dsgd/model_names.h"
+#include "dsgd/models.h"
 #include "dsgd/operator.h"
 #include "dsgd/text.h"
 
@@ -23,7 +26,14 @@ void require(bool ok, const std::string& key, const std::string& what) {
 }
 
 void validate(const LanguageModelOptions& o) {
-  (void)models::gpt_options(o.model, 256);  // ConfigError naming the sizes for an unknown one
+  if (models::is_model_file(o.model)) {
+    std::error_code ec;
+    require(std::filesystem::is_regular_file(o.model, ec), "model",
+            "names a file that is not there: '" + o.model + "' (a TorchScript module; every worker reads it)");
+    require(o.context > 0, "context", "must be given for a model from a file: the tokens of a sample");
+  } else {
+    (void)models::gpt_options(o.model, 256);  // ConfigError naming the sizes for an unknown one
+  }
   require(!o.train_tokens.empty(), "train_tokens", "is missing: a token file (dsgd prepare-text writes one)");
   require(o.context >= 0, "context", "must be >= 0 (0 = the model's), got " + std::to_string(o.context));
   require(o.dropout >= 0 && o.dropout < 1, "dropout", "must be in [0, 1), got " + std::to_string(o.dropout));
@@ -48,12 +58,17 @@ class LanguageModel : public TrainingOperator {
     auto train = std::make_shared<data::TokenDataset>(o.train_tokens, language_model_context(o));
     std::shared_ptr<const Dataset> val;
     if (!o.val_tokens.empty()) val = std::make_shared<data::TokenDataset>(o.val_tokens, train->context());
-    auto shape = models::gpt_options(o.model, train->vocab_size());
-    shape.context = std::max(shape.context, train->context());
-    shape.dropout = o.dropout;
-    auto gpt = register_model(models::make_gpt(shape));
-    std::vector<torch::Tensor> decay, no_decay;
-    for (const auto& p : gpt->parameters()) (p.dim() >= 2 ? decay : no_decay).push_back(p);
+    std::shared_ptr<torch::nn::Module> model;
+    if (models::is_model_file(o.model)) {
+      model = register_model(models::load_scripted_language_model(o.model, train->context(), train->vocab_size()));
+    } else {
+      auto shape = models::gpt_options(o.model, train->vocab_size());
+      shape.context = std::max(shape.context, train->context());
+      shape.dropout = o.dropout;
+      model = register_model(models::make_gpt(shape));
+    }
+    std::vector<torch::Tensor> decay, no_decay;  // matrices decay; biases, norms' weights do not
+    for (const auto& p : model->parameters()) (p.dim() >= 2 ? decay : no_decay).push_back(p);
     const auto adamw = torch::optim::AdamWOptions(o.lr).betas(std::make_tuple(o.beta1, o.beta2));
     std::vector<torch::optim::OptimizerParamGroup> groups;
     for (const auto& [params, wd] : {std::pair{&decay, o.weight_decay}, std::pair{&no_decay, 0.0}}) {
@@ -130,7 +145,8 @@ LanguageModelOptions language_model_options(const nlohmann::json& config) {
 }
 
 int64_t language_model_context(const LanguageModelOptions& o) {
-  return o.context > 0 ? o.context : models::gpt_options(o.model, 256).context;
+  if (o.context > 0 || models::is_model_file(o.model)) return o.context;
+  return models::gpt_options(o.model, 256).context;
 }
 
 double language_model_lr_factor(const LanguageModelOptions& o, int64_t t) {

@@ -93,33 +93,53 @@ void ScriptedModel::train(bool on) {
   script_->module.train(on);
 }
 
+namespace {
+
+// `net`'s output on `input` (in eval mode: BatchNorm's statistics stay as they are); ConfigError
+// naming the file unless it is `expected`.
+void check_output(ScriptedModel& net, const torch::Tensor& input, const std::string& input_name,
+                  const std::vector<int64_t>& expected, const std::string& hint) {
+  torch::NoGradGuard no_grad;
+  const bool training = net.is_training();
+  net.eval();
+  std::ostringstream shapes;
+  shapes << input_name << " " << input.sizes();
+  torch::Tensor out;
+  try {
+    out = net.forward(input);
+  } catch (const c10::Error& e) {
+    throw ConfigError("model file '" + net.path() + "' fails on " + shapes.str() + ": " +
+                      first_line(e.what_without_backtrace()));
+  }
+  net.train(training);
+  if (out.sizes() != torch::IntArrayRef(expected)) {
+    std::ostringstream message;
+    message << "model file '" << net.path() << "' returns " << out.sizes() << " for " << shapes.str() << "; " << hint;
+    throw ConfigError(message.str());
+  }
+}
+
+}  // namespace
+
 std::shared_ptr<Classifier> load_scripted(const std::string& path, const ModelOptions& o) {
   auto net = ScriptedModel::load(path);
-  torch::NoGradGuard no_grad;
-  const bool training = net->is_training();
-  net->eval();  // BatchNorm's statistics stay as they are
   std::vector<int64_t> shape = {2, o.in_channels, o.image_size, o.image_size};
   if (!o.input_shape.empty()) {
     shape = {2};
     shape.insert(shape.end(), o.input_shape.begin(), o.input_shape.end());
   }
-  const auto images = torch::zeros(shape);
-  std::ostringstream shapes;
-  shapes << (o.input_shape.empty() ? "images " : "inputs ") << images.sizes();
-  torch::Tensor logits;
-  try {
-    logits = net->forward(images);
-  } catch (const c10::Error& e) {
-    throw ConfigError("model file '" + path + "' fails on " + shapes.str() + ": " +
-                      first_line(e.what_without_backtrace()));
-  }
-  net->train(training);
-  if (logits.sizes() != torch::IntArrayRef{2, o.num_classes}) {
-    std::ostringstream out;
-    out << "model file '" << path << "' returns " << logits.sizes() << " for " << shapes.str() << "; the data has "
-        << o.num_classes << " classes: its forward must return [N, " << o.num_classes << "] logits";
-    throw ConfigError(out.str());
-  }
+  check_output(*net, torch::zeros(shape), o.input_shape.empty() ? "images" : "inputs", {2, o.num_classes},
+               "the data has " + std::to_string(o.num_classes) + " classes: its forward must return [N, " +
+                   std::to_string(o.num_classes) + "] logits");
+  return net;
+}
+
+std::shared_ptr<ScriptedModel> load_scripted_language_model(const std::string& path, int64_t context,
+                                                            int64_t vocab_size) {
+  auto net = ScriptedModel::load(path);
+  check_output(*net, torch::zeros({2, context}, torch::kInt64), "tokens", {2, context, vocab_size},
+               "the tokens have a vocabulary of " + std::to_string(vocab_size) +
+                   ": its forward must return [N, T, " + std::to_string(vocab_size) + "] logits");
   return net;
 }
 

@@ -62,3 +62,22 @@ def main():
 
 if __name__ == "__main__":
     main()
+
+
+class TinyLm(nn.Module):
+    """A causal transformer language model in plain PyTorch: tokens [N, T] -> logits [N, T, vocab]."""
+
+    def __init__(self, vocab=256, context=32, dim=64, heads=4, layers=2):
+        super().__init__()
+        self.tokens = nn.Embedding(vocab, dim)
+        self.positions = nn.Embedding(context, dim)
+        layer = nn.TransformerEncoderLayer(dim, heads, 4 * dim, dropout=0.0, batch_first=True, norm_first=True)
+        self.blocks = nn.TransformerEncoder(layer, layers, enable_nested_tensor=False)
+        self.norm = nn.LayerNorm(dim)
+        self.head = nn.Linear(dim, vocab)
+        self.register_buffer("causal", torch.triu(torch.full((context, context), float("-inf")), 1))
+
+    def forward(self, tokens):
+        t = tokens.size(1)
+        x = self.tokens(tokens) + self.positions(torch.arange(t, device=tokens.device))
+        return self.head(self.norm(self.blocks(x, mask=self.causal[:t, :t])))

@@ -245,3 +245,24 @@ def test_ctrl_c_stops_the_job_leaving_no_process_and_no_shared_memory(tmp_path):
             pass
     assert left == [], "processes left behind"
     assert [s for s in set(os.listdir("/dev/shm")) - shm_before if "dsgd" in s] == []
+
+
+def test_a_language_model_from_python_learns_text(tmp_path):
+    with open(tmp_path / "corpus.txt", "w") as f:
+        f.writelines(f"line {i * 37 % 100} of a small corpus\n" for i in range(600))
+    prep = subprocess.run([os.environ.get("DSGD_BINARY", "build/dsgd"), "prepare-text", "--input",
+                           str(tmp_path / "corpus.txt"), "--out", str(tmp_path / "tok"), "--val-fraction", "0.1"],
+                          capture_output=True, text=True, timeout=120)
+    assert prep.returncode == 0, prep.stderr
+    with pytest.raises(dsgd.ConfigError, match="'context' must be given for a model from a file"):
+        dsgd.Trainer(model=scripted_models.TinyLm(context=32), data=f"text:{tmp_path / 'tok'}", num_workers=1)
+    torch.manual_seed(0)
+    with dsgd.Trainer(model=scripted_models.TinyLm(context=32), data=f"text:{tmp_path / 'tok'}", context=32,
+                      num_workers=2, batch_size=8, lr=3e-3, warmup_steps=5, threads_per_worker=1) as t:
+        before = t.validate()["loss"]
+        r = t.fit(epochs=1, max_steps=40)
+        lm = t.get_model()
+    print(f"validation loss {before:.3f} -> {r['test_loss']:.3f} after {r['steps']} steps")
+    assert r["steps"] == 40 and r["test_loss"] < 0.6 * before, r
+    tokens = torch.randint(0, 256, (1, 32))
+    assert lm(tokens).shape == (1, 32, 256), "the trained module comes back as a ScriptModule"

@@ -26,7 +26,9 @@ namespace dsgd::cli {
 namespace {
 
 // --model gpt-*: the language model (dsgd/language_model.h) on --dataset text:DIR.
-bool is_language_model(const TrainFlags& f) { return f.job.model.rfind("gpt-", 0) == 0; }
+bool is_language_model(const TrainFlags& f) {
+  return f.job.model.rfind("gpt-", 0) == 0 || f.job.dataset.rfind("text:", 0) == 0;
+}
 const char* operator_of_job(const TrainFlags& f) { return is_language_model(f) ? kLanguageModel : kImageClassifier; }
 
 TrainerConfig trainer_config_of(const TrainFlags& f);
