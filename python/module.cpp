@@ -80,6 +80,8 @@ std::string results_json(const dsgd::Results& r) {
   out["recoveries"] = json::array();
   for (const auto& e : r.recoveries) out["recoveries"].push_back(dsgd::to_json(e));
   out["checkpoint_failures"] = r.checkpoint_failures;
+  out["stragglers"] = json::array();
+  for (const auto& s : r.stragglers) out["stragglers"].push_back(dsgd::to_json(s));
   return out.dump();
 }
 

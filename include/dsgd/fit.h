@@ -32,6 +32,7 @@ struct BatchProgress {
   double loss = 0;           // this batch's mean loss
   double samples_per_s = 0;  // training throughput so far
   double elapsed_s = 0;      // training time so far (excludes loading and evaluation)
+  std::vector<Straggler> stragglers;  // the workers slow now
 };
 
 struct EpochSummary {
@@ -68,6 +69,7 @@ struct FitResult {
   std::vector<EpochSummary> history;
   std::map<std::string, double> profile_ms;  // as EpochSummary's, over the run (by steps)
   std::vector<RecoveryEvent> recoveries;     // every failure survived and scale-up, in order
+  std::vector<Straggler> stragglers;         // every worker named one, in order (Results')
   int checkpoint_failures = 0;               // checkpoints.dir writes that failed (Results')
 };
 
@@ -94,12 +96,14 @@ struct FitOptions {
 FitResult fit(Trainer& trainer, const FitOptions& options = {}, ProgressListener* listener = nullptr);
 
 // The run as JSON, as `dsgd train` prints it (it adds the job's settings) and dsgd.Trainer.fit
-// returns it: the result's figures, "history" (one object per epoch) and "recoveries".
+// returns it: the result's figures, "history" (one object per epoch), "recoveries" and
+// "stragglers" (rank, host, pid, slowdown, from_step, to_step).
 nlohmann::json to_json(const FitResult& result);
 // One recovery or scale-up: kind, failure, lost, at_step, rolled_back_steps, detect_s,
 // recovery_s, workers_after, standbys_used, phases_s and resumed_at_unix_s (when training
 // resumed, for scripts that time a fault themselves).
 nlohmann::json to_json(const RecoveryEvent& event);
+nlohmann::json to_json(const Straggler& straggler);
 
 // FitOptions::trace_path's file for `epoch` of `epochs`.
 std::string trace_path_of(const std::string& path, int64_t epoch, int64_t epochs);

@@ -111,6 +111,9 @@ struct Results {
   // Checkpoints to checkpoints.dir that could not be written during this call (each warned
   // about; training went on: checkpoints.fail_on_write_error).
   int checkpoint_failures = 0;
+  // Workers named stragglers during this call (dsgd::Straggler; to_step -1: still slow at its
+  // end, and named again by the next call until they keep pace).
+  std::vector<Straggler> stragglers;
 };
 
 class Trainer {

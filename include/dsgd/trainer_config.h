@@ -149,12 +149,25 @@ struct MonitorConfig {
   std::string metrics_host = "127.0.0.1";  // 0.0.0.0 for a scraper on another machine
 };
 
+// A worker persistently slower than the rest: its compute per step (each step's time less its
+// waits for communication) over a window of at least 20 steps and 10 s, against the median of
+// the others', at least 1.10x. In a synchronous job every rank waits for it.
+struct Straggler {
+  int rank = 0;            // its place among the members when named
+  std::string host;
+  int64_t pid = 0;
+  double slowdown = 1;     // the largest ratio seen while slow
+  int64_t from_step = 0;   // the job's step where the first slow window began
+  int64_t to_step = -1;    // where it was no longer slow; -1: still slow
+};
+
 struct TrainProgress {
   int64_t batches = 0;        // done in this train() call (worker 0's first replica)
   int64_t batches_total = 0;  // of this call
   double loss = 0;            // the last batch's loss
   double elapsed_s = 0;
   int64_t batches_per_epoch = 0;  // as worker 0 counts them (0 until it has said)
+  std::vector<Straggler> stragglers;  // the workers slow now
 };
 
 struct RecoveryEvent;

@@ -83,7 +83,8 @@ class Trainer:
 
     def train(self, num_steps=0, profile=False):
         """One epoch (or num_steps global batches): metrics averaged over batches and workers,
-        the position (epoch, batch) and the recoveries of the call."""
+        the position (epoch, batch), the recoveries of the call and the stragglers named in it
+        (rank, host, pid, slowdown, from_step, to_step: -1 while still slow)."""
         return json.loads(self._trainer().train(num_steps, profile))
 
     def validate(self):

@@ -154,6 +154,11 @@ GradSync::Times GradSync::take_times() {
   return std::exchange(times_, Times{});
 }
 
+double GradSync::total_wait_s() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return total_wait_s_;
+}
+
 void GradSync::on_grad(size_t param, const torch::Tensor& grad) {
   std::lock_guard<std::mutex> lock(mutex_);
   // A backward that throws here never finalizes (autograd drops its callbacks), and the
@@ -332,7 +337,7 @@ void GradSync::apply_pending(size_t bucket) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     const double waited = std::chrono::duration<double>(t1 - t0).count();
-    times_.wait_s += waited;
+    count_wait_locked(waited);
     times_.deferred_wait_s += waited;
   }
   torch::NoGradGuard no_grad;
@@ -534,7 +539,7 @@ void GradSync::finalize() {
     }
   }
   lock.lock();
-  times_.wait_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  count_wait_locked(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   reset_backward_locked();  // ready for the next backward whatever happened
   lock.unlock();
   if (error) std::rethrow_exception(error);

@@ -89,6 +89,8 @@ class GradSync {
     double wait_s = 0, deferred_wait_s = 0, deferred_step_s = 0;
   };
   Times take_times();
+  // Every wait for communication since construction (Times::wait_s, never reset): stragglers.
+  double total_wait_s() const;
   size_t num_buckets() const { return plan_.buckets().size(); }
   const torch::Tensor& param(size_t i) const { return params_[i]; }
   size_t num_params() const { return params_.size(); }
@@ -203,7 +205,7 @@ class GradSync {
   size_t deferred_count_ = 0;                   // T
   strategy::OverlapSchedule schedule_;          // which are deferred, and the launch order
 
-  std::mutex mutex_;
+  mutable std::mutex mutex_;
   bool in_backward_ = false;                    // a finalize callback is queued
   std::string failed_;                          // why a backward threw (every later one throws it too)
   std::vector<bool> got_grad_;                  // per parameter, this backward
@@ -215,6 +217,11 @@ class GradSync {
   std::vector<std::shared_ptr<comm::Work>> pending_;  // per bucket: a deferred step not yet applied
   std::vector<char> bucket_ok_;                 // per bucket: this backward's gradients passed the check
   Times times_;
+  double total_wait_s_ = 0;  // guarded by mutex_
+  void count_wait_locked(double s) {  // a wait for communication: the profile's and the total
+    times_.wait_s += s;
+    total_wait_s_ += s;
+  }
   bool last_finite_ = true;
   bool hold_ = false;                           // this backward's gradients are only summed
   bool held_ = false;                           // the flat buffer holds earlier backwards' sum

@@ -277,11 +277,18 @@ void ReplicaRuntime::after_batch() {
   sync_statistics();
   if (options_.step.precision != Precision::kFp32) AutocastScope::clear_cache();  // the step changed the weights
   batch_ends_.push_back(Clock::now());
+  double waited = 0;
+  for (const auto& sync : syncs_) waited += sync->total_wait_s();
   if (batch_ends_.size() >= 2) {  // the step's time, averaged over the last ~5 steps
     const double s = std::chrono::duration<double>(batch_ends_.back() - batch_ends_[batch_ends_.size() - 2]).count();
     const double old = progress_.step_s.load();
     progress_.step_s = old > 0 ? 0.8 * old + 0.2 * s : s;
+    const double wait = std::clamp(waited - waited_at_last_step_, 0.0, s);
+    progress_.wait_s = progress_.wait_s.load() + wait;
+    progress_.compute_s = progress_.compute_s.load() + (s - wait);
+    ++progress_.timed_steps;
   }
+  waited_at_last_step_ = waited;
   ++position_.batch;
   ++progress_.batches;
   progress_.step = position_.epoch * batches_per_epoch() + position_.batch;

@@ -142,6 +142,12 @@ class ReplicaRuntime : private ParameterGate, private ReplicaHost {
     std::atomic<int64_t> batches_per_epoch{0};  // set as each train() starts
     std::atomic<double> step_s{0};  // recent seconds per step (a moving average; 0: not yet known)
     std::atomic<int64_t> step{0};   // the steps its position in the epochs stands for (epoch x per epoch + batch)
+    // Over the replica's life, the steps timed (each but a call's first) and their seconds split
+    // into computing (all but the waits) and waiting for communication: the driver compares
+    // ranks' compute per step to find stragglers.
+    std::atomic<int64_t> timed_steps{0};
+    std::atomic<double> compute_s{0};
+    std::atomic<double> wait_s{0};
   };
   Progress& progress() { return progress_; }
 
@@ -214,6 +220,7 @@ class ReplicaRuntime : private ParameterGate, private ReplicaHost {
   std::map<std::string, std::pair<double, int64_t>> step_values_;
   double gate_s_ = 0;                // profiling: seconds in wait() (the forward overlap's gate)
   std::vector<std::chrono::steady_clock::time_point> batch_ends_;  // this call's
+  double waited_at_last_step_ = 0;  // the GradSyncs' total_wait_s when the last step ended
   Progress progress_;
 };
 

@@ -266,3 +266,48 @@ def test_a_language_model_from_python_learns_text(tmp_path):
     assert r["steps"] == 40 and r["test_loss"] < 0.6 * before, r
     tokens = torch.randint(0, 256, (1, 32))
     assert lm(tokens).shape == (1, 32, 256), "the trained module comes back as a ScriptModule"
+
+
+def throttle(pid, share, stop):
+    """Lets `pid` run `share` of each 100 ms (SIGSTOP, SIGCONT), as a cgroup's cpu.max would."""
+    while not stop.is_set():
+        os.kill(pid, signal.SIGSTOP)
+        time.sleep(0.1 * (1 - share))
+        os.kill(pid, signal.SIGCONT)
+        time.sleep(0.1 * share)
+
+
+def test_a_worker_slowed_by_a_known_amount_is_named_a_straggler_and_cleared():
+    """Two workers at pace for 15 s: nobody named. One held to 70% of the time: named within 30 s
+    as about 1/0.7 = 1.43x slower; let go, cleared."""
+    with dsgd.Trainer(model="cnn", num_workers=2, data="synthetic", synthetic_samples=500000, batch_size=64,
+                      threads_per_worker=1, dropout=False) as t:
+        def train_for(seconds, until=lambda r: False):
+            start, results = time.monotonic(), []
+            while time.monotonic() - start < seconds:
+                results.append(t.train(num_steps=100))
+                if until(results[-1]):
+                    break
+            return time.monotonic() - start, results
+        _, steady = train_for(15)
+        assert [s for r in steady for s in r["stragglers"]] == [], "nobody stands out at a steady pace"
+        victim = worker_pids()[1]
+        stop = threading.Event()
+        slowing = threading.Thread(target=throttle, args=(victim, 0.7, stop))
+        slowing.start()
+        try:
+            took, slowed = train_for(45, until=lambda r: r["stragglers"])
+            train_for(11)  # a whole window at 70%: its slowdown shows in full
+        finally:
+            stop.set()
+            slowing.join()
+            os.kill(victim, signal.SIGCONT)
+        named = slowed[-1]["stragglers"]
+        print(f"named after {took:.1f} s: {named}")
+        assert took < 30 and len(named) == 1, named
+        assert named[0]["pid"] == victim and named[0]["rank"] == 1 and named[0]["to_step"] == -1
+        _, recovered = train_for(45, until=lambda r: r["stragglers"] and r["stragglers"][0]["to_step"] > 0)
+        cleared = recovered[-1]["stragglers"]
+        print(f"cleared: {cleared}")
+        assert len(cleared) == 1 and cleared[0]["to_step"] > cleared[0]["from_step"] == named[0]["from_step"]
+        assert 1.3 < cleared[0]["slowdown"] < 1.6, "1 / 0.7 = 1.43x, at worst"

@@ -20,7 +20,8 @@ JobGauges two_workers() {
   g.members = 1;
   g.standbys = 1;
   g.step = 112;
-  g.workers.push_back({0, "node-a", 101, "member", 112, 1.25, 0.078, 0.1});
+  g.stragglers = 1;
+  g.workers.push_back({0, "node-a", 101, "member", 112, 1.25, 0.078, 0.1, 7.5, 0.25, true});
   g.workers.push_back({2, "node \"b\"\\x", 202, "standby", 0, 0, 0, 0.3});
   return g;
 }
@@ -48,7 +49,12 @@ TEST(Metrics, EveryFamilyIsTypedAndEveryWorkerLabelled) {
   size_t families = 0, helps = 0;
   for (size_t at = 0; (at = t.find("# TYPE ", at)) != std::string::npos; ++at) ++families;
   for (size_t at = 0; (at = t.find("# HELP ", at)) != std::string::npos; ++at) ++helps;
-  EXPECT_EQ(families, 14u);
+  EXPECT_TRUE(has_line(t, "dsgd_stragglers 1")) << t;
+  const std::string a = "{worker=\"0\",host=\"node-a\",pid=\"101\",role=\"member\"}";
+  EXPECT_TRUE(has_line(t, "dsgd_worker_compute_seconds_total" + a + " 7.5")) << t;
+  EXPECT_TRUE(has_line(t, "dsgd_worker_comm_wait_seconds_total" + a + " 0.25")) << t;
+  EXPECT_TRUE(has_line(t, "dsgd_worker_straggler" + a + " 1")) << t;
+  EXPECT_EQ(families, 18u);
   EXPECT_EQ(helps, families);
 }
 

@@ -31,20 +31,28 @@ void ProgressPrinter::on_batch(const dsgd::BatchProgress& p) {
   const bool tokens = tokens_per_sample_ > 0;
   const double rate = tokens ? p.samples_per_s * static_cast<double>(tokens_per_sample_) : p.samples_per_s;
   const char* unit = tokens ? "tokens/s" : "samples/s";
+  std::string slow;  // "  straggler: rank 1 (host a, pid 7) 1.42x"
+  for (const auto& s : p.stragglers) {
+    char buf[160];
+    std::snprintf(buf, sizeof(buf), "%s rank %d (host %s, pid %lld) %.2fx", slow.empty() ? "  straggler:" : ",",
+                  s.rank, s.host.c_str(), static_cast<long long>(s.pid), s.slowdown);
+    slow += buf;
+  }
   if (interactive_) {
     constexpr int kWidth = 24;
     const int filled = static_cast<int>(kWidth * p.batch / std::max<int64_t>(1, p.batches_per_epoch));
     std::string bar(filled, '#');
     bar.resize(kWidth, '.');
-    std::fprintf(out_, "\r\033[Kepoch %lld/%lld [%s] %lld/%lld  loss %.4f  %.0f %s  ETA %s",
+    std::fprintf(out_, "\r\033[Kepoch %lld/%lld [%s] %lld/%lld  loss %.4f  %.0f %s  ETA %s%s",
                  static_cast<long long>(p.epoch), static_cast<long long>(p.epochs), bar.c_str(),
                  static_cast<long long>(p.batch), static_cast<long long>(p.batches_per_epoch), p.loss, rate, unit,
-                 format_duration(eta).c_str());
+                 format_duration(eta).c_str(), slow.c_str());
     bar_open_ = true;
   } else {
-    std::fprintf(out_, "epoch %lld/%lld batch %lld/%lld  loss %.4f  %.0f %s  ETA %s\n",
+    std::fprintf(out_, "epoch %lld/%lld batch %lld/%lld  loss %.4f  %.0f %s  ETA %s%s\n",
                  static_cast<long long>(p.epoch), static_cast<long long>(p.epochs), static_cast<long long>(p.batch),
-                 static_cast<long long>(p.batches_per_epoch), p.loss, rate, unit, format_duration(eta).c_str());
+                 static_cast<long long>(p.batches_per_epoch), p.loss, rate, unit, format_duration(eta).c_str(),
+                 slow.c_str());
   }
   std::fflush(out_);
 }

@@ -107,6 +107,7 @@ class Loop {
       result_.worker_peak_rss_mib = std::max(result_.worker_peak_rss_mib, it->second);
     result_.train_s += epoch_s;
     result_.checkpoint_failures += r.checkpoint_failures;
+    add_stragglers(r);
     EpochSummary e;
     e.epoch = epoch_;
     e.train_loss = r.metrics.count("loss") ? r.metrics.at("loss") : 0;
@@ -138,6 +139,20 @@ class Loop {
     }
   }
 
+  // A straggler still slow at a call's end comes again from the next: one entry, brought up to date.
+  void add_stragglers(const Results& r) {
+    for (const auto& s : r.stragglers) {
+      auto same = std::find_if(result_.stragglers.begin(), result_.stragglers.end(), [&](const Straggler& x) {
+        return x.pid == s.pid && x.host == s.host && x.from_step == s.from_step;
+      });
+      if (same == result_.stragglers.end()) {
+        result_.stragglers.push_back(s);
+      } else {
+        *same = s;
+      }
+    }
+  }
+
   void on_progress(const TrainProgress& p) {
     if (saved_.on_progress) saved_.on_progress(p);
     // Before the first call has returned, worker 0's count (the first epoch's progress too).
@@ -155,7 +170,8 @@ class Loop {
                          .total_steps = o_.max_steps > 0 ? std::min(o_.max_steps, all) : all,
                          .loss = p.loss,
                          .samples_per_s = elapsed > 0 ? static_cast<double>(step * batch_size) / elapsed : 0,
-                         .elapsed_s = elapsed});
+                         .elapsed_s = elapsed,
+                         .stragglers = p.stragglers});
   }
 
   Trainer& trainer_;
@@ -202,9 +218,16 @@ nlohmann::json to_json(const RecoveryEvent& e) {
           {"phases_s", phases}};
 }
 
+nlohmann::json to_json(const Straggler& s) {
+  return {{"rank", s.rank},         {"host", s.host},           {"pid", s.pid},
+          {"slowdown", s.slowdown}, {"from_step", s.from_step}, {"to_step", s.to_step}};
+}
+
 nlohmann::json to_json(const FitResult& r) {
   nlohmann::json recoveries = nlohmann::json::array();
   for (const auto& e : r.recoveries) recoveries.push_back(to_json(e));
+  nlohmann::json stragglers = nlohmann::json::array();
+  for (const auto& s : r.stragglers) stragglers.push_back(to_json(s));
   nlohmann::json history = nlohmann::json::array();
   for (const auto& e : r.history) {
     history.push_back({{"epoch", e.epoch},
@@ -222,6 +245,7 @@ nlohmann::json to_json(const FitResult& r) {
                       {"samples_per_s", r.samples_per_s}, {"train_s", r.train_s},
                       {"wall_s", r.wall_s},               {"parameters", r.parameters},
                       {"history", history},               {"recoveries", recoveries},
+                      {"stragglers", stragglers},
                       {"checkpoint_failures", r.checkpoint_failures}};
   if (!r.profile_ms.empty()) j["profile_ms"] = r.profile_ms;
   if (r.comm_bytes_per_step >= 0) j["comm_bytes_per_step"] = r.comm_bytes_per_step;

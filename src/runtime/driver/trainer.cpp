@@ -322,15 +322,16 @@ void Trainer::Impl::restart_every_worker(const std::string& failure) {
 
 std::function<void()> Trainer::Impl::progress_tick(const TrainOptions& options, const int64_t& done,
                                                    Clock::time_point t0) {
-  if (!config.on_progress) return {};
   return [this, &options, &done, t0] {
     if (pool->members().empty()) return;
+    watch_stragglers();
+    if (!config.on_progress) return;
     const auto w = server->workers().at(static_cast<size_t>(pool->members()[0]));
     const json p = json::parse(w.progress.empty() ? "null" : w.progress, nullptr, false);
     if (!p.is_object()) return;
     config.on_progress({done + p.value("batches", int64_t{0}), options.num_steps, p.value("loss", 0.0),
                         std::chrono::duration<double>(Clock::now() - t0).count(),
-                        p.value("batches_per_epoch", int64_t{0})});
+                        p.value("batches_per_epoch", int64_t{0}), stragglers.current()});
   };
 }
 
@@ -434,6 +435,7 @@ Results Trainer::train(const TrainOptions& options) {
   }
   total.recoveries = d.events;
   total.checkpoint_failures = d.checkpoint_failures;
+  total.stragglers = d.stragglers.take_named();
   return total;
 }
 

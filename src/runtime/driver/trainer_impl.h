@@ -21,6 +21,7 @@
 #include "runtime/monitor/metrics.h"
 #include "runtime/driver/overlap_tuner.h"
 #include "runtime/driver/snapshot_policy.h"
+#include "runtime/driver/stragglers.h"
 #include "runtime/driver/worker_pool.h"
 
 namespace dsgd {
@@ -123,8 +124,8 @@ struct Trainer::Impl {
   std::vector<proto::CommandResult> call(const proto::Command& request, bool first_only = false,
                                          const std::function<void()>& extra_tick = {});
 
-  // Pieces of train(): what it reports on the driver's tick (worker 0's progress in this call,
-  // `done` steps before the current chunk; none without on_progress); each member's trace of a
+  // Pieces of train(): what it does on the driver's tick (watch_stragglers; worker 0's progress
+  // in this call to on_progress, `done` steps before the current chunk); each member's trace of a
   // chunk that started `offset_us` into the call; under forward_overlap_buckets auto, a trial
   // chunk's step time for the tuner.
   std::function<void()> progress_tick(const TrainOptions& options, const int64_t& done, Clock::time_point t0);
@@ -239,6 +240,15 @@ struct Trainer::Impl {
   void publish_gauges(double samples_per_s = -1);
   // What a scrape shows: the published figures and every worker's last heartbeat.
   runtime::JobGauges gauges_now() const;
+
+  // The members' compute per step from their heartbeats (every ~0.5 s of a train call, on the
+  // call's tick): names stragglers (a warning each) and clears them. The group of a new
+  // generation starts its windows again.
+  void watch_stragglers();
+  runtime::StragglerDetector stragglers;
+  Clock::time_point stragglers_checked{};
+  std::vector<int64_t> published_stragglers;  // their pids, for a scrape (guarded by published_m)
+  int64_t stragglers_generation = 0;
 
   // The snapshot just taken, also on disk (TrainerConfig::checkpoints.dir), as step `step`. One
   // that cannot be written is warned about and counted, unless checkpoints.fail_on_write_error.

@@ -29,10 +29,12 @@ void Trainer::Impl::publish_gauges(double samples_per_s) {
 runtime::JobGauges Trainer::Impl::gauges_now() const {
   runtime::JobGauges g;
   std::vector<int> members;
+  std::vector<int64_t> slow;
   {
     std::lock_guard<std::mutex> lock(published_m);
     g = published;
     members = published_members;
+    slow = published_stragglers;
   }
   g.uptime_s = std::chrono::duration<double>(Clock::now() - started_at).count();
   if (!server) return g;
@@ -50,7 +52,11 @@ runtime::JobGauges Trainer::Impl::gauges_now() const {
       out.step = p.value("step", int64_t{0});
       out.loss = p.value("loss", 0.0);
       out.step_s = p.value("step_s", 0.0);
+      out.compute_s = p.value("compute_s", 0.0);
+      out.wait_s = p.value("wait_s", 0.0);
     }
+    out.straggler = member && std::find(slow.begin(), slow.end(), w.pid) != slow.end();
+    if (out.straggler && w.alive) ++g.stragglers;
     if (!w.alive) continue;  // the lost are counted in dsgd_recoveries_total
     if (member) g.step = g.members == 0 ? out.step : std::min(g.step, out.step);
     if (member) ++g.members;
@@ -59,6 +65,43 @@ runtime::JobGauges Trainer::Impl::gauges_now() const {
     g.workers.push_back(std::move(out));
   }
   return g;
+}
+
+void Trainer::Impl::watch_stragglers() {
+  const auto now = Clock::now();
+  if (now - stragglers_checked < milliseconds(500)) return;
+  stragglers_checked = now;
+  const auto members = pool->members();
+  const auto workers = server->workers();
+  if (generation != stragglers_generation) {  // a recovery: other members, other windows
+    stragglers.reset(steps_done);
+    stragglers_generation = generation;
+    std::lock_guard<std::mutex> lock(published_m);
+    published_stragglers.clear();
+  }
+  const double now_s = std::chrono::duration<double>(now - started_at).count();
+  for (size_t rank = 0; rank < members.size(); ++rank) {
+    const auto& w = workers.at(static_cast<size_t>(members[rank]));
+    const json p = json::parse(w.progress.empty() ? "null" : w.progress, nullptr, false);
+    if (!p.is_object() || !p.contains("timed_steps")) continue;
+    stragglers.observe(members[rank], static_cast<int>(rank), w.host, w.pid, p.value("step", int64_t{0}),
+                       p.value("timed_steps", int64_t{0}), p.value("compute_s", 0.0), now_s);
+  }
+  const auto changed = stragglers.update();
+  if (!changed.empty()) {
+    std::lock_guard<std::mutex> lock(published_m);
+    published_stragglers.clear();
+    for (const Straggler& s : stragglers.current()) published_stragglers.push_back(s.pid);
+  }
+  for (const Straggler& s : changed) {
+    if (s.to_step < 0) {
+      control::log().warn("trainer: rank {} (host {}, pid {}) is a straggler: it computes {:.2f}x as long a step as "
+                          "the others (since step {})", s.rank, s.host, s.pid, s.slowdown, s.from_step);
+    } else {
+      control::log().info("trainer: rank {} (host {}, pid {}) keeps pace again (slow from step {} to {}, at worst "
+                          "{:.2f}x)", s.rank, s.host, s.pid, s.from_step, s.to_step, s.slowdown);
+    }
+  }
 }
 
 }  // namespace dsgd

@@ -129,6 +129,9 @@ std::string prometheus_text(const JobGauges& g) {
              static_cast<double>(g.members));
   job_sample(out, "dsgd_standbys", "gauge", "Standby workers ready to take a lost worker's place.",
              static_cast<double>(g.standbys));
+  job_sample(out, "dsgd_stragglers", "gauge",
+             "Workers computing a step >= 10% longer than the others' median, over a window of >= 20 steps and 10 s.",
+             static_cast<double>(g.stragglers));
   job_sample(out, "dsgd_uptime_seconds", "gauge", "Seconds since the driver started.", g.uptime_s);
   worker_family(out, g, "dsgd_worker_step", "gauge", "The step the worker is at (its place in the epochs).",
                 [](const WorkerGauge& w) { return static_cast<double>(w.step); });
@@ -138,6 +141,14 @@ std::string prometheus_text(const JobGauges& g) {
                 [](const WorkerGauge& w) { return w.step_s; });
   worker_family(out, g, "dsgd_worker_heartbeat_age_seconds", "gauge", "Seconds since the worker's last heartbeat.",
                 [](const WorkerGauge& w) { return w.heartbeat_age_s; });
+  worker_family(out, g, "dsgd_worker_compute_seconds_total", "counter",
+                "Seconds of the worker's steps spent computing (all but the waits for communication).",
+                [](const WorkerGauge& w) { return w.compute_s; });
+  worker_family(out, g, "dsgd_worker_comm_wait_seconds_total", "counter",
+                "Seconds of the worker's steps spent waiting for communication (for the other workers).",
+                [](const WorkerGauge& w) { return w.wait_s; });
+  worker_family(out, g, "dsgd_worker_straggler", "gauge", "1 while the worker is named a straggler, else 0.",
+                [](const WorkerGauge& w) { return w.straggler ? 1.0 : 0.0; });
   return out.str();
 }
 

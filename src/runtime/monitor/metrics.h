@@ -26,6 +26,9 @@ struct WorkerGauge {
   double loss = 0;               // its last batch's loss
   double step_s = 0;             // its recent seconds per step (0: not yet known)
   double heartbeat_age_s = 0;    // since its last heartbeat
+  double compute_s = 0;          // its steps' seconds computing, over its life (heartbeat)
+  double wait_s = 0;             //   and waiting for communication
+  bool straggler = false;        // named a straggler now (dsgd::Straggler)
 };
 
 struct JobGauges {
@@ -38,6 +41,7 @@ struct JobGauges {
   int64_t checkpoint_failures = 0;  // checkpoints.dir writes that failed
   int64_t members = 0;              // workers in the group
   int64_t standbys = 0;             // workers waiting to take a lost one's place
+  int64_t stragglers = 0;           // members named stragglers now
   double uptime_s = 0;              // since the driver started
   std::vector<WorkerGauge> workers;
 };

@@ -120,6 +120,9 @@ class Worker {
           p["batches_per_epoch"] = r->progress().batches_per_epoch.load();
           p["step_s"] = r->progress().step_s.load();
           p["step"] = r->progress().step.load();
+          p["timed_steps"] = r->progress().timed_steps.load();
+          p["compute_s"] = r->progress().compute_s.load();
+          p["wait_s"] = r->progress().wait_s.load();
         }
         const auto beat = client_.heartbeat(index_, p.is_null() ? std::string() : p.dump(), known_abort, interval,
                                             std::max(heartbeat_timeout_ / 2, milliseconds(500)));
