@@ -66,6 +66,21 @@ TEST(TraceFile, WorkersBecomeProcessesAndTheirThreadsKeepOneRowAcrossChunks) {
   EXPECT_NE(events[3].at("tid"), events[0].at("tid"));  // another process's thread, another row
 }
 
+TEST(TraceFile, ADriversNoteIsAGlobalInstantWithItsArguments) {
+  dsgd::testing::TempDir dir;
+  TraceFile file;
+  file.add_note(2500, "straggler: rank 1", {{"slowdown", 1.42}, {"pid", 7}});
+  file.write(dir.file("t.json"));
+  std::ifstream in(dir.file("t.json"));
+  const json events = json::parse(in).at("traceEvents");
+  ASSERT_EQ(events.size(), 1u);
+  EXPECT_EQ(events[0].at("name"), "straggler: rank 1");
+  EXPECT_EQ(events[0].at("ph"), "i");
+  EXPECT_EQ(events[0].at("s"), "g") << "drawn across every row";
+  EXPECT_EQ(events[0].at("ts"), 2500.0);
+  EXPECT_EQ(events[0].at("args").at("slowdown"), 1.42);
+}
+
 TEST(TraceFile, AMalformedTraceNamesTheWorker) {
   TraceFile file;
   for (const json& bad :

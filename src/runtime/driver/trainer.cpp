@@ -320,6 +320,13 @@ void Trainer::Impl::restart_every_worker(const std::string& failure) {
   start_events.push_back(std::move(ev));
 }
 
+void Trainer::Impl::begin_train_call() {
+  events = std::exchange(start_events, {});  // the first call reports the start-up's
+  snapshot_s = 0;
+  checkpoint_failures = 0;
+  straggler_changes.clear();
+}
+
 std::function<void()> Trainer::Impl::progress_tick(const TrainOptions& options, const int64_t& done,
                                                    Clock::time_point t0) {
   return [this, &options, &done, t0] {
@@ -363,9 +370,7 @@ Results Trainer::train(const TrainOptions& options) {
   if (!options.trace_path.empty()) runtime::check_trace_path(options.trace_path);
   auto& d = *impl_;
   d.ensure_usable();
-  d.events = std::exchange(d.start_events, {});  // the first call reports the start-up's
-  d.snapshot_s = 0;
-  d.checkpoint_failures = 0;
+  d.begin_train_call();
   d.try_scale_up();  // lost workers replaced since the last call join now
   const auto t0 = Clock::now();
   int64_t done = 0;  // steps completed in earlier chunks of this call
@@ -427,6 +432,7 @@ Results Trainer::train(const TrainOptions& options) {
   Results total = runtime::merge_chunks(chunks, options.profile, options.reduce_results);
   if (options.profile) total.metrics["snapshot_s"] = d.snapshot_s;
   if (!options.trace_path.empty()) {
+    d.add_straggler_notes(&trace, t0);
     trace.write(options.trace_path);
     control::log().info("trainer: trace of {} events written to {}{}", trace.num_events(), options.trace_path,
                         trace.dropped() > 0

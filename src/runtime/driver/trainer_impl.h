@@ -129,6 +129,9 @@ struct Trainer::Impl {
   // chunk that started `offset_us` into the call; under forward_overlap_buckets auto, a trial
   // chunk's step time for the tuner.
   std::function<void()> progress_tick(const TrainOptions& options, const int64_t& done, Clock::time_point t0);
+  // What a train call counts afresh: its recoveries (the start-up's in the first), snapshot
+  // seconds, checkpoint failures, straggler changes.
+  void begin_train_call();
   void add_traces(const std::vector<proto::CommandResult>& outs, double offset_us, runtime::TraceFile* trace);
   void record_overlap_trial(const std::vector<proto::CommandResult>& outs, int64_t batches);
 
@@ -248,6 +251,10 @@ struct Trainer::Impl {
   runtime::StragglerDetector stragglers;
   Clock::time_point stragglers_checked{};
   std::vector<int64_t> published_stragglers;  // their pids, for a scrape (guarded by published_m)
+  // Stragglers named or cleared during a train call: when, and what, for its trace.
+  std::vector<std::pair<Clock::time_point, Straggler>> straggler_changes;
+  // Those as instants in a call's trace that started at t0 (and forgotten).
+  void add_straggler_notes(runtime::TraceFile* trace, Clock::time_point t0);
   int64_t stragglers_generation = 0;
 
   // The snapshot just taken, also on disk (TrainerConfig::checkpoints.dir), as step `step`. One

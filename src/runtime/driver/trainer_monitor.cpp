@@ -1,9 +1,12 @@
 // The Trainer's live figures for a monitoring system (TrainerConfig::monitor): what the training
 // thread publishes, and what a scrape of runtime/monitor/metrics.h's server reads.
 #include <algorithm>
+#include <utility>
 
+#include "dsgd/fit.h"
 #include "runtime/control/log.h"
 #include "runtime/driver/trainer_impl.h"
+#include "runtime/worker/trace_file.h"
 
 namespace dsgd {
 
@@ -94,6 +97,7 @@ void Trainer::Impl::watch_stragglers() {
     for (const Straggler& s : stragglers.current()) published_stragglers.push_back(s.pid);
   }
   for (const Straggler& s : changed) {
+    straggler_changes.emplace_back(now, s);
     if (s.to_step < 0) {
       control::log().warn("trainer: rank {} (host {}, pid {}) is a straggler: it computes {:.2f}x as long a step as "
                           "the others (since step {})", s.rank, s.host, s.pid, s.slowdown, s.from_step);
@@ -101,6 +105,14 @@ void Trainer::Impl::watch_stragglers() {
       control::log().info("trainer: rank {} (host {}, pid {}) keeps pace again (slow from step {} to {}, at worst "
                           "{:.2f}x)", s.rank, s.host, s.pid, s.from_step, s.to_step, s.slowdown);
     }
+  }
+}
+
+void Trainer::Impl::add_straggler_notes(runtime::TraceFile* trace, Clock::time_point t0) {
+  for (const auto& [at, s] : std::exchange(straggler_changes, {})) {
+    const std::string what = s.to_step < 0 ? "straggler: rank " : "keeps pace again: rank ";
+    trace->add_note(std::chrono::duration<double, std::micro>(at - t0).count(), what + std::to_string(s.rank),
+                    to_json(s));
   }
 }
 

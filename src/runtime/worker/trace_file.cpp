@@ -91,6 +91,10 @@ void TraceFile::add(int worker, const std::string& worker_name, const json& trac
   dropped_ += trace.value("dropped", uint64_t{0});
 }
 
+void TraceFile::add_note(double at_us, const std::string& name, const json& args) {
+  events_.push_back({{"name", name}, {"ph", "i"}, {"s", "g"}, {"ts", at_us}, {"pid", 0}, {"tid", 0}, {"args", args}});
+}
+
 void TraceFile::write(const std::string& path) const {
   json all = metadata_;
   for (const auto& e : events_) all.push_back(e);

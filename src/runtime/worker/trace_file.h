@@ -34,6 +34,9 @@ class TraceFile {
   // Adds one worker's trace_json, its times shifted by offset_us. Throws dsgd::Error if `trace`
   // is not shaped like trace_json's output (naming the worker).
   void add(int worker, const std::string& worker_name, const nlohmann::json& trace, double offset_us);
+  // An instant across every row at `at_us` on the driver's clock (from the call's start): what the
+  // driver saw, e.g. "straggler: rank 1 (host a, pid 7) 1.42x", with `args` shown beside it.
+  void add_note(double at_us, const std::string& name, const nlohmann::json& args);
   // Events dropped by the workers (past comm::timeline::kMaxEvents in one command).
   uint64_t dropped() const { return dropped_; }
   size_t num_events() const { return events_.size(); }
