@@ -27,10 +27,6 @@ LossFn classifier_loss(const std::string& name, int64_t classes) {
   return cross_entropy_loss();  // validate(LocalJobOptions) let no other name through
 }
 
-}  // namespace dsgd::apps
-
-namespace dsgd::apps {
-
 std::unique_ptr<torch::optim::Optimizer> classifier_optimizer(std::vector<torch::Tensor> params,
                                                               const LocalJobOptions& o) {
   namespace optim = torch::optim;
@@ -66,8 +62,7 @@ ClassifierData classifier_data(const LocalJobOptions& o, uint64_t seed) {
     auto test = data::load_fashion_mnist(o.data_dir, data::Split::kTest);
     d = {train.images(), train.labels(), test.images(), test.labels(), train.num_classes()};
   } else {  // validate(LocalJobOptions) let only a file through
-    auto t = data::load_tensors_file(o.dataset);
-    d = {t.train_x, t.train_y, t.test_x, t.test_y, t.num_classes};
+    d = data::load_tensors_file(o.dataset);
   }
   return d;
 }

@@ -19,11 +19,7 @@ namespace dsgd::apps {
 // o.dataset's training and test splits. The synthetic dataset is drawn once from `seed` and
 // split 4:1, so both splits share its teacher; a tensors file may have no test split (undefined
 // tensors).
-struct ClassifierData {
-  torch::Tensor train_x, train_y;
-  torch::Tensor test_x, test_y;
-  int64_t num_classes = 0;
-};
+using ClassifierData = data::TensorData;
 ClassifierData classifier_data(const LocalJobOptions& o, uint64_t seed);
 
 // The model's options for data `d`: a reference model takes square images [N, C, H, H]; a model
