@@ -1,6 +1,7 @@
 #include "runtime/driver/stragglers.h"
 
 #include <algorithm>
+#include <utility>
 
 namespace dsgd::runtime {
 
@@ -61,12 +62,10 @@ std::vector<Straggler> StragglerDetector::update() {
       r.slow = true;
       r.event = events_.size();
       events_.push_back({r.rank, r.host, r.pid, ratio, it->second.second, -1});
-      open_.push_back(true);
       changed.push_back(events_.back());
     } else if (r.slow && cleared) {
       r.slow = false;
       events_[r.event].to_step = step;
-      open_[r.event] = false;
       changed.push_back(events_[r.event]);
     } else if (r.slow) {
       events_[r.event].slowdown = std::max(events_[r.event].slowdown, ratio);
@@ -77,34 +76,26 @@ std::vector<Straggler> StragglerDetector::update() {
 
 std::vector<Straggler> StragglerDetector::current() const {
   std::vector<Straggler> out;
-  for (size_t i = 0; i < events_.size(); ++i) {
-    if (open_[i]) out.push_back(events_[i]);
+  for (const auto& e : events_) {
+    if (e.to_step < 0) out.push_back(e);
   }
   return out;
 }
 
 std::vector<Straggler> StragglerDetector::take_named() {
-  std::vector<Straggler> out = events_;
-  // Keep the open ones, renumbered, so that they report their end later.
-  std::vector<Straggler> kept;
-  std::vector<bool> kept_open;
-  for (auto& [worker, r] : ranks_) {
+  std::vector<Straggler> out = std::exchange(events_, {});
+  for (auto& [worker, r] : ranks_) {  // the open ones stay, to report their end later
     if (!r.slow) continue;
-    kept.push_back(events_[r.event]);
-    kept_open.push_back(true);
-    r.event = kept.size() - 1;
+    events_.push_back(out[r.event]);
+    r.event = events_.size() - 1;
   }
-  events_ = std::move(kept);
-  open_ = std::move(kept_open);
   return out;
 }
 
 void StragglerDetector::reset(int64_t step) {
-  for (size_t i = 0; i < events_.size(); ++i) {
-    if (open_[i]) events_[i].to_step = step;
-    open_[i] = false;
+  for (auto& e : events_) {
+    if (e.to_step < 0) e.to_step = step;
   }
-  for (auto& [worker, r] : ranks_) r.slow = false;
   ranks_.clear();
 }
 

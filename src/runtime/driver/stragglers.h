@@ -63,8 +63,7 @@ class StragglerDetector {
 
   StragglerOptions o_;
   std::map<int, Rank> ranks_;      // by worker index
-  std::vector<Straggler> events_;  // named since take_named
-  std::vector<bool> open_;         // events_[i] still slow
+  std::vector<Straggler> events_;  // named since take_named; to_step -1 while still slow
 };
 
 }  // namespace dsgd::runtime
