@@ -20,6 +20,7 @@ demo_pkgs=(
 build_pkgs=(
   "${demo_pkgs[@]}"
   iproute2                # network namespaces for multi-host tests
+  tcpdump                 # the TLS test captures a job's traffic and searches it for secrets
   openssh-client openssh-server   # the ssh launcher's test runs its own sshd in a namespace
   slurmctld slurmd slurm-client munge   # `make test-cluster`: a real Slurm, nodes in namespaces
   clang libclang-rt-14-dev     # libFuzzer for the parsers' fuzz targets (tests/fuzz)

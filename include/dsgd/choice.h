@@ -47,6 +47,10 @@ enum class Compression { kNone = 1, kFp16 = 2, kBf16 = 3, kPowerSgd = 4 };
 // ssh, all at once under mpirun, job steps of a Slurm allocation, or someone else (`dsgd worker --driver ...` by hand
 // or by a cluster manager).
 enum class Launcher { kAuto = 1, kLocal = 2, kSsh = 3, kNone = 4, kMpirun = 5, kSlurm = 6 };
+// Mutual TLS on the control plane (the driver's business): auto (on where the driver starts every
+// worker and so can hand them keys it makes, or with key files; otherwise off, with a warning),
+// on (as auto, but a ConfigError where it cannot be had), off.
+enum class Tls { kAuto = 1, kOn = 2, kOff = 3 };
 
 // The field's path in TrainerConfig and the spelling of each value (index = enum value - 1).
 template <typename E>
@@ -90,6 +94,11 @@ template <>
 struct ChoiceTraits<Launcher> {
   static constexpr std::string_view field = "launch.launcher";
   static constexpr std::array<std::string_view, 6> names = {"auto", "local", "ssh", "none", "mpirun", "slurm"};
+};
+template <>
+struct ChoiceTraits<Tls> {
+  static constexpr std::string_view field = "launch.tls";
+  static constexpr std::array<std::string_view, 3> names = {"auto", "on", "off"};
 };
 template <>
 struct ChoiceTraits<SchedulerStepFreq> {

@@ -71,6 +71,7 @@ struct FitResult {
   std::vector<RecoveryEvent> recoveries;     // every failure survived and scale-up, in order
   std::vector<Straggler> stragglers;         // every worker named one, in order (Results')
   int checkpoint_failures = 0;               // checkpoints.dir writes that failed (Results')
+  bool control_tls = false;                  // the control plane ran over mutual TLS (Trainer::tls)
 };
 
 // Receives progress; called on the training thread, so keep it cheap.

@@ -161,6 +161,8 @@ class Trainer {
   // The control plane's address ("HOST:PORT") and the job token, for remote workers.
   std::string address() const;
   const std::string& token() const;
+  // Whether the control plane runs over mutual TLS (TrainerConfig::launch.tls).
+  bool tls() const;
 
  private:
   struct Impl;

@@ -98,6 +98,12 @@ struct LaunchConfig {
   Choice<Launcher> launcher = Launcher::kAuto;
   std::string listen;          // "" = loopback only (local); "HOST:PORT" = bind here, for other hosts
   std::string token;           // job token; "" = random (remote mode prints it)
+  // Mutual TLS on the control plane (dsgd/choice.h; docs/RELIABILITY.md): auto makes a CA for the job
+  // when the driver starts every worker, and hands the keys on as it does the token.
+  Choice<Tls> tls = Tls::kAuto;
+  // PEM files for every process of the job (`dsgd tls-keys DIR` makes them): all three or none.
+  // Given, they are used whatever the launcher; needed for TLS where workers join by themselves.
+  std::string tls_ca, tls_cert, tls_key;
   std::string worker_binary;   // what the driver starts; "" = this binary
   std::vector<std::string> hosts;  // ssh, mpirun: "host" or "host:slots" (workers there at most; 1)
   std::string ssh_command = "ssh";        // split at spaces; BatchMode

@@ -186,12 +186,13 @@ TEST(Launcher, SrunRunsOneTaskStepPerWorkerOnANodeButTheExcluded) {
   // The task as slurmstepd runs it: SLURMD_NODENAME set, srun's input on its standard input.
   testing::TempDir dir;
   const std::string out = dir.file("worker.out"), worker = dir.file("worker.sh");
-  std::ofstream(worker) << "#!/bin/sh\necho \"$DSGD_TOKEN $*\" > " << out << "\n";
+  std::ofstream(worker) << "#!/bin/sh\necho \"$DSGD_TOKEN $DSGD_TLS $*\" > " << out << "\n";
   ::chmod(worker.c_str(), 0755);
   const auto task = srun_arguments({"srun"}, {}, worker, {"--dsgd-worker", "it's"});
   LocalProcesses p;
-  p.spawn(task[4], std::vector<std::string>(task.begin() + 5, task.end()), {"SLURMD_NODENAME=node7"}, "tok-9\n");
-  EXPECT_EQ(wait_for_line(out), "tok-9 --dsgd-worker it's --host-id node7");
+  p.spawn(task[4], std::vector<std::string>(task.begin() + 5, task.end()), {"SLURMD_NODENAME=node7"},
+          JobSecrets{"tok-9", "tls-keys"}.input());
+  EXPECT_EQ(wait_for_line(out), "tok-9 tls-keys --dsgd-worker it's --host-id node7");
   for (const auto& a : task) EXPECT_EQ(a.find("tok"), std::string::npos) << a;
 }
 
@@ -206,7 +207,7 @@ TEST(Launcher, SlurmExcludesTheNodesThatLostAWorkerWhileOthersAreLeft) {
   c.launch.launcher = "slurm";
   c.launch.srun_command = fake + " --partition=cpu";
   LocalProcesses processes;
-  auto launcher = make_launcher(c, processes, "tok-1");
+  auto launcher = make_launcher(c, processes, JobSecrets{"tok-1", ""});
   ASSERT_NE(launcher, nullptr);
   EXPECT_STREQ(launcher->name(), "slurm");
   auto start = [&](size_t lines) {
@@ -304,7 +305,8 @@ TEST(Launcher, SpawnHandsStandardInputDataAndKeepsItOpen) {
 TEST(Launcher, SshScriptGetsTheTokenOnStandardInputAndEndsTheWorkerWithIt) {
   testing::TempDir dir;
   const std::string out = dir.file("worker.out"), worker = dir.file("worker.sh");
-  std::ofstream(worker) << "#!/bin/sh\necho \"$$ $DSGD_TOKEN $OMP_NUM_THREADS $*\" > " << out << "\nexec sleep 600\n";
+  std::ofstream(worker) << "#!/bin/sh\necho \"$$ $DSGD_TOKEN ${DSGD_TLS-no-tls} $OMP_NUM_THREADS $*\" > " << out
+                        << "\nexec sleep 600\n";
   ::chmod(worker.c_str(), 0755);
   const auto args = ssh_arguments({"ssh", "-p", "2222"}, "node1", worker, {"--dsgd-worker", "--driver", "h:1", "it's"},
                                   {"OMP_NUM_THREADS=3"});
@@ -316,10 +318,11 @@ TEST(Launcher, SshScriptGetsTheTokenOnStandardInputAndEndsTheWorkerWithIt) {
   // (here: cut off from our process group), its input the client's.
   const std::string remote = args.back();
   LocalProcesses p;
-  const pid_t client = p.spawn("sh", {"-c", "cat | setsid sh -c \"$0\"", remote}, {}, "tok-123\n");
+  const pid_t client =
+      p.spawn("sh", {"-c", "cat | setsid sh -c \"$0\"", remote}, {}, JobSecrets{"tok-123", ""}.input());
   const std::string line = wait_for_line(out);
   ASSERT_FALSE(line.empty()) << "the worker never ran";
-  EXPECT_NE(line.find(" tok-123 3 --dsgd-worker --driver h:1 it's"), std::string::npos) << line;
+  EXPECT_NE(line.find(" tok-123 no-tls 3 --dsgd-worker --driver h:1 it's"), std::string::npos) << line;
   const pid_t worker_pid = std::stoi(line);
   EXPECT_FALSE(process_gone(worker_pid));
   p.kill(client);  // the client's end: its input closes

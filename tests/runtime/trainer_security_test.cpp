@@ -1,13 +1,16 @@
 // The job's ports under attack: garbage bytes, half-open connections and a port scan against the
 // driver's and the workers' listening ports while training. The job must be undisturbed: its
-// result equals an undisturbed run's. And local mode listens on loopback only.
+// result equals an undisturbed run's. And local mode listens on loopback only, its control plane
+// over mutual TLS with keys made for the job: the token alone does not let a process in.
 #include <gtest/gtest.h>
 #include <torch/nn/module.h>
 
 #include <iostream>
 
 #include "dsgd/trainer.h"
+#include "dsgd/error.h"
 #include "dsgd/image_classifier.h"
+#include "runtime/control/driver_service.h"
 #include "testing/port_attacker.h"
 
 namespace dsgd {
@@ -60,6 +63,34 @@ TEST(TrainerSecurity, GarbageHalfOpenConnectionsAndAPortScanLeaveTheResultUnchan
   for (size_t i = 0; i < reference.size(); ++i) {
     EXPECT_TRUE(torch::equal(attacked[i], reference[i])) << "parameter " << i << " differs";
   }
+}
+
+TEST(TrainerSecurity, ALocalJobsControlPlaneIsTlsAndTheTokenAloneLetsNoProcessIn) {
+  dsgd::register_builtin_operators();
+  TrainerConfig plain_config = config();
+  plain_config.launch.tls = "off";
+  std::vector<torch::Tensor> plain;
+  {
+    Trainer t(dsgd::kImageClassifier, plain_config);
+    EXPECT_FALSE(t.tls());
+    plain = parameters_after(t, 8);
+  }
+  Trainer t(dsgd::kImageClassifier, config());
+  ASSERT_TRUE(t.tls()) << "a local job should make its own keys";
+  // With the token, but without the job's keys or with another job's: refused at the handshake.
+  for (const auto& keys : {control::TlsKeys{}, control::make_job_keys()}) {
+    control::DriverClient stranger(t.address(), t.token(), keys);
+    try {
+      stranger.register_worker("stranger", "127.0.0.1", 1, -1, std::chrono::milliseconds(1500));
+      ADD_FAILURE() << "a process with the token but " << (keys.enabled() ? "another CA's keys" : "no keys")
+                    << " registered";
+    } catch (const CommError& e) {
+      std::cout << "refused: " << e.what() << "\n";
+    }
+  }
+  const auto with_tls = parameters_after(t, 8);
+  ASSERT_EQ(with_tls.size(), plain.size());
+  for (size_t i = 0; i < plain.size(); ++i) EXPECT_TRUE(torch::equal(with_tls[i], plain[i])) << "parameter " << i;
 }
 
 }  // namespace

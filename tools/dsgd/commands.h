@@ -19,6 +19,9 @@ void add_worker_command(CLI::App& app, int* exit_code);
 // `dsgd ps-server`: join a remote driver as a parameter-server shard process.
 void add_ps_server_command(CLI::App& app, int* exit_code);
 
+// `dsgd tls-keys DIR`: a job's TLS keys for a driver and workers started apart.
+void add_tls_keys_command(CLI::App& app, int* exit_code);
+
 // `dsgd evaluate`: the evaluator role, evaluating a job's checkpoints as they appear.
 void add_evaluate_command(CLI::App& app, int* exit_code);
 

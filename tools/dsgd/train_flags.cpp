@@ -230,6 +230,23 @@ void add_launch_flags(CLI::App* cmd, TrainFlags& f) {
               "HOST:PORT: wait for --workers workers started elsewhere (`dsgd worker`) instead of spawning");
   bind_option(cmd, f, "--token", "launch.token", f.trainer.launch.token,
               "Job token for --listen (default: $DSGD_TOKEN, else random, printed)");
+  bind_choice(cmd, f, "--tls", f.trainer.launch.tls,
+              "Mutual TLS on the control plane: auto (on where the driver starts every worker, with a CA it makes "
+              "for the job; with --tls-dir wherever the workers run), on (an error where it cannot be had), off");
+  cmd->add_flag_callback(
+      "--no-tls", [&f] { f.trainer.launch.tls = Tls::kOff; }, "Same as --tls off: the control plane in plaintext");
+  bind_option(cmd, f, "--tls-ca", "launch.tls_ca", f.trainer.launch.tls_ca, "The job's CA certificate (PEM)");
+  bind_option(cmd, f, "--tls-cert", "launch.tls_cert", f.trainer.launch.tls_cert, "A certificate of that CA (PEM)");
+  bind_option(cmd, f, "--tls-key", "launch.tls_key", f.trainer.launch.tls_key, "The certificate's key (PEM)");
+  cmd->add_option_function<std::string>(
+      "--tls-dir",
+      [&f](const std::string& dir) {
+        f.trainer.launch.tls_ca = dir + "/ca.pem";
+        f.trainer.launch.tls_cert = dir + "/cert.pem";
+        f.trainer.launch.tls_key = dir + "/key.pem";
+      },
+      "DIR/ca.pem, cert.pem and key.pem (`dsgd tls-keys DIR`): the job's keys, for workers that join by themselves "
+      "with the same DIR");
   cmd->add_option("--cluster", f.cluster,
                   "A cluster spec (TF_CONFIG's shape; default: $DSGD_CLUSTER) whose task is the chief: listen on its "
                   "address for its workers and ps shards");

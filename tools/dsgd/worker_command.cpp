@@ -60,7 +60,48 @@ bool apply_cluster(const std::string& file, const char* command, const char* typ
   return true;
 }
 
+// --tls-dir DIR, or --tls-ca, --tls-cert and --tls-key: the job's keys when the driver has TLS.
+void add_tls_options(CLI::App* cmd, std::string& ca, std::string& cert, std::string& key) {
+  cmd->add_option_function<std::string>(
+      "--tls-dir",
+      [&ca, &cert, &key](const std::string& dir) {
+        ca = dir + "/ca.pem";
+        cert = dir + "/cert.pem";
+        key = dir + "/key.pem";
+      },
+      "The job's TLS keys, where the driver has them: DIR/ca.pem, cert.pem, key.pem (dsgd tls-keys DIR)");
+  cmd->add_option("--tls-ca", ca, "The job's CA certificate (PEM), instead of --tls-dir");
+  cmd->add_option("--tls-cert", cert, "A certificate of that CA (PEM), instead of --tls-dir");
+  cmd->add_option("--tls-key", key, "The certificate's private key (PEM), instead of --tls-dir");
+}
+
 }  // namespace
+
+void add_tls_keys_command(CLI::App& app, int* exit_code) {
+  auto dir = std::make_shared<std::string>();
+  auto days = std::make_shared<int>(365);
+  CLI::App* cmd = app.add_subcommand("tls-keys", "Make a job's TLS keys for a driver and workers started apart");
+  cmd->footer(
+      "\nWrites DIR/ca.pem (a new certificate authority), DIR/cert.pem (a certificate of it) and DIR/key.pem\n"
+      "(its private key, readable by you only). Copy DIR to every host of the job, then:\n"
+      "  A$ dsgd train --workers 2 --listen 0.0.0.0:29500 --token s3cret --tls-dir DIR\n"
+      "  B$ dsgd worker --driver A:29500 --token s3cret --tls-dir DIR\n"
+      "The control plane then runs over mutual TLS: a process without a certificate of this CA is refused\n"
+      "at the handshake. The CA's own key is not kept: run this again for a new job's keys.");
+  cmd->add_option("DIR", *dir, "Where to write the keys")->required();
+  cmd->add_option("--days", *days, "How long the certificates are valid")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  cmd->callback([dir, days, exit_code] {
+    try {
+      dsgd::write_tls_keys(*dir, *days);
+      std::cout << "wrote " << *dir << "/ca.pem, cert.pem, key.pem (valid " << *days << " days)\n";
+    } catch (const std::exception& e) {
+      std::cerr << "dsgd tls-keys: error: " << e.what() << "\n";
+      *exit_code = kExitFailure;
+    }
+  });
+}
 
 void add_worker_command(CLI::App& app, int* exit_code) {
   auto args = std::make_shared<dsgd::WorkerArgs>();
@@ -78,6 +119,7 @@ void add_worker_command(CLI::App& app, int* exit_code) {
   cmd->add_option("--address", args->address,
                   "Address peers reach this worker at (default: the one routing to the driver)");
   cmd->add_option("--host-id", args->host_id, "Host identity for shared memory (default: the host name)");
+  add_tls_options(cmd, args->tls_ca, args->tls_cert, args->tls_key);
   cmd->callback([args, cluster, exit_code] {
     if (!apply_cluster(*cluster, "worker", "worker", args->driver, args->host_id, nullptr, exit_code)) return;
     if (!resolve_token(args->token, "worker", exit_code)) return;
@@ -107,6 +149,7 @@ void add_ps_server_command(CLI::App& app, int* exit_code) {
   cmd->add_option("--address", args->address,
                   "Address the workers reach this shard at (default: the one routing to the driver)");
   cmd->add_option("--host-id", args->host_id, "Host identity (default: the host name)");
+  add_tls_options(cmd, args->tls_ca, args->tls_cert, args->tls_key);
   auto timeout_ms = std::make_shared<int64_t>(args->driver_timeout.count());
   cmd->add_option("--driver-timeout-ms", *timeout_ms, "Exit when the driver has not answered for this long")
       ->check(CLI::PositiveNumber)

@@ -53,7 +53,7 @@ class DriverServerImpl final : public DriverServer, public proto::Driver::Servic
       : options_(o), store_(comm::make_memory_store()), store_service_(make_store_service(store_, o.token)) {
     grpc::ServerBuilder builder;
     configure(builder);
-    builder.AddListeningPort(o.listen, grpc::InsecureServerCredentials(), &port_);
+    builder.AddListeningPort(o.listen, server_credentials(o.tls), &port_);
     builder.RegisterService(static_cast<proto::Driver::Service*>(this));
     builder.RegisterService(store_service_.get());
     server_ = builder.BuildAndStart();
@@ -422,9 +422,9 @@ struct DriverClient::Impl {
   std::unique_ptr<proto::Driver::Stub> stub;
 };
 
-DriverClient::DriverClient(std::string address, std::string token)
-    : address_(std::move(address)), token_(std::move(token)), impl_(std::make_unique<Impl>()) {
-  impl_->stub = proto::Driver::NewStub(make_channel(address_));
+DriverClient::DriverClient(std::string address, std::string token, TlsKeys tls)
+    : address_(std::move(address)), token_(std::move(token)), tls_(std::move(tls)), impl_(std::make_unique<Impl>()) {
+  impl_->stub = proto::Driver::NewStub(make_channel(address_, tls_));
 }
 
 DriverClient::~DriverClient() = default;
@@ -439,14 +439,18 @@ DriverClient::Registration DriverClient::register_worker(const std::string& host
   req.set_protocol(kControlProtocol);
   req.set_spawn_index(spawn_index);
   const auto deadline = Clock::now() + timeout;
+  // A driver that closes the connection at once, again and again, is up and refuses our keys:
+  // asking until the deadline would not help.
+  int refused = 0;
   while (true) {
     grpc::ClientContext ctx;
     prepare(ctx, token_, milliseconds(5000));
     proto::RegisterReply reply;
     const grpc::Status s = impl_->stub->Register(&ctx, req, &reply);
     if (s.ok()) return {reply.worker(), reply.job()};
-    if (s.error_code() != grpc::StatusCode::UNAVAILABLE || Clock::now() >= deadline) {
-      raise(s, "driver at " + address_ + ": register", address_);
+    refused = refused_at_connect(s) ? refused + 1 : 0;
+    if (s.error_code() != grpc::StatusCode::UNAVAILABLE || Clock::now() >= deadline || refused >= 5) {
+      raise(s, "driver at " + address_ + ": register", address_, tls_.enabled());
     }
     std::this_thread::sleep_for(milliseconds(200));
   }
@@ -460,7 +464,7 @@ proto::Command DriverClient::poll(int64_t worker, milliseconds wait) {
   prepare(ctx, token_, wait + milliseconds(10000));
   proto::Command reply;
   const grpc::Status s = impl_->stub->Poll(&ctx, req, &reply);
-  if (!s.ok()) raise(s, "driver at " + address_ + ": poll", address_);
+  if (!s.ok()) raise(s, "driver at " + address_ + ": poll", address_, tls_.enabled());
   return reply;
 }
 
@@ -469,7 +473,7 @@ void DriverClient::complete(const proto::CommandResult& req) {
   prepare(ctx, token_, milliseconds(60000));
   proto::Empty reply;
   const grpc::Status s = impl_->stub->Complete(&ctx, req, &reply);
-  if (!s.ok()) raise(s, "driver at " + address_ + ": complete", address_);
+  if (!s.ok()) raise(s, "driver at " + address_ + ": complete", address_, tls_.enabled());
 }
 
 DriverClient::Beat DriverClient::heartbeat(int64_t worker, const std::string& progress, int64_t known_abort_generation,
@@ -483,7 +487,7 @@ DriverClient::Beat DriverClient::heartbeat(int64_t worker, const std::string& pr
   prepare(ctx, token_, wait + timeout);
   proto::HeartbeatReply reply;
   const grpc::Status s = impl_->stub->Heartbeat(&ctx, req, &reply);
-  if (!s.ok()) raise(s, "driver at " + address_ + ": heartbeat", address_);
+  if (!s.ok()) raise(s, "driver at " + address_ + ": heartbeat", address_, tls_.enabled());
   return {reply.stop(), reply.abort_generation()};
 }
 
@@ -498,7 +502,7 @@ void DriverClient::average(int64_t generation, int64_t rank, uint64_t seq, float
   prepare(ctx, token_, timeout + milliseconds(5000));
   proto::ReduceReply reply;
   const grpc::Status s = impl_->stub->Reduce(&ctx, req, &reply);
-  if (!s.ok()) raise(s, "driver at " + address_ + ": average #" + std::to_string(seq), address_);
+  if (!s.ok()) raise(s, "driver at " + address_ + ": average #" + std::to_string(seq), address_, tls_.enabled());
   if (reply.data().size() != count * sizeof(float)) {
     throw CommError("driver at " + address_ + ": average #" + std::to_string(seq) + " came back with " +
                         std::to_string(reply.data().size()) + " bytes, expected " +

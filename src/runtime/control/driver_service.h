@@ -24,6 +24,7 @@
 
 #include "dsgd/comm/store.h"
 #include "dsgd/control.pb.h"
+#include "runtime/control/tls.h"
 
 namespace dsgd::control {
 
@@ -44,6 +45,7 @@ struct DriverServerOptions {
   int world_size = 1;                       // replicas at the start (the simple strategy's averages
                                             // take it from each call's generation afterwards)
   proto::JobSpec job;                       // handed to each worker at registration
+  TlsKeys tls;                              // enabled: mutual TLS, clients need a cert of tls.ca
   std::chrono::milliseconds heartbeat_timeout{10000};
   std::chrono::milliseconds reduce_timeout{60000};
 };
@@ -110,7 +112,8 @@ class DriverServer {
 // ---- the worker's side ----
 class DriverClient {
  public:
-  DriverClient(std::string address, std::string token);
+  // `tls` enabled: mutual TLS with these keys (the driver's must be of the same CA).
+  DriverClient(std::string address, std::string token, TlsKeys tls = {});
   ~DriverClient();
   struct Registration {
     int64_t worker = -1;
@@ -138,11 +141,13 @@ class DriverClient {
   void average(int64_t generation, int64_t rank, uint64_t seq, float* data, size_t count,
                std::chrono::milliseconds timeout);
   const std::string& address() const { return address_; }
+  const TlsKeys& tls() const { return tls_; }
 
  private:
   struct Impl;
   std::string address_;
   std::string token_;
+  TlsKeys tls_;
   std::unique_ptr<Impl> impl_;
 };
 

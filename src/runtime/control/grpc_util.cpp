@@ -14,11 +14,12 @@ bool token_ok(const grpc::ServerContext* ctx, const std::string& token, const ch
   return false;
 }
 
-std::shared_ptr<grpc::Channel> make_channel(const std::string& address) {
+std::shared_ptr<grpc::Channel> make_channel(const std::string& address, const TlsKeys& tls) {
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(-1);
   args.SetMaxSendMessageSize(-1);
-  return grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
+  if (tls.enabled()) args.SetSslTargetNameOverride(kTlsServerName);
+  return grpc::CreateCustomChannel(address, channel_credentials(tls), args);
 }
 
 void prepare(grpc::ClientContext& ctx, const std::string& token, std::chrono::milliseconds timeout) {
@@ -26,7 +27,13 @@ void prepare(grpc::ClientContext& ctx, const std::string& token, std::chrono::mi
   ctx.set_deadline(std::chrono::system_clock::now() + timeout);
 }
 
-void raise(const grpc::Status& s, const std::string& where, const std::string& address) {
+bool refused_at_connect(const grpc::Status& s) {
+  const std::string& m = s.error_message();
+  return s.error_code() == grpc::StatusCode::UNAVAILABLE &&
+         (m.find("andshake") != std::string::npos || m.find("Socket closed") != std::string::npos);
+}
+
+void raise(const grpc::Status& s, const std::string& where, const std::string& address, bool tls) {
   const std::string prefix = where + ": ";
   switch (s.error_code()) {
     case grpc::StatusCode::DEADLINE_EXCEEDED:
@@ -34,6 +41,15 @@ void raise(const grpc::Status& s, const std::string& where, const std::string& a
     case grpc::StatusCode::PERMISSION_DENIED:
       throw ConfigError(prefix + "rejected: wrong or missing job token (pass the driver's --token)");
     case grpc::StatusCode::UNAVAILABLE:
+      if (refused_at_connect(s)) {
+        throw CommError(prefix + "refused at the connection (" + s.error_message() + "): " +
+                            (tls ? "the TLS handshake failed: this process and the driver hold no keys of one CA "
+                                   "(or the driver runs without TLS); give every process the job's keys (--tls-dir "
+                                   "DIR, as the driver's)"
+                                 : "the driver runs with TLS and this process has none of the job's keys: give it "
+                                   "the job's keys (--tls-dir DIR, as the driver's)"),
+                        where);
+      }
       throw CommError(prefix + "unreachable (" + s.error_message() + "); is the driver running at " + address + "?",
                       where);
     default:

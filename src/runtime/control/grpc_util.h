@@ -9,6 +9,8 @@
 #include <memory>
 #include <string>
 
+#include "runtime/control/tls.h"
+
 namespace dsgd::control {
 
 inline constexpr const char* kTokenKey = "dsgd-token";
@@ -16,15 +18,22 @@ inline constexpr const char* kTokenKey = "dsgd-token";
 // True if the call carries `token`; otherwise logs the rejection (method, peer) and returns false.
 bool token_ok(const grpc::ServerContext* ctx, const std::string& token, const char* method);
 
-// A channel to `address` without message-size limits.
-std::shared_ptr<grpc::Channel> make_channel(const std::string& address);
+// A channel to `address` without message-size limits; with `tls` enabled, mutual TLS where the
+// server must show a certificate of tls.ca naming kTlsServerName.
+std::shared_ptr<grpc::Channel> make_channel(const std::string& address, const TlsKeys& tls = {});
 
 // Sets the token and a deadline `timeout` from now.
 void prepare(grpc::ClientContext& ctx, const std::string& token, std::chrono::milliseconds timeout);
 
 // Throws the dsgd error for a failed status: TimeoutError (deadline), ConfigError (token),
-// CommError (unreachable, other). `where` names the server and the call.
-[[noreturn]] void raise(const grpc::Status& status, const std::string& where, const std::string& address);
+// CommError (unreachable, other). `where` names the server and the call; `tls`: whether this
+// process dialled with TLS (an unreachable driver may be one that refused our keys, or none).
+[[noreturn]] void raise(const grpc::Status& status, const std::string& where, const std::string& address,
+                        bool tls = false);
+
+// Whether a call failed because the server closed the connection before the first call: at the
+// TLS handshake (keys of another CA, or none), not a server that is down or slow.
+bool refused_at_connect(const grpc::Status& status);
 
 // Server options shared by the driver's services.
 void configure(grpc::ServerBuilder& builder);

@@ -75,11 +75,12 @@ class StoreServiceImpl final : public proto::Store::Service {
 
 class StoreServerImpl : public StoreServer {
  public:
-  StoreServerImpl(std::shared_ptr<comm::Store> store, const std::string& address, const std::string& token)
+  StoreServerImpl(std::shared_ptr<comm::Store> store, const std::string& address, const std::string& token,
+                  const TlsKeys& tls)
       : service_(std::move(store), token) {
     grpc::ServerBuilder builder;
     configure(builder);
-    builder.AddListeningPort(address, grpc::InsecureServerCredentials(), &port_);
+    builder.AddListeningPort(address, server_credentials(tls), &port_);
     builder.RegisterService(&service_);
     server_ = builder.BuildAndStart();
     if (!server_ || port_ == 0) {
@@ -103,7 +104,7 @@ class GrpcStore : public comm::Store {
       : address_(address),
         token_(std::move(token)),
         options_(options),
-        stub_(proto::Store::NewStub(make_channel(address))) {}
+        stub_(proto::Store::NewStub(make_channel(address, options.tls))) {}
 
   void set(const std::string& key, const std::string& value) override {
     proto::SetRequest req;
@@ -167,7 +168,7 @@ class GrpcStore : public comm::Store {
     grpc::ClientContext ctx;
     prepare(ctx, token_, deadline);
     const grpc::Status s = fn(&ctx);
-    if (!s.ok()) raise(s, "store at " + address_ + ": " + what, address_);
+    if (!s.ok()) raise(s, "store at " + address_ + ": " + what, address_, options_.tls.enabled());
   }
 
   const std::string address_;
@@ -183,8 +184,8 @@ std::unique_ptr<grpc::Service> make_store_service(std::shared_ptr<comm::Store> s
 }
 
 std::unique_ptr<StoreServer> StoreServer::start(std::shared_ptr<comm::Store> store, const std::string& address,
-                                                const std::string& token) {
-  return std::make_unique<StoreServerImpl>(std::move(store), address, token);
+                                                const std::string& token, const TlsKeys& tls) {
+  return std::make_unique<StoreServerImpl>(std::move(store), address, token, tls);
 }
 
 std::shared_ptr<comm::Store> connect_store(const std::string& address, const std::string& token,

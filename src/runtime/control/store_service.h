@@ -15,6 +15,7 @@
 #include <string>
 
 #include "dsgd/comm/store.h"
+#include "runtime/control/tls.h"
 
 namespace grpc {
 class Service;
@@ -29,8 +30,9 @@ class StoreServer {
  public:
   // Serves `store` on `address` ("host:port"; port 0 picks a free one). Throws dsgd::CommError
   // if the address cannot be bound.
+  // `tls` enabled: mutual TLS, clients need a certificate of tls.ca.
   static std::unique_ptr<StoreServer> start(std::shared_ptr<comm::Store> store, const std::string& address,
-                                            const std::string& token);
+                                            const std::string& token, const TlsKeys& tls = {});
   virtual ~StoreServer() = default;  // stops serving; calls in flight are cancelled
   virtual int port() const = 0;
   // Calls rejected for a wrong or missing token so far.
@@ -39,6 +41,7 @@ class StoreServer {
 
 struct StoreClientOptions {
   std::chrono::milliseconds rpc_timeout{10000};  // deadline of calls that do not wait for keys
+  TlsKeys tls;                                   // enabled: mutual TLS with these keys
 };
 
 std::shared_ptr<comm::Store> connect_store(const std::string& address, const std::string& token,

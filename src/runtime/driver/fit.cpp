@@ -81,6 +81,7 @@ class Loop {
     }
     if (o_.profile) result_.profile_ms = mean_profile(result_.history, epoch_steps_);
     result_.parameters = trainer_.parameter_count();
+    result_.control_tls = trainer_.tls();
     if (comm_steps_ > 0) result_.comm_bytes_per_step = comm_bytes_ / static_cast<double>(comm_steps_);
     result_.samples_per_s = result_.train_s > 0 ? static_cast<double>(result_.samples) / result_.train_s : 0;
     result_.wall_s = seconds_since(wall_start);
@@ -246,7 +247,8 @@ nlohmann::json to_json(const FitResult& r) {
                       {"wall_s", r.wall_s},               {"parameters", r.parameters},
                       {"history", history},               {"recoveries", recoveries},
                       {"stragglers", stragglers},
-                      {"checkpoint_failures", r.checkpoint_failures}};
+                      {"checkpoint_failures", r.checkpoint_failures},
+                      {"control_plane", r.control_tls ? "tls" : "plaintext"}};
   if (!r.profile_ms.empty()) j["profile_ms"] = r.profile_ms;
   if (r.comm_bytes_per_step >= 0) j["comm_bytes_per_step"] = r.comm_bytes_per_step;
   if (r.worker_peak_rss_mib > 0) j["worker_peak_rss_mib"] = r.worker_peak_rss_mib;

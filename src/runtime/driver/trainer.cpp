@@ -167,10 +167,13 @@ Trainer::Trainer(const std::string& operator_name, TrainerConfig config) : impl_
   d.config = std::move(config);
   const auto& c = d.config;
   d.token = c.launch.token.empty() ? random_token() : c.launch.token;
+  const control::TlsKeys tls = runtime::job_tls_keys(c);
+  d.tls = tls.enabled();
   remove_orphaned_segments();
   control::DriverServerOptions so;
   so.listen = c.launch.listen.empty() ? "127.0.0.1:0" : c.launch.listen;
   so.token = d.token;
+  so.tls = tls;
   so.num_workers = c.num_workers;
   so.standby_workers = c.recovery.standby_workers;
   so.world_size = c.num_workers * c.devices_per_worker;
@@ -181,7 +184,8 @@ Trainer::Trainer(const std::string& operator_name, TrainerConfig config) : impl_
   std::string binary;  // what the workers the driver starts run
   if (runtime::launcher_of(c) != Launcher::kNone)
     binary = c.launch.worker_binary.empty() ? runtime::self_executable() : c.launch.worker_binary;
-  d.pool = std::make_unique<runtime::WorkerPool>(c, *d.server, binary, d.token);
+  d.pool = std::make_unique<runtime::WorkerPool>(c, *d.server, binary,
+                                                 runtime::JobSecrets{d.token, control::encode_keys(tls)});
   d.snapshots = std::make_unique<runtime::SnapshotPolicy>(d.config);
   if (!c.checkpoints.dir.empty()) runtime::mark_job_ended(c.checkpoints.dir, false);  // this job runs now
 
@@ -190,8 +194,9 @@ Trainer::Trainer(const std::string& operator_name, TrainerConfig config) : impl_
     if (d.pool->spawns()) {
       d.pool->spawn_initial();
     } else {
-      control::log().info("driver: waiting for {} worker(s): start each with --dsgd-worker --driver {} --token {}",
-                   c.num_workers, address(), d.token);
+      control::log().info("driver: waiting for {} worker(s): start each with --dsgd-worker --driver {} --token {}{}",
+                          c.num_workers, address(), d.token,
+                          d.tls ? " --tls-dir DIR (DIR: this job's ca.pem, cert.pem, key.pem)" : "");
     }
     d.start_up();
     d.publish_gauges();
@@ -571,5 +576,6 @@ std::string Trainer::address() const {
 }
 
 const std::string& Trainer::token() const { return impl_->token; }
+bool Trainer::tls() const { return impl_->tls; }
 
 }  // namespace dsgd

@@ -168,6 +168,7 @@ void validate_config(const std::string& op, const TrainerConfig& c) {
   check_known(c.step.precision);
   check_known(c.comm.compression);
   check_known(c.launch.launcher);
+  check_known(c.launch.tls);
   validate_processes(c);
   validate_step(c);
   validate_recovery(c);

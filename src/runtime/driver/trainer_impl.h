@@ -52,6 +52,7 @@ struct Trainer::Impl {
   std::string op_name;
   TrainerConfig config;
   std::string token;
+  bool tls = false;                    // the control plane over mutual TLS
   std::unique_ptr<control::DriverServer> server;
   std::unique_ptr<runtime::WorkerPool> pool;  // who is in the group; local mode: their processes
   int64_t parameters = 0;

@@ -17,12 +17,11 @@ using Clock = std::chrono::steady_clock;
 using std::chrono::milliseconds;
 
 WorkerPool::WorkerPool(const TrainerConfig& config, control::DriverServer& server, std::string binary,
-                       std::string token)
+                       const JobSecrets& secrets)
     : config_(config),
       server_(server),
       binary_(std::move(binary)),
-      token_(std::move(token)),
-      launcher_(make_launcher(config, children_, token_)) {}
+      launcher_(make_launcher(config, children_, secrets)) {}
 
 bool WorkerPool::is_member(int id) const { return std::find(members_.begin(), members_.end(), id) != members_.end(); }
 

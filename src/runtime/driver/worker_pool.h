@@ -8,7 +8,7 @@
 // its ssh client). Trainer's recovery protocol (trainer_recovery.cpp) decides when; this
 // decides who and where. Torch-free.
 //
-//   WorkerPool pool(config, server, binary, token);
+//   WorkerPool pool(config, server, binary, {token, tls});
 //   pool.spawn_initial();                                 // when pool.spawns()
 //   server.wait_registered(timeout, [&] { pool.check_children(); }, pool.initial_count());
 //   pool.choose_members();
@@ -34,9 +34,10 @@ namespace dsgd::runtime {
 
 class WorkerPool {
  public:
-  // `binary` and `token`: what spawned workers run, and the job token they get. Keeps references
+  // `binary` and `secrets`: what started workers run, and what they get to join. Keeps references
   // to `config` and `server`, which must outlive the pool.
-  WorkerPool(const TrainerConfig& config, control::DriverServer& server, std::string binary, std::string token);
+  WorkerPool(const TrainerConfig& config, control::DriverServer& server, std::string binary,
+             const JobSecrets& secrets);
 
   // The driver starts its workers (launcher local or ssh); otherwise someone else does (none).
   bool spawns() const { return launcher_ != nullptr; }
@@ -123,12 +124,12 @@ class WorkerPool {
   std::string registered_host(pid_t pid) const;
   // Worker `id` is out: its process is killed unless it stands for other workers too (mpirun).
   void end_worker(int id, bool failed);
-  // The environment every started worker gets (besides the token).
+  // The environment every started worker gets (besides the secrets).
   std::vector<std::string> worker_env() const;
 
   const TrainerConfig& config_;
   control::DriverServer& server_;
-  const std::string binary_, token_;
+  const std::string binary_;
   LocalProcesses children_;
   std::unique_ptr<ProcessLauncher> launcher_;  // nullptr: launcher none
   int64_t next_spawn_index_ = 0;

@@ -12,6 +12,7 @@
 #include <sstream>
 
 #include "dsgd/error.h"
+#include "runtime/control/log.h"
 
 namespace dsgd::runtime {
 
@@ -27,11 +28,49 @@ void require(bool ok, const char* field, const std::string& what) {
   if (!ok) throw ConfigError(what, field);
 }
 
+void validate_tls(const TrainerConfig& c) {
+  const int files = !c.launch.tls_ca.empty() + !c.launch.tls_cert.empty() + !c.launch.tls_key.empty();
+  require(files == 0 || files == 3, "launch.tls_ca",
+          "launch.tls_ca, tls_cert and tls_key go together (--tls-dir DIR reads ca.pem, cert.pem and key.pem); got " +
+              std::to_string(files) + " of the 3");
+  require(c.launch.tls != Tls::kOff || files == 0, "launch.tls",
+          "launch.tls is off, yet TLS key files are given: leave out one or the other");
+  require(c.launch.tls != Tls::kOn || files == 3 || starts_every_process(c), "launch.tls",
+          "launch.tls on: the workers of this job join by themselves (launcher '" + c.launch.launcher.name() +
+              "'" + (c.launch.listen.empty() ? "" : " with listen") +
+              "), so the driver cannot hand them keys of its own: make a CA and a certificate of it with "
+              "`dsgd tls-keys DIR`, and give DIR to the driver and every worker (--tls-dir DIR)");
+}
+
 }  // namespace
+
+bool starts_every_process(const TrainerConfig& c) {
+  switch (launcher_of(c)) {
+    case Launcher::kLocal: return c.launch.listen.empty();
+    case Launcher::kSsh:
+    case Launcher::kMpirun:
+    case Launcher::kSlurm: return true;
+    default: return false;
+  }
+}
+
+control::TlsKeys job_tls_keys(const TrainerConfig& c) {
+  if (c.launch.tls == Tls::kOff) return {};
+  if (!c.launch.tls_ca.empty()) return control::load_keys(c.launch.tls_ca, c.launch.tls_cert, c.launch.tls_key);
+  if (starts_every_process(c)) return control::make_job_keys();
+  const std::string host = reachable_listen_host(c);
+  if (host.rfind("127.", 0) != 0 && host != "localhost") {
+    control::log().warn("driver: the control plane is not encrypted: workers join by themselves, so the token and "
+                        "the pairs' secrets cross the network in the clear. Make keys with `dsgd tls-keys DIR` and "
+                        "give DIR to the driver and every worker (--tls-dir DIR), or say --no-tls");
+  }
+  return {};
+}
 
 void validate_launcher(const TrainerConfig& c) {
   const dsgd::Launcher launcher = launcher_of(c);
   const std::string name = c.launch.launcher.name();
+  validate_tls(c);
   const bool ssh = launcher == Launcher::kSsh, mpirun = launcher == Launcher::kMpirun;
   require(ssh || mpirun || c.launch.hosts.empty(), "launch.hosts",
           "hosts are where launcher ssh or mpirun starts workers; launcher is '" + name +
@@ -144,22 +183,22 @@ std::string shell_word(const std::string& s) {
 
 class LocalLauncher : public ProcessLauncher {
  public:
-  LocalLauncher(LocalProcesses& processes, std::string token) : processes_(processes), token_(std::move(token)) {}
+  LocalLauncher(LocalProcesses& processes, JobSecrets secrets) : processes_(processes), secrets_(std::move(secrets)) {}
   const char* name() const override { return "local"; }
   pid_t start(const std::string& binary, std::vector<std::string> args, std::vector<std::string> env) override {
-    env.push_back("DSGD_TOKEN=" + token_);
+    for (auto& e : secrets_.environment()) env.push_back(std::move(e));
     return processes_.spawn(binary, args, env);
   }
 
  private:
   LocalProcesses& processes_;
-  const std::string token_;
+  const JobSecrets secrets_;
 };
 
 class SshLauncher : public ProcessLauncher {
  public:
-  SshLauncher(const TrainerConfig& c, LocalProcesses& processes, std::string token)
-      : processes_(processes), token_(std::move(token)), hosts_(parse_hosts(c.launch.hosts)) {
+  SshLauncher(const TrainerConfig& c, LocalProcesses& processes, JobSecrets secrets)
+      : processes_(processes), secrets_(std::move(secrets)), hosts_(parse_hosts(c.launch.hosts)) {
     ssh_ = words_of(c.launch.ssh_command);
   }
   const char* name() const override { return "ssh"; }
@@ -167,7 +206,7 @@ class SshLauncher : public ProcessLauncher {
   pid_t start(const std::string& binary, std::vector<std::string> args, std::vector<std::string> env) override {
     const std::string host = pick();
     args.insert(args.end(), {"--host-id", host});
-    const pid_t pid = processes_.spawn(ssh_.at(0), ssh_arguments(ssh_, host, binary, args, env), {}, token_ + "\n");
+    const pid_t pid = processes_.spawn(ssh_.at(0), ssh_arguments(ssh_, host, binary, args, env), {}, secrets_.input());
     host_[pid] = host;
     return pid;
   }
@@ -210,7 +249,7 @@ class SshLauncher : public ProcessLauncher {
   }
 
   LocalProcesses& processes_;
-  const std::string token_;
+  const JobSecrets secrets_;
   const std::vector<HostSlots> hosts_;
   std::vector<std::string> ssh_;
   std::map<pid_t, std::string> host_;  // running ssh clients
@@ -219,9 +258,9 @@ class SshLauncher : public ProcessLauncher {
 
 class MpirunLauncher : public ProcessLauncher {
  public:
-  MpirunLauncher(const TrainerConfig& c, LocalProcesses& processes, std::string token)
+  MpirunLauncher(const TrainerConfig& c, LocalProcesses& processes, JobSecrets secrets)
       : processes_(processes),
-        token_(std::move(token)),
+        secrets_(std::move(secrets)),
         hosts_(parse_hosts(c.launch.hosts)),
         command_(words_of(c.launch.mpirun_command)) {}
   const char* name() const override { return "mpirun"; }
@@ -231,22 +270,23 @@ class MpirunLauncher : public ProcessLauncher {
   bool starts_all_at_once() const override { return true; }
   pid_t start_all(const std::string& binary, const std::vector<std::string>& args, std::vector<std::string> env,
                   int count) override {
+    if (!secrets_.tls.empty()) env.push_back(std::string("DSGD_TLS=") + secrets_.tls);
     const auto argv = mpirun_arguments(command_, hosts_, binary, args, env, count);
-    env.push_back("DSGD_TOKEN=" + token_);  // -x exports it from mpirun's environment
+    env.push_back("DSGD_TOKEN=" + secrets_.token);  // -x exports it from mpirun's environment
     return processes_.spawn(command_.at(0), argv, env);
   }
 
  private:
   LocalProcesses& processes_;
-  const std::string token_;
+  const JobSecrets secrets_;
   const std::vector<HostSlots> hosts_;
   const std::vector<std::string> command_;
 };
 
 class SlurmLauncher : public ProcessLauncher {
  public:
-  SlurmLauncher(const TrainerConfig& c, LocalProcesses& processes, std::string token)
-      : processes_(processes), token_(std::move(token)), srun_(words_of(c.launch.srun_command)) {
+  SlurmLauncher(const TrainerConfig& c, LocalProcesses& processes, JobSecrets secrets)
+      : processes_(processes), secrets_(std::move(secrets)), srun_(words_of(c.launch.srun_command)) {
     const char* job = std::getenv("SLURM_JOB_ID");
     job_ = job != nullptr ? job : "";
     const char* nodes = std::getenv("SLURM_JOB_NUM_NODES");
@@ -267,7 +307,7 @@ class SlurmLauncher : public ProcessLauncher {
     }
     // srun passes its environment on to the step (--export=ALL, Slurm's default).
     const pid_t pid =
-        processes_.spawn(srun_.at(0), srun_arguments(srun_, exclude, binary, args), env, token_ + "\n", SIGTERM);
+        processes_.spawn(srun_.at(0), srun_arguments(srun_, exclude, binary, args), env, secrets_.input(), SIGTERM);
     excluded_[pid] = exclude;
     return pid;
   }
@@ -297,7 +337,7 @@ class SlurmLauncher : public ProcessLauncher {
 
  private:
   LocalProcesses& processes_;
-  const std::string token_;
+  const JobSecrets secrets_;
   const std::vector<std::string> srun_;
   std::string job_;
   int nodes_ = 0;                                  // in the allocation; 0: unknown
@@ -307,6 +347,14 @@ class SlurmLauncher : public ProcessLauncher {
 };
 
 }  // namespace
+
+std::vector<std::string> JobSecrets::environment() const {
+  std::vector<std::string> out{"DSGD_TOKEN=" + token};
+  if (!tls.empty()) out.push_back("DSGD_TLS=" + tls);
+  return out;
+}
+
+std::string JobSecrets::input() const { return token + "\n" + tls + "\n"; }
 
 pid_t ProcessLauncher::start_all(const std::string&, const std::vector<std::string>&, std::vector<std::string>, int) {
   throw Error(std::string("launcher ") + name() + " starts workers one at a time");
@@ -350,7 +398,8 @@ std::vector<std::string> srun_arguments(const std::vector<std::string>& srun_com
   }
   // srun hands its standard input to the task; srun's end (SIGTERM) cancels the step.
   out.insert(out.end(), {"/bin/sh", "-c",
-                         "IFS= read -r DSGD_TOKEN || exit 125; export DSGD_TOKEN; "
+                         "IFS= read -r DSGD_TOKEN || exit 125; IFS= read -r DSGD_TLS || exit 125; "
+                         "export DSGD_TOKEN; [ -z \"$DSGD_TLS\" ] || export DSGD_TLS; "
                          "exec \"$@\" --host-id \"$SLURMD_NODENAME\" </dev/null",
                          "dsgd-worker", binary});
   out.insert(out.end(), args.begin(), args.end());
@@ -360,10 +409,11 @@ std::vector<std::string> srun_arguments(const std::vector<std::string>& srun_com
 std::vector<std::string> ssh_arguments(const std::vector<std::string>& ssh_command, const std::string& host,
                                        const std::string& binary, const std::vector<std::string>& args,
                                        const std::vector<std::string>& env) {
-  // The remote shell reads the token, starts the worker with its input closed, and keeps reading
+  // The remote shell reads the secrets, starts the worker with its input closed, and keeps reading
   // its own input: at its end (the ssh client killed, or the driver gone) it kills the worker;
   // when the worker exits first, the client exits with its status.
-  std::string script = "IFS= read -r DSGD_TOKEN || exit 125; export DSGD_TOKEN;";
+  std::string script = "IFS= read -r DSGD_TOKEN || exit 125; IFS= read -r DSGD_TLS || exit 125; "
+                       "export DSGD_TOKEN; [ -z \"$DSGD_TLS\" ] || export DSGD_TLS;";
   for (const auto& e : env) script += " export " + shell_word(e) + ";";
   script += " exec 3<&0; " + shell_word(binary);
   for (const auto& a : args) script += " " + shell_word(a);
@@ -376,16 +426,16 @@ std::vector<std::string> ssh_arguments(const std::vector<std::string>& ssh_comma
 }
 
 std::unique_ptr<ProcessLauncher> make_launcher(const TrainerConfig& c, LocalProcesses& processes,
-                                               const std::string& token) {
+                                               const JobSecrets& secrets) {
   switch (launcher_of(c)) {
     case Launcher::kLocal:
-      return std::make_unique<LocalLauncher>(processes, token);
+      return std::make_unique<LocalLauncher>(processes, secrets);
     case Launcher::kSsh:
-      return std::make_unique<SshLauncher>(c, processes, token);
+      return std::make_unique<SshLauncher>(c, processes, secrets);
     case Launcher::kMpirun:
-      return std::make_unique<MpirunLauncher>(c, processes, token);
+      return std::make_unique<MpirunLauncher>(c, processes, secrets);
     case Launcher::kSlurm:
-      return std::make_unique<SlurmLauncher>(c, processes, token);
+      return std::make_unique<SlurmLauncher>(c, processes, secrets);
     default:
       return nullptr;
   }

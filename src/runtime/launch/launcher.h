@@ -6,7 +6,7 @@
 // is theirs together. So WorkerPool watches, kills and reaps local processes
 // whichever the launcher; the launcher decides what runs and where. Torch-free.
 //
-//   auto launcher = make_launcher(config, processes, token);       // nullptr: launcher none
+//   auto launcher = make_launcher(config, processes, {token, tls});  // nullptr: launcher none
 //   pid_t pid = launcher->start(binary, {"--dsgd-worker", "--driver", address, ...}, env);
 //   ...
 //   launcher->released(pid, /*failed=*/true, "node1");              // node1 is avoided
@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "dsgd/trainer.h"
+#include "runtime/control/tls.h"
 #include "runtime/launch/spawn.h"
 
 namespace dsgd::runtime {
@@ -29,8 +30,18 @@ dsgd::Launcher launcher_of(const TrainerConfig& config);
 // A launcher's own rules, checked by the Trainer's validation (dsgd::validate_config): hosts only
 // for ssh and mpirun, local_hosts only for local, listen for none and for the launchers whose
 // workers reach the driver from elsewhere (a HOST they reach), enough slots for every process,
-// slurm inside an allocation, a non-empty command. ConfigError naming the field.
+// slurm inside an allocation, a non-empty command; TLS key files all or none, and TLS on only where
+// the job can have it. ConfigError naming the field.
 void validate_launcher(const TrainerConfig& config);
+
+// Whether the driver starts every process of the job itself (launcher local without listen, ssh,
+// mpirun, slurm), so that keys it makes reach them all (TrainerConfig::launch.tls auto).
+bool starts_every_process(const TrainerConfig& config);
+
+// The job's TLS keys (TrainerConfig::launch.tls): the files' when given; else, unless off, a CA
+// made for this job where the driver starts every process; else none (plaintext: auto warns,
+// naming what to do). ConfigError for unreadable or mismatched files.
+control::TlsKeys job_tls_keys(const TrainerConfig& config);
 
 // A host of TrainerConfig::launch.hosts: "name" or "name:slots" (slots >= 1, default 1).
 struct HostSlots {
@@ -51,11 +62,23 @@ std::string reachable_listen_host(const TrainerConfig& config);
 // port the driver bound.
 std::string driver_address(const TrainerConfig& config, int port);
 
+// What a started worker needs to join the job and must never show on a command line: the job
+// token and, with TLS, the job's keys as one line (control::encode_keys; "" without TLS).
+struct JobSecrets {
+  std::string token;
+  std::string tls;
+  // "DSGD_TOKEN=..." and, with TLS, "DSGD_TLS=...": a local process's environment.
+  std::vector<std::string> environment() const;
+  // What a remote shell reads from its standard input first (ssh, srun): the token's line, then
+  // the keys' (empty without TLS).
+  std::string input() const;
+};
+
 class ProcessLauncher {
  public:
   virtual ~ProcessLauncher() = default;
   virtual const char* name() const = 0;
-  // Starts `binary` with `args` and `env` ("NAME=value") plus the job token as a worker; the
+  // Starts `binary` with `args` and `env` ("NAME=value") plus the job's secrets as a worker; the
   // launcher adds where it runs (ssh: --host-id <host>; slurm: --host-id <its node>). Returns
   // the local process standing for it. Throws dsgd::Error when it cannot start one (ssh: no
   // host has a free slot).
@@ -78,7 +101,7 @@ class ProcessLauncher {
 
 // nullptr for launcher none. Keeps a reference to `processes`, which must outlive it.
 std::unique_ptr<ProcessLauncher> make_launcher(const TrainerConfig& config, LocalProcesses& processes,
-                                               const std::string& token);
+                                               const JobSecrets& secrets);
 
 // mpirun's arguments (`mpirun_command` after its program) that start `count` ranks of `binary
 // args` on `hosts` (none: mpirun's choice), exporting `env`'s names and DSGD_TOKEN from its
@@ -89,14 +112,14 @@ std::vector<std::string> mpirun_arguments(const std::vector<std::string>& mpirun
                                           int count);
 
 // srun's arguments (`srun_command` after its program) that run `binary args` as one job step of
-// one task on one node but those in `exclude`, reading the token (one line) from standard
-// input first and adding --host-id <the node's name>. Exposed for tests.
+// one task on one node but those in `exclude`, reading the secrets (JobSecrets::input) from
+// standard input first and adding --host-id <the node's name>. Exposed for tests.
 std::vector<std::string> srun_arguments(const std::vector<std::string>& srun_command,
                                         const std::vector<std::string>& exclude, const std::string& binary,
                                         const std::vector<std::string>& args);
 
 // The ssh client's arguments that run `binary args` on `host` with `env` exported, reading the
-// token (one line) from standard input first, and killing the worker when standard input ends
+// secrets (JobSecrets::input) from standard input first, and killing the worker when standard input ends
 // (the client or the driver gone). Exposed for tests.
 std::vector<std::string> ssh_arguments(const std::vector<std::string>& ssh_command, const std::string& host,
                                        const std::string& binary, const std::vector<std::string>& args,

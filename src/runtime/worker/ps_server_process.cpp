@@ -171,7 +171,9 @@ int run_ps_server(const PsServerArgs& a) {
   const std::string host = a.host_id.empty() ? runtime::host_name() : a.host_id;
   std::shared_ptr<comm::Store> base;
   try {
-    base = control::connect_store(a.driver, a.token);
+    control::StoreClientOptions store_options;
+    store_options.tls = runtime::worker_tls_keys(a.tls_ca, a.tls_cert, a.tls_key);
+    base = control::connect_store(a.driver, a.token, store_options);
   } catch (const std::exception& e) {
     control::log().error("ps shard {}: cannot reach the driver at {}: {}", a.shard, a.driver, e.what());
     return 2;

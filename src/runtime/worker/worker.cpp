@@ -441,7 +441,9 @@ class Worker {
         strategies[static_cast<size_t>(i)] = strategy::make_strategy(o, nullptr);
       }
     } else {
-      auto base = control::connect_store(client_.address(), token_);
+      control::StoreClientOptions store_options;
+      store_options.tls = client_.tls();
+      auto base = control::connect_store(client_.address(), token_, store_options);
       const std::string prefix = "gen" + std::to_string(generation) + "/";
       each_replica([&](int i) {
         auto store = std::make_shared<comm::PrefixStore>(base, prefix);
@@ -526,7 +528,14 @@ namespace dsgd {
 int run_worker(const WorkerArgs& args) {
   if (signal(SIGPIPE, SIG_IGN) == SIG_ERR) control::log().warn("worker: cannot ignore SIGPIPE");
   runtime::print_stack_on_crash();
-  control::DriverClient client(args.driver, args.token);
+  control::TlsKeys tls;
+  try {
+    tls = runtime::worker_tls_keys(args.tls_ca, args.tls_cert, args.tls_key);
+  } catch (const std::exception& e) {
+    control::log().error("worker: {}", e.what());
+    return 2;
+  }
+  control::DriverClient client(args.driver, args.token, tls);
   const std::string address = args.address.empty() ? runtime::route_address(args.driver) : args.address;
   const std::string host = runtime::host_name();
   const std::string host_id = args.host_id.empty() ? host : args.host_id;

@@ -14,12 +14,18 @@
 #include <string>
 
 #include "dsgd/remote.h"
+#include "runtime/control/tls.h"
 
 namespace dsgd::runtime {
 
 // Worker mode is `--dsgd-worker` anywhere in argv. Returns nullopt otherwise; ConfigError for
 // bad worker flags (--driver missing, no token).
 std::optional<WorkerArgs> parse_worker_args(int argc, char** argv);
+
+// The TLS keys of a process joining a driver: the three files' when given, else $DSGD_TLS's, else
+// none. ConfigError for unreadable or mismatched keys.
+control::TlsKeys worker_tls_keys(const std::string& ca_file, const std::string& cert_file,
+                                 const std::string& key_file);
 
 // The local address the kernel would use to reach `driver` (HOST:PORT): what a process binds for
 // Gloo so that its peers can reach it. A UDP connect sends nothing.

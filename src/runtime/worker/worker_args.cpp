@@ -52,6 +52,25 @@ std::optional<WorkerArgs> parse_worker_args(int argc, char** argv) {
   return a;
 }
 
+control::TlsKeys worker_tls_keys(const std::string& ca_file, const std::string& cert_file,
+                                 const std::string& key_file) {
+  if (ca_file.empty() && cert_file.empty() && key_file.empty()) return control::keys_from_environment();
+  return control::load_keys(ca_file, cert_file, key_file);
+}
+
+}  // namespace dsgd::runtime
+
+namespace dsgd {
+
+void write_tls_keys(const std::string& dir, int days) {
+  if (days < 1) throw ConfigError("TLS keys must be valid for at least a day, got " + std::to_string(days));
+  control::write_keys(control::make_job_keys(days), dir);
+}
+
+}  // namespace dsgd
+
+namespace dsgd::runtime {
+
 std::string route_address(const std::string& driver) {
   const auto colon = driver.rfind(':');
   const std::string host = driver.substr(0, colon);
