@@ -13,7 +13,8 @@ demo_pkgs=(
   libgloo-dev             # cross-host data plane
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler   # control plane
   libssl-dev              # OpenSSL's libcrypto: the HMAC in every data connection's hello
-  libcpp-httplib-dev      # the driver's metrics endpoint (--metrics-port)
+  libcpp-httplib-dev      # the driver's metrics endpoint and dashboard (--metrics-port)
+  libjs-chart.js          # the dashboard's charts, served by the driver (no download at run time)
   libspdlog-dev libcli11-dev nlohmann-json3-dev libgtest-dev zlib1g-dev
   dataset-fashion-mnist   # /usr/share/datasets/fashion-mnist
 )
@@ -28,6 +29,7 @@ build_pkgs=(
   python3-prometheus-client   # its parser reads the metrics endpoint in the tests, as Prometheus would
   python3-torch           # TorchScript models made in Python (tests); PyTorch DDP, the peer in bench/
   python3-pytest          # the tests written in Python (tests/python)
+  chromium                # headless: the dashboard's test opens the page and checks its charts
   pybind11-dev python3-dev   # the Python module (python/: import dsgd)
 )
 bench_pkgs=(

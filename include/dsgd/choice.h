@@ -51,6 +51,8 @@ enum class Launcher { kAuto = 1, kLocal = 2, kSsh = 3, kNone = 4, kMpirun = 5, k
 // worker and so can hand them keys it makes, or with key files; otherwise off, with a warning),
 // on (as auto, but a ConfigError where it cannot be had), off.
 enum class Tls { kAuto = 1, kOn = 2, kOff = 3 };
+// A straggler named (dsgd::Straggler): warn only, or evict it, a ready standby taking its place.
+enum class StragglerAction { kWarn = 1, kEvict = 2 };
 
 // The field's path in TrainerConfig and the spelling of each value (index = enum value - 1).
 template <typename E>
@@ -99,6 +101,11 @@ template <>
 struct ChoiceTraits<Tls> {
   static constexpr std::string_view field = "launch.tls";
   static constexpr std::array<std::string_view, 3> names = {"auto", "on", "off"};
+};
+template <>
+struct ChoiceTraits<StragglerAction> {
+  static constexpr std::string_view field = "recovery.on_straggler";
+  static constexpr std::array<std::string_view, 2> names = {"warn", "evict"};
 };
 template <>
 struct ChoiceTraits<SchedulerStepFreq> {

@@ -129,6 +129,10 @@ struct RecoveryConfig {
   // Local mode: spawn new processes for lost workers and promoted standbys (with back-off).
   bool replace_lost_workers = true;
   std::chrono::milliseconds replacement_timeout{30000};  // for a new process to register
+  // A straggler named (Straggler): warn = say so and go on; evict = its place goes to a ready
+  // standby, as if it were lost (the steps since the last snapshot are trained again); without a
+  // ready standby it stays, with a warning.
+  Choice<StragglerAction> on_straggler = StragglerAction::kWarn;
 };
 
 // Snapshots (in memory, what a recovery restores) and checkpoints (snapshots written to disk).
@@ -153,6 +157,10 @@ struct MonitorConfig {
   // http://metrics_host:metrics_port/metrics (0: a free port, logged); -1: off.
   int metrics_port = -1;
   std::string metrics_host = "127.0.0.1";  // 0.0.0.0 for a scraper on another machine
+  // The same port serves a live dashboard at / (loss, validation, samples/s, each worker's step
+  // time, recoveries, stragglers, the settings). "" = none; else its data is also written to
+  // <metrics_dir>/history.json as the job goes, for `dsgd dashboard --metrics-dir` afterwards.
+  std::string metrics_dir;
 };
 
 // A worker persistently slower than the rest: its compute per step (each step's time less its
@@ -165,6 +173,7 @@ struct Straggler {
   double slowdown = 1;     // the largest ratio seen while slow
   int64_t from_step = 0;   // the job's step where the first slow window began
   int64_t to_step = -1;    // where it was no longer slow; -1: still slow
+  bool evicted = false;    // its place went to a standby (recovery.on_straggler evict)
 };
 
 struct TrainProgress {

@@ -270,11 +270,14 @@ def test_a_language_model_from_python_learns_text(tmp_path):
 
 def throttle(pid, share, stop):
     """Lets `pid` run `share` of each 100 ms (SIGSTOP, SIGCONT), as a cgroup's cpu.max would."""
-    while not stop.is_set():
-        os.kill(pid, signal.SIGSTOP)
-        time.sleep(0.1 * (1 - share))
-        os.kill(pid, signal.SIGCONT)
-        time.sleep(0.1 * share)
+    try:
+        while not stop.is_set():
+            os.kill(pid, signal.SIGSTOP)
+            time.sleep(0.1 * (1 - share))
+            os.kill(pid, signal.SIGCONT)
+            time.sleep(0.1 * share)
+    except ProcessLookupError:
+        pass  # evicted
 
 
 def test_a_worker_slowed_by_a_known_amount_is_named_a_straggler_and_cleared():
@@ -311,3 +314,42 @@ def test_a_worker_slowed_by_a_known_amount_is_named_a_straggler_and_cleared():
         print(f"cleared: {cleared}")
         assert len(cleared) == 1 and cleared[0]["to_step"] > cleared[0]["from_step"] == named[0]["from_step"]
         assert 1.3 < cleared[0]["slowdown"] < 1.6, "1 / 0.7 = 1.43x, at worst"
+
+
+def test_a_straggler_is_evicted_and_a_ready_standby_takes_its_place():
+    """recovery.on_straggler evict: a worker held to 60% of the time is named, evicted (its process
+    ends) and the standby takes its place: two workers go on, the summary says why."""
+    with dsgd.Trainer(model="cnn", num_workers=2, data="synthetic", synthetic_samples=500000, batch_size=64,
+                      threads_per_worker=1, dropout=False,
+                      recovery={"standby_workers": 1, "on_straggler": "evict"}) as t:
+        t.train(num_steps=50)
+        victim = sorted(worker_pids())[1]  # started second: rank 1 (the standby came third)
+        stop = threading.Event()
+        slowing = threading.Thread(target=throttle, args=(victim, 0.6, stop))
+        slowing.start()
+        start, results = time.monotonic(), []
+        try:
+            while time.monotonic() - start < 60 and not (results and results[-1]["recoveries"]):
+                results.append(t.train(num_steps=100))
+        finally:
+            stop.set()
+            slowing.join()
+            if os.path.exists(f"/proc/{victim}"):
+                os.kill(victim, signal.SIGCONT)
+        took = time.monotonic() - start
+        r = results[-1]
+        print(f"after {took:.1f} s: stragglers {r['stragglers']}, recoveries {r['recoveries']}")
+        assert len(r["recoveries"]) == 1, r["recoveries"]
+        ev = r["recoveries"][0]
+        assert "evicted as a straggler" in ev["failure"] and f"pid {victim}" in ev["lost"], ev
+        assert ev["standbys_used"] == 1 and ev["workers_after"] == 2, ev
+        named = [s for s in r["stragglers"] if s["pid"] == victim]
+        assert len(named) == 1 and named[0]["evicted"] and named[0]["to_step"] >= named[0]["from_step"], named
+        for _ in range(50):
+            if not os.path.exists(f"/proc/{victim}") or open(f"/proc/{victim}/stat").read().split()[2] == "Z":
+                break
+            time.sleep(0.1)
+        else:
+            raise AssertionError("the evicted worker's process lives on")
+        after = t.train(num_steps=100)
+        assert after["recoveries"] == [] and after["batches"] == 100, after

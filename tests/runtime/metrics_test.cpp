@@ -1,11 +1,17 @@
 // The driver's metrics: the text exposition (every family typed and described, labels escaped)
-// and the HTTP server that serves it.
+// and the HTTP server that serves it; the dashboard's history, its page and its file.
 #include "runtime/monitor/metrics.h"
 
 #include <gtest/gtest.h>
 #include <httplib.h>
 
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "dsgd/dashboard.h"
 #include "dsgd/error.h"
+#include "runtime/monitor/job_history.h"
 
 namespace dsgd::runtime {
 namespace {
@@ -83,6 +89,47 @@ TEST(Metrics, TheServerAnswersEachScrapeWithWhatReadReturnsNow) {
   } catch (const ConfigError& e) {
     EXPECT_NE(std::string(e.what()).find(std::to_string(server->port())), std::string::npos) << e.what();
   }
+}
+
+TEST(JobHistory, KeepsCurvesEventsAndTheWorkersNowAndThinsALongRun) {
+  JobHistory h(nlohmann::json{{"strategy", "allreduce"}});
+  for (int i = 0; i < static_cast<int>(JobHistory::kMaxPoints) + 10; ++i) h.add_train(i * 0.5, i, 2.0 - i * 1e-4, 400);
+  h.add_validation(10, 20, 1.5, 0.75);
+  h.add_event(11, 21, "recovery", "worker 1 lost");
+  const auto j = nlohmann::json::parse(h.to_json(two_workers(), /*ended=*/true));
+  EXPECT_EQ(j["settings"]["strategy"], "allreduce");
+  EXPECT_LE(j["train"].size(), JobHistory::kMaxPoints);
+  EXPECT_GT(j["train"].size(), JobHistory::kMaxPoints / 2);
+  EXPECT_EQ(j["train"].back()[1], static_cast<int>(JobHistory::kMaxPoints) + 9);  // the newest kept
+  EXPECT_EQ(j["validation"][0][3], 0.75);
+  EXPECT_EQ(j["events"][0]["kind"], "recovery");
+  EXPECT_EQ(j["workers"].size(), 2u);
+  EXPECT_TRUE(j["ended"]);
+}
+
+TEST(JobHistory, TheDashboardServesThePageChartJsAndTheHistoryLiveAndFromItsFile) {
+  JobHistory h(nlohmann::json{{"strategy", "ps"}});
+  h.add_train(1, 10, 1.0, 300);
+  auto live = MetricsServer::start("127.0.0.1", 0, [] { return two_workers(); },
+                                   [&] { return h.to_json(two_workers(), false); });
+  httplib::Client client("127.0.0.1", live->port());
+  const auto page = client.Get("/");
+  ASSERT_TRUE(page);
+  EXPECT_NE(page->body.find("<canvas id=\"loss\">"), std::string::npos);
+  const auto js = client.Get("/chart.js");
+  ASSERT_TRUE(js);
+  EXPECT_EQ(js->status, 200) << "libjs-chart.js is not installed (scripts/install-deps.sh installs it)";
+  EXPECT_GT(js->body.size(), 100000u);
+  EXPECT_EQ(nlohmann::json::parse(client.Get("/history.json")->body)["train"][0][1], 10);
+
+  const auto dir = std::filesystem::temp_directory_path() / ("dsgd-history-" + std::to_string(::getpid()));
+  EXPECT_THROW(dsgd::DashboardServer(dir.string(), "127.0.0.1", 0), ConfigError);  // nothing written yet
+  h.write(dir.string(), two_workers(), /*ended=*/true);
+  dsgd::DashboardServer after(dir.string(), "127.0.0.1", 0);
+  httplib::Client viewer("127.0.0.1", after.port());
+  EXPECT_TRUE(nlohmann::json::parse(viewer.Get("/history.json")->body)["ended"]);
+  EXPECT_EQ(viewer.Get("/metrics")->status, 404);  // no live job behind a file
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace

@@ -19,6 +19,9 @@ void add_worker_command(CLI::App& app, int* exit_code);
 // `dsgd ps-server`: join a remote driver as a parameter-server shard process.
 void add_ps_server_command(CLI::App& app, int* exit_code);
 
+// `dsgd dashboard --metrics-dir DIR`: a job's dashboard from its files.
+void add_dashboard_command(CLI::App& app, int* exit_code);
+
 // `dsgd tls-keys DIR`: a job's TLS keys for a driver and workers started apart.
 void add_tls_keys_command(CLI::App& app, int* exit_code);
 

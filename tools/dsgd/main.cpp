@@ -23,6 +23,7 @@ int main(int argc, char** argv) {
   dsgd::cli::add_worker_command(app, &exit_code);
   dsgd::cli::add_ps_server_command(app, &exit_code);
   dsgd::cli::add_tls_keys_command(app, &exit_code);
+  dsgd::cli::add_dashboard_command(app, &exit_code);
   dsgd::cli::add_evaluate_command(app, &exit_code);
   dsgd::cli::add_tune_command(app, &exit_code);
   dsgd::cli::add_prepare_text_command(app, &exit_code);

@@ -172,6 +172,9 @@ void add_recovery_flags(CLI::App* cmd, TrainFlags& f) {
   bind_option(cmd, f, "--standby", "recovery.standby_workers", f.trainer.recovery.standby_workers,
               "Standby workers: set up outside the group, each takes a lost worker's place in well under a second")
       ->capture_default_str();
+  bind_choice(cmd, f, "--on-straggler", f.trainer.recovery.on_straggler,
+              "A straggler named (computing >= 1.1x the others' step): warn, or evict it, a ready --standby taking "
+              "its place");
   bind_flag(cmd, f, "--wait-for-replacements", "recovery.wait_for_replacements",
             f.trainer.recovery.wait_for_replacements,
             "After a loss without a standby, wait for new workers instead of going on with the survivors");
@@ -285,6 +288,9 @@ void add_run_flags(CLI::App* cmd, TrainFlags& f) {
   bind_option(cmd, f, "--metrics-host", "monitor.metrics_host", f.trainer.monitor.metrics_host,
               "The address --metrics-port listens on (0.0.0.0: every interface)")
       ->capture_default_str();
+  bind_option(cmd, f, "--metrics-dir", "monitor.metrics_dir", f.trainer.monitor.metrics_dir,
+              "Write the dashboard's history (history.json) here as the job goes: `dsgd dashboard --metrics-dir "
+              "DIR` shows it, during the job or after");
   cmd->add_flag("--in-process", f.in_process, "Train in this process without workers (the single-process baseline)");
   cmd->add_option("--json-out", f.json_out, "Also write the JSON summary to this file");
   cmd->add_flag("-q,--quiet", f.quiet, "No progress output");

@@ -221,7 +221,8 @@ nlohmann::json to_json(const RecoveryEvent& e) {
 
 nlohmann::json to_json(const Straggler& s) {
   return {{"rank", s.rank},         {"host", s.host},           {"pid", s.pid},
-          {"slowdown", s.slowdown}, {"from_step", s.from_step}, {"to_step", s.to_step}};
+          {"slowdown", s.slowdown}, {"from_step", s.from_step}, {"to_step", s.to_step},
+          {"evicted", s.evicted}};
 }
 
 nlohmann::json to_json(const FitResult& r) {

@@ -92,6 +92,18 @@ std::vector<Straggler> StragglerDetector::take_named() {
   return out;
 }
 
+void StragglerDetector::evicted(int64_t pid) {
+  int64_t step = 0;
+  for (const auto& [worker, r] : ranks_) {
+    if (r.pid == pid && !r.samples.empty()) step = r.samples.back().step;
+  }
+  for (auto& e : events_) {
+    if (e.to_step >= 0 || e.pid != pid) continue;
+    e.evicted = true;
+    e.to_step = std::max(step, e.from_step);
+  }
+}
+
 void StragglerDetector::reset(int64_t step) {
   for (auto& e : events_) {
     if (e.to_step < 0) e.to_step = step;

@@ -44,6 +44,9 @@ class StragglerDetector {
   std::vector<Straggler> take_named();
   // The members changed (a recovery): windows start again, open stragglers end at `step`.
   void reset(int64_t step);
+  // The open straggler of process `pid` is being evicted: it ends at its last step, marked
+  // Straggler::evicted.
+  void evicted(int64_t pid);
 
  private:
   struct Sample {

@@ -461,6 +461,7 @@ Results Trainer::validate() {
   d.events = std::exchange(d.start_events, {});
   Results r = runtime::results_of_command(d.call(command(&proto::Command::mutable_validate)), false);
   r.recoveries = d.events;  // a worker lost while the replicas evaluated
+  d.record_validation(r);
   return r;
 }
 
@@ -547,6 +548,7 @@ void Trainer::shutdown() {
       control::log().debug("trainer: shutdown: {}", e.what());
     }
   }
+  d.save_history(/*ended=*/true);
   d.metrics.reset();  // its scrapes read the server
   if (d.server) {
     d.announce_to_servers("stop");

@@ -169,6 +169,7 @@ void validate_config(const std::string& op, const TrainerConfig& c) {
   check_known(c.comm.compression);
   check_known(c.launch.launcher);
   check_known(c.launch.tls);
+  check_known(c.recovery.on_straggler);
   validate_processes(c);
   validate_step(c);
   validate_recovery(c);

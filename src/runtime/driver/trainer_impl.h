@@ -18,11 +18,12 @@
 
 #include "dsgd/trainer.h"
 #include "runtime/control/driver_service.h"
-#include "runtime/monitor/metrics.h"
 #include "runtime/driver/overlap_tuner.h"
 #include "runtime/driver/snapshot_policy.h"
 #include "runtime/driver/stragglers.h"
 #include "runtime/driver/worker_pool.h"
+#include "runtime/monitor/job_history.h"
+#include "runtime/monitor/metrics.h"
 
 namespace dsgd {
 namespace torch_glue {
@@ -242,6 +243,12 @@ struct Trainer::Impl {
   void start_metrics();
   // The training thread's figures for the next scrape: after set-up, each chunk and each recovery.
   void publish_gauges(double samples_per_s = -1);
+  // The dashboard's history (monitor.metrics_port or metrics_dir): validation results, recoveries
+  // and stragglers as they happen; saved to metrics_dir after each chunk and, ended, at shutdown.
+  std::unique_ptr<runtime::JobHistory> history;
+  void record_validation(const Results& r);
+  void record_event(const std::string& kind, const std::string& text);
+  void save_history(bool ended);
   // What a scrape shows: the published figures and every worker's last heartbeat.
   runtime::JobGauges gauges_now() const;
 
@@ -249,6 +256,11 @@ struct Trainer::Impl {
   // call's tick): names stragglers (a warning each) and clears them. The group of a new
   // generation starts its windows again.
   void watch_stragglers();
+  // recovery.on_straggler evict: throws the CommError that starts a recovery in which worker `id`
+  // (straggler `s`) counts as lost, if a standby is ready to take its place; else warns once.
+  void evict_straggler(int id, const Straggler& s);
+  std::vector<int> evicting;               // stragglers the recovery under way treats as lost
+  std::vector<int64_t> kept_stragglers;    // pids warned about: no standby was ready
   runtime::StragglerDetector stragglers;
   Clock::time_point stragglers_checked{};
   std::vector<int64_t> published_stragglers;  // their pids, for a scrape (guarded by published_m)

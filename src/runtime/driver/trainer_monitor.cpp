@@ -12,21 +12,63 @@ namespace dsgd {
 
 void Trainer::Impl::start_metrics() {
   const auto& m = config.monitor;
+  if (m.metrics_port < 0 && m.metrics_dir.empty()) return;
+  history = std::make_unique<runtime::JobHistory>(json{{"operator", op_name},
+                                                       {"strategy", config.strategy.name()},
+                                                       {"num_workers", config.num_workers},
+                                                       {"standby_workers", config.recovery.standby_workers},
+                                                       {"batch_size", config.batch_size},
+                                                       {"launcher", config.launch.launcher.name()},
+                                                       {"control_plane", tls ? "tls" : "plaintext"},
+                                                       {"on_straggler", config.recovery.on_straggler.name()},
+                                                       {"config", config.config}});
   if (m.metrics_port < 0) return;
-  metrics = runtime::MetricsServer::start(m.metrics_host, m.metrics_port, [this] { return gauges_now(); });
-  control::log().info("driver: metrics at http://{}:{}/metrics", m.metrics_host, metrics->port());
+  metrics = runtime::MetricsServer::start(
+      m.metrics_host, m.metrics_port, [this] { return gauges_now(); },
+      [this] { return history->to_json(gauges_now(), false); });
+  control::log().info("driver: metrics at http://{}:{}/metrics, dashboard at http://{}:{}/", m.metrics_host,
+                      metrics->port(), m.metrics_host, metrics->port());
 }
 
 void Trainer::Impl::publish_gauges(double samples_per_s) {
-  if (!metrics) return;
-  std::lock_guard<std::mutex> lock(published_m);
-  auto& g = published;
-  g.steps = steps_done;
-  g.samples = steps_done * config.batch_size;
-  if (samples_per_s >= 0) g.samples_per_s = samples_per_s;
-  g.recoveries = failures;
-  g.checkpoint_failures = checkpoint_failures_total;
-  published_members = pool ? pool->members() : std::vector<int>{};
+  if (!metrics && !history) return;
+  {
+    std::lock_guard<std::mutex> lock(published_m);
+    auto& g = published;
+    g.steps = steps_done;
+    g.samples = steps_done * config.batch_size;
+    if (samples_per_s >= 0) g.samples_per_s = samples_per_s;
+    g.recoveries = failures;
+    g.checkpoint_failures = checkpoint_failures_total;
+    published_members = pool ? pool->members() : std::vector<int>{};
+  }
+  if (history && samples_per_s > 0) {
+    const auto now = gauges_now();
+    history->add_train(now.uptime_s, steps_done, now.loss, samples_per_s);
+    save_history(false);
+  }
+}
+
+void Trainer::Impl::record_validation(const Results& r) {
+  if (!history) return;
+  const auto value = [&](const char* key) { return r.metrics.count(key) ? r.metrics.at(key) : -1.0; };
+  history->add_validation(std::chrono::duration<double>(Clock::now() - started_at).count(), steps_done,
+                          value("loss"), value("accuracy"));
+  save_history(false);
+}
+
+void Trainer::Impl::record_event(const std::string& kind, const std::string& text) {
+  if (!history) return;
+  history->add_event(std::chrono::duration<double>(Clock::now() - started_at).count(), steps_done, kind, text);
+}
+
+void Trainer::Impl::save_history(bool ended) {
+  if (!history || config.monitor.metrics_dir.empty()) return;
+  try {
+    history->write(config.monitor.metrics_dir, gauges_now(), ended);
+  } catch (const std::exception& e) {
+    control::log().warn("driver: the dashboard's history was not saved: {}", e.what());
+  }
 }
 
 runtime::JobGauges Trainer::Impl::gauges_now() const {
@@ -101,11 +143,34 @@ void Trainer::Impl::watch_stragglers() {
     if (s.to_step < 0) {
       control::log().warn("trainer: rank {} (host {}, pid {}) is a straggler: it computes {:.2f}x as long a step as "
                           "the others (since step {})", s.rank, s.host, s.pid, s.slowdown, s.from_step);
+      record_event("straggler", fmt::format("rank {} (pid {}) a straggler: {:.2f}x the others' compute per step",
+                                            s.rank, s.pid, s.slowdown));
+      if (config.recovery.on_straggler == StragglerAction::kEvict) {
+        evict_straggler(members.at(static_cast<size_t>(s.rank)), s);
+      }
     } else {
       control::log().info("trainer: rank {} (host {}, pid {}) keeps pace again (slow from step {} to {}, at worst "
                           "{:.2f}x)", s.rank, s.host, s.pid, s.from_step, s.to_step, s.slowdown);
+      record_event("straggler", fmt::format("rank {} (pid {}) keeps pace again (at worst {:.2f}x)", s.rank, s.pid,
+                                            s.slowdown));
     }
   }
+}
+
+void Trainer::Impl::evict_straggler(int id, const Straggler& s) {
+  if (pool->ready().empty()) {
+    if (std::find(kept_stragglers.begin(), kept_stragglers.end(), s.pid) == kept_stragglers.end()) {
+      kept_stragglers.push_back(s.pid);
+      control::log().warn("trainer: rank {} (pid {}) is not evicted: no standby is ready to take its place "
+                          "(--standby N); a lost worker would cost more than a slow one", s.rank, s.pid);
+    }
+    return;
+  }
+  stragglers.evicted(s.pid);
+  evicting.push_back(id);
+  throw CommError(fmt::format("rank {} (host {}, pid {}) evicted as a straggler: it computed {:.2f}x as long a step "
+                              "as the others since step {}", s.rank, s.host, s.pid, s.slowdown, s.from_step),
+                  "straggler", s.rank, s.host);
 }
 
 void Trainer::Impl::add_straggler_notes(runtime::TraceFile* trace, Clock::time_point t0) {

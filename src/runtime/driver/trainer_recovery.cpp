@@ -58,6 +58,8 @@ void Trainer::Impl::recover(std::string failure) {
                           ev.recovery_s, ev.detect_s, where, ev.workers_after,
                           ev.standbys_used > 0 ? " (a standby took over)" : "", ev.lost);
       if (config.on_recovery) config.on_recovery(ev);
+      record_event("recovery", fmt::format("{} (recovered in {:.2f} s with {} workers{})", failure, ev.recovery_s,
+                                           ev.workers_after, ev.standbys_used > 0 ? ", a standby took over" : ""));
       events.push_back(std::move(ev));
       publish_gauges();
       return;
@@ -82,6 +84,7 @@ RecoveryEvent Trainer::Impl::reform(const std::string& failure, Phases* phases, 
   announce_to_servers("pending");  // a shard started now waits for the next generation
   pool->spawn_servers();            // replaces lost shard processes (local mode)
   const std::vector<int> lost = drain(detected, &ev);
+  evicting.clear();
   clock.mark("drain");
   replace_lost(lost, failure, &ev);
   pool->spawn_servers();  // shard processes lost meanwhile
@@ -106,11 +109,13 @@ std::vector<int> Trainer::Impl::drain(Clock::time_point detected, RecoveryEvent*
       }
       const bool exited = pool->exited(static_cast<int>(w.index));
       const bool silent = w.since_heartbeat_s * 1000 > static_cast<double>(config.recovery.heartbeat_timeout.count());
-      if (!exited && !silent) continue;
+      const bool evicted = std::find(evicting.begin(), evicting.end(), w.index) != evicting.end();
+      if (!exited && !silent && !evicted) continue;
       lost.push_back(static_cast<int>(w.index));
       json p = json::parse(w.progress.empty() ? "{}" : w.progress, nullptr, false);
       ev->lost += (ev->lost.empty() ? "" : ", ") + std::string("worker ") + std::to_string(w.index) + " (host " +
-                  w.host + ", pid " + std::to_string(w.pid) + (exited ? ", exited" : ", silent") + ")";
+                  w.host + ", pid " + std::to_string(w.pid) +
+                  (exited ? ", exited" : silent ? ", silent" : ", evicted as a straggler") + ")";
       // Steps of the chunk in flight, as the worker last told them; none where it last spoke of
       // another (a worker lost between two calls: that chunk's steps are pending()).
       const bool current = chunk_in_flight != 0 && p.is_object() && p.value("chunk", uint64_t{0}) == chunk_in_flight;

@@ -112,6 +112,7 @@ const std::map<std::string, Setter>& settings() {
       DSGD_SETTING("recovery.wait_for_replacements", recovery.wait_for_replacements),
       DSGD_SETTING("recovery.replace_lost_workers", recovery.replace_lost_workers),
       DSGD_SETTING("recovery.replacement_timeout", recovery.replacement_timeout),
+      DSGD_SETTING("recovery.on_straggler", recovery.on_straggler),
       DSGD_SETTING("checkpoints.every_steps", checkpoints.every_steps),
       DSGD_SETTING("checkpoints.max_overhead", checkpoints.max_overhead),
       DSGD_SETTING("checkpoints.dir", checkpoints.dir),
@@ -119,6 +120,7 @@ const std::map<std::string, Setter>& settings() {
       DSGD_SETTING("checkpoints.fail_on_write_error", checkpoints.fail_on_write_error),
       DSGD_SETTING("monitor.metrics_port", monitor.metrics_port),
       DSGD_SETTING("monitor.metrics_host", monitor.metrics_host),
+      DSGD_SETTING("monitor.metrics_dir", monitor.metrics_dir),
   };
   return table;
 }

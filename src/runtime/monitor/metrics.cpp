@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "dsgd/error.h"
+#include "runtime/monitor/job_history.h"
 
 namespace dsgd::runtime {
 namespace {
@@ -60,13 +61,43 @@ void worker_family(std::ostringstream& out, const JobGauges& g, const std::strin
 
 class HttpMetricsServer final : public MetricsServer {
  public:
-  HttpMetricsServer(const std::string& host, int port, std::function<JobGauges()> read) : read_(std::move(read)) {
+  HttpMetricsServer(const std::string& host, int port, std::function<JobGauges()> read,
+                    std::function<std::string()> history)
+      : read_(std::move(read)), history_(std::move(history)) {
     server_.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
       ++scrapes_;
+      if (!read_) {
+        res.status = 404;
+        res.set_content("no live job here: the dashboard of a finished one is at /\n", "text/plain");
+        return;
+      }
       res.set_content(prometheus_text(read_()), "text/plain; version=0.0.4; charset=utf-8");
     });
-    server_.Get("/", [](const httplib::Request&, httplib::Response& res) {
-      res.set_content("dsgd driver: metrics at /metrics (Prometheus text format)\n", "text/plain");
+    server_.Get("/", [this](const httplib::Request&, httplib::Response& res) {
+      if (history_) {
+        res.set_content(dashboard_page(), "text/html; charset=utf-8");
+      } else {
+        res.set_content("dsgd driver: metrics at /metrics (Prometheus text format)\n", "text/plain");
+      }
+    });
+    server_.Get("/history.json", [this](const httplib::Request&, httplib::Response& res) {
+      ++scrapes_;
+      if (!history_) {
+        res.status = 404;
+        return;
+      }
+      res.set_header("Cache-Control", "no-store");
+      res.set_content(history_(), "application/json");
+    });
+    server_.Get("/chart.js", [](const httplib::Request&, httplib::Response& res) {
+      static const std::string js = chart_js();
+      if (js.empty()) {
+        res.status = 404;
+        res.set_content("// Chart.js is missing: apt install libjs-chart.js\n", "text/javascript");
+        return;
+      }
+      res.set_header("Cache-Control", "max-age=3600");
+      res.set_content(js, "text/javascript");
     });
     // SO_REUSEADDR only: httplib's default adds SO_REUSEPORT, with which a second job on the
     // same port would share it silently instead of being told.
@@ -99,6 +130,7 @@ class HttpMetricsServer final : public MetricsServer {
 
  private:
   std::function<JobGauges()> read_;
+  std::function<std::string()> history_;
   httplib::Server server_;
   int port_ = -1;
   std::atomic<int64_t> scrapes_{0};
@@ -153,8 +185,9 @@ std::string prometheus_text(const JobGauges& g) {
 }
 
 std::unique_ptr<MetricsServer> MetricsServer::start(const std::string& host, int port,
-                                                    std::function<JobGauges()> read) {
-  return std::make_unique<HttpMetricsServer>(host, port, std::move(read));
+                                                    std::function<JobGauges()> read,
+                                                    std::function<std::string()> history) {
+  return std::make_unique<HttpMetricsServer>(host, port, std::move(read), std::move(history));
 }
 
 }  // namespace dsgd::runtime

@@ -52,9 +52,12 @@ std::string prometheus_text(const JobGauges& gauges);
 
 class MetricsServer {
  public:
-  // Listens on host:port (0: a free port) and serves GET /metrics (and / with a pointer to it).
-  // Throws dsgd::ConfigError naming the address when it cannot listen there.
-  static std::unique_ptr<MetricsServer> start(const std::string& host, int port, std::function<JobGauges()> read);
+  // Listens on host:port (0: a free port) and serves GET /metrics from `read` (none: 404, a
+  // finished job's), and the dashboard: / (job_history.h's page), /chart.js and /history.json
+  // from `history` (none: 404). Throws dsgd::ConfigError naming the address when it cannot
+  // listen there.
+  static std::unique_ptr<MetricsServer> start(const std::string& host, int port, std::function<JobGauges()> read,
+                                              std::function<std::string()> history = {});
   virtual ~MetricsServer() = default;  // stops serving
   virtual int port() const = 0;
   virtual int64_t scrapes() const = 0;  // requests served
