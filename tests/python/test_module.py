@@ -17,25 +17,9 @@ import torch
 sys.path.insert(0, os.path.dirname(__file__))
 import dsgd  # noqa: E402
 import scripted_models  # noqa: E402
+from worker_processes import throttle, worker_pids  # noqa: E402
 
 SMALL = dict(data="synthetic", synthetic_samples=2048, batch_size=64, threads_per_worker=1, dropout=False)
-
-
-def worker_pids(parent=None):
-    """This process's dsgd workers (children started with --dsgd-worker)."""
-    parent = os.getpid() if parent is None else parent
-    out = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                cmd = f.read()
-        except (OSError, IndexError, ValueError):
-            continue
-        if ppid == parent and b"--dsgd-worker" in cmd:
-            out.append(int(pid))
-    return out
 
 
 def test_a_python_model_trains_and_comes_back_as_a_script_module():
@@ -266,18 +250,6 @@ def test_a_language_model_from_python_learns_text(tmp_path):
     assert r["steps"] == 40 and r["test_loss"] < 0.6 * before, r
     tokens = torch.randint(0, 256, (1, 32))
     assert lm(tokens).shape == (1, 32, 256), "the trained module comes back as a ScriptModule"
-
-
-def throttle(pid, share, stop):
-    """Lets `pid` run `share` of each 100 ms (SIGSTOP, SIGCONT), as a cgroup's cpu.max would."""
-    try:
-        while not stop.is_set():
-            os.kill(pid, signal.SIGSTOP)
-            time.sleep(0.1 * (1 - share))
-            os.kill(pid, signal.SIGCONT)
-            time.sleep(0.1 * share)
-    except ProcessLookupError:
-        pass  # evicted
 
 
 def test_a_worker_slowed_by_a_known_amount_is_named_a_straggler_and_cleared():

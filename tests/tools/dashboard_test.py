@@ -23,26 +23,14 @@ import threading
 import time
 import urllib.request
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
+from worker_processes import throttle, worker_pids  # noqa: E402
+
 
 def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def worker_pids(parent):
-    out = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                cmd = f.read()
-        except (OSError, IndexError, ValueError):
-            continue
-        if ppid == parent and b"--dsgd-worker" in cmd:
-            out.append(int(pid))
-    return sorted(out)
 
 
 def history(port):
@@ -59,17 +47,6 @@ def wait_for(what, check, seconds):
             pass
         time.sleep(0.5)
     sys.exit(f"FAIL: {what} within {seconds} s")
-
-
-def throttle(pid, share, stop):
-    try:
-        while not stop.is_set():
-            os.kill(pid, signal.SIGSTOP)
-            time.sleep(0.1 * (1 - share))
-            os.kill(pid, signal.SIGCONT)
-            time.sleep(0.1 * share)
-    except ProcessLookupError:
-        pass
 
 
 def chromium(url, out_dir, name):

@@ -29,7 +29,9 @@ void prepare(grpc::ClientContext& ctx, const std::string& token, std::chrono::mi
 
 bool refused_at_connect(const grpc::Status& s) {
   const std::string& m = s.error_message();
-  return s.error_code() == grpc::StatusCode::UNAVAILABLE &&
+  // While connecting (not a call cut off by a driver that went away): the TLS handshake failed,
+  // or the server hung up on our first bytes.
+  return s.error_code() == grpc::StatusCode::UNAVAILABLE && m.find("failed to connect") != std::string::npos &&
          (m.find("andshake") != std::string::npos || m.find("Socket closed") != std::string::npos);
 }
 

@@ -257,7 +257,8 @@ struct Trainer::Impl {
   // generation starts its windows again.
   void watch_stragglers();
   // recovery.on_straggler evict: throws the CommError that starts a recovery in which worker `id`
-  // (straggler `s`) counts as lost, if a standby is ready to take its place; else warns once.
+  // (straggler `s`) counts as lost, if a standby is ready to take its place; else warns (once a
+  // straggler) and is called again at the next watch.
   void evict_straggler(int id, const Straggler& s);
   std::vector<int> evicting;               // stragglers the recovery under way treats as lost
   std::vector<int64_t> kept_stragglers;    // pids warned about: no standby was ready

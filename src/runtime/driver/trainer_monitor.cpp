@@ -145,15 +145,16 @@ void Trainer::Impl::watch_stragglers() {
                           "the others (since step {})", s.rank, s.host, s.pid, s.slowdown, s.from_step);
       record_event("straggler", fmt::format("rank {} (pid {}) a straggler: {:.2f}x the others' compute per step",
                                             s.rank, s.pid, s.slowdown));
-      if (config.recovery.on_straggler == StragglerAction::kEvict) {
-        evict_straggler(members.at(static_cast<size_t>(s.rank)), s);
-      }
     } else {
       control::log().info("trainer: rank {} (host {}, pid {}) keeps pace again (slow from step {} to {}, at worst "
                           "{:.2f}x)", s.rank, s.host, s.pid, s.from_step, s.to_step, s.slowdown);
       record_event("straggler", fmt::format("rank {} (pid {}) keeps pace again (at worst {:.2f}x)", s.rank, s.pid,
                                             s.slowdown));
     }
+  }
+  // Each watch, not only when named: a standby set up later still takes a straggler's place.
+  if (config.recovery.on_straggler == StragglerAction::kEvict) {
+    for (const Straggler& s : stragglers.current()) evict_straggler(members.at(static_cast<size_t>(s.rank)), s);
   }
 }
 
