@@ -58,19 +58,6 @@ control::TlsKeys worker_tls_keys(const std::string& ca_file, const std::string& 
   return control::load_keys(ca_file, cert_file, key_file);
 }
 
-}  // namespace dsgd::runtime
-
-namespace dsgd {
-
-void write_tls_keys(const std::string& dir, int days) {
-  if (days < 1) throw ConfigError("TLS keys must be valid for at least a day, got " + std::to_string(days));
-  control::write_keys(control::make_job_keys(days), dir);
-}
-
-}  // namespace dsgd
-
-namespace dsgd::runtime {
-
 std::string route_address(const std::string& driver) {
   const auto colon = driver.rfind(':');
   const std::string host = driver.substr(0, colon);
@@ -101,3 +88,12 @@ std::string host_name() {
 }
 
 }  // namespace dsgd::runtime
+
+namespace dsgd {
+
+void write_tls_keys(const std::string& dir, int days) {
+  if (days < 1) throw ConfigError("TLS keys must be valid for at least a day, got " + std::to_string(days));
+  control::write_keys(control::make_job_keys(days), dir);
+}
+
+}  // namespace dsgd
