@@ -267,8 +267,8 @@ def test_a_worker_slowed_by_a_known_amount_is_named_a_straggler_and_cleared():
         _, steady = train_for(15)
         assert [s for r in steady for s in r["stragglers"]] == [], "nobody stands out at a steady pace"
         victim = worker_pids()[1]
-        stop = threading.Event()
-        slowing = threading.Thread(target=throttle, args=(victim, 0.7, stop))
+        stop, achieved = threading.Event(), {}
+        slowing = threading.Thread(target=throttle, args=(victim, 0.7, stop, achieved))
         slowing.start()
         try:
             took, slowed = train_for(45, until=lambda r: r["stragglers"])
@@ -285,7 +285,11 @@ def test_a_worker_slowed_by_a_known_amount_is_named_a_straggler_and_cleared():
         cleared = recovered[-1]["stragglers"]
         print(f"cleared: {cleared}")
         assert len(cleared) == 1 and cleared[0]["to_step"] > cleared[0]["from_step"] == named[0]["from_step"]
-        assert 1.3 < cleared[0]["slowdown"] < 1.6, "1 / 0.7 = 1.43x, at worst"
+        # The slowdown is the worst window's: about 1 / share, the share the throttle achieved (0.7 asked;
+        # less where the machine is loaded and its sleeps overshoot), up to a quarter more: the worst of noisy windows.
+        expected = 1 / achieved["share"]
+        print(f"share achieved {achieved['share']:.3f}: expected slowdown {expected:.2f}")
+        assert 1.3 < cleared[0]["slowdown"] < 1.25 * expected, (cleared[0]["slowdown"], expected)
 
 
 def test_a_straggler_is_evicted_and_a_ready_standby_takes_its_place():

@@ -23,14 +23,21 @@ def worker_pids(parent=None):
     return sorted(out)
 
 
-def throttle(pid, share, stop):
+def throttle(pid, share, stop, achieved=None):
     """Lets `pid` run `share` of each 100 ms (SIGSTOP, SIGCONT), as a cgroup's cpu.max would,
-    until `stop` (a threading.Event) is set or the process is gone."""
+    until `stop` (a threading.Event) is set or the process is gone. On a loaded machine the sleeps
+    overshoot: `achieved` (a dict), when given, gets the share the process was really let run."""
+    running = stopped = 0.0
     try:
         while not stop.is_set():
+            t0 = time.monotonic()
             os.kill(pid, signal.SIGSTOP)
             time.sleep(0.1 * (1 - share))
+            t1 = time.monotonic()
             os.kill(pid, signal.SIGCONT)
             time.sleep(0.1 * share)
+            running, stopped = running + time.monotonic() - t1, stopped + t1 - t0
+            if achieved is not None:
+                achieved["share"] = running / (running + stopped)
     except ProcessLookupError:
         pass  # evicted, or killed
