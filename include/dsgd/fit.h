@@ -12,6 +12,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -72,6 +73,7 @@ struct FitResult {
   std::vector<Straggler> stragglers;         // every worker named one, in order (Results')
   int checkpoint_failures = 0;               // checkpoints.dir writes that failed (Results')
   bool control_tls = false;                  // the control plane ran over mutual TLS (Trainer::tls)
+  bool interrupted = false;                  // FitOptions::stop ended the job early
 };
 
 // Receives progress; called on the training thread, so keep it cheap.
@@ -92,13 +94,17 @@ struct FitOptions {
   // Non-empty: a Chrome trace of each epoch (TrainOptions::trace_path): this path for a single
   // epoch, else "-epoch<N>" before its extension (trace.json -> trace-epoch1.json).
   std::string trace_path;
+  // Asked at every progress tick (~10x/s) and before each epoch: true stops the job where it is
+  // (Ctrl-C in `dsgd train`). fit returns what was done, interrupted set: the steps so far, the
+  // recoveries that completed; the call in progress is cut short, so destroy the Trainer after.
+  std::function<bool()> stop;
 };
 
 FitResult fit(Trainer& trainer, const FitOptions& options = {}, ProgressListener* listener = nullptr);
 
 // The run as JSON, as `dsgd train` prints it (it adds the job's settings) and dsgd.Trainer.fit
 // returns it: the result's figures, "history" (one object per epoch), "recoveries" and
-// "stragglers" (rank, host, pid, slowdown, from_step, to_step).
+// "stragglers" (rank, host, pid, slowdown, from_step, to_step); "interrupted": true when stopped.
 nlohmann::json to_json(const FitResult& result);
 // One recovery or scale-up: kind, failure, lost, at_step, rolled_back_steps, detect_s,
 // recovery_s, workers_after, standbys_used, phases_s and resumed_at_unix_s (when training

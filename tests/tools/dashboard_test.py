@@ -77,7 +77,7 @@ def main():
                             "synthetic", "--synthetic-samples", "40000", "--epochs", "4", "--batch-size", "64",
                             "--threads", "1", "--no-dropout", "--checkpoint-every", "20",
                             "--metrics-port", str(port), "--metrics-dir", metrics_dir, "-q"],
-                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         wait_for("training points", lambda: len(history(port)["train"]) >= 3, 90)
         victim = worker_pids(job.pid)[1]  # started second: rank 1 (the standby came third)
@@ -101,10 +101,15 @@ def main():
     finally:
         job.send_signal(signal.SIGINT)  # Ctrl-C: the job stops and its driver writes the last history
         try:
-            _, err = job.communicate(timeout=120)
+            out, err = job.communicate(timeout=120)
         except subprocess.TimeoutExpired:
             job.kill()
-            _, err = job.communicate()
+            out, err = job.communicate()
+    # Stopped, it still says what it did: the steps so far and the recovery, though its epoch had not ended.
+    assert job.returncode == 130, (job.returncode, err[-2000:])
+    summary = json.loads(out)
+    assert summary["interrupted"] and summary["steps"] > 0, summary
+    assert [r["kind"] for r in summary["recoveries"]] == ["recovery"], summary["recoveries"]
     with open(os.path.join(metrics_dir, "history.json")) as f:
         assert json.load(f)["ended"], "the history of a stopped job does not say it ended"
     port2 = free_port()

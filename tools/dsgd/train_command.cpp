@@ -235,7 +235,8 @@ std::string describe(const ConfigError& e, const TrainFlags& f) {
 }
 
 // Ctrl-C or SIGTERM: the job stops at the driver's next progress tick (its workers shut down,
-// the dashboard's history says it ended) and `dsgd train` exits 130; a second one ends it at once.
+// the dashboard's history says it ended), `dsgd train` prints the summary of what was done
+// ("interrupted": true) and exits 130; a second one ends it at once.
 std::atomic<bool> g_interrupted{false};
 
 void on_interrupt(int sig) {
@@ -248,42 +249,23 @@ struct Interrupted : std::runtime_error {
   Interrupted() : std::runtime_error("interrupted") {}
 };
 
-// Passes progress on, and stops the job once interrupted.
-class InterruptibleProgress : public ProgressListener {
- public:
-  explicit InterruptibleProgress(ProgressListener* inner) : inner_(inner) {}
-  void on_batch(const BatchProgress& p) override {
-    if (g_interrupted) throw Interrupted();
-    if (inner_) inner_->on_batch(p);
-  }
-  void on_epoch(const EpochSummary& s) override {
-    if (g_interrupted) throw Interrupted();
-    if (inner_) inner_->on_epoch(s);
-  }
-  void on_recovery(const RecoveryEvent& e) override {
-    if (inner_) inner_->on_recovery(e);
-  }
-
- private:
-  ProgressListener* inner_;
-};
-
 // The job through the Trainer: worker processes, the chosen strategy, dsgd::fit's epoch loop.
 dsgd::FitResult run_with_trainer(const TrainFlags& f, ProgressPrinter* progress) {
   const auto wall_start = std::chrono::steady_clock::now();
   std::signal(SIGINT, on_interrupt);
   std::signal(SIGTERM, on_interrupt);
   Trainer trainer(operator_of_job(f), trainer_config_of(f));
+  if (g_interrupted) throw Interrupted();
   if (!f.load.empty()) trainer.load(f.load);
-  InterruptibleProgress listener(progress);
   auto result = dsgd::fit(trainer,
                           {.epochs = f.job.epochs,
                            .max_steps = f.job.max_steps,
                            .evaluate = f.job.evaluate,
                            .profile = f.profile,
-                           .trace_path = f.trace},
-                          &listener);
-  if (!f.save.empty()) trainer.save(f.save);
+                           .trace_path = f.trace,
+                           .stop = [] { return g_interrupted.load(); }},
+                          progress);
+  if (!f.save.empty() && !result.interrupted) trainer.save(f.save);
   result.wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - wall_start).count();
   return result;
 }
@@ -319,6 +301,11 @@ int run_train(TrainFlags& f) {
         std::cerr << "dsgd train: error: could not write " << f.json_out << "\n";
         return kExitFailure;
       }
+    }
+    if (result.interrupted) {
+      std::cerr << "dsgd train: interrupted after " << result.steps << " step(s): the workers are stopped"
+                << (f.save.empty() ? "" : ", nothing saved to " + f.save) << "\n";
+      return 128 + SIGINT;
     }
     return 0;
   } catch (const ConfigError& e) {

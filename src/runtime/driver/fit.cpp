@@ -62,6 +62,8 @@ class Loop {
       : trainer_(trainer), o_(o), listener_(listener), saved_(trainer.config()) {
     trainer_.set_callbacks([this](const TrainProgress& p) { on_progress(p); },
                            [this](const RecoveryEvent& e) {
+                             // Whole events, kept in case the call is stopped before it returns them.
+                             if (e.kind == "scale_up" || e.resumed_at != Clock::time_point{}) in_call_.push_back(e);
                              if (listener_ != nullptr) listener_->on_recovery(e);
                            });
   }
@@ -74,7 +76,14 @@ class Loop {
     while (epoch_ <= o_.epochs) {
       const int64_t left = o_.max_steps > 0 ? o_.max_steps - result_.steps : 0;
       if (o_.max_steps > 0 && left <= 0) break;
-      const bool epoch_ended = train_epoch(left);
+      bool epoch_ended = false;
+      try {
+        if (o_.stop && o_.stop()) throw Stopped{};
+        epoch_ended = train_epoch(left);
+      } catch (const Stopped&) {
+        stopped();
+        break;
+      }
       if (listener_ != nullptr) listener_->on_epoch(result_.history.back());
       if (!epoch_ended) break;  // stopped inside the epoch: max_steps reached
       ++epoch_;
@@ -89,11 +98,27 @@ class Loop {
   }
 
  private:
+  struct Stopped {};  // thrown from a progress tick through the Trainer's call
+
+  // FitOptions::stop said so: the steps and recoveries of the call cut short are counted.
+  void stopped() {
+    result_.interrupted = true;
+    result_.steps += in_call_batches_;
+    result_.samples += in_call_batches_ * trainer_.config().batch_size;
+    if (in_call_t0_ != Clock::time_point{}) result_.train_s += seconds_since(in_call_t0_);
+    result_.recoveries.insert(result_.recoveries.end(), in_call_.begin(), in_call_.end());
+  }
+
   // One train() call (to the epoch's end, or `left` steps), then validate: whether the epoch ended.
   bool train_epoch(int64_t left) {
     const auto t0 = Clock::now();
+    in_call_.clear();
+    in_call_batches_ = 0;
+    in_call_t0_ = t0;
     const Results r = trainer_.train(
         {.num_steps = left, .profile = o_.profile, .trace_path = trace_path_of(o_.trace_path, epoch_, o_.epochs)});
+    in_call_.clear();
+    in_call_t0_ = {};
     const double epoch_s = seconds_since(t0);
     batches_per_epoch_ = r.batches_per_epoch;
     const auto batches = static_cast<int64_t>(r.metrics.at("batches"));
@@ -155,6 +180,8 @@ class Loop {
   }
 
   void on_progress(const TrainProgress& p) {
+    if (in_call_t0_ != Clock::time_point{}) in_call_batches_ = p.batches;
+    if (o_.stop && o_.stop()) throw Stopped{};
     if (saved_.on_progress) saved_.on_progress(p);
     // Before the first call has returned, worker 0's count (the first epoch's progress too).
     const int64_t per_epoch = batches_per_epoch_ > 0 ? batches_per_epoch_ : p.batches_per_epoch;
@@ -185,6 +212,10 @@ class Loop {
   std::vector<int64_t> epoch_steps_;  // each epoch's profiled steps, to weigh its profile
   double comm_bytes_ = 0;             // sent to other hosts, summed over the calls that counted them
   int64_t comm_steps_ = 0;
+  // The train() call in progress: whole recovery events so far, steps done, when it began.
+  std::vector<RecoveryEvent> in_call_;
+  int64_t in_call_batches_ = 0;
+  Clock::time_point in_call_t0_{};
 };
 
 }  // namespace
@@ -253,6 +284,7 @@ nlohmann::json to_json(const FitResult& r) {
   if (!r.profile_ms.empty()) j["profile_ms"] = r.profile_ms;
   if (r.comm_bytes_per_step >= 0) j["comm_bytes_per_step"] = r.comm_bytes_per_step;
   if (r.worker_peak_rss_mib > 0) j["worker_peak_rss_mib"] = r.worker_peak_rss_mib;
+  if (r.interrupted) j["interrupted"] = true;
   return j;
 }
 
