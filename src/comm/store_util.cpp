@@ -27,6 +27,14 @@ int64_t parse_counter(const std::string& key, const std::string& value) {
   return v;
 }
 
+std::vector<std::string> Store::get_many(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) {
+  wait(keys, timeout);
+  std::vector<std::string> values;
+  values.reserve(keys.size());
+  for (const auto& k : keys) values.push_back(get(k, timeout));
+  return values;
+}
+
 PrefixStore::PrefixStore(std::shared_ptr<Store> base, std::string prefix)
     : base_(std::move(base)), prefix_(std::move(prefix)) {}
 
@@ -44,6 +52,10 @@ std::string PrefixStore::get(const std::string& key, std::chrono::milliseconds t
 bool PrefixStore::check(const std::vector<std::string>& keys) { return base_->check(prefixed(keys)); }
 void PrefixStore::wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) {
   base_->wait(prefixed(keys), timeout);
+}
+std::vector<std::string> PrefixStore::get_many(const std::vector<std::string>& keys,
+                                               std::chrono::milliseconds timeout) {
+  return base_->get_many(prefixed(keys), timeout);
 }
 int64_t PrefixStore::add(const std::string& key, int64_t delta) { return base_->add(prefix_ + key, delta); }
 std::string PrefixStore::compare_set(const std::string& key, const std::string& expected, const std::string& desired) {

@@ -69,6 +69,21 @@ TEST_P(StoreContract, WaitTimesOutNamingMissingKeys) {
   EXPECT_THROW(s->get("absent1", milliseconds(10)), TimeoutError);
 }
 
+TEST_P(StoreContract, GetManyWaitsForEveryKeyAndKeepsTheirOrder) {
+  auto s = make();
+  s->set("b", "2");
+  std::thread writer([&] {
+    std::this_thread::sleep_for(milliseconds(50));
+    s->set("a", std::string("1\0x", 3));
+  });
+  EXPECT_EQ(s->get_many({"a", "b"}, milliseconds(5000)), (std::vector<std::string>{std::string("1\0x", 3), "2"}));
+  writer.join();
+  EXPECT_THROW(s->get_many({"b", "never"}, milliseconds(100)), TimeoutError);
+  PrefixStore gen(s, "gen1/");
+  gen.set("a", "p");
+  EXPECT_EQ(gen.get_many({"a"}, milliseconds(100)), std::vector<std::string>{"p"});
+}
+
 TEST_P(StoreContract, AddIsAtomicAcrossThreads) {
   auto s = make();
   EXPECT_EQ(s->add("n", 5), 5);

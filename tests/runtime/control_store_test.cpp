@@ -52,6 +52,26 @@ TEST_F(GrpcStoreTest, GetWaitsForALaterSetFromAnotherClient) {
   writer.join();
 }
 
+TEST_F(GrpcStoreTest, GetManyIsOneCallThatWaitsForEveryKey) {
+  auto other = connect_store(address_, "secret-token");
+  std::thread writer([&] {
+    std::this_thread::sleep_for(milliseconds(100));
+    other->set("late", "here");
+  });
+  store_->set("early", std::string("x\0y", 3));
+  const int64_t before = server_->calls();
+  EXPECT_EQ(store_->get_many({"late", "early"}, milliseconds(5000)),
+            (std::vector<std::string>{"here", std::string("x\0y", 3)}));
+  writer.join();
+  EXPECT_EQ(server_->calls() - before, 2) << "the set and one get_many";
+  try {
+    store_->get_many({"early", "never"}, milliseconds(300));
+    FAIL() << "get_many returned without every key";
+  } catch (const TimeoutError& e) {
+    EXPECT_NE(std::string(e.what()).find("never"), std::string::npos) << e.what();
+  }
+}
+
 TEST_F(GrpcStoreTest, WaitTimesOutNamingTheMissingKeys) {
   const auto t0 = std::chrono::steady_clock::now();
   try {
@@ -104,6 +124,31 @@ TEST(GrpcStore, GlooGroupFormsThroughTheDriversStore) {
     group->allreduce(&x, 1, comm::DataType::kInt64, comm::ReduceOp::kSum);
     EXPECT_EQ(x, 6);
   });
+}
+
+// Each rank publishes one key and reads everyone's in one call, Gloo's full mesh likewise: the
+// driver serves a few calls a rank whatever the group's size, not a few per pair of ranks.
+TEST(GrpcStore, AGroupMeetsInAFewCallsARankWhateverItsSize) {
+  auto server = StoreServer::start(comm::make_memory_store(), "127.0.0.1:0", "job-token");
+  const std::string address = "127.0.0.1:" + std::to_string(server->port());
+  auto calls_per_rank = [&](int size) {
+    const int64_t before = server->calls();
+    testing::run_ranks(size, [&](int rank) {
+      auto store = std::make_shared<comm::PrefixStore>(connect_store(address, "job-token"),
+                                                       "size" + std::to_string(size) + "/");
+      comm::GroupOptions o;
+      o.timeout = milliseconds(20000);
+      auto group = comm::Group::create(store, rank, size, o);
+      int64_t x = 1;
+      group->allreduce(&x, 1, comm::DataType::kInt64, comm::ReduceOp::kSum);
+      EXPECT_EQ(x, size);
+    });
+    return static_cast<double>(server->calls() - before) / size;
+  };
+  // Publish and read the ranks; Gloo: publish and read the hosts, publish and read the addresses;
+  // say and hear "connected". Gloo's own way reads each peer's keys in calls of their own: 20 at 8.
+  EXPECT_LE(calls_per_rank(2), 8);
+  EXPECT_LE(calls_per_rank(8), 8) << "calls a rank grow with the group: a meeting of N ranks costs N^2";
 }
 
 // A worker from another build (another control protocol) is refused at registration, with

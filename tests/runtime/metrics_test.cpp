@@ -45,6 +45,7 @@ TEST(Metrics, EveryFamilyIsTypedAndEveryWorkerLabelled) {
   EXPECT_TRUE(has_line(t, "dsgd_worker_step{worker=\"0\",host=\"node-a\",pid=\"101\",role=\"member\"} 112")) << t;
   EXPECT_TRUE(has_line(t, "dsgd_samples_per_second 410.5")) << t;
   EXPECT_TRUE(has_line(t, "# TYPE dsgd_standbys gauge")) << t;
+  EXPECT_TRUE(has_line(t, "# TYPE dsgd_control_calls_total counter")) << t;
   EXPECT_TRUE(has_line(t, "dsgd_recoveries_total 1")) << t;
   EXPECT_TRUE(has_line(t, "dsgd_worker_step_seconds{worker=\"0\",host=\"node-a\",pid=\"101\",role=\"member\"} 0.078"))
       << t;
@@ -60,7 +61,7 @@ TEST(Metrics, EveryFamilyIsTypedAndEveryWorkerLabelled) {
   EXPECT_TRUE(has_line(t, "dsgd_worker_compute_seconds_total" + a + " 7.5")) << t;
   EXPECT_TRUE(has_line(t, "dsgd_worker_comm_wait_seconds_total" + a + " 0.25")) << t;
   EXPECT_TRUE(has_line(t, "dsgd_worker_straggler" + a + " 1")) << t;
-  EXPECT_EQ(families, 18u);
+  EXPECT_EQ(families, 19u);
   EXPECT_EQ(helps, families);
 }
 

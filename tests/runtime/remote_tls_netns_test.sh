@@ -3,8 +3,9 @@
 # port on the link recorded with tcpdump. The same job runs twice, with `dsgd tls-keys` keys and with --no-tls;
 # one worker joins from inside the namespace (its traffic crosses the recorded link), one from
 # here. Asserts: with TLS, processes holding the token but another CA's keys, or none, are
-# refused, the job trains as usual, and the recording holds neither the token nor the rendezvous
-# store's pair-secret keys; with --no-tls the same search finds both (the search works).
+# refused, the job trains as usual, and the recording holds neither the token nor what a rank
+# publishes in the rendezvous store (size, pid, pair secret, host); with --no-tls the same search
+# finds both (the search works).
 # Creates and removes its namespace and link itself (also when interrupted). Exit 77 (skip)
 # when namespaces cannot be made here. Usage: remote_tls_netns_test.sh DSGD_BINARY
 set -euo pipefail
@@ -62,7 +63,7 @@ run_job tls --tls-dir "$tmp/keys"
 run_job plain --no-tls
 
 /usr/bin/python3 - "$tmp" "$id" <<'PY'
-import json, sys
+import json, re, sys
 tmp, job = sys.argv[1], sys.argv[2]
 for name, control_plane in (("tls", "tls"), ("plain", "plaintext")):
     r = json.load(open(f"{tmp}/{name}.json"))
@@ -70,7 +71,8 @@ for name, control_plane in (("tls", "tls"), ("plain", "plaintext")):
     assert r["test_accuracy"] > 0.2, (name, r["test_accuracy"])   # 10 classes: chance is 0.1
     capture = open(f"{tmp}/{name}.pcap", "rb").read()
     token = f"tok-{name}-{job}".encode()
-    found = {"token": token in capture, "pair secrets": b"/secret" in capture}
+    published = re.search(rb"\n[0-9]+\n[0-9a-f]{32,}\n", capture)  # a rank's "size\npid\nsecret\nhost"
+    found = {"token": token in capture, "pair secrets": published is not None}
     print(f"{name}: {len(capture)} bytes recorded, test accuracy {r['test_accuracy']:.3f}, found: {found}")
     if name == "tls":
         assert not any(found.values()), f"TLS run: the recording holds {found}"

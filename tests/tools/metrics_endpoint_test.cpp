@@ -83,6 +83,8 @@ TEST(CliMetrics, TheEndpointParsesAsPrometheusTextDuringAJob) {
   EXPECT_EQ(job["dsgd_standbys"], 1);
   EXPECT_EQ(job["dsgd_recoveries_total"], 0);
   EXPECT_GT(job["dsgd_uptime_seconds"], 0);
+  // Three registrations, their rendezvous, commands and heartbeats at the least.
+  EXPECT_GT(job["dsgd_control_calls_total"], 3 * 4);
   EXPECT_EQ(role_count["member"], 2);
   EXPECT_EQ(role_count["standby"], 1);
   // Live from the heartbeats (up to a beat, 1 s, behind), where the counter waits for a chunk's end.

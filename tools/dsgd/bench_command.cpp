@@ -134,7 +134,7 @@ std::vector<double> run_rank(const BenchFlags& f, const std::vector<size_t>& siz
 int run_bench_allreduce(BenchFlags& f) {
   std::vector<size_t> sizes;
   try {
-    if (f.procs < 1 || f.procs > 64) throw ConfigError("--procs must be in 1..64, got " + std::to_string(f.procs));
+    if (f.procs < 1 || f.procs > 256) throw ConfigError("--procs must be in 1..256, got " + std::to_string(f.procs));
     if (f.iters < 1) throw ConfigError("--iters must be >= 1");
     if (f.algo != "shm" && f.algo != "hier") comm::parse_allreduce_algorithm(f.algo);
     if (f.hosts < 1 || f.hosts > f.procs) {

@@ -37,6 +37,11 @@ class Store {
   // Waits up to `timeout` until every key is set.
   virtual void wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) = 0;
 
+  // The values of `keys`, in order, once every one is set (waiting up to `timeout`). One round
+  // trip to a remote store, so N ranks that each read all N meet in N calls, not N^2. This
+  // default waits, then gets each.
+  virtual std::vector<std::string> get_many(const std::vector<std::string>& keys, std::chrono::milliseconds timeout);
+
   // Atomically adds `delta` to the integer stored under `key` (absent = 0); returns the new value.
   virtual int64_t add(const std::string& key, int64_t delta) = 0;
 
@@ -64,6 +69,7 @@ class PrefixStore : public Store {
   std::string get(const std::string& key, std::chrono::milliseconds timeout) override;
   bool check(const std::vector<std::string>& keys) override;
   void wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) override;
+  std::vector<std::string> get_many(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) override;
   int64_t add(const std::string& key, int64_t delta) override;
   std::string compare_set(const std::string& key, const std::string& expected, const std::string& desired) override;
   bool erase(const std::string& key) override;

@@ -38,20 +38,49 @@ PairSecret from_hex(const std::string& hex, int rank) {
   return s;
 }
 
+// What a rank publishes: "size\npid\nsecret\nhost".
+struct Published {
+  std::string size;
+  int pid = 0;
+  PairSecret secret{};
+  std::string host;
+};
+
+Published parse(const std::string& value, int rank) {
+  std::vector<std::string> parts;
+  size_t at = 0;
+  for (int i = 0; i < 3; ++i) {
+    const size_t nl = value.find('\n', at);
+    if (nl == std::string::npos) {
+      throw CommError("group rendezvous: rank " + std::to_string(rank) + " published '" + value.substr(0, 64) +
+                          "', not size, pid, secret and host",
+                      "rendezvous");
+    }
+    parts.push_back(value.substr(at, nl - at));
+    at = nl + 1;
+  }
+  Published p;
+  p.size = parts[0];
+  p.pid = std::atoi(parts[1].c_str());
+  p.secret = from_hex(parts[2], rank);
+  p.host = value.substr(at);
+  return p;
+}
+
 }  // namespace
 
 Rendezvous meet(Store& store, int rank, int size, const GroupOptions& options) {
   Rendezvous out;
   const std::string me = "rank/" + std::to_string(rank);
-  store.set(me + "/size", std::to_string(size));
-  store.set(me + "/pid", std::to_string(::getpid()));
-  // Before host (what the others wait for): the secret this rank's Gloo connections say first.
-  store.set(me + "/secret", to_hex(random_pair_secret()));
-  store.set(me + "/host", options.host);
+  // One key a rank, read by all in one call each: N ranks meet in 2N calls to the store.
+  // Its secret is what this rank's Gloo connections say first.
+  store.set(me, std::to_string(size) + "\n" + std::to_string(::getpid()) + "\n" + to_hex(random_pair_secret()) +
+                    "\n" + options.host);
   std::vector<std::string> keys;
-  for (int r = 0; r < size; ++r) keys.push_back("rank/" + std::to_string(r) + "/host");
+  for (int r = 0; r < size; ++r) keys.push_back("rank/" + std::to_string(r));
+  std::vector<std::string> values;
   try {
-    store.wait(keys, options.timeout);
+    values = store.get_many(keys, options.timeout);
   } catch (const TimeoutError&) {
     std::string missing;
     for (int r = 0; r < size; ++r) {
@@ -64,15 +93,14 @@ Rendezvous meet(Store& store, int rank, int size, const GroupOptions& options) {
   }
   std::vector<PairSecret> secrets;
   for (int r = 0; r < size; ++r) {
-    const std::string key = "rank/" + std::to_string(r);
-    const std::string their_size = store.get(key + "/size", options.timeout);
-    if (their_size != std::to_string(size)) {
-      throw ConfigError("group rendezvous: rank " + std::to_string(r) + " expects a group of " + their_size +
+    const Published p = parse(values[static_cast<size_t>(r)], r);
+    if (p.size != std::to_string(size)) {
+      throw ConfigError("group rendezvous: rank " + std::to_string(r) + " expects a group of " + p.size +
                         ", this rank (" + std::to_string(rank) + ") expects " + std::to_string(size));
     }
-    out.hosts.push_back(store.get(key + "/host", options.timeout));
-    out.pids.push_back(std::stoi(store.get(key + "/pid", options.timeout)));
-    secrets.push_back(from_hex(store.get(key + "/secret", options.timeout), r));
+    out.hosts.push_back(p.host);
+    out.pids.push_back(p.pid);
+    secrets.push_back(p.secret);
   }
   if (size == 1) {
     out.context = std::make_shared<gloo::rendezvous::Context>(rank, size);
@@ -83,8 +111,17 @@ Rendezvous meet(Store& store, int rank, int size, const GroupOptions& options) {
     auto device = make_guarded_device(options.bind_address, rank, std::move(secrets));
     auto context = std::make_shared<gloo::rendezvous::Context>(rank, size);
     context->setTimeout(options.timeout);
+    // What Debian's Gloo reads one call at a time (store_adapter.h): first the host of each lower
+    // rank ("rank_<r>", each rank's first key), then every peer's addresses ("<r>", each rank's
+    // second key, set before it reads any of them).
+    std::vector<std::vector<std::string>> peers(2);
+    for (int r = 0; r < size; ++r) {
+      if (r < rank) peers[0].push_back("rank_" + std::to_string(r));
+      if (r != rank) peers[1].push_back(std::to_string(r));
+    }
+    if (peers[0].empty()) peers.erase(peers.begin());
     GlooStoreAdapter gloo_store(std::make_shared<PrefixStore>(std::shared_ptr<Store>(&store, [](Store*) {}), "gloo/"),
-                                options.timeout);
+                                options.timeout, std::move(peers));
     context->connectFullMesh(gloo_store, device);
     out.context = std::move(context);
     // connectFullMesh can return on one rank while a peer is still connecting; a rank that

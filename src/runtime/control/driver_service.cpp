@@ -75,6 +75,7 @@ class DriverServerImpl final : public DriverServer, public proto::Driver::Servic
   int port() const override { return port_; }
   std::shared_ptr<comm::Store> store() override { return store_; }
   int64_t rejected_calls() const override { return rejected_; }
+  int64_t calls() const override { return calls_served(); }
 
   void stop_workers() override {
     std::lock_guard<std::mutex> lock(mutex_);

@@ -33,8 +33,8 @@ namespace dsgd::control {
 // (FAILED_PRECONDITION), naming both.
 // 1: JSON job and commands; 2: JobSpec, typed commands; 3: JobSpec.device, .precision;
 // 4: long-poll heartbeats, Placement.hosts; 5: JobSpec.step (the step settings as one JSON);
-// 6: states in pieces only (StateChunk, ReadStateRequest).
-inline constexpr uint32_t kControlProtocol = 6;
+// 6: states in pieces only (StateChunk, ReadStateRequest); 7: Store.GetMany.
+inline constexpr uint32_t kControlProtocol = 7;
 
 struct DriverServerOptions {
   std::string listen = "127.0.0.1:0";       // host:port; port 0 picks a free one
@@ -107,6 +107,9 @@ class DriverServer {
   // From now on heartbeats tell every worker to exit.
   virtual void stop_workers() = 0;
   virtual int64_t rejected_calls() const = 0;
+  // Calls the control plane (this service and the store) has received, refused ones included
+  // (counted per process: with another control-plane server in it, its calls too).
+  virtual int64_t calls() const = 0;
 };
 
 // ---- the worker's side ----

@@ -1,12 +1,21 @@
 #include "runtime/control/grpc_util.h"
 
+#include <atomic>
+
 #include "runtime/control/log.h"
 
 #include "dsgd/error.h"
 
 namespace dsgd::control {
 
+namespace {
+std::atomic<int64_t> g_calls_served{0};
+}  // namespace
+
+int64_t calls_served() { return g_calls_served.load(std::memory_order_relaxed); }
+
 bool token_ok(const grpc::ServerContext* ctx, const std::string& token, const char* method) {
+  g_calls_served.fetch_add(1, std::memory_order_relaxed);
   const auto& md = ctx->client_metadata();
   auto it = md.find(kTokenKey);
   if (it != md.end() && std::string(it->second.data(), it->second.size()) == token) return true;

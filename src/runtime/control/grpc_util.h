@@ -18,6 +18,10 @@ inline constexpr const char* kTokenKey = "dsgd-token";
 // True if the call carries `token`; otherwise logs the rejection (method, peer) and returns false.
 bool token_ok(const grpc::ServerContext* ctx, const std::string& token, const char* method);
 
+// Calls this process's control-plane servers (driver, store) have received so far: every one that
+// reached the token check, refused or not. The control plane's load, for metrics and bench/scale.sh.
+int64_t calls_served();
+
 // A channel to `address` without message-size limits; with `tls` enabled, mutual TLS where the
 // server must show a certificate of tls.ca naming kTlsServerName.
 std::shared_ptr<grpc::Channel> make_channel(const std::string& address, const TlsKeys& tls = {});

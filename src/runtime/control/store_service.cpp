@@ -36,6 +36,13 @@ class StoreServiceImpl final : public proto::Store::Service {
     return guarded(ctx, "Wait",
                    [&] { store_->wait({req->keys().begin(), req->keys().end()}, milliseconds(req->timeout_ms())); });
   }
+  grpc::Status GetMany(grpc::ServerContext* ctx, const proto::KeysRequest* req,
+                       proto::BytesListReply* reply) override {
+    return guarded(ctx, "GetMany", [&] {
+      for (auto& v : store_->get_many({req->keys().begin(), req->keys().end()}, milliseconds(req->timeout_ms())))
+        reply->add_values(std::move(v));
+    });
+  }
   grpc::Status Add(grpc::ServerContext* ctx, const proto::AddRequest* req, proto::IntReply* reply) override {
     return guarded(ctx, "Add", [&] { reply->set_value(store_->add(req->key(), req->delta())); });
   }
@@ -91,6 +98,7 @@ class StoreServerImpl : public StoreServer {
   ~StoreServerImpl() override { server_->Shutdown(std::chrono::system_clock::now() + milliseconds(500)); }
   int port() const override { return port_; }
   int64_t rejected_calls() const override { return service_.rejected(); }
+  int64_t calls() const override { return calls_served(); }
 
  private:
   StoreServiceImpl service_;
@@ -134,6 +142,19 @@ class GrpcStore : public comm::Store {
     req.set_timeout_ms(timeout.count());
     proto::Empty reply;
     call("wait", timeout + kWaitMargin, [&](grpc::ClientContext* c) { return stub_->Wait(c, req, &reply); });
+  }
+  std::vector<std::string> get_many(const std::vector<std::string>& keys, milliseconds timeout) override {
+    proto::KeysRequest req;
+    for (const auto& k : keys) req.add_keys(k);
+    req.set_timeout_ms(timeout.count());
+    proto::BytesListReply reply;
+    call("get_many", timeout + kWaitMargin, [&](grpc::ClientContext* c) { return stub_->GetMany(c, req, &reply); });
+    if (reply.values_size() != static_cast<int>(keys.size())) {
+      throw CommError("store at " + address_ + ": get_many of " + std::to_string(keys.size()) + " keys returned " +
+                          std::to_string(reply.values_size()) + " values",
+                      "store get_many");
+    }
+    return {reply.values().begin(), reply.values().end()};
   }
   int64_t add(const std::string& key, int64_t delta) override {
     proto::AddRequest req;

@@ -37,6 +37,8 @@ class StoreServer {
   virtual int port() const = 0;
   // Calls rejected for a wrong or missing token so far.
   virtual int64_t rejected_calls() const = 0;
+  // Calls received by this process's control-plane servers (this one's, and a driver's if any).
+  virtual int64_t calls() const = 0;
 };
 
 struct StoreClientOptions {

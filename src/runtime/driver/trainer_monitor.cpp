@@ -83,6 +83,7 @@ runtime::JobGauges Trainer::Impl::gauges_now() const {
   }
   g.uptime_s = std::chrono::duration<double>(Clock::now() - started_at).count();
   if (!server) return g;
+  g.control_calls = server->calls();
   const auto workers = server->workers();  // thread-safe: every worker that registered
   for (const auto& w : workers) {
     runtime::WorkerGauge out;

@@ -165,6 +165,9 @@ std::string prometheus_text(const JobGauges& g) {
              "Workers computing a step >= 10% longer than the others' median, over a window of >= 20 steps and 10 s.",
              static_cast<double>(g.stragglers));
   job_sample(out, "dsgd_uptime_seconds", "gauge", "Seconds since the driver started.", g.uptime_s);
+  job_sample(out, "dsgd_control_calls_total", "counter",
+             "Calls the driver's control plane received (registrations, commands, heartbeats, rendezvous).",
+             static_cast<double>(g.control_calls));
   worker_family(out, g, "dsgd_worker_step", "gauge", "The step the worker is at (its place in the epochs).",
                 [](const WorkerGauge& w) { return static_cast<double>(w.step); });
   worker_family(out, g, "dsgd_worker_loss", "gauge", "The loss of the worker's last batch.",

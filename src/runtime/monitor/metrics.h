@@ -43,6 +43,7 @@ struct JobGauges {
   int64_t standbys = 0;             // workers waiting to take a lost one's place
   int64_t stragglers = 0;           // members named stragglers now
   double uptime_s = 0;              // since the driver started
+  int64_t control_calls = 0;        // calls the driver's control-plane servers received
   std::vector<WorkerGauge> workers;
 };
 
