@@ -5,6 +5,7 @@
 #include <map>
 
 #include "comm/op_queue.h"
+#include "comm/process.h"
 #include "comm/reduce_kernels.h"
 #include "dsgd/error.h"
 
@@ -64,18 +65,30 @@ void HierarchicalGroup::allreduce(void* data, size_t count, DataType type, Reduc
 std::unique_ptr<HierarchicalGroup> HierarchicalGroup::create(std::shared_ptr<Store> store, int rank, int size,
                                                              const GroupOptions& options,
                                                              const ShmOptions& shm_options) {
+  if (size < 1 || rank < 0 || rank >= size) {
+    throw ConfigError("hierarchical group: rank " + std::to_string(rank) + " is not in 0.." +
+                      std::to_string(size - 1) + " (size " + std::to_string(size) + ")");
+  }
   std::unique_ptr<HierarchicalGroup> h(new HierarchicalGroup());
-  h->global_ = Group::create(std::make_shared<PrefixStore>(store, "global/"), rank, size, options);
+  h->store_ = store;
+  h->options_ = options;
+  if (h->options_.host.empty()) h->options_.host = this_host();
+  h->rank_ = rank;
+  std::vector<std::string> keys;
+  for (int r = 0; r < size; ++r) keys.push_back("host/" + std::to_string(r));
+  store->set(keys[static_cast<size_t>(rank)], h->options_.host);
+  h->hosts_ = store->get_many(keys, h->options_.timeout);
   // Hosts in order of their lowest rank; each host's leader is its lowest rank.
   std::vector<std::string> hosts;
+  std::vector<int> local;
   for (int r = 0; r < size; ++r) {
-    if (std::find(hosts.begin(), hosts.end(), h->global_->host(r)) == hosts.end()) hosts.push_back(h->global_->host(r));
+    const std::string& host = h->hosts_[static_cast<size_t>(r)];
+    if (std::find(hosts.begin(), hosts.end(), host) == hosts.end()) hosts.push_back(host);
+    if (host == h->options_.host) local.push_back(r);
   }
   h->num_hosts_ = static_cast<int>(hosts.size());
-  const std::vector<int> local = h->global_->local_ranks();
   const int local_rank = static_cast<int>(std::find(local.begin(), local.end(), rank) - local.begin());
-  const int host_index =
-      static_cast<int>(std::find(hosts.begin(), hosts.end(), h->global_->host(rank)) - hosts.begin());
+  const int host_index = static_cast<int>(std::find(hosts.begin(), hosts.end(), h->options_.host) - hosts.begin());
   h->local_ = ShmGroup::create(std::make_shared<PrefixStore>(store, "local/" + std::to_string(host_index) + "/"),
                                local_rank, static_cast<int>(local.size()), shm_options);
   if (local_rank == 0 && h->num_hosts_ > 1) {
@@ -99,8 +112,19 @@ void* HierarchicalGroup::take_shared(size_t bytes) {
   return static_cast<char*>(local_->shared_buffer()) + at;
 }
 
+Group& HierarchicalGroup::global() {
+  std::lock_guard<std::mutex> lock(global_mutex_);
+  if (!aborted_.empty()) throw CommError("group aborted: " + aborted_, "global group");
+  if (!global_) global_ = Group::create(std::make_shared<PrefixStore>(store_, "global/"), rank_, size(), options_);
+  return *global_;
+}
+
 void HierarchicalGroup::abort(const std::string& reason) {
-  global_->abort(reason);
+  {
+    std::lock_guard<std::mutex> lock(global_mutex_);
+    if (aborted_.empty()) aborted_ = reason.empty() ? "aborted" : reason;
+    if (global_) global_->abort(reason);
+  }
   local_->abort(reason);
   if (leaders_) leaders_->abort(reason);
   for (auto& g : lanes_) g->abort(reason);
@@ -115,7 +139,7 @@ void HierarchicalGroup::run_allreduce(void* data, size_t count, DataType type, R
     return;
   }
   // One deadline for the whole operation: each stage gets what the ones before it left.
-  const auto deadline = std::chrono::steady_clock::now() + (timeout.count() > 0 ? timeout : global_->timeout());
+  const auto deadline = std::chrono::steady_clock::now() + (timeout.count() > 0 ? timeout : options_.timeout);
   auto left = [&](const char* stage) {
     const auto now = std::chrono::steady_clock::now();
     if (now >= deadline) {
@@ -129,7 +153,7 @@ void HierarchicalGroup::run_allreduce(void* data, size_t count, DataType type, R
   local_->allreduce(data, count, type, stage_op, left("within-host sum"));
   if (leaders_) across_hosts(*leaders_, data, count, type, stage_op, left("across-host"), wire);
   local_->broadcast(data, count * element_size(type), /*root=*/0, left("within-host broadcast"));
-  if (op == ReduceOp::kAverage) divide_by(data, count, type, global_->size());
+  if (op == ReduceOp::kAverage) divide_by(data, count, type, size());
 }
 
 void HierarchicalGroup::count_ring_bytes(int ranks, size_t bytes) {

@@ -1,12 +1,19 @@
 #include "comm/process.h"
 
 #include <signal.h>
+#include <unistd.h>
 
 #include <cerrno>
 #include <fstream>
 #include <string>
 
 namespace dsgd::comm {
+
+std::string this_host() {
+  char buf[256] = {};
+  if (::gethostname(buf, sizeof(buf) - 1) != 0 || buf[0] == 0) return "localhost";
+  return buf;
+}
 
 bool process_gone(int pid) {
   if (pid <= 0) return false;

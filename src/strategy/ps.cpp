@@ -177,7 +177,7 @@ class PsStrategy final : public GradientStrategy, private ErrorFeedback, private
       auto pushed = push(*leaders, seq, data, count);
       serve(leaders, seq, data, count, [&](int s, size_t b, size_t n) {
         sum_pushes(*leaders, s, data + b, n, pushed);
-        const float inv = 1.0f / static_cast<float>(group_->global().size());
+        const float inv = 1.0f / static_cast<float>(group_->size());
         for (size_t i = 0; i < n; ++i) data[b + i] *= inv;
         return true;
       });
@@ -260,7 +260,7 @@ class PsStrategy final : public GradientStrategy, private ErrorFeedback, private
     }
     comm::wait_all(works);
     works.clear();
-    const float inv = 1.0f / static_cast<float>(group_->global().size());
+    const float inv = 1.0f / static_cast<float>(group_->size());
     std::vector<float> sum;
     for (int s = 0; s < num_shards_; ++s) {
       const size_t b = shard_begin(count, s), n = shard_begin(count, s + 1) - b;
@@ -288,7 +288,7 @@ class PsStrategy final : public GradientStrategy, private ErrorFeedback, private
   }
 
   void scale(float* data, size_t count) const {
-    const float inv = 1.0f / static_cast<float>(group_->global().size());
+    const float inv = 1.0f / static_cast<float>(group_->size());
     for (size_t i = 0; i < count; ++i) data[i] *= inv;
   }
 
@@ -373,7 +373,7 @@ class PsStrategy final : public GradientStrategy, private ErrorFeedback, private
       throw Error("ps shard " + std::to_string(s) + " of bucket " + std::to_string(u.key) +
                   " was asked to update parameters it never received (the replica must start it with init)");
     }
-    return st.step(u.sgd, u.data + b, n, 1.0f / static_cast<float>(group_->global().size()));
+    return st.step(u.sgd, u.data + b, n, 1.0f / static_cast<float>(group_->size()));
   }
 
   // Placement "processes": one request to every shard process (ps_wire.h), all its messages
@@ -402,7 +402,7 @@ class PsStrategy final : public GradientStrategy, private ErrorFeedback, private
       auto& r = out->headers[static_cast<size_t>(s)];
       r.op = op;
       r.count = n;
-      r.replicas = static_cast<uint32_t>(group_->global().size());
+      r.replicas = static_cast<uint32_t>(group_->size());
       if (u != nullptr) {
         r.key = u->key;
         r.set_sgd(u->sgd);

@@ -70,8 +70,8 @@ class AllreduceStrategy final : public GradientStrategy, private ErrorFeedback, 
     bytes->resize(n);
     if (n > 0) group_->global().broadcast(bytes->data(), n, root);
   }
-  int rank() const override { return group_->global().rank(); }
-  int size() const override { return group_->global().size(); }
+  int rank() const override { return group_->rank(); }
+  int size() const override { return group_->size(); }
 
  private:
   std::shared_ptr<comm::HierarchicalGroup> group_;

@@ -289,5 +289,35 @@ TEST(Hierarchical, AbortFailsTheAllreduceInFlightNamingTheReason) {
   });
 }
 
+// The full mesh of every rank is formed only when global() is first called: the hierarchy's
+// allreduce never forms it; a broadcast on it does; after abort() it is refused, naming why.
+TEST(Hierarchical, TheGlobalGroupIsFormedOnlyWhenFirstUsed) {
+  auto store = make_memory_store();
+  testing::run_ranks(4, [&](int rank) {
+    GroupOptions o;
+    o.timeout = milliseconds(10000);
+    o.host = "host" + std::to_string(rank / 2);
+    auto h = HierarchicalGroup::create(store, rank, 4, o);
+    EXPECT_EQ(h->rank(), rank);
+    EXPECT_EQ(h->size(), 4);
+    EXPECT_EQ(h->hosts(), (std::vector<std::string>{"host0", "host0", "host1", "host1"}));
+    int64_t x = rank;
+    h->allreduce(&x, 1, DataType::kInt64, ReduceOp::kSum);
+    EXPECT_EQ(x, 6);
+    EXPECT_FALSE(store->check({"global/rank/" + std::to_string(rank)})) << "the mesh formed with the hierarchy";
+    int64_t y = rank == 3 ? 42 : 0;
+    h->global().broadcast(&y, sizeof y, 3);
+    EXPECT_EQ(y, 42);
+    EXPECT_TRUE(store->check({"global/rank/" + std::to_string(rank)}));
+    h->abort("a peer was lost");
+    try {
+      h->global();
+      ADD_FAILURE() << "an aborted group's global group was handed out";
+    } catch (const CommError& e) {
+      EXPECT_NE(std::string(e.what()).find("a peer was lost"), std::string::npos) << e.what();
+    }
+  });
+}
+
 }  // namespace
 }  // namespace dsgd::comm

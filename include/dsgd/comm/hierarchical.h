@@ -24,12 +24,18 @@
 // one's transfer fills the other's gaps. Their Works may then complete out of call order, and
 // calls on buffers that overlap must wait for each other. Every rank must make the same
 // allreduce_async calls in the same order (so that they agree on the lanes).
+//
+// The global group (a Gloo full mesh of every rank: N(N-1)/2 connections) serves only flat
+// algorithms, broadcasts and the parameter servers, so it is formed at the first call of
+// global(), not with the rest: a job on the hierarchy never pays for it (at 64 ranks on one
+// machine it was most of the 2.8 s a re-formation took). rank(), size() and hosts() need no group.
 #pragma once
 
 #include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -55,8 +61,8 @@ struct CrossHostWire {
 
 class HierarchicalGroup {
  public:
-  // Forms the global group, then this host's ShmGroup and (for leaders) the leaders' Group, under
-  // sub-prefixes of `store`.
+  // Learns every rank's host (one key each in `store`), then forms this host's ShmGroup and (for
+  // leaders) the leaders' Group, under sub-prefixes of `store`, which it keeps for global().
   static std::unique_ptr<HierarchicalGroup> create(std::shared_ptr<Store> store, int rank, int size,
                                                    const GroupOptions& options = {},
                                                    const ShmOptions& shm_options = {});
@@ -79,7 +85,12 @@ class HierarchicalGroup {
   // (nothing to share) or the region has no room left: use memory of your own. Thread-safe.
   void* take_shared(size_t bytes);
 
-  Group& global() { return *global_; }
+  // Every rank's group, formed by the first call on each rank: a collective (every rank must call
+  // it, as for any operation on it); CommError after abort(). Thread-safe.
+  Group& global();
+  int rank() const { return rank_; }
+  int size() const { return static_cast<int>(hosts_.size()); }
+  const std::vector<std::string>& hosts() const { return hosts_; }  // by rank
   ShmGroup& local() { return *local_; }
   // The leaders' group; null on ranks that are not their host's leader (local rank 0).
   Group* leaders() { return leaders_.get(); }
@@ -98,7 +109,13 @@ class HierarchicalGroup {
   void across_hosts(Group& group, void* data, size_t count, DataType type, ReduceOp op,
                     std::chrono::milliseconds timeout, CrossHostWire wire);
 
-  std::unique_ptr<Group> global_;
+  std::shared_ptr<Store> store_;  // global()'s rendezvous
+  GroupOptions options_;
+  int rank_ = 0;
+  std::vector<std::string> hosts_;
+  std::mutex global_mutex_;
+  std::unique_ptr<Group> global_;  // formed by global(); guarded by global_mutex_
+  std::string aborted_;            // abort()'s reason; guarded by global_mutex_
   std::unique_ptr<ShmGroup> local_;
   std::unique_ptr<Group> leaders_;
   int num_hosts_ = 0;

@@ -48,12 +48,6 @@ constexpr milliseconds kExitVisibleWithin{300};
 
 using ReduceFn = void (*)(void*, const void*, const void*, size_t);
 
-std::string this_host() {
-  char buf[256] = {};
-  if (::gethostname(buf, sizeof(buf) - 1) != 0) return "localhost";
-  return buf;
-}
-
 template <typename T>
 void set_allreduce_buffer(gloo::AllreduceOptions& o, void* data, size_t count, ReduceOp op) {
   o.setOutput<T>(static_cast<T*>(data), count);

@@ -17,6 +17,7 @@
 #include <thread>
 
 #include "dsgd/comm/nccl_group.h"
+#include "comm/process.h"
 #include "dsgd/error.h"
 
 namespace dsgd::comm {
@@ -48,12 +49,6 @@ ncclRedOp_t nccl_op(ReduceOp op) {
     case ReduceOp::kMax: return ncclMax;
   }
   throw ConfigError("NCCL group: unsupported reduce op");
-}
-
-std::string this_host() {
-  char name[256] = {};
-  gethostname(name, sizeof(name) - 1);
-  return name;
 }
 
 class NcclGroup final : public Group {

@@ -441,9 +441,12 @@ class Worker {
         strategies[static_cast<size_t>(i)] = strategy::make_strategy(o, nullptr);
       }
     } else {
-      control::StoreClientOptions store_options;
-      store_options.tls = client_.tls();
-      auto base = control::connect_store(client_.address(), token_, store_options);
+      if (!store_) {  // one channel (one TLS handshake) for every generation
+        control::StoreClientOptions store_options;
+        store_options.tls = client_.tls();
+        store_ = control::connect_store(client_.address(), token_, store_options);
+      }
+      auto base = store_;
       const std::string prefix = "gen" + std::to_string(generation) + "/";
       each_replica([&](int i) {
         auto store = std::make_shared<comm::PrefixStore>(base, prefix);
@@ -475,6 +478,7 @@ class Worker {
   }
 
   control::DriverClient& client_;
+  std::shared_ptr<comm::Store> store_;  // the driver's rendezvous store, once connected
   std::string incoming_state_;  // StateChunks so far
   std::string outgoing_state_;  // the state get_state serialised, until its last piece is read
   const std::string token_;
