@@ -112,7 +112,8 @@ struct LaunchConfig {
   // Local mode: spread the workers over this many pseudo-hosts (worker i on local-host-<i % n>):
   // shared memory joins a pseudo-host's workers only; the rest goes over Gloo, as across machines.
   int local_hosts = 1;
-  std::chrono::milliseconds registration_timeout{60000};  // for the workers to register at start
+  // How long the driver waits at start for the next worker to register (each arrival restarts it).
+  std::chrono::milliseconds registration_timeout{60000};
 };
 
 // What a lost worker (crashed, killed, hung, cut off) costs: see docs/RELIABILITY.md.

@@ -176,5 +176,20 @@ TEST(DriverService, AWorkerOfAnotherControlProtocolIsRefusedNamingBoth) {
   EXPECT_EQ(client.register_worker("h", "127.0.0.1", 2, -1, milliseconds(5000)).worker, 0);
 }
 
+// A registration asked again (its answer lost to a timeout) keeps the worker's place: a full job
+// of one does not refuse it, and no second worker appears; another process is still refused.
+TEST(DriverService, ARegistrationAskedAgainGetsTheSamePlace) {
+  DriverServerOptions options;
+  options.token = "t";
+  options.num_workers = 1;
+  auto server = DriverServer::start(options);
+  const std::string address = "127.0.0.1:" + std::to_string(server->port());
+  DriverClient client(address, "t");
+  EXPECT_EQ(client.register_worker("h", "127.0.0.1", 7, 0, milliseconds(5000)).worker, 0);
+  EXPECT_EQ(client.register_worker("h", "127.0.0.1", 7, 0, milliseconds(5000)).worker, 0);
+  EXPECT_EQ(server->workers().size(), 1u);
+  EXPECT_THROW(client.register_worker("h", "127.0.0.1", 8, 1, milliseconds(5000)), CommError);
+}
+
 }  // namespace
 }  // namespace dsgd::control

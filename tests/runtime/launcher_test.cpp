@@ -14,6 +14,7 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 #include <optional>
 #include <thread>
 
@@ -267,6 +268,36 @@ TEST(Launcher, AProcessWithAStopSignalEndsByItBeforeSigkill) {
   p.kill(pid);
   EXPECT_TRUE(p.gone(pid));
   EXPECT_EQ(wait_for_line(out), "cleaned");
+}
+
+// More local workers than cores: they run below the driver's priority, so that it is heard; a job
+// that fits the cores keeps theirs.
+TEST(Launcher, LocalWorkersBeyondTheCoresRunBelowTheDriversPriority) {
+  auto nice_of = [](pid_t pid) {
+    std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+    std::string line;
+    std::getline(in, line);
+    std::istringstream fields(line.substr(line.rfind(')') + 2));
+    std::string f;
+    for (int i = 0; i < 17; ++i) fields >> f;  // state is field 3; nice is field 19
+    return std::stoi(f);
+  };
+  const int mine = nice_of(::getpid());
+  const int cores = static_cast<int>(std::thread::hardware_concurrency());
+  LocalProcesses p;
+  for (int workers : {1, cores + 1}) {
+    TrainerConfig c;
+    c.num_workers = workers;
+    auto launcher = make_launcher(c, p, {});
+    const pid_t pid = launcher->start("sleep", {"5"}, {});
+    std::string comm;
+    for (int i = 0; i < 200 && comm != "sleep"; ++i) {  // exec'd: its priority is set by then
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      std::ifstream("/proc/" + std::to_string(pid) + "/comm") >> comm;
+    }
+    EXPECT_EQ(nice_of(pid), workers > cores ? std::min(mine + 5, 19) : mine) << workers << " workers";
+    p.kill(pid);
+  }
 }
 
 TEST(Launcher, MpirunStartsEveryRankExportingTheTokenByName) {

@@ -85,12 +85,19 @@ class DriverServerImpl final : public DriverServer, public proto::Driver::Servic
 
   void wait_registered(milliseconds timeout, const std::function<void()>& on_tick, int count) override {
     if (count <= 0) count = options_.num_workers;
-    const auto deadline = Clock::now() + timeout;
+    // `timeout` without a new registration: a hundred workers starting on a few cores arrive
+    // over minutes, each one in time.
+    auto deadline = Clock::now() + timeout;
     std::unique_lock<std::mutex> lock(mutex_);
+    int arrived = alive_count_locked();
     while (alive_count_locked() < count) {
+      if (alive_count_locked() > arrived) {
+        arrived = alive_count_locked();
+        deadline = Clock::now() + timeout;
+      }
       if (Clock::now() >= deadline) {
         throw TimeoutError("driver: " + std::to_string(alive_count_locked()) + " of " +
-                               std::to_string(count) + " workers registered within " +
+                               std::to_string(count) + " workers registered, none more within " +
                                std::to_string(timeout.count()) + " ms. Spawned workers must call " +
                                "dsgd::init(argc, argv) first thing in main(); remote workers need this driver's " +
                                "address and token",
@@ -199,6 +206,16 @@ class DriverServerImpl final : public DriverServer, public proto::Driver::Servic
                   "): start the workers from the same dsgd build as the driver"};
     }
     std::lock_guard<std::mutex> lock(mutex_);
+    // A retry of a registration whose answer was lost (its call timed out on a loaded machine):
+    // the same process gets the same place, not a second one that would never be heard from.
+    for (const auto& w : workers_) {
+      if (w.info.alive && w.info.pid == req->pid() && w.info.host == req->host() &&
+          w.info.address == req->address() && w.info.spawn_index == req->spawn_index()) {
+        reply->set_worker(w.info.index);
+        *reply->mutable_job() = options_.job;
+        return grpc::Status::OK;
+      }
+    }
     if (const int most = options_.num_workers + options_.standby_workers; alive_count_locked() >= most) {
       const std::string has =
           std::to_string(options_.num_workers) + " workers" +
@@ -441,16 +458,19 @@ DriverClient::Registration DriverClient::register_worker(const std::string& host
   req.set_spawn_index(spawn_index);
   const auto deadline = Clock::now() + timeout;
   // A driver that closes the connection at once, again and again, is up and refuses our keys:
-  // asking until the deadline would not help.
+  // asking until the deadline would not help. A call that timed out is asked again (a driver
+  // taking a hundred workers' handshakes at once can be slow; it knows a retry by its pid).
   int refused = 0;
   while (true) {
     grpc::ClientContext ctx;
-    prepare(ctx, token_, milliseconds(5000));
+    prepare(ctx, token_, milliseconds(15000));
     proto::RegisterReply reply;
     const grpc::Status s = impl_->stub->Register(&ctx, req, &reply);
     if (s.ok()) return {reply.worker(), reply.job()};
     refused = refused_at_connect(s) ? refused + 1 : 0;
-    if (s.error_code() != grpc::StatusCode::UNAVAILABLE || Clock::now() >= deadline || refused >= 5) {
+    const bool again =
+        s.error_code() == grpc::StatusCode::UNAVAILABLE || s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED;
+    if (!again || Clock::now() >= deadline || refused >= 5) {
       raise(s, "driver at " + address_ + ": register", address_, tls_.enabled());
     }
     std::this_thread::sleep_for(milliseconds(200));

@@ -71,8 +71,9 @@ class DriverServer {
 
   virtual int port() const = 0;
   virtual std::shared_ptr<comm::Store> store() = 0;
-  // Waits until `count` (0: num_workers) workers are alive; TimeoutError says how many are missing
-  // and why that might be. `on_tick` runs every ~100 ms meanwhile (it may throw to give up early).
+  // Waits until `count` (0: num_workers) workers are alive, while each comes within `timeout` of the
+  // one before; TimeoutError says how many are missing and why that might be. `on_tick` runs
+  // every ~100 ms meanwhile (it may throw to give up early).
   virtual void wait_registered(std::chrono::milliseconds timeout, const std::function<void()>& on_tick,
                                int count = 0) = 0;
   // Every worker that ever registered, by id (index); evicted ones have alive = false.

@@ -10,6 +10,7 @@
 #include <map>
 #include <set>
 #include <sstream>
+#include <thread>
 
 #include "dsgd/error.h"
 #include "runtime/control/log.h"
@@ -181,18 +182,31 @@ std::string shell_word(const std::string& s) {
   return q + "'";
 }
 
+// More local workers than cores: each runs at this much lower priority than the driver, which
+// shares the machine with them and which every one of them needs to hear from. With 129 workers
+// starting on 2 cores at equal priority the driver answered heartbeats too late and workers gave
+// up on it; at nice 5 it gets 3x a worker's share of the CPU when it needs it, and nothing when
+// it does not.
+constexpr int kOversubscribedWorkerNice = 5;
+
 class LocalLauncher : public ProcessLauncher {
  public:
-  LocalLauncher(LocalProcesses& processes, JobSecrets secrets) : processes_(processes), secrets_(std::move(secrets)) {}
+  LocalLauncher(const TrainerConfig& c, LocalProcesses& processes, JobSecrets secrets)
+      : processes_(processes),
+        secrets_(std::move(secrets)),
+        nice_(c.num_workers + c.recovery.standby_workers > static_cast<int>(std::thread::hardware_concurrency())
+                  ? kOversubscribedWorkerNice
+                  : 0) {}
   const char* name() const override { return "local"; }
   pid_t start(const std::string& binary, std::vector<std::string> args, std::vector<std::string> env) override {
     for (auto& e : secrets_.environment()) env.push_back(std::move(e));
-    return processes_.spawn(binary, args, env);
+    return processes_.spawn(binary, args, env, {}, SIGKILL, nice_);
   }
 
  private:
   LocalProcesses& processes_;
   const JobSecrets secrets_;
+  const int nice_;
 };
 
 class SshLauncher : public ProcessLauncher {
@@ -429,7 +443,7 @@ std::unique_ptr<ProcessLauncher> make_launcher(const TrainerConfig& c, LocalProc
                                                const JobSecrets& secrets) {
   switch (launcher_of(c)) {
     case Launcher::kLocal:
-      return std::make_unique<LocalLauncher>(processes, secrets);
+      return std::make_unique<LocalLauncher>(c, processes, secrets);
     case Launcher::kSsh:
       return std::make_unique<SshLauncher>(c, processes, secrets);
     case Launcher::kMpirun:

@@ -49,7 +49,8 @@ std::string find_program(const std::string& name) {
 }  // namespace
 
 pid_t LocalProcesses::spawn(const std::string& binary, const std::vector<std::string>& args,
-                            const std::vector<std::string>& env, const std::string& stdin_data, int stop_signal) {
+                            const std::vector<std::string>& env, const std::string& stdin_data, int stop_signal,
+                            int nice) {
   // Everything exec needs is built before fork: the child of a threaded process may only make
   // async-signal-safe calls.
   std::vector<std::string> argv_s{find_program(binary)};
@@ -85,6 +86,7 @@ pid_t LocalProcesses::spawn(const std::string& binary, const std::vector<std::st
     ::prctl(PR_SET_PDEATHSIG, stop_signal);
     if (::getppid() != parent) ::_exit(126);
     if (input[1] >= 0 && ::dup2(input[1], 0) != 0) ::_exit(126);  // dup2 clears close-on-exec
+    if (nice > 0) (void)!::nice(nice);
     ::execve(argv[0], argv.data(), envp.data());
     ::_exit(127);
   }

@@ -27,8 +27,9 @@ class LocalProcesses {
   // ends it, from kill() and when the driver dies: SIGKILL, or a signal a process turns into a
   // clean end of what it started (SIGTERM for srun, which then cancels its job step). Throws
   // dsgd::Error if the binary is not found or fork fails (an exec failure shows as exit status 127).
+  // `nice` > 0: it runs that much below this process's priority (nice(2)).
   pid_t spawn(const std::string& binary, const std::vector<std::string>& args, const std::vector<std::string>& env,
-              const std::string& stdin_data = {}, int stop_signal = SIGKILL);
+              const std::string& stdin_data = {}, int stop_signal = SIGKILL, int nice = 0);
   struct Exit {
     pid_t pid;
     std::string what;  // "process 123 exited with status 1"
