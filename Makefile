@@ -1,7 +1,8 @@
 # dsgd — the two commands of the quick start, and a few more for developers.
 #   make demo        install what is missing, build, train the CNN on Fashion-MNIST
 #   make test        install what is missing, build, run the fast test suite, then the long one
-# Also: make build | test-fast | test-long | test-cluster | bench | bench-comm | bench-cluster | fuzz | clean
+# Also: make build | test-fast | test-long | test-cluster | bench | bench-comm | bench-cluster | bench-scale
+#       | fuzz | clean
 BUILD ?= build
 JOBS  ?= $(shell nproc)
 CTEST  = ctest --test-dir $(BUILD) --output-on-failure --timeout 900
@@ -9,7 +10,8 @@ CTEST  = ctest --test-dir $(BUILD) --output-on-failure --timeout 900
 export CCACHE_BASEDIR := $(CURDIR)
 export CCACHE_NOHASHDIR := 1
 
-.PHONY: deps demo-deps configure build demo test test-fast test-long test-cluster bench bench-comm bench-cluster fuzz clean
+.PHONY: deps demo-deps configure build demo test test-fast test-long test-cluster bench bench-comm bench-cluster \
+	bench-scale fuzz clean
 deps:
 	@scripts/install-deps.sh
 
@@ -61,6 +63,10 @@ bench-comm: build
 # The simulated cluster: 2, 4 and 8 hosts in network namespaces on shaped links (~20 min, root).
 bench-cluster: build
 	WRITE_DOCS=1 LINK_BUSY=1 bench/cluster.sh
+
+# 8 to 128 workers of the simulated model on this machine: the figures docs/SCALE.md fits (~10 min).
+bench-scale: build
+	bench/scale.sh
 
 # The parsers' fuzz targets for FUZZ_SECONDS each (libFuzzer; what they find stays in $(BUILD)/fuzz).
 FUZZ_SECONDS ?= 300
