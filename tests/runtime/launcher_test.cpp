@@ -270,9 +270,9 @@ TEST(Launcher, AProcessWithAStopSignalEndsByItBeforeSigkill) {
   EXPECT_EQ(wait_for_line(out), "cleaned");
 }
 
-// More local workers than cores: they run below the driver's priority, so that it is heard; a job
-// that fits the cores keeps theirs.
-TEST(Launcher, LocalWorkersBeyondTheCoresRunBelowTheDriversPriority) {
+// More than 8 local workers a core: they run below the driver's priority, so that it is heard; a
+// job of a few a core keeps theirs.
+TEST(Launcher, LocalWorkersCrowdingTheCoresRunBelowTheDriversPriority) {
   auto nice_of = [](pid_t pid) {
     std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
     std::string line;
@@ -285,7 +285,7 @@ TEST(Launcher, LocalWorkersBeyondTheCoresRunBelowTheDriversPriority) {
   const int mine = nice_of(::getpid());
   const int cores = static_cast<int>(std::thread::hardware_concurrency());
   LocalProcesses p;
-  for (int workers : {1, cores + 1}) {
+  for (int workers : {1, 8 * cores, 8 * cores + 1}) {
     TrainerConfig c;
     c.num_workers = workers;
     auto launcher = make_launcher(c, p, {});
@@ -295,7 +295,7 @@ TEST(Launcher, LocalWorkersBeyondTheCoresRunBelowTheDriversPriority) {
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
       std::ifstream("/proc/" + std::to_string(pid) + "/comm") >> comm;
     }
-    EXPECT_EQ(nice_of(pid), workers > cores ? std::min(mine + 5, 19) : mine) << workers << " workers";
+    EXPECT_EQ(nice_of(pid), workers > 8 * cores ? std::min(mine + 5, 19) : mine) << workers << " workers";
     p.kill(pid);
   }
 }

@@ -629,7 +629,7 @@ TEST(CliBench, AllreduceEmitsVerifiedJsonForEachAlgorithm) {
 
 TEST(CliBench, BadFlagsAreUsageErrors) {
   expect_usage_error("bench allreduce --algo bogus", "unknown allreduce algorithm 'bogus'; known: auto, ring, hd");
-  expect_usage_error("bench allreduce --procs 0", "--procs must be in 1..64, got 0");
+  expect_usage_error("bench allreduce --procs 0", "--procs must be in 1..256, got 0");
   expect_usage_error("bench allreduce --bytes 12Q", "unknown unit 'Q'");
   expect_usage_error("bench allreduce --algo hier --procs 2 --hosts 3", "--hosts must be in 1..--procs (2), got 3");
   expect_usage_error("bench", "subcommand");

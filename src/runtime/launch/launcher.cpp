@@ -182,20 +182,23 @@ std::string shell_word(const std::string& s) {
   return q + "'";
 }
 
-// More local workers than cores: each runs at this much lower priority than the driver, which
-// shares the machine with them and which every one of them needs to hear from. With 129 workers
-// starting on 2 cores at equal priority the driver answered heartbeats too late and workers gave
-// up on it; at nice 5 it gets 3x a worker's share of the CPU when it needs it, and nothing when
-// it does not.
-constexpr int kOversubscribedWorkerNice = 5;
+// More than kCrowdedWorkersPerCore local workers a core: each runs at kCrowdedWorkerNice below the
+// driver, which shares the machine with them and which every one of them needs to hear from. With
+// 129 workers starting on 2 cores at equal priority the driver answered heartbeats too late and
+// workers gave up on it; at nice 5 it gets 3x a worker's share of the CPU when it needs it, and
+// nothing when it does not. A job of a few workers a core keeps their priority: niced, they lost
+// to other programs' processes on a busy machine (a 3-process job beside another ran 3x slower).
+constexpr int kCrowdedWorkersPerCore = 8;
+constexpr int kCrowdedWorkerNice = 5;
 
 class LocalLauncher : public ProcessLauncher {
  public:
   LocalLauncher(const TrainerConfig& c, LocalProcesses& processes, JobSecrets secrets)
       : processes_(processes),
         secrets_(std::move(secrets)),
-        nice_(c.num_workers + c.recovery.standby_workers > static_cast<int>(std::thread::hardware_concurrency())
-                  ? kOversubscribedWorkerNice
+        nice_(c.num_workers + c.recovery.standby_workers >
+                      kCrowdedWorkersPerCore * static_cast<int>(std::thread::hardware_concurrency())
+                  ? kCrowdedWorkerNice
                   : 0) {}
   const char* name() const override { return "local"; }
   pid_t start(const std::string& binary, std::vector<std::string> args, std::vector<std::string> env) override {
