@@ -26,6 +26,9 @@ import tempfile
 import time
 import urllib.request
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "python"))
+from worker_processes import worker_pids  # noqa: E402  (a job's worker processes, as the tests find them)
+
 DSGD = os.environ.get("DSGD_BINARY", "build/dsgd")
 SIM_MS = float(os.environ.get("SIM_MS", "50"))
 PARAMS = int(os.environ.get("PARAMS", "100000"))
@@ -67,18 +70,6 @@ def cpu_s(pid):
     with open(f"/proc/{pid}/stat") as f:
         fields = f.read().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / TICK
-
-
-def children(pid):
-    out = []
-    for p in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{p}/stat") as f:
-                if int(f.read().rsplit(")", 1)[1].split()[1]) == pid:
-                    out.append(int(p))
-        except (OSError, IndexError, ValueError):
-            pass
-    return out
 
 
 def rollup(pid):
@@ -134,7 +125,7 @@ def run(n):
         row["first_step_s"] = time.monotonic() - t0
         # Steady: the standby ready, a few chunks done.
         m0 = wait_for(port, lambda m: m.get("dsgd_standbys", 0) >= 1 and m.get("dsgd_steps_total", 0) >= 20, 600)
-        workers = children(driver.pid)
+        workers = worker_pids(driver.pid)
         c0, w0, s0 = cpu_s(driver.pid), sum(cpu_s(w) for w in workers), time.monotonic()
         time.sleep(WINDOW)
         m1 = scrape(port)
