@@ -1,8 +1,8 @@
 // Full distributed training runs (label `long`): each strategy with 2 worker processes reaches
-// the accuracy the single process does, with the demo's settings. ps puts the two workers on two
-// pseudo-hosts, so each serves a shard and the pushes and pulls cross Gloo; so does ps_async
-// (its default staleness bound, 4). The port attack of the security test through 50 group
-// formations. And no false eviction beside a CPU hog.
+// the accuracy the single process does (90% within 5 epochs), with the demo's settings. ps puts
+// the two workers on two pseudo-hosts, so each serves a shard and the pushes and pulls cross
+// Gloo; so does ps_async (its default staleness bound, 4). The port attack of the security test
+// through 50 group formations. And no false eviction beside a CPU hog.
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <torch/nn/module.h>
@@ -36,8 +36,10 @@ TEST_P(LongTrainer, TwoWorkersReach90PercentOnFashionMnist) {
   if (c.strategy == Strategy::kPs || c.strategy == Strategy::kPsAsync) c.launch.local_hosts = 2;
   c.config = {{"model", "cnn"}, {"lr", 0.02}, {"lr_decay", 0.7}, {"momentum", 0.9}};
   Trainer trainer(dsgd::kImageClassifier, c);
+  // Up to 5 epochs, stopping at the first that passes 90% (the demo passes it in the second or
+  // third): the assertion is the same, the suite's time is not spent on epochs past the mark.
   double accuracy = 0;
-  for (int epoch = 1; epoch <= 5; ++epoch) {
+  for (int epoch = 1; epoch <= 5 && accuracy < 0.90; ++epoch) {
     auto t = trainer.train({.profile = true});
     auto v = trainer.validate();
     accuracy = v.metrics.at("accuracy");
