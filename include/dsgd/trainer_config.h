@@ -118,7 +118,7 @@ struct LaunchConfig {
 
 // What a lost worker (crashed, killed, hung, cut off) costs: see docs/RELIABILITY.md.
 struct RecoveryConfig {
-  // A worker silent this long is lost. Workers beat every heartbeat_timeout / 5.
+  // A worker silent this long is lost. Workers beat every heartbeat_timeout / 4.
   std::chrono::milliseconds heartbeat_timeout{3000};
   int max_failures = 3;  // beyond this, train() fails listing the failures
   // Workers set up but outside the group, each ready to take a lost worker's place in well under

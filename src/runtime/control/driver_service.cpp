@@ -53,6 +53,11 @@ class DriverServerImpl final : public DriverServer, public proto::Driver::Servic
       : options_(o), store_(comm::make_memory_store()), store_service_(make_store_service(store_, o.token)) {
     grpc::ServerBuilder builder;
     configure(builder);
+    // Every worker holds two long polls (Heartbeat, Poll), each on a thread of the sync server for
+    // its length. At gRPC's default (threads beyond 2 idle ones exit) each call's end stopped a
+    // thread and the next call started one: hundreds a second at 128 workers, most of the
+    // driver's CPU. Idle threads stay now, as many as the calls that were held at once.
+    builder.SetSyncServerOption(grpc::ServerBuilder::SyncServerOption::MAX_POLLERS, 1 << 16);
     builder.AddListeningPort(o.listen, server_credentials(o.tls), &port_);
     builder.RegisterService(static_cast<proto::Driver::Service*>(this));
     builder.RegisterService(store_service_.get());
@@ -80,7 +85,7 @@ class DriverServerImpl final : public DriverServer, public proto::Driver::Servic
   void stop_workers() override {
     std::lock_guard<std::mutex> lock(mutex_);
     stop_ = true;
-    cv_.notify_all();
+    notify_everyone();
   }
 
   void wait_registered(milliseconds timeout, const std::function<void()>& on_tick, int count) override {
@@ -128,6 +133,7 @@ class DriverServerImpl final : public DriverServer, public proto::Driver::Servic
     w->results.clear();
     log().warn("driver: evicted worker {} (host {}, pid {}): {}", id, w->info.host, w->info.pid, reason);
     cv_.notify_all();
+    queue_cv_.notify_all();
   }
 
   void abort_generation(int64_t generation) override {
@@ -136,7 +142,7 @@ class DriverServerImpl final : public DriverServer, public proto::Driver::Servic
     for (auto it = averages_.begin(); it != averages_.end();) {
       it = it->first.first <= generation ? averages_.erase(it) : std::next(it);
     }
-    cv_.notify_all();
+    notify_everyone();
   }
 
   std::vector<WorkerInfo> workers() const override {
@@ -155,6 +161,7 @@ class DriverServerImpl final : public DriverServer, public proto::Driver::Servic
     const Pending p = send(request, std::move(targets));
     std::unique_lock<std::mutex> lock(mutex_);
     const auto start = Clock::now();
+    auto ticked = start;
     while (true) {
       if (auto out = collect_locked(p)) return std::move(*out);
       if (timeout.count() > 0 && Clock::now() - start > timeout) {
@@ -163,7 +170,9 @@ class DriverServerImpl final : public DriverServer, public proto::Driver::Servic
                            p.kind);
       }
       cv_.wait_for(lock, milliseconds(100));
-      if (on_tick) {
+      // A tick every 100 ms, not at every wake-up: hundreds of results arrive at a chunk's end.
+      if (on_tick && Clock::now() - ticked >= milliseconds(100)) {
+        ticked = Clock::now();
         lock.unlock();
         on_tick();
         lock.lock();
@@ -184,7 +193,7 @@ class DriverServerImpl final : public DriverServer, public proto::Driver::Servic
       c.set_id(p.id);
       workers_.at(static_cast<size_t>(t)).queue.push_back(std::move(c));
     }
-    cv_.notify_all();
+    queue_cv_.notify_all();
     return p;
   }
 
@@ -246,8 +255,8 @@ class DriverServerImpl final : public DriverServer, public proto::Driver::Servic
     if (w == nullptr)
       return {grpc::StatusCode::NOT_FOUND, "unknown or evicted worker " + std::to_string(req->worker())};
     w->last_heartbeat = Clock::now();
-    cv_.wait_for(lock, milliseconds(std::clamp<int64_t>(req->wait_ms(), 0, 5000)),
-                 [&] { return !w->queue.empty() || stop_; });
+    queue_cv_.wait_for(lock, milliseconds(std::clamp<int64_t>(req->wait_ms(), 0, 5000)),
+                       [&] { return !w->queue.empty() || !w->info.alive || stop_; });
     if (!w->queue.empty()) {
       *reply = std::move(w->queue.front());
       w->queue.pop_front();
@@ -277,8 +286,8 @@ class DriverServerImpl final : public DriverServer, public proto::Driver::Servic
     // Alive when it arrived; the wait below proves nothing (the worker may stop meanwhile).
     w->last_heartbeat = Clock::now();
     if (!req->progress().empty()) w->info.progress = req->progress();
-    cv_.wait_for(lock, milliseconds(std::clamp<int64_t>(req->wait_ms(), 0, 2000)),
-                 [&] { return stop_ || aborted_generation_ > req->known_abort_generation(); });
+    beat_cv_.wait_for(lock, milliseconds(std::clamp<int64_t>(req->wait_ms(), 0, 2000)),
+                      [&] { return stop_ || aborted_generation_ > req->known_abort_generation(); });
     reply->set_stop(stop_);
     reply->set_abort_generation(aborted_generation_);
     return grpc::Status::OK;
@@ -319,9 +328,9 @@ class DriverServerImpl final : public DriverServer, public proto::Driver::Servic
       a.result.assign(reinterpret_cast<const char*>(sum.data()), n * sizeof(float));
       a.parts.clear();
       a.done = true;
-      cv_.notify_all();
+      reduce_cv_.notify_all();
     }
-    const bool ready = cv_.wait_for(lock, options_.reduce_timeout, [&] {
+    const bool ready = reduce_cv_.wait_for(lock, options_.reduce_timeout, [&] {
       auto it = averages_.find(key);
       return stop_ || gen <= aborted_generation_ || (it != averages_.end() && it->second.done);
     });
@@ -365,10 +374,12 @@ class DriverServerImpl final : public DriverServer, public proto::Driver::Servic
     const auto now = Clock::now();
     for (int t : p.targets) {
       auto& w = workers_.at(static_cast<size_t>(t));
-      const std::string who = "worker " + std::to_string(w.info.index) + " (host " + w.info.host + ", pid " +
-                              std::to_string(w.info.pid) + ")";
+      const auto who = [&w] {
+        return "worker " + std::to_string(w.info.index) + " (host " + w.info.host + ", pid " +
+               std::to_string(w.info.pid) + ")";
+      };
       if (!w.info.alive) {
-        throw CommError(who + " was evicted during '" + p.kind + "'", p.kind, static_cast<int>(w.info.index),
+        throw CommError(who() + " was evicted during '" + p.kind + "'", p.kind, static_cast<int>(w.info.index),
                         w.info.host);
       }
       auto it = w.results.find(p.id);
@@ -382,7 +393,7 @@ class DriverServerImpl final : public DriverServer, public proto::Driver::Servic
         continue;
       }
       if (now - w.last_heartbeat > options_.heartbeat_timeout) {
-        throw CommError(who + " lost: no heartbeat for " +
+        throw CommError(who() + " lost: no heartbeat for " +
                             std::to_string(std::chrono::duration_cast<milliseconds>(now - w.last_heartbeat).count()) +
                             " ms during '" + p.kind + "'",
                         p.kind, static_cast<int>(w.info.index), w.info.host);
@@ -398,6 +409,12 @@ class DriverServerImpl final : public DriverServer, public proto::Driver::Servic
     }
     return out;
   }
+  void notify_everyone() {
+    cv_.notify_all();
+    queue_cv_.notify_all();
+    beat_cv_.notify_all();
+    reduce_cv_.notify_all();
+  }
   int alive_count_locked() const {
     int n = 0;
     for (const auto& w : workers_) n += w.info.alive ? 1 : 0;
@@ -408,7 +425,13 @@ class DriverServerImpl final : public DriverServer, public proto::Driver::Servic
   std::shared_ptr<comm::Store> store_;
   std::unique_ptr<grpc::Service> store_service_;
   mutable std::mutex mutex_;
-  std::condition_variable cv_;
+  // One condition a kind of waiter, so that an event wakes only those it concerns: with hundreds
+  // of workers, each long-polling twice, one shared condition woke every poll and heartbeat at
+  // each of a chunk's hundreds of Complete calls.
+  std::condition_variable cv_;         // the driver's own waits: registrations, results, evictions
+  std::condition_variable queue_cv_;   // Poll: a command queued
+  std::condition_variable beat_cv_;    // Heartbeat: an abort or the stop
+  std::condition_variable reduce_cv_;  // Reduce: an average complete
   // A deque: Poll holds a WorkerState* across its wait, while Register may append (a vector
   // would reallocate under it).
   std::deque<WorkerState> workers_;       // guarded by mutex_

@@ -1,5 +1,7 @@
 #include "runtime/control/grpc_util.h"
 
+#include <absl/synchronization/mutex.h>
+
 #include <atomic>
 
 #include "runtime/control/log.h"
@@ -10,6 +12,16 @@ namespace dsgd::control {
 
 namespace {
 std::atomic<int64_t> g_calls_served{0};
+
+// Debian's Abseil is built without NDEBUG, so every absl::Mutex gRPC locks also tracks lock order
+// for deadlock reports: 7% of a 128-worker driver's CPU (perf). Off, once, before gRPC's first use.
+void no_deadlock_tracking() {
+  static const bool once = [] {
+    absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
+    return true;
+  }();
+  (void)once;
+}
 }  // namespace
 
 int64_t calls_served() { return g_calls_served.load(std::memory_order_relaxed); }
@@ -24,6 +36,7 @@ bool token_ok(const grpc::ServerContext* ctx, const std::string& token, const ch
 }
 
 std::shared_ptr<grpc::Channel> make_channel(const std::string& address, const TlsKeys& tls) {
+  no_deadlock_tracking();
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(-1);
   args.SetMaxSendMessageSize(-1);
@@ -69,6 +82,7 @@ void raise(const grpc::Status& s, const std::string& where, const std::string& a
 }
 
 void configure(grpc::ServerBuilder& builder) {
+  no_deadlock_tracking();
   builder.SetMaxReceiveMessageSize(-1);
   builder.SetMaxSendMessageSize(-1);
 }

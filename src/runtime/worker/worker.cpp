@@ -67,7 +67,9 @@ class Worker {
     int rc = 0;
     try {
       while (!stop_) {
-        const proto::Command cmd = client_.poll(index_, milliseconds(1000));
+        // A long poll, answered at once by a command or the job's end: its length only sets how
+        // many idle calls the driver answers (each worker's were half its load at 128 workers).
+        const proto::Command cmd = client_.poll(index_, milliseconds(5000));
         if (cmd.id() == 0) continue;
         busy_ = true;
         proto::CommandResult result;
@@ -107,7 +109,7 @@ class Worker {
   // Long-polls the driver: a beat at least every `interval` (the driver's liveness check), and
   // an abort of the group heard within moments of the driver's decision.
   void heartbeat_loop() {
-    const auto interval = std::clamp(heartbeat_timeout_ / 5, milliseconds(100), milliseconds(1000));
+    const auto interval = std::clamp(heartbeat_timeout_ / 4, milliseconds(100), milliseconds(1000));
     auto last_ok = Clock::now();
     int64_t known_abort = 0;
     while (!stop_) {
