@@ -34,6 +34,7 @@
 #include "dsgd/text.h"
 #include "dsgd/operator.h"
 #include "runtime/driver/checkpoint.h"
+#include "runtime/launch/spawn.h"
 #include "testing/params.h"
 #include "testing/temp_dir.h"
 #include "torch/replica.h"
@@ -1789,6 +1790,41 @@ std::vector<int> child_pids_with(const std::string& flag) {
 std::vector<int> shard_process_pids() { return child_pids_with("--dsgd-ps-server"); }
 std::vector<int> worker_pids() { return child_pids_with("--dsgd-worker"); }
 
+// Local workers are forks of a fork server of this binary (runtime/launch/fork_server.h): this
+// process's children, with their own command lines; a killed one's replacement is forked too;
+// and the job ends where the same job with every worker exec'd (DSGD_FORK_SERVER=0) does.
+TEST(TrainerLaunch, LocalWorkersAreForkedFromAForkServerAndComputeWhatExecdOnesDo) {
+  auto run = [](bool fork_server) {
+    if (!fork_server) ::setenv("DSGD_FORK_SERVER", "0", 1);
+    auto c = base_config(2, "allreduce", 64);
+    c.recovery.wait_for_replacements = true;  // the same two replicas after the kill
+    Trainer t(dsgd::kImageClassifier, c);
+    t.train({.num_steps = 6});
+    const auto servers = child_pids_with("--dsgd-fork-server");
+    EXPECT_EQ(servers.size(), fork_server ? 1u : 0u) << "fork server " << fork_server;
+    const auto workers = worker_pids();
+    EXPECT_EQ(workers.size(), 2u);
+    for (int pid : workers) {  // as exec'd: its environment, its command line
+      std::ifstream env_file("/proc/" + std::to_string(pid) + "/environ");
+      const std::string env((std::istreambuf_iterator<char>(env_file)), {});
+      EXPECT_NE(env.find("DSGD_WORKER_OF=" + std::to_string(::getpid())), std::string::npos);
+      std::ifstream cmd_file("/proc/" + std::to_string(pid) + "/cmdline");
+      const std::string cmd((std::istreambuf_iterator<char>(cmd_file)), {});
+      const std::string nul(1, '\0');
+      EXPECT_EQ(cmd.rfind(runtime::self_executable() + nul + "--dsgd-worker" + nul + "--driver" + nul, 0), 0u) << cmd;
+    }
+    ::kill(workers.at(0), SIGKILL);
+    EXPECT_EQ(t.train({.num_steps = 6}).recoveries.size(), 1u);
+    EXPECT_EQ(worker_pids().size(), 2u);
+    EXPECT_EQ(child_pids_with("--dsgd-fork-server"), servers) << "the replacement came from the same server";
+    ::unsetenv("DSGD_FORK_SERVER");
+    return params_of(*t.get_model());
+  };
+  const Params forked = run(true);
+  const Params execd = run(false);
+  EXPECT_LT(max_difference(forked, execd), 1e-7);
+}
+
 // Runs 40 steps with a snapshot every 10 and does `fault` to worker 1 (with `shard_victim`: to
 // a ps shard process) once 15 steps are done; training must finish with parameters equal to a
 // fault-free run of the same job, to `tolerance` (the same replicas afterwards: `c` has a
@@ -2336,6 +2372,7 @@ TEST(TrainerRecovery, AfterFailedReplacementsTheJobScalesBackUpToNumWorkers) {
   testing::TempDir dir;
   const std::string refuse = dir.file("refuse-new-workers");
   ::setenv("DSGD_TEST_REFUSE_WORKERS_WHILE", refuse.c_str(), 1);
+  ::setenv("DSGD_FORK_SERVER", "0", 1);  // exec'd workers: each runs main(), which refuses
   auto c = base_config(3, "allreduce", 66);
   c.checkpoints.every_steps = 5;
   c.checkpoints.max_overhead = 0;  // exactly that interval
@@ -2362,6 +2399,7 @@ TEST(TrainerRecovery, AfterFailedReplacementsTheJobScalesBackUpToNumWorkers) {
   int64_t steps = 30;
   const std::optional<RecoveryEvent> grew = train_until_scale_up(t, &steps);
   ::unsetenv("DSGD_TEST_REFUSE_WORKERS_WHILE");
+  ::unsetenv("DSGD_FORK_SERVER");
   ASSERT_TRUE(grew) << "never scaled back up";
   EXPECT_EQ(grew->workers_after, 3);
   EXPECT_EQ(t.foreach_worker("replica_info").size(), 3u);

@@ -58,7 +58,8 @@ inline std::vector<Listener> listeners(pid_t pid) {
   return out;
 }
 
-// Processes whose parent is `parent` (from /proc/*/stat).
+// Processes whose parent is `parent` (from /proc/*/stat), but for its fork servers
+// (runtime/launch/fork_server.h): they start workers, they are none.
 inline std::vector<pid_t> children_of(pid_t parent) {
   std::vector<pid_t> out;
   if (DIR* d = ::opendir("/proc")) {
@@ -73,7 +74,8 @@ inline std::vector<pid_t> children_of(pid_t parent) {
       std::string state;
       pid_t ppid = 0;
       f >> state >> ppid;
-      if (ppid == parent) out.push_back(static_cast<pid_t>(std::stoi(e->d_name)));
+      const bool fork_server = stat.find("(dsgd-forkserver)") != std::string::npos;
+      if (ppid == parent && !fork_server) out.push_back(static_cast<pid_t>(std::stoi(e->d_name)));
     }
     ::closedir(d);
   }

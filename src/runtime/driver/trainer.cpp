@@ -27,6 +27,7 @@
 #include "runtime/worker/job_spec.h"
 #include "runtime/worker/malloc_tuning.h"
 #include "runtime/worker/ps_server_process.h"
+#include "runtime/launch/fork_server.h"
 #include "runtime/worker/trace_file.h"
 #include "runtime/worker/worker.h"
 #include "runtime/worker/worker_functions.h"
@@ -38,8 +39,10 @@ using json = nlohmann::json;
 using std::chrono::milliseconds;
 using Clock = std::chrono::steady_clock;
 
-void init(int argc, char** argv) {
-  runtime::tune_malloc();  // before the first big allocation, in drivers and workers alike
+namespace {
+
+// A process the driver started (a worker, a ps shard): what it exits with; nullopt for another.
+std::optional<int> run_as_started(int argc, char** argv) {
   std::optional<dsgd::WorkerArgs> args;
   std::optional<dsgd::PsServerArgs> server_args;
   try {
@@ -47,11 +50,22 @@ void init(int argc, char** argv) {
     server_args = runtime::parse_ps_server_args(argc, argv);
   } catch (const std::exception& e) {
     control::log().error("dsgd worker: {}", e.what());
-    std::exit(2);
+    return 2;
   }
-  if (server_args) std::exit(dsgd::run_ps_server(*server_args));  // a ps shard process
-  if (!args) return;
-  std::exit(dsgd::run_worker(*args));
+  if (server_args) return dsgd::run_ps_server(*server_args);  // a ps shard process
+  if (!args) return std::nullopt;
+  return dsgd::run_worker(*args);
+}
+
+// A worker forked by a fork server (runtime/launch/fork_server.h).
+int run_forked(int argc, char** argv) { return run_as_started(argc, argv).value_or(2); }
+
+}  // namespace
+
+void init(int argc, char** argv) {
+  runtime::tune_malloc();  // before the first big allocation, in drivers and workers alike
+  if (runtime::is_fork_server(argc, argv)) runtime::serve_forks(argc, argv, &run_forked);
+  if (const auto status = run_as_started(argc, argv)) std::exit(*status);
 }
 
 namespace {

@@ -199,7 +199,9 @@ class LocalLauncher : public ProcessLauncher {
         nice_(c.num_workers + c.recovery.standby_workers >
                       kCrowdedWorkersPerCore * static_cast<int>(std::thread::hardware_concurrency())
                   ? kCrowdedWorkerNice
-                  : 0) {}
+                  : 0) {
+    processes_.use_fork_servers();
+  }
   const char* name() const override { return "local"; }
   pid_t start(const std::string& binary, std::vector<std::string> args, std::vector<std::string> env) override {
     for (auto& e : secrets_.environment()) env.push_back(std::move(e));

@@ -70,6 +70,9 @@ pid_t LocalProcesses::spawn(const std::string& binary, const std::vector<std::st
   std::vector<char*> envp;
   for (auto& e : env_s) envp.push_back(e.data());
   envp.push_back(nullptr);
+  if (stdin_data.empty()) {
+    if (auto pid = fork_from_server(argv_s[0], args, env_s, stop_signal, nice)) return *pid;
+  }
   int input[2] = {-1, -1};  // a socket rather than a pipe: send() without SIGPIPE
   if (!stdin_data.empty() && ::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, input) != 0) {
     throw Error(std::string("cannot start a worker process: socketpair: ") + std::strerror(errno));
@@ -99,6 +102,30 @@ pid_t LocalProcesses::spawn(const std::string& binary, const std::vector<std::st
   pids_.push_back(pid);
   reaped_.push_back(false);
   stdin_fds_.push_back(input[0]);
+  stop_signals_.push_back(stop_signal);
+  return pid;
+}
+
+std::optional<pid_t> LocalProcesses::fork_from_server(const std::string& binary, const std::vector<std::string>& args,
+                                                      const std::vector<std::string>& env, int stop_signal, int nice) {
+  if (!fork_servers_ || !fork_servers_enabled()) return std::nullopt;
+  std::string key = binary;
+  for (const auto& e : env) key += '\0' + e;
+  auto it = servers_.find(key);
+  if (it == servers_.end()) {
+    if (servers_.size() >= kMaxForkServers) return std::nullopt;
+    // Its start is a worker's (LibTorch loaded): seconds on a crowded machine.
+    it = servers_.emplace(key, ForkServer::start(binary, env, std::chrono::seconds(60))).first;
+  }
+  if (!it->second) return std::nullopt;
+  const auto pid = it->second->fork(args, stop_signal, nice);
+  if (!pid) {
+    it->second.reset();  // gone or broken: exec from now on
+    return std::nullopt;
+  }
+  pids_.push_back(*pid);
+  reaped_.push_back(false);
+  stdin_fds_.push_back(-1);
   stop_signals_.push_back(stop_signal);
   return pid;
 }
