@@ -518,7 +518,11 @@ std::vector<pid_t> children_of(pid_t driver, size_t n) {
     std::ifstream children("/proc/" + std::to_string(driver) + "/task/" + std::to_string(driver) + "/children");
     workers.clear();
     pid_t p;
-    while (children >> p) workers.push_back(p);
+    while (children >> p) {
+      std::ifstream cmdline("/proc/" + std::to_string(p) + "/cmdline");
+      const std::string cmd((std::istreambuf_iterator<char>(cmdline)), {});
+      if (cmd.find("--dsgd-fork-server") == std::string::npos) workers.push_back(p);  // not a worker: it forks them
+    }
   }
   return workers;
 }
