@@ -60,14 +60,14 @@ void set_title(const Title& t, const std::vector<std::string>& argv) {
 }
 
 // What exec would have closed.
-void close_cloexec_descriptors(int keep) {
+void close_cloexec_descriptors() {
   DIR* d = ::opendir("/proc/self/fd");
   if (d == nullptr) return;
   std::vector<int> close;
   while (dirent* e = ::readdir(d)) {
     if (e->d_name[0] < '0' || e->d_name[0] > '9') continue;
     const int fd = std::atoi(e->d_name);
-    if (fd > 2 && fd != ::dirfd(d) && fd != keep && (::fcntl(fd, F_GETFD) & FD_CLOEXEC) != 0) close.push_back(fd);
+    if (fd > 2 && fd != ::dirfd(d) && (::fcntl(fd, F_GETFD) & FD_CLOEXEC) != 0) close.push_back(fd);
   }
   ::closedir(d);
   for (int fd : close) ::close(fd);
@@ -91,7 +91,7 @@ void close_cloexec_descriptors(int keep) {
     if (fds[i] > 2) ::close(fds[i]);
   }
   ::close(server_fd);
-  close_cloexec_descriptors(-1);
+  close_cloexec_descriptors();
   if (r.nice > 0) (void)!::nice(r.nice);
   std::string comm = argv[0].substr(argv[0].rfind('/') + 1);
   ::prctl(PR_SET_NAME, comm.substr(0, 15).c_str());
@@ -102,16 +102,22 @@ void close_cloexec_descriptors(int keep) {
   std::exit(main(static_cast<int>(argv.size()), args.data()));
 }
 
+// A message of one buffer and a control part (the standard streams' descriptors).
+msghdr message(iovec* io, char* control, size_t control_size) {
+  msghdr m{};
+  m.msg_iov = io;
+  m.msg_iovlen = 1;
+  m.msg_control = control;
+  m.msg_controllen = control_size;
+  return m;
+}
+
 // One request: fork twice (the middle process exits at once), answer with the worker's pid.
 void serve_one(pid_t driver, const Title& title, const char* binary, int fd, ForkedMain main) {
   std::vector<char> buf(kMaxRequest);
-  char control[CMSG_SPACE(3 * sizeof(int))];
+  alignas(cmsghdr) char control[CMSG_SPACE(3 * sizeof(int))];
   iovec io{buf.data(), buf.size()};
-  msghdr m{};
-  m.msg_iov = &io;
-  m.msg_iovlen = 1;
-  m.msg_control = control;
-  m.msg_controllen = sizeof(control);
+  msghdr m = message(&io, control, sizeof(control));
   const ssize_t n = ::recvmsg(fd, &m, MSG_CMSG_CLOEXEC);
   if (n <= 0) ::_exit(0);  // the driver is gone
   int fds[3] = {-1, -1, -1};
@@ -249,13 +255,9 @@ std::optional<pid_t> ForkServer::fork(const std::vector<std::string>& args, int 
   for (const auto& a : args) body.append(a.c_str(), a.size() + 1);
   if (body.size() > kMaxRequest) return std::nullopt;
   int streams[3] = {0, 1, 2};
-  char control[CMSG_SPACE(sizeof(streams))] = {};
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(streams))] = {};
   iovec io{body.data(), body.size()};
-  msghdr m{};
-  m.msg_iov = &io;
-  m.msg_iovlen = 1;
-  m.msg_control = control;
-  m.msg_controllen = sizeof(control);
+  msghdr m = message(&io, control, sizeof(control));
   cmsghdr* c = CMSG_FIRSTHDR(&m);
   c->cmsg_level = SOL_SOCKET;
   c->cmsg_type = SCM_RIGHTS;
