@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <fstream>
+#include <iterator>
 #include <set>
 #include <sstream>
 #include <string>
@@ -74,8 +75,10 @@ inline std::vector<pid_t> children_of(pid_t parent) {
       std::string state;
       pid_t ppid = 0;
       f >> state >> ppid;
-      const bool fork_server = stat.find("(dsgd-forkserver)") != std::string::npos;
-      if (ppid == parent && !fork_server) out.push_back(static_cast<pid_t>(std::stoi(e->d_name)));
+      if (ppid != parent) continue;
+      std::ifstream cmdline(std::string("/proc/") + e->d_name + "/cmdline");
+      const std::string cmd((std::istreambuf_iterator<char>(cmdline)), {});
+      if (cmd.find("--dsgd-fork-server") == std::string::npos) out.push_back(static_cast<pid_t>(std::stoi(e->d_name)));
     }
     ::closedir(d);
   }

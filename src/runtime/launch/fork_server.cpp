@@ -17,6 +17,8 @@
 #include <cstring>
 #include <mutex>
 
+#include "runtime/control/log.h"
+
 namespace dsgd::runtime {
 namespace {
 
@@ -76,6 +78,10 @@ void close_cloexec_descriptors() {
 // In the worker (the server's grandchild): becomes what an exec'd worker would be, then runs.
 [[noreturn]] void become_worker(pid_t driver, const Title& title, const Request& r, std::vector<std::string> argv,
                                 const int* fds, int server_fd, ForkedMain main) {
+  // Its own name and command line first: until then it reads as the server.
+  std::string comm = argv[0].substr(argv[0].rfind('/') + 1);
+  ::prctl(PR_SET_NAME, comm.substr(0, 15).c_str());
+  set_title(title, argv);
   // Its parent, the server's child, exits at once: the driver (the subreaper) adopts it.
   for (int i = 0; ::getppid() != driver; ++i) {
     if (i > 20000) ::_exit(126);
@@ -93,9 +99,6 @@ void close_cloexec_descriptors() {
   ::close(server_fd);
   close_cloexec_descriptors();
   if (r.nice > 0) (void)!::nice(r.nice);
-  std::string comm = argv[0].substr(argv[0].rfind('/') + 1);
-  ::prctl(PR_SET_NAME, comm.substr(0, 15).c_str());
-  set_title(title, argv);
   std::vector<char*> args;
   for (auto& a : argv) args.push_back(a.data());
   args.push_back(nullptr);
@@ -239,6 +242,10 @@ std::unique_ptr<ForkServer> ForkServer::start(const std::string& binary, const s
   ::kill(pid, SIGKILL);
   ::waitpid(pid, nullptr, 0);
   ::close(sv[0]);
+  control::log().warn("fork server of {} did not start within {} ms (does its main() call dsgd::init(argc, argv) "
+                      "first?); its workers start by exec instead, a second of CPU each (DSGD_FORK_SERVER=0 "
+                      "says so without trying)",
+                      binary, timeout.count());
   return nullptr;
 }
 

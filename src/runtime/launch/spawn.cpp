@@ -14,6 +14,7 @@
 #include <utility>
 
 #include "dsgd/error.h"
+#include "runtime/control/log.h"
 
 extern char** environ;
 
@@ -120,7 +121,9 @@ std::optional<pid_t> LocalProcesses::fork_from_server(const std::string& binary,
   if (!it->second) return std::nullopt;
   const auto pid = it->second->fork(args, stop_signal, nice);
   if (!pid) {
-    it->second.reset();  // gone or broken: exec from now on
+    control::log().warn("the fork server of {} (pid {}) stopped answering; workers start by exec from now on",
+                        binary, it->second->pid());
+    it->second.reset();
     return std::nullopt;
   }
   pids_.push_back(*pid);
