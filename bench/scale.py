@@ -13,11 +13,13 @@ its Prometheus endpoint. Per N it records
   worker_mib     a worker's unique memory (private pages; what one more rank costs)
   kill_s         kill -9 of one member to training resumed (the recovery's recovery_s)
   hang_s         SIGSTOP of one member to its detection (the recovery's detect_s)
-and prints one JSON line per N (for docs/SCALE.md's fit) and a table at the end.
+and prints one JSON line per N (for docs/SCALE.md's fit) and a table at the end. TRAIN_FLAGS adds
+flags to every `dsgd train` (e.g. --no-tls).
 """
 import json
 import math
 import os
+import shlex
 import signal
 import socket
 import subprocess
@@ -116,6 +118,7 @@ def run(n):
            "--threads", "1", "--batch-size", str(batch), "--heartbeat-timeout-ms", str(HEARTBEAT_MS),
            "--config", json.dumps({"sim_parameters": PARAMS, "sim_step_ms": SIM_MS, "synthetic_image_size": 8}),
            "--metrics-port", str(port), "--json-out", f"{out}/run.json"]
+    cmd += shlex.split(os.environ.get("TRAIN_FLAGS", ""))
     t0 = time.monotonic()
     log = open(f"{out}/driver.log", "w")
     driver = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
