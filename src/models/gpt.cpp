@@ -7,6 +7,11 @@
 #include <torch/nn/modules/embedding.h>
 #include <torch/nn/modules/linear.h>
 #include <torch/nn/modules/normalization.h>
+#include <torch/version.h>
+#if TORCH_VERSION_MAJOR >= 2
+#include <ATen/ops/scaled_dot_product_attention.h>  // LibTorch 2's fused attention (Debian's 1.13 has none)
+#define DSGD_FUSED_ATTENTION 1
+#endif
 
 #include <cmath>
 #include <map>
@@ -30,11 +35,19 @@ class AttentionImpl : public torch::nn::Module {
     // [N, T, 3D] -> [3, N, H, T, D/H]
     const auto qkv = qkv_(x).view({n, t, 3, heads_, hd}).permute({2, 0, 3, 1, 4});
     const auto q = qkv[0], k = qkv[1], v = qkv[2];
+#ifdef DSGD_FUSED_ATTENTION
+    // The same function in one kernel where LibTorch has one (flash or memory-efficient attention on
+    // a GPU): no [T, T] scores in memory.
+    const double p = is_training() ? attn_drop_->options.p() : 0.0;
+    const auto fused = at::scaled_dot_product_attention(q, k, v, {}, p, /*is_causal=*/true);
+    return proj_(fused.transpose(1, 2).reshape({n, t, d}));
+#else
     auto att = torch::matmul(q, k.transpose(-2, -1)) * (1.0 / std::sqrt(static_cast<double>(hd)));
     att = att.masked_fill(future(t, x.device()), -std::numeric_limits<float>::infinity());
     att = attn_drop_(torch::softmax(att, -1));
     const auto y = torch::matmul(att, v).transpose(1, 2).reshape({n, t, d});  // heads side by side again
     return proj_(y);
+#endif
   }
 
   torch::nn::Linear& proj() { return proj_; }
