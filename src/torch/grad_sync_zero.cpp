@@ -15,10 +15,6 @@ void GradSync::set_owned(std::vector<bool> owned) {
                           strategy_->name(),
                       "step.zero_stage");
   }
-  if (staged_) {
-    throw ConfigError("step.zero_stage 1 runs on the CPU only so far: use device cpu, or zero_stage 0 on CUDA",
-                      "step.zero_stage");
-  }
   owned_ = std::move(owned);
 }
 
@@ -44,11 +40,16 @@ void GradSync::share_parameters() {
         slots_[i].zero_();
       }
     }
+    // On CUDA the sum runs on the host copy: a blocking copy (the packing kernels done first).
+    if (staged_) host_.narrow(0, b.offset, b.count).copy_(flat_.narrow(0, b.offset, b.count));
     works.push_back(sharing->sum_async(host_.data_ptr<float>() + b.offset, b.count));
   }
   for (size_t k = 0; k < buckets.size(); ++k) {
+    const auto& b = buckets[k];
     works[k]->wait();
-    for (size_t i : buckets[k].params) {
+    // In the device's queue, before the copies out of the slots below.
+    if (staged_) flat_.narrow(0, b.offset, b.count).copy_(host_.narrow(0, b.offset, b.count), /*non_blocking=*/true);
+    for (size_t i : b.params) {
       if (!owned_[i]) params_[i].copy_(slots_[i]);
     }
   }

@@ -41,6 +41,15 @@ void drop_unowned_state(TrainingOperator& op, const OwnedSet& owned) {
   }
 }
 
+namespace {
+torch::Device first_parameter_device(torch::optim::Optimizer& opt) {
+  for (auto& group : opt.param_groups()) {
+    if (!group.params().empty()) return group.params().front().device();
+  }
+  return torch::kCPU;
+}
+}  // namespace
+
 void gather_optimizer_state(TrainingOperator& op, strategy::Sharing& sharing, bool keep) {
   for (size_t k = 0; k < op.num_optimizers(); ++k) {
     auto& opt = op.optimizer(k);
@@ -58,7 +67,7 @@ void gather_optimizer_state(TrainingOperator& op, strategy::Sharing& sharing, bo
       // Optimizer::load files each saved parameter's state under the parameter at the same place
       // in the param groups and leaves the others' as they are: a merge.
       torch::serialize::InputArchive archive;
-      archive.load_from(bytes.data(), bytes.size());
+      archive.load_from(bytes.data(), bytes.size(), first_parameter_device(opt));  // beside the parameters
       opt.load(archive);
     }
   }

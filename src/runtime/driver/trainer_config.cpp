@@ -75,8 +75,6 @@ void validate_zero(const TrainerConfig& c) {
   require(c.comm.forward_overlap_buckets == 0, "step.zero_stage",
           "step.zero_stage 1 needs the optimizer step taken whole after backward: set comm.forward_overlap_buckets "
           "to 0");
-  require(c.device != Device::kCuda, "step.zero_stage",
-          "step.zero_stage 1 runs on the CPU only so far: use device cpu, or zero_stage 0 on CUDA");
 }
 
 void validate_step(const TrainerConfig& c) {
