@@ -14,6 +14,7 @@ pkgs=(
   libprotobuf-dev libprotobuf32 libprotobuf-lite32 libprotoc32 protobuf-compiler
   libabsl-dev libabsl20220623 libre2-dev libre2-9 libc-ares-dev libc-ares2 libssl-dev libssl3 zlib1g-dev zlib1g
   libspdlog-dev libspdlog1.10 libfmt-dev libfmt9 libcli11-dev nlohmann-json3-dev libgtest-dev
+  libcpp-httplib-dev libcpp-httplib0.11 libbrotli-dev libbrotli1
 )
 rm -rf "$dir"
 mkdir -p "$dir/debs" "$dir/root"

@@ -2,7 +2,9 @@
 // the same model, synthetic data already on the device, warm-up steps, then the wall time of a
 // number of steps (each step ends with the loss read back, as the default train_batch does).
 //   dsgd_gpu_bench --model resnet50 --batch 128 --image-size 224 --channels 3 --precision bf16 --steps 40
-// Prints one JSON line: {"impl": "dsgd", "img_per_s": ..., ...}.
+//   dsgd_gpu_bench --model gpt-small --tokens FILE --batch 32 --precision bf16 --steps 40
+// Prints one JSON line: {"impl": "dsgd", "img_per_s": ...} (images) or {"tokens_per_s": ...} (a
+// GPT, the built-in language model on a token file; --batch counts sequences of its context).
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
@@ -10,6 +12,7 @@
 #include <iostream>
 
 #include "dsgd/image_classifier.h"
+#include "dsgd/language_model.h"
 #include "dsgd/trainer.h"
 
 int main(int argc, char** argv) {
@@ -19,7 +22,7 @@ int main(int argc, char** argv) {
   int64_t batch = 128, image_size = 224, channels = 3, samples = 1024, warmup = 10, steps = 40;
   int workers = 1;
   bool cudnn_benchmark = true;
-  std::string channels_last = "auto";
+  std::string channels_last = "auto", tokens;
   CLI::App app("dsgd's training throughput on synthetic data (bench/gpu/run.sh)");
   app.add_option("--model", model)->capture_default_str();
   app.add_option("--precision", precision)->capture_default_str();
@@ -35,7 +38,9 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"auto", "1", "0"}))
       ->capture_default_str();
   app.add_option("--cudnn-benchmark", cudnn_benchmark, "The image classifier's cudnn_benchmark")->capture_default_str();
+  app.add_option("--tokens", tokens, "A token file: --model is a GPT size (gpt-small, gpt-base)");
   CLI11_PARSE(app, argc, argv);
+  const bool lm = !tokens.empty();
   try {
     dsgd::TrainerConfig c;
     c.num_workers = workers;
@@ -48,7 +53,8 @@ int main(int argc, char** argv) {
                 {"momentum", 0.9},         {"dropout", false},
                 {"cudnn_benchmark", cudnn_benchmark}};
     if (channels_last != "auto") c.config["channels_last"] = channels_last == "1";
-    dsgd::Trainer trainer(dsgd::kImageClassifier, c);
+    if (lm) c.config = {{"model", model}, {"train_tokens", tokens}};
+    dsgd::Trainer trainer(lm ? dsgd::kLanguageModel : dsgd::kImageClassifier, c);
     // A train() call stops at the epoch's end: as many calls as the steps take.
     auto run = [&trainer](int64_t n, double* loss) {
       int64_t done = 0;
@@ -66,6 +72,16 @@ int main(int argc, char** argv) {
     const auto t0 = std::chrono::steady_clock::now();
     const auto done = static_cast<double>(run(steps, &loss));
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (lm) {
+      const double context = static_cast<double>(dsgd::language_model_context(dsgd::language_model_options(c.config)));
+      std::cout << nlohmann::json{{"impl", "dsgd"},          {"model", model},     {"precision", precision},
+                                  {"workers", workers},      {"batch", batch},     {"context", context},
+                                  {"steps", done},           {"seconds", s},       {"loss", loss},
+                                  {"tokens_per_s", done * static_cast<double>(batch) * context / s}}
+                       .dump()
+                << std::endl;
+      return 0;
+    }
     std::cout << nlohmann::json{{"impl", "dsgd"},
                                 {"model", model},
                                 {"precision", precision},

@@ -79,7 +79,7 @@ class Gpt(nn.Module):
                 nn.init.normal_(w, 0.0, 0.02 / math.sqrt(2 * layers))
 
     def forward(self, tokens):
-        x = self.wte(tokens) + self.wpe(torch.arange(tokens.shape[1]))
+        x = self.wte(tokens) + self.wpe(torch.arange(tokens.shape[1], device=tokens.device))
         for b in self.blocks:
             x = b(x, self.mask)
         return F.linear(self.ln_f(x), self.wte.weight)
