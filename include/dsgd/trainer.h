@@ -77,7 +77,10 @@ struct RecoveryEvent {
   std::string kind = "recovery";
   std::string failure;          // what was detected, naming the worker
   std::string lost;             // the evicted worker(s): "worker 1 (host h, pid 123, last step 310)"
-  int64_t rolled_back_steps = 0;  // steps done since the snapshot, redone
+  int64_t rolled_back_steps = 0;  // completed steps trained again (since the snapshot; 0 from a peer)
+  // The new members took a survivor's state (recovery.from_peer): nothing rolled back; else the
+  // snapshot was restored.
+  bool from_peer = false;
   // Steps the job had completed (over every train() call) when the failure was detected: those
   // before the failing chunk plus the lost worker's last report of it.
   int64_t at_step = 0;
@@ -95,8 +98,9 @@ struct RecoveryEvent {
   // Where recovery_s went after the detection, in order, in seconds: "drain" (the old generation
   // aborted; survivors idle, the lost known), "replace" (eviction; standbys promoted, or with
   // recovery.wait_for_replacements new workers awaited), "connect" (the new group forms), "restore"
-  // (every replica loads the snapshot), "replay" (steps done since the snapshot by calls that
-  // returned, redone). A recovery that failed part-way and went round again adds its phases
+  // (every replica loads the snapshot; from a peer: the new members and any survivor a step
+  // behind load the most advanced survivor's state), "replay" (steps done since the snapshot by
+  // calls that returned, redone). A recovery that failed part-way and went round again adds its phases
   // again.
   std::vector<std::pair<std::string, double>> phases;
 };
@@ -158,6 +162,10 @@ class Trainer {
                      std::function<void(const RecoveryEvent&)> on_recovery);
   // Trainable parameter elements of all models of one replica.
   int64_t parameter_count() const;
+  // Workers set up outside the group and ready to take a lost member's place (standbys, and new
+  // workers waiting for the next call to join). Takes in those whose set-up finished since the
+  // last call first; recovery.standby_workers start in the background when the Trainer is made.
+  int ready_standbys();
   // The control plane's address ("HOST:PORT") and the job token, for remote workers.
   std::string address() const;
   const std::string& token() const;

@@ -127,6 +127,11 @@ struct RecoveryConfig {
   // Without a ready standby: false = the survivors go on at once (the global batch re-split);
   // true = wait for new workers to be set up, then resume as a fault-free run would.
   bool wait_for_replacements = false;
+  // A loss in the middle of training: the new members take the state of a survivor that has
+  // completed the most steps, so no completed step is trained again (allreduce and simple, one
+  // device a worker, without ZeRO, compression or forward overlap; else, or false: the last
+  // snapshot is restored and the steps since it are trained again).
+  bool from_peer = true;
   // Local mode: spawn new processes for lost workers and promoted standbys (with back-off).
   bool replace_lost_workers = true;
   std::chrono::milliseconds replacement_timeout{30000};  // for a new process to register

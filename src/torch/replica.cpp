@@ -270,6 +270,7 @@ void ReplicaRuntime::after_batch() {
   if (check_) check_->take();  // a batch that did not ask leaves nothing for the next
   if (++micro_ < micro_batches_in_step()) return;  // the step goes on with its next micro-batch
   micro_ = 0;
+  stepping_ = true;  // what follows shares the step's result
   if (share_after_step_) {
     for (auto& s : syncs_) s->share_parameters();
     share_after_step_ = false;
@@ -293,6 +294,8 @@ void ReplicaRuntime::after_batch() {
   ++progress_.batches;
   progress_.step = position_.epoch * batches_per_epoch() + position_.batch;
   if (options_.step.scheduler_step_freq == SchedulerStepFreq::kBatch) step_schedules();
+  stepping_ = false;
+  remember_step_rng();
 }
 
 void ReplicaRuntime::sync_statistics() {
@@ -363,6 +366,7 @@ void ReplicaRuntime::step_schedules_to(int64_t t) {
 
 bool ReplicaRuntime::check_gradients() {
   const auto take_step = [this] {  // the gradients are finite: clip them, if asked
+    stepping_ = true;
     if (options_.step.max_grad_norm > 0) {
       auto& [sum, steps] = step_values_["grad_norm"];
       sum += clip_gradients(*op_, options_.step.max_grad_norm);
@@ -448,11 +452,14 @@ Metrics ReplicaRuntime::train(int64_t max_batches, bool profile) {
     // pending at the end are taken before train() returns.
     ParameterGate* const previous = set_thread_parameter_gate(gate_index_.empty() ? nullptr : this);
     AutocastScope autocast(options_.info.device, options_.step.precision.value());
+    torn_ = false;
+    remember_step_rng();
     try {
       m = op_->train_epoch(max_batches);
       for (auto& s : syncs_) s->flush();
     } catch (...) {
       set_thread_parameter_gate(previous);
+      interrupted();
       throw;
     }
     set_thread_parameter_gate(previous);
@@ -536,6 +543,7 @@ void ReplicaRuntime::load_state(const std::string& bytes, const std::string& fee
   progress_.step = position_.epoch * batches_per_epoch() + position_.batch;
   micro_ = 0;  // a step interrupted part-way starts again
   held_grads_.clear();
+  stepping_ = torn_ = false;
   step_schedules_to(state.schedule_t);
   // A state saved without loss scaling leaves the scale where it is.
   if (scaler_ && state.loss_scale > 0) scaler_->restore(state.loss_scale, state.loss_scale_good_steps);

@@ -129,6 +129,11 @@ class ReplicaRuntime : private ParameterGate, private ReplicaHost {
   std::vector<std::pair<std::string, torch::Tensor>> named_tensors() const;
 
   const Position& position() const { return position_; }
+  // Whether the last train() call threw after a step's update began and before the step ended
+  // (the optimizer stepped, or the parameters or statistics were being shared): the state is at
+  // no step's boundary. One that threw elsewhere is back where its last step ended (the CPU
+  // generator too), so its state may be given to other replicas as it is.
+  bool torn() const { return torn_; }
   void step_schedules() override;  // one scheduler step (manual mode, or per the frequency)
   TrainingOperator& op() { return *op_; }
   const ReplicaOptions& options() const { return options_; }
@@ -186,6 +191,10 @@ class ReplicaRuntime : private ParameterGate, private ReplicaHost {
   void partition_parameters();
   // Micro-batches of the step at position_ (accumulate(), or fewer in an epoch's last step).
   int64_t micro_batches_in_step() const;
+  // train()'s ends: the generator kept at a step's end; after a throw, back to that step's end
+  // (replica_interrupt.cpp).
+  void remember_step_rng();
+  void interrupted();
   // A lone replica accumulating: before the step's last micro-batch, adds .grad into
   // held_grads_; at the last, adds held_grads_ into .grad (and forgets them). True at the last.
   bool hold_lone_gradients();
@@ -213,6 +222,9 @@ class ReplicaRuntime : private ParameterGate, private ReplicaHost {
   torch::Tensor stats_flat_;  // sync_statistics's buffer
   OwnedSet owned_;            // step.zero_stage: the parameters this replica steps (empty: all)
   bool share_after_step_ = false;  // zero: a step was taken; after_batch shares the parameters
+  bool stepping_ = false;          // from a step's update to its end (torn())
+  bool torn_ = false;
+  torch::Tensor step_rng_;         // the CPU generator's state where the last step ended
   bool profiling_ = false;
   std::map<std::string, double> phase_s_;
   // Values the step's mechanics report once a step (e.g. grad_norm): their sum and count over

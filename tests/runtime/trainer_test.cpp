@@ -1875,6 +1875,9 @@ Results train_through_fault(TrainerConfig c, int sig, std::vector<int>* victims 
   return r;
 }
 
+// The standby takes the state of a survivor (recovery.from_peer, the default): no completed step
+// is trained again, and the survivors' generator goes back to where their last step ended, so
+// the interrupted step draws the same dropout masks again.
 TEST(TrainerRecovery, AStandbyTakesAKilledWorkersPlaceAndTheResultEqualsAFaultFreeRun) {
   std::vector<int> victims;
   auto c = base_config(3, "allreduce", 66);
@@ -1893,6 +1896,8 @@ TEST(TrainerRecovery, AStandbyTakesAKilledWorkersPlaceAndTheResultEqualsAFaultFr
   const auto& ev = r.recoveries[0];
   EXPECT_EQ(ev.standbys_used, 1);
   EXPECT_EQ(ev.workers_after, 3);
+  EXPECT_TRUE(ev.from_peer);
+  EXPECT_EQ(ev.rolled_back_steps, 0);
   std::cout << "standby recovery: " << ev.recovery_s << " s, detected " << ev.detect_s << " s after the failure\n";
 }
 
@@ -1910,13 +1915,15 @@ TEST(TrainerZero, AStandbyTakesAKilledWorkersShareAndTheResultEqualsAFaultFreeRu
 
 // The language model reads its sequences from a token file as it goes (a streaming dataset): a
 // worker killed mid-epoch, between the snapshots at steps 10 and 20, its standby takes its place
-// and reads on from the snapshot's position, and the job ends where the fault-free run does. (The
+// and reads on from the snapshot's position (recovery.from_peer off: the snapshot is restored
+// and every replica seeks back), and the job ends where the fault-free run does. (The
 // kill comes between two calls, at step 15 exactly: gpt-tiny's steps are faster than progress
 // reports, and a kill timed by them landed on a snapshot under load.)
 TEST(TrainerRecovery, AKilledWorkerUnderAStreamingDatasetEndsAsTheFaultFreeRun) {
   testing::TempDir dir;
   TrainerConfig c = language_model_job(dir, 1600, 40);
   c.recovery.standby_workers = 1;
+  c.recovery.from_peer = false;
   c.checkpoints.every_steps = 10;
   c.checkpoints.max_overhead = 0;
   c.recovery.heartbeat_timeout = milliseconds(2000);
@@ -2050,6 +2057,7 @@ TEST(TrainerRecovery, StepByStepSnapshotsEveryIntervalAndARecoveryReplaysTheStep
   c.recovery.heartbeat_timeout = milliseconds(2000);
   c.comm.timeout = milliseconds(10000);
   c.recovery.wait_for_replacements = true;
+  c.recovery.from_peer = false;  // (from a peer nothing is replayed: the survivor holds step 24)
   const Params reference = [&] {  // a fault-free run of the same steps (see train_through_fault)
     Trainer clean(dsgd::kImageClassifier, c);
     for (int i = 0; i < 25; ++i) EXPECT_EQ(clean.step().recoveries.size(), 0u);
@@ -2168,6 +2176,10 @@ TEST(TrainerRecovery, AWorkerLostBetweenAChunkAndItsSnapshotCostsARedoneChunk) {
   c.recovery.standby_workers = 1;
   auto run = [&](bool fault) {
     Trainer t(operator_of<DiesInSnapshotOperator>(), c);
+    // The standby set up before the loss (on a busy machine it may take longer than the chunk).
+    const auto deadline = Clock::now() + std::chrono::seconds(60);
+    while (t.ready_standbys() < 1 && Clock::now() < deadline) std::this_thread::sleep_for(milliseconds(50));
+    EXPECT_EQ(t.ready_standbys(), 1);
     if (fault) std::ofstream(armed) << "die\n";  // after the constructor's snapshot
     auto r = t.train({.num_steps = 6});
     return std::make_pair(r, t.foreach_worker("weight_sum")[0].get<double>());

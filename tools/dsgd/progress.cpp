@@ -84,9 +84,9 @@ void ProgressPrinter::on_recovery(const dsgd::RecoveryEvent& e) {
     on_note("dsgd train: recovering: " + e.failure);
   } else {
     std::snprintf(buf, sizeof(buf),
-                  "dsgd train: resumed %.2f s after the failure, with %d worker(s)%s; %lld step(s) to redo",
+                  "dsgd train: resumed %.2f s after the failure, with %d worker(s)%s; %lld step(s) to redo%s",
                   e.recovery_s, e.workers_after, e.standbys_used > 0 ? " (a standby took over)" : "",
-                  static_cast<long long>(e.rolled_back_steps));
+                  static_cast<long long>(e.rolled_back_steps), e.from_peer ? " (a survivor's state)" : "");
     on_note(buf);
   }
 }

@@ -178,6 +178,9 @@ void add_recovery_flags(CLI::App* cmd, TrainFlags& f) {
   bind_flag(cmd, f, "--wait-for-replacements", "recovery.wait_for_replacements",
             f.trainer.recovery.wait_for_replacements,
             "After a loss without a standby, wait for new workers instead of going on with the survivors");
+  bind_flag(cmd, f, "!--no-from-peer", "recovery.from_peer", f.trainer.recovery.from_peer,
+            "After a loss mid-training, restore the last snapshot and train the steps since again, instead of "
+            "giving the new workers a survivor's state");
   bind_option(cmd, f, "--max-failures", "recovery.max_failures", f.trainer.recovery.max_failures,
               "Lost workers survived before the job fails")
       ->capture_default_str();

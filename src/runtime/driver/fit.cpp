@@ -243,6 +243,7 @@ nlohmann::json to_json(const RecoveryEvent& e) {
           {"lost", e.lost},
           {"at_step", e.at_step},
           {"rolled_back_steps", e.rolled_back_steps},
+          {"from_peer", e.from_peer},
           {"detect_s", e.detect_s},
           {"recovery_s", e.recovery_s},
           {"workers_after", e.workers_after},

@@ -355,7 +355,8 @@ std::function<void()> Trainer::Impl::progress_tick(const TrainOptions& options, 
     const auto w = server->workers().at(static_cast<size_t>(pool->members()[0]));
     const json p = json::parse(w.progress.empty() ? "null" : w.progress, nullptr, false);
     if (!p.is_object()) return;
-    config.on_progress({done + p.value("batches", int64_t{0}), options.num_steps, p.value("loss", 0.0),
+    const int64_t batches = done + resumed_in_chunk + p.value("batches", int64_t{0});
+    config.on_progress({batches, options.num_steps, p.value("loss", 0.0),
                         std::chrono::duration<double>(Clock::now() - t0).count(),
                         p.value("batches_per_epoch", int64_t{0}), stragglers.current()});
   };
@@ -415,12 +416,11 @@ Results Trainer::train(const TrainOptions& options) {
       args.set_forward_overlap_buckets(static_cast<int32_t>(d.overlap_tuner.next()));
     }
     args.set_max_batches(chunk);
-    // A recovery during the chunk restarts it from the snapshot (its start): results stay whole.
     const auto chunk_t0 = Clock::now();
-    args.set_chunk(d.chunk_in_flight = ++d.chunks_sent);
-    auto outs = d.call(request, false, tick);
-    d.chunk_in_flight = 0;
+    int64_t kept = 0;
+    auto outs = d.train_chunk(&request, tick, &kept);
     Results r = runtime::results_of_command(outs, true);
+    if (kept > 0) r.metrics["batches"] += static_cast<double>(kept);
     if (!options.trace_path.empty()) {
       d.add_traces(outs, std::chrono::duration<double, std::micro>(chunk_t0 - t0).count(), &trace);
     }

@@ -70,6 +70,11 @@ struct Trainer::Impl {
   int64_t steps_done = 0;              // steps completed over the job's train() calls (RecoveryEvent::at_step)
   uint64_t chunks_sent = 0;            // train chunks numbered (TrainRequest::chunk)
   uint64_t chunk_in_flight = 0;        // the one being trained, 0 when none: progress of others is past
+  // That chunk's start (epoch, batch) and steps (0: to the epoch's end), and the steps of it the
+  // members kept through a recovery from a peer (0 after a snapshot's): its retry trains the rest.
+  std::pair<int64_t, int64_t> chunk_start{0, 0};
+  int64_t chunk_size = 0;
+  int64_t resumed_in_chunk = 0;
   double snapshot_s = 0;               // of the current call: taking snapshots, writing checkpoints
   int checkpoint_failures = 0;         // of the current call: checkpoints.dir writes that failed
   int64_t checkpoint_failures_total = 0;  // of the job
@@ -188,8 +193,22 @@ struct Trainer::Impl {
   };
 
   // One attempt of recover(), its phases appended to *phases: throws if another worker is lost
-  // meanwhile.
-  RecoveryEvent reform(const std::string& failure, Phases* phases, Clock::time_point detected);
+  // meanwhile. *from_peer: whether this attempt may take a survivor's state (find_donor); false
+  // once an attempt restored the snapshot (survivors part-way through it hold older states).
+  RecoveryEvent reform(const std::string& failure, Phases* phases, Clock::time_point detected, bool* from_peer);
+
+  // recovery.from_peer: the survivor whose state the others take, found after the drain. Only
+  // for a loss during a chunk, where every survivor's last call ended at a step's end (none
+  // torn), and where the strategy's state is all in the replicas (allreduce or simple, one
+  // device a worker, no ZeRO, compression or forward overlap); nullopt otherwise, or where the
+  // most advanced survivor completed the chunk (it is then retried whole from the snapshot).
+  struct Donor {
+    int id = -1;
+    std::pair<int64_t, int64_t> at;  // its position (epoch, batch)
+    std::vector<int> current;        // survivors at that position: they keep their state
+    int64_t kept = 0;                // steps of the chunk in flight it completed
+  };
+  std::optional<Donor> find_donor(const std::vector<int>& lost);
   // reform's steps: wait until every member is idle or known lost, noting the lost ones in
   // *ev (returned); evict them, promote standbys to their places (or drop them), start new
   // processes and, with wait_for_replacements, wait for them.
@@ -208,8 +227,19 @@ struct Trainer::Impl {
   bool members_alive();
 
   // A new generation of the group: `joining` (set up, from WorkerPool::ready) join the members,
-  // and everyone restores the snapshot. Marks its phases on *clock if given.
-  void form_group(const std::vector<int>& joining, PhaseClock* clock = nullptr);
+  // and everyone restores the snapshot; or, given a donor, the members not at its position take
+  // its state (resumed_in_chunk = donor->kept). Marks its phases on *clock if given.
+  void form_group(const std::vector<int>& joining, PhaseClock* clock = nullptr, const Donor* donor = nullptr);
+
+  // The position of the first member (a call).
+  std::pair<int64_t, int64_t> first_member_position();
+
+  // Trains one chunk (*request's train, its chunk number set here) on every member. A recovery
+  // during it restarts it from the snapshot (its start), or, from a peer, goes on from the steps
+  // the survivors kept (*kept): those are left out of its metrics' averages (the workers' sums
+  // were lost with the call), and the caller counts them in its batches.
+  std::vector<proto::CommandResult> train_chunk(proto::Command* request, const std::function<void()>& tick,
+                                                int64_t* kept);
 
   // After restoring `snapshot`: trains the steps done since it (deferred snapshots) again, so
   // every replica is where the last train() left it. Their results were returned already.

@@ -1,6 +1,7 @@
 // Trainer's snapshots and recovery: the replicas' state kept at consistent points (in memory,
 // and on disk with TrainerConfig::checkpoints.dir), the protocol that re-forms the job around a
-// lost worker and restores that state, and growing back to num_workers between chunks.
+// lost worker and restores that state (or a survivor's: recovery.from_peer), and growing back to
+// num_workers between chunks.
 #include <algorithm>
 #include <filesystem>
 #include <thread>
@@ -30,6 +31,7 @@ void Trainer::Impl::recover_or_rethrow(const std::exception& e) {
 void Trainer::Impl::recover(std::string failure) {
   const auto detected = Clock::now();
   std::vector<std::pair<std::string, double>> phases;  // of every attempt
+  bool from_peer = true;
   while (true) {
     failure_log.push_back(failure);
     if (++failures > config.recovery.max_failures) {
@@ -47,16 +49,19 @@ void Trainer::Impl::recover(std::string failure) {
       config.on_recovery(start);
     }
     try {
-      RecoveryEvent ev = reform(failure, &phases, detected);
+      RecoveryEvent ev = reform(failure, &phases, detected, &from_peer);
       ev.detected_at = detected;
       ev.resumed_at = Clock::now();
       ev.recovery_s = ev.detect_s + std::chrono::duration<double>(ev.resumed_at - detected).count();
       ev.phases = std::move(phases);
       std::string where;
       for (const auto& [name, s] : ev.phases) where += fmt::format("{}{} {:.2f}", where.empty() ? "" : ", ", name, s);
-      control::log().warn("trainer: recovered in {:.2f} s (unnoticed {:.2f}, {}) with {} worker(s){}; lost {}",
+      const std::string from = ev.from_peer ? std::string("from a survivor's state, nothing rolled back")
+                                            : fmt::format("from the snapshot, {} step(s) trained again",
+                                                          ev.rolled_back_steps);
+      control::log().warn("trainer: recovered in {:.2f} s (unnoticed {:.2f}, {}) with {} worker(s){}, {}; lost {}",
                           ev.recovery_s, ev.detect_s, where, ev.workers_after,
-                          ev.standbys_used > 0 ? " (a standby took over)" : "", ev.lost);
+                          ev.standbys_used > 0 ? " (a standby took over)" : "", from, ev.lost);
       if (config.on_recovery) config.on_recovery(ev);
       record_event("recovery", fmt::format("{} (recovered in {:.2f} s with {} workers{})", failure, ev.recovery_s,
                                            ev.workers_after, ev.standbys_used > 0 ? ", a standby took over" : ""));
@@ -75,7 +80,8 @@ void Trainer::Impl::recover(std::string failure) {
   }
 }
 
-RecoveryEvent Trainer::Impl::reform(const std::string& failure, Phases* phases, Clock::time_point detected) {
+RecoveryEvent Trainer::Impl::reform(const std::string& failure, Phases* phases, Clock::time_point detected,
+                                    bool* from_peer) {
   PhaseClock clock(phases);
   RecoveryEvent ev;
   ev.failure = failure;
@@ -85,13 +91,55 @@ RecoveryEvent Trainer::Impl::reform(const std::string& failure, Phases* phases, 
   pool->spawn_servers();            // replaces lost shard processes (local mode)
   const std::vector<int> lost = drain(detected, &ev);
   evicting.clear();
+  const std::optional<Donor> donor = *from_peer ? find_donor(lost) : std::nullopt;
   clock.mark("drain");
   replace_lost(lost, failure, &ev);
   pool->spawn_servers();  // shard processes lost meanwhile
   clock.mark("replace");
-  form_group({}, &clock);
+  if (donor) {
+    ev.from_peer = true;
+    ev.rolled_back_steps = 0;
+  } else {
+    *from_peer = false;
+    resumed_in_chunk = 0;  // the snapshot's position, replayed to the chunk's start
+  }
+  form_group({}, &clock, donor ? &*donor : nullptr);
   ev.workers_after = static_cast<int>(pool->members().size());
   return ev;
+}
+
+std::optional<Trainer::Impl::Donor> Trainer::Impl::find_donor(const std::vector<int>& lost) {
+  const auto& c = config;
+  const bool eligible = c.recovery.from_peer && chunk_in_flight != 0 && !snapshot.empty() &&
+                        c.devices_per_worker == 1 &&
+                        (c.strategy == Strategy::kAllreduce || c.strategy == Strategy::kSimple) &&
+                        c.step.zero_stage == 0 && c.comm.compression == Compression::kNone &&
+                        c.comm.forward_overlap_buckets == 0;
+  if (!eligible) return std::nullopt;
+  std::vector<int> survivors;
+  for (int id : pool->members()) {
+    if (std::find(lost.begin(), lost.end(), id) == lost.end()) survivors.push_back(id);
+  }
+  if (survivors.empty()) return std::nullopt;
+  const auto replies = raw_call(command(&proto::Command::mutable_position), survivors);
+  Donor d;
+  std::vector<std::pair<int64_t, int64_t>> at;
+  for (size_t i = 0; i < replies.size(); ++i) {
+    const proto::Position& p = replies[i].position();
+    if (p.torn()) {
+      control::log().info("trainer: worker {} stopped part-way through a step's update: the snapshot it is",
+                          survivors[i]);
+      return std::nullopt;
+    }
+    at.emplace_back(p.epoch(), p.batch());
+    if (d.id < 0 || at.back() > d.at) d.id = survivors[i], d.at = at.back();
+  }
+  for (size_t i = 0; i < at.size(); ++i) {
+    if (at[i] == d.at) d.current.push_back(survivors[i]);
+  }
+  d.kept = d.at.second - chunk_start.second;
+  if (d.at.first != chunk_start.first || d.kept < 0 || (chunk_size > 0 && d.kept >= chunk_size)) return std::nullopt;
+  return d;
 }
 
 std::vector<int> Trainer::Impl::drain(Clock::time_point detected, RecoveryEvent* ev) {
@@ -173,7 +221,7 @@ void Trainer::Impl::replace_lost(const std::vector<int>& lost, const std::string
   if (pool->members().empty()) fail("every worker was lost: " + failure);
 }
 
-void Trainer::Impl::form_group(const std::vector<int>& joining, PhaseClock* clock) {
+void Trainer::Impl::form_group(const std::vector<int>& joining, PhaseClock* clock, const Donor* donor) {
   PhaseClock none(nullptr);
   if (clock == nullptr) clock = &none;
   ++generation;
@@ -183,6 +231,16 @@ void Trainer::Impl::form_group(const std::vector<int>& joining, PhaseClock* cloc
   server->set_world(generation, world);
   connect_group();
   clock->mark("connect");
+  if (donor != nullptr) {
+    std::vector<int> behind;  // new members, and survivors a step short of the donor
+    for (int id : pool->members()) {
+      if (std::find(donor->current.begin(), donor->current.end(), id) == donor->current.end()) behind.push_back(id);
+    }
+    if (!behind.empty()) send_state(fetch_state(donor->id), {}, behind);
+    resumed_in_chunk = donor->kept;
+    clock->mark("restore");
+    return;
+  }
   if (snapshot.empty()) return;  // lost during start-up, before the first snapshot: nothing to restore
   send_state(snapshot, snapshot_feedback);
   clock->mark("restore");
@@ -350,6 +408,34 @@ void Trainer::Impl::persist_snapshot(int64_t epoch, int64_t batch, int64_t batch
         last_checkpoint.empty() ? std::string("none of this job's") : last_checkpoint, config.checkpoints.dir);
   }
   snapshot_s += std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+int Trainer::ready_standbys() {
+  if (!impl_->pool) return 0;
+  impl_->pool->tend(impl_->generation, impl_->signature);
+  return static_cast<int>(impl_->pool->ready().size());
+}
+
+std::pair<int64_t, int64_t> Trainer::Impl::first_member_position() {
+  const auto p = call(command(&proto::Command::mutable_position), true)[0].position();
+  return {p.epoch(), p.batch()};
+}
+
+std::vector<proto::CommandResult> Trainer::Impl::train_chunk(proto::Command* request,
+                                                             const std::function<void()>& tick, int64_t* kept) {
+  chunk_start = first_member_position();
+  chunk_size = request->train().max_batches();
+  resumed_in_chunk = 0;
+  request->mutable_train()->set_chunk(chunk_in_flight = ++chunks_sent);
+  auto outs = recovering([&] {
+    *kept = resumed_in_chunk;
+    if (*kept == 0) return raw_call(*request, {}, tick);
+    proto::Command rest = *request;
+    if (chunk_size > 0) rest.mutable_train()->set_max_batches(chunk_size - *kept);
+    return raw_call(rest, {}, tick);
+  });
+  chunk_in_flight = 0;
+  return outs;
 }
 
 }  // namespace dsgd

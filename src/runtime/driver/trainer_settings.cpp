@@ -110,6 +110,7 @@ const std::map<std::string, Setter>& settings() {
       DSGD_SETTING("recovery.max_failures", recovery.max_failures),
       DSGD_SETTING("recovery.standby_workers", recovery.standby_workers),
       DSGD_SETTING("recovery.wait_for_replacements", recovery.wait_for_replacements),
+      DSGD_SETTING("recovery.from_peer", recovery.from_peer),
       DSGD_SETTING("recovery.replace_lost_workers", recovery.replace_lost_workers),
       DSGD_SETTING("recovery.replacement_timeout", recovery.replacement_timeout),
       DSGD_SETTING("recovery.on_straggler", recovery.on_straggler),

@@ -231,6 +231,7 @@ class Worker {
     proto::Position p;
     p.set_epoch(replicas_.at(0)->position().epoch);
     p.set_batch(replicas_.at(0)->position().batch);
+    for (const auto& r : replicas_) p.set_torn(p.torn() || r->torn());
     return p;
   }
 
