@@ -116,6 +116,9 @@ def main():
     p.add_argument("--gap", type=float, default=4.0, help="seconds between kills, at least (plus up to as much)")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--json", help="write every run here too")
+    p.add_argument("--modes", default="standby,no-standby",
+                   help="comma-separated: standby, standby-snapshot (--no-from-peer), no-standby")
+    p.add_argument("--no-scenarios", action="store_true", help="leave out the two-kills, SIGSTOP and start-up cases")
     o = p.parse_args()
     RNG.seed(o.seed)
     out_dir = tempfile.mkdtemp(prefix="dsgd-recovery-")
@@ -124,7 +127,10 @@ def main():
     print(f"bench/recovery: the demo workload, {o.epochs} epoch(s) a run; logs in {out_dir}", file=sys.stderr)
     clean = run(o.dsgd, epochs, out_dir, "fault-free", [])
     print(f"  fault-free: test accuracy {clean['accuracy']:.4f}", file=sys.stderr)
-    modes = [("one standby", ["--standby", "1"]), ("no standby", [])]
+    known = {"standby": ("one standby", ["--standby", "1"]),
+             "standby-snapshot": ("one standby, from the snapshot", ["--standby", "1", "--no-from-peer"]),
+             "no-standby": ("no standby", [])}
+    modes = [known[m] for m in o.modes.split(",")]
     results = {"fault_free_accuracy": clean["accuracy"], "modes": [], "scenarios": []}
     for label, args in modes:
         runs = []
@@ -137,9 +143,10 @@ def main():
         measured = [m for r in runs for m in r["measured"]]
         reported = [e["recovery_s"] for r in runs for e in r["events"]]
         standby = sum(e["standbys_used"] for r in runs for e in r["events"])
+        rolled_back = [e["rolled_back_steps"] for r in runs for e in r["events"] if e["kind"] == "recovery"]
         deltas = [100 * (r["accuracy"] - clean["accuracy"]) for r in runs]
         results["modes"].append({
-            "mode": label, "kills": len(measured), "standbys_used": standby,
+            "mode": label, "kills": len(measured), "standbys_used": standby, "rolled_back_steps": rolled_back,
             "median_s": statistics.median(measured), "max_s": max(measured),
             "reported_median_s": statistics.median(reported), "reported_max_s": max(reported),
             "accuracy_delta_points": deltas,
@@ -150,7 +157,7 @@ def main():
     scenarios = [("two kills 3 s apart", [(8, kill, True), (3, kill, True)]),
                  ("SIGSTOP (kill-to-resumed: stop-to-resumed)", [(8, signal.SIGSTOP, True)]),
                  ("kill -9 during start-up", [(0.4, kill, False)])]
-    for label, faults in scenarios:
+    for label, faults in ([] if o.no_scenarios else scenarios):
         r = run(o.dsgd, epochs + ["--standby", "1"], out_dir, "scenario-" + str(len(results["scenarios"]) + 1), faults)
         print(f"  {label}: resumed {', '.join(f'{m:.2f}' for m in r['measured']) or '-'} s after, "
               f"test accuracy {r['accuracy']:.4f}", file=sys.stderr)
@@ -158,16 +165,18 @@ def main():
                                      "accuracy_delta_points": 100 * (r["accuracy"] - clean["accuracy"]),
                                      "orphans": len(r["orphans"]), "shm_leftovers": len(r["shm_leftovers"])})
     print(f"| mode | kills | standby took over | kill-to-resumed median (s) | max (s) | recovery_s median / max "
-          f"(s) | test accuracy vs fault-free ({100 * clean['accuracy']:.2f}%), points | orphans, /dev/shm leftovers |")
-    print("|---|---|---|---|---|---|---|---|")
+          f"(s) | steps rolled back, total (max) | test accuracy vs fault-free ({100 * clean['accuracy']:.2f}%), "
+          f"points | orphans, /dev/shm leftovers |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for m in results["modes"]:
-        d = m["accuracy_delta_points"]
+        d, rb = m["accuracy_delta_points"], m["rolled_back_steps"] or [0]
         print(f"| {m['mode']} | {m['kills']} | {m['standbys_used']} | {m['median_s']:.2f} | {m['max_s']:.2f} | "
-              f"{m['reported_median_s']:.2f} / {m['reported_max_s']:.2f} | "
+              f"{m['reported_median_s']:.2f} / {m['reported_max_s']:.2f} | {sum(rb)} ({max(rb)}) | "
               f"{', '.join(f'{x:+.2f}' for x in d)} | {m['orphans']}, {m['shm_leftovers']} |")
-    print()
-    print("| case (one standby) | resumed after the fault (s) | test accuracy vs fault-free, points | orphans, /dev/shm leftovers |")
-    print("|---|---|---|---|")
+    if results["scenarios"]:
+        print()
+        print("| case (one standby) | resumed after the fault (s) | test accuracy vs fault-free, points | orphans, /dev/shm leftovers |")
+        print("|---|---|---|---|")
     for c in results["scenarios"]:
         print(f"| {c['scenario']} | {', '.join(f'{m:.2f}' for m in c['measured_s']) or 'finished, exit 0'} | "
               f"{c['accuracy_delta_points']:+.2f} | {c['orphans']}, {c['shm_leftovers']} |")

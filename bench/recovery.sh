@@ -9,9 +9,10 @@
 # SIGSTOP (stop to resumed), and a kill while the job starts (it must finish, exit status 0).
 # About 14 minutes with the defaults.
 #
-#   bench/recovery.sh [RUNS=4] [KILLS=5] [EPOCHS=2]     JSON=FILE also writes every run
+#   bench/recovery.sh [RUNS=4] [KILLS=5] [EPOCHS=2] [bench/recovery.py options: --modes, --no-scenarios]
+#   JSON=FILE also writes every run
 set -euo pipefail
 cd "$(dirname "$0")/.."
 runs=${1:-4} kills=${2:-5} epochs=${3:-2}
 [ -x build/dsgd ] || cmake --build build --target dsgd
-exec /usr/bin/python3 bench/recovery.py --runs "$runs" --kills "$kills" --epochs "$epochs" ${JSON:+--json "$JSON"}
+exec /usr/bin/python3 bench/recovery.py --runs "$runs" --kills "$kills" --epochs "$epochs" ${JSON:+--json "$JSON"} "${@:4}"

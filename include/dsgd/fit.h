@@ -107,7 +107,7 @@ FitResult fit(Trainer& trainer, const FitOptions& options = {}, ProgressListener
 // "stragglers" (rank, host, pid, slowdown, from_step, to_step); "interrupted": true when stopped.
 nlohmann::json to_json(const FitResult& result);
 // One recovery or scale-up: kind, failure, lost, at_step, rolled_back_steps, from_peer, detect_s,
-// recovery_s, workers_after, standbys_used, phases_s and resumed_at_unix_s (when training
+// recovery_s, caught_up_s, workers_after, standbys_used, phases_s and resumed_at_unix_s (when training
 // resumed, for scripts that time a fault themselves).
 nlohmann::json to_json(const RecoveryEvent& event);
 nlohmann::json to_json(const Straggler& straggler);

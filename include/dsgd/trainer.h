@@ -91,6 +91,10 @@ struct RecoveryEvent {
   // From the failure to training resumed (group re-formed, state restored): detect_s plus the
   // recovery itself. For a killed worker, the kill-to-resumed time (to within ~0.1 s).
   double recovery_s = 0;
+  // From the failure to training back at the step where it struck: recovery_s from a peer or
+  // outside a chunk (steps since the snapshot are replayed within it); from the snapshot during a
+  // chunk, plus the redone steps of that chunk at the pace its retry went.
+  double caught_up_s = 0;
   std::chrono::steady_clock::time_point detected_at;  // when the driver saw the failure (this process's clock)
   std::chrono::steady_clock::time_point resumed_at;   // when training resumed
   int workers_after = 0;

@@ -1898,7 +1898,27 @@ TEST(TrainerRecovery, AStandbyTakesAKilledWorkersPlaceAndTheResultEqualsAFaultFr
   EXPECT_EQ(ev.workers_after, 3);
   EXPECT_TRUE(ev.from_peer);
   EXPECT_EQ(ev.rolled_back_steps, 0);
+  EXPECT_EQ(ev.caught_up_s, ev.recovery_s);  // nothing to redo
   std::cout << "standby recovery: " << ev.recovery_s << " s, detected " << ev.detect_s << " s after the failure\n";
+}
+
+// recovery.from_peer off: the snapshot at step 10 is restored and the chunk of steps 10-19 is
+// trained again from its start, so the steps done in it before the kill are rolled back, and
+// caught_up_s adds the time their redoing took to recovery_s.
+TEST(TrainerRecovery, FromTheSnapshotTheInterruptedChunksStepsAreRedoneAndCaughtUpCountsThem) {
+  auto c = base_config(2, "allreduce", 64);
+  c.recovery.standby_workers = 1;
+  c.recovery.from_peer = false;
+  auto r = train_through_fault(c, SIGKILL);
+  ASSERT_EQ(r.recoveries.size(), 1u);
+  const auto& ev = r.recoveries[0];
+  EXPECT_FALSE(ev.from_peer);
+  EXPECT_GE(ev.rolled_back_steps, 5);  // killed once 15 steps were reported
+  EXPECT_LE(ev.rolled_back_steps, 10);
+  EXPECT_GT(ev.caught_up_s, ev.recovery_s);
+  EXPECT_LT(ev.caught_up_s, ev.recovery_s + static_cast<double>(ev.rolled_back_steps));  // well under 1 s a step
+  std::cout << "from the snapshot: " << ev.rolled_back_steps << " steps rolled back, recovered in " << ev.recovery_s
+            << " s, caught up in " << ev.caught_up_s << " s\n";
 }
 
 // Under zero 1 a snapshot holds every replica's share of the optimizer state: the standby takes

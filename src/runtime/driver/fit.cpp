@@ -246,6 +246,7 @@ nlohmann::json to_json(const RecoveryEvent& e) {
           {"from_peer", e.from_peer},
           {"detect_s", e.detect_s},
           {"recovery_s", e.recovery_s},
+          {"caught_up_s", e.caught_up_s},
           {"workers_after", e.workers_after},
           {"standbys_used", e.standbys_used},
           {"phases_s", phases}};

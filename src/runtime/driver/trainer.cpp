@@ -341,6 +341,7 @@ void Trainer::Impl::restart_every_worker(const std::string& failure) {
 
 void Trainer::Impl::begin_train_call() {
   events = std::exchange(start_events, {});  // the first call reports the start-up's
+  catching_up.clear();
   snapshot_s = 0;
   checkpoint_failures = 0;
   straggler_changes.clear();
@@ -420,6 +421,7 @@ Results Trainer::train(const TrainOptions& options) {
     int64_t kept = 0;
     auto outs = d.train_chunk(&request, tick, &kept);
     Results r = runtime::results_of_command(outs, true);
+    d.note_caught_up(static_cast<int64_t>(r.metrics.count("batches") ? r.metrics.at("batches") : 0));
     if (kept > 0) r.metrics["batches"] += static_cast<double>(kept);
     if (!options.trace_path.empty()) {
       d.add_traces(outs, std::chrono::duration<double, std::micro>(chunk_t0 - t0).count(), &trace);

@@ -66,6 +66,9 @@ struct Trainer::Impl {
   int failures = 0;
   std::vector<std::string> failure_log;
   std::vector<RecoveryEvent> events;   // of the current call
+  // Recoveries from the snapshot during the chunk in flight: (index in events, steps of the chunk
+  // redone), whose caught_up_s the chunk's end settles (note_caught_up).
+  std::vector<std::pair<size_t, int64_t>> catching_up;
   std::vector<RecoveryEvent> start_events;  // of the start-up, reported by the first call
   int64_t steps_done = 0;              // steps completed over the job's train() calls (RecoveryEvent::at_step)
   uint64_t chunks_sent = 0;            // train chunks numbered (TrainRequest::chunk)
@@ -197,18 +200,20 @@ struct Trainer::Impl {
   // once an attempt restored the snapshot (survivors part-way through it hold older states).
   RecoveryEvent reform(const std::string& failure, Phases* phases, Clock::time_point detected, bool* from_peer);
 
-  // recovery.from_peer: the survivor whose state the others take, found after the drain. Only
-  // for a loss during a chunk, where every survivor's last call ended at a step's end (none
-  // torn), and where the strategy's state is all in the replicas (allreduce or simple, one
-  // device a worker, no ZeRO, compression or forward overlap); nullopt otherwise, or where the
-  // most advanced survivor completed the chunk (it is then retried whole from the snapshot).
+  // After the drain of a loss during a chunk: the survivors' positions, whose furthest sets
+  // ev->rolled_back_steps for a restore of the snapshot (the lost worker's last report may lag).
+  // Returns, where `allowed` (recovery.from_peer), the survivor whose state the others take: only
+  // where every survivor's last call ended at a step's end (none torn), and where the strategy's
+  // state is all in the replicas (allreduce or simple, one device a worker, no ZeRO, compression
+  // or forward overlap); nullopt otherwise, or where the most advanced survivor completed the
+  // chunk (it is then retried whole from the snapshot).
   struct Donor {
     int id = -1;
     std::pair<int64_t, int64_t> at;  // its position (epoch, batch)
     std::vector<int> current;        // survivors at that position: they keep their state
     int64_t kept = 0;                // steps of the chunk in flight it completed
   };
-  std::optional<Donor> find_donor(const std::vector<int>& lost);
+  std::optional<Donor> find_donor(const std::vector<int>& lost, bool allowed, RecoveryEvent* ev);
   // reform's steps: wait until every member is idle or known lost, noting the lost ones in
   // *ev (returned); evict them, promote standbys to their places (or drop them), start new
   // processes and, with wait_for_replacements, wait for them.
@@ -240,6 +245,8 @@ struct Trainer::Impl {
   // were lost with the call), and the caller counts them in its batches.
   std::vector<proto::CommandResult> train_chunk(proto::Command* request, const std::function<void()>& tick,
                                                 int64_t* kept);
+  // At a chunk's end, `batches` trained since the last resumption: catching_up's caught_up_s.
+  void note_caught_up(int64_t batches);
 
   // After restoring `snapshot`: trains the steps done since it (deferred snapshots) again, so
   // every replica is where the last train() left it. Their results were returned already.

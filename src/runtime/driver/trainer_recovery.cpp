@@ -32,6 +32,7 @@ void Trainer::Impl::recover(std::string failure) {
   const auto detected = Clock::now();
   std::vector<std::pair<std::string, double>> phases;  // of every attempt
   bool from_peer = true;
+  const int64_t replayed = snapshots->pending();  // steps of calls that returned: replay()'s
   while (true) {
     failure_log.push_back(failure);
     if (++failures > config.recovery.max_failures) {
@@ -54,6 +55,7 @@ void Trainer::Impl::recover(std::string failure) {
       ev.resumed_at = Clock::now();
       ev.recovery_s = ev.detect_s + std::chrono::duration<double>(ev.resumed_at - detected).count();
       ev.phases = std::move(phases);
+      ev.caught_up_s = ev.recovery_s;  // until the chunk's end settles it (note_caught_up)
       std::string where;
       for (const auto& [name, s] : ev.phases) where += fmt::format("{}{} {:.2f}", where.empty() ? "" : ", ", name, s);
       const std::string from = ev.from_peer ? std::string("from a survivor's state, nothing rolled back")
@@ -65,6 +67,10 @@ void Trainer::Impl::recover(std::string failure) {
       if (config.on_recovery) config.on_recovery(ev);
       record_event("recovery", fmt::format("{} (recovered in {:.2f} s with {} workers{})", failure, ev.recovery_s,
                                            ev.workers_after, ev.standbys_used > 0 ? ", a standby took over" : ""));
+      // From the snapshot, the chunk's steps done before the loss are trained again by its retry
+      // (the steps of earlier chunks were replayed within the recovery).
+      const int64_t redo = ev.from_peer || chunk_in_flight == 0 ? 0 : ev.rolled_back_steps - replayed;
+      if (redo > 0) catching_up.emplace_back(events.size(), redo);
       events.push_back(std::move(ev));
       publish_gauges();
       return;
@@ -91,7 +97,7 @@ RecoveryEvent Trainer::Impl::reform(const std::string& failure, Phases* phases, 
   pool->spawn_servers();            // replaces lost shard processes (local mode)
   const std::vector<int> lost = drain(detected, &ev);
   evicting.clear();
-  const std::optional<Donor> donor = *from_peer ? find_donor(lost) : std::nullopt;
+  const std::optional<Donor> donor = find_donor(lost, *from_peer, &ev);
   clock.mark("drain");
   replace_lost(lost, failure, &ev);
   pool->spawn_servers();  // shard processes lost meanwhile
@@ -108,14 +114,14 @@ RecoveryEvent Trainer::Impl::reform(const std::string& failure, Phases* phases, 
   return ev;
 }
 
-std::optional<Trainer::Impl::Donor> Trainer::Impl::find_donor(const std::vector<int>& lost) {
+std::optional<Trainer::Impl::Donor> Trainer::Impl::find_donor(const std::vector<int>& lost, bool allowed,
+                                                              RecoveryEvent* ev) {
   const auto& c = config;
-  const bool eligible = c.recovery.from_peer && chunk_in_flight != 0 && !snapshot.empty() &&
-                        c.devices_per_worker == 1 &&
+  const bool eligible = allowed && c.recovery.from_peer && c.devices_per_worker == 1 &&
                         (c.strategy == Strategy::kAllreduce || c.strategy == Strategy::kSimple) &&
                         c.step.zero_stage == 0 && c.comm.compression == Compression::kNone &&
                         c.comm.forward_overlap_buckets == 0;
-  if (!eligible) return std::nullopt;
+  if (chunk_in_flight == 0 || snapshot.empty()) return std::nullopt;
   std::vector<int> survivors;
   for (int id : pool->members()) {
     if (std::find(lost.begin(), lost.end(), id) == lost.end()) survivors.push_back(id);
@@ -124,21 +130,23 @@ std::optional<Trainer::Impl::Donor> Trainer::Impl::find_donor(const std::vector<
   const auto replies = raw_call(command(&proto::Command::mutable_position), survivors);
   Donor d;
   std::vector<std::pair<int64_t, int64_t>> at;
+  int torn = -1;
   for (size_t i = 0; i < replies.size(); ++i) {
     const proto::Position& p = replies[i].position();
-    if (p.torn()) {
-      control::log().info("trainer: worker {} stopped part-way through a step's update: the snapshot it is",
-                          survivors[i]);
-      return std::nullopt;
-    }
+    if (p.torn()) torn = survivors[i];
     at.emplace_back(p.epoch(), p.batch());
     if (d.id < 0 || at.back() > d.at) d.id = survivors[i], d.at = at.back();
   }
   for (size_t i = 0; i < at.size(); ++i) {
     if (at[i] == d.at) d.current.push_back(survivors[i]);
   }
-  d.kept = d.at.second - chunk_start.second;
-  if (d.at.first != chunk_start.first || d.kept < 0 || (chunk_size > 0 && d.kept >= chunk_size)) return std::nullopt;
+  d.kept = d.at.first == chunk_start.first ? d.at.second - chunk_start.second : -1;
+  if (d.kept > 0) ev->rolled_back_steps = std::max(ev->rolled_back_steps, snapshots->pending() + d.kept);
+  if (!eligible || d.kept < 0 || (chunk_size > 0 && d.kept >= chunk_size)) return std::nullopt;
+  if (torn >= 0) {
+    control::log().info("trainer: worker {} stopped part-way through a step's update: the snapshot it is", torn);
+    return std::nullopt;
+  }
   return d;
 }
 
@@ -436,6 +444,16 @@ std::vector<proto::CommandResult> Trainer::Impl::train_chunk(proto::Command* req
   });
   chunk_in_flight = 0;
   return outs;
+}
+
+void Trainer::Impl::note_caught_up(int64_t batches) {
+  for (const auto& [i, redo] : catching_up) {
+    if (i >= events.size() || batches <= 0) continue;
+    auto& ev = events[i];
+    const double since = std::chrono::duration<double>(Clock::now() - ev.resumed_at).count();
+    ev.caught_up_s = ev.recovery_s + static_cast<double>(redo) * since / static_cast<double>(batches);
+  }
+  catching_up.clear();
 }
 
 }  // namespace dsgd
