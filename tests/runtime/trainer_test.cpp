@@ -1950,6 +1950,7 @@ TEST(TrainerRecovery, FromAPeerNothingIsRolledBackFromTheSnapshotTheChunksStepsA
     EXPECT_EQ(ev.from_peer, from_peer);
     EXPECT_EQ(r.batch, 30);
     EXPECT_EQ(r.metrics.at("batches"), 30.0);
+    EXPECT_EQ(r.metrics.at("num_samples"), 30.0 * 16);  // the kept steps' samples too
     EXPECT_LT(max_difference(reference, params_of(*t.get_model())), 1e-7);
     if (from_peer) {
       EXPECT_EQ(ev.rolled_back_steps, 0);

@@ -422,7 +422,7 @@ Results Trainer::train(const TrainOptions& options) {
     auto outs = d.train_chunk(&request, tick, &kept);
     Results r = runtime::results_of_command(outs, true);
     d.note_caught_up(static_cast<int64_t>(r.metrics.count("batches") ? r.metrics.at("batches") : 0));
-    if (kept > 0) r.metrics["batches"] += static_cast<double>(kept);
+    if (kept > 0) d.count_kept_steps(&r, kept);
     if (!options.trace_path.empty()) {
       d.add_traces(outs, std::chrono::duration<double, std::micro>(chunk_t0 - t0).count(), &trace);
     }

@@ -247,6 +247,10 @@ struct Trainer::Impl {
                                                 int64_t* kept);
   // At a chunk's end, `batches` trained since the last resumption: catching_up's caught_up_s.
   void note_caught_up(int64_t batches);
+  // The chunk's `kept` steps (train_chunk) added to its batches and num_samples: their metric
+  // sums were lost with the aborted call, so the chunk's means (the steps after the recovery)
+  // stand for them.
+  void count_kept_steps(Results* r, int64_t kept) const;
 
   // After restoring `snapshot`: trains the steps done since it (deferred snapshots) again, so
   // every replica is where the last train() left it. Their results were returned already.

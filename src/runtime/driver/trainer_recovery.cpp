@@ -456,4 +456,9 @@ void Trainer::Impl::note_caught_up(int64_t batches) {
   catching_up.clear();
 }
 
+void Trainer::Impl::count_kept_steps(Results* r, int64_t kept) const {
+  r->metrics["batches"] += static_cast<double>(kept);
+  if (r->metrics.count("num_samples")) r->metrics["num_samples"] += static_cast<double>(kept * config.batch_size);
+}
+
 }  // namespace dsgd
