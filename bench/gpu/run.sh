@@ -75,7 +75,6 @@ fi
 : > "$out/gpu.json"
 : > "$out/bench.log"
 if [[ $parts == *" resnet "* ]]; then
-
 log "ResNet-50, batch 128, $steps timed steps"
 # dsgd and eager as alike as can be (convolutions channels_last, as dsgd's image classifier
 # has them on a GPU; cuDNN benchmarking on; loss and accuracy read back every step), then both
