@@ -1840,6 +1840,26 @@ TEST(TrainerLaunch, LocalWorkersAreForkedFromAForkServerAndComputeWhatExecdOnesD
   EXPECT_LT(max_difference(forked, execd), 1e-7);
 }
 
+// 2 workers of a regression operator that kills a replica itself (DiesAtStepOperator,
+// DiesInSnapshotOperator), a snapshot exactly every `every_steps`, one standby.
+TrainerConfig self_killing_config(int64_t batch, int64_t every_steps) {
+  auto c = base_config(2, "allreduce", batch);
+  c.config = json::object();
+  c.checkpoints.every_steps = every_steps;
+  c.checkpoints.max_overhead = 0;  // exactly that interval
+  c.recovery.heartbeat_timeout = milliseconds(2000);
+  c.recovery.standby_workers = 1;
+  return c;
+}
+
+// Waits until t's standby is set up (on a busy machine it may take longer than a few steps), so
+// that a loss armed next is taken over by it rather than survived by the survivors alone.
+void await_standby(Trainer& t) {
+  const auto deadline = Clock::now() + std::chrono::seconds(60);
+  while (t.ready_standbys() < 1 && Clock::now() < deadline) std::this_thread::sleep_for(milliseconds(50));
+  EXPECT_EQ(t.ready_standbys(), 1);
+}
+
 // Runs 40 steps with a snapshot every 10 and does `fault` to worker 1 (with `shard_victim`: to
 // a ps shard process) once 15 steps are done; training must finish with parameters equal to a
 // fault-free run of the same job, to `tolerance` (the same replicas afterwards: `c` has a
@@ -1925,12 +1945,7 @@ TEST(TrainerRecovery, FromAPeerNothingIsRolledBackFromTheSnapshotTheChunksStepsA
   testing::TempDir dir;
   const std::string armed = dir.file("die-at-step");
   ::setenv("DSGD_TEST_DIE_AT_STEP", armed.c_str(), 1);
-  auto c = base_config(2, "allreduce", 16);
-  c.config = json::object();
-  c.checkpoints.every_steps = 10;
-  c.checkpoints.max_overhead = 0;  // exactly that interval
-  c.recovery.standby_workers = 1;
-  c.recovery.heartbeat_timeout = milliseconds(2000);
+  auto c = self_killing_config(16, 10);
   const auto op = operator_of<DiesAtStepOperator>();
   const Params reference = [&] {
     Trainer clean(op, c);
@@ -1940,8 +1955,7 @@ TEST(TrainerRecovery, FromAPeerNothingIsRolledBackFromTheSnapshotTheChunksStepsA
   for (const bool from_peer : {true, false}) {
     c.recovery.from_peer = from_peer;
     Trainer t(op, c);
-    const auto deadline = Clock::now() + std::chrono::seconds(60);  // the standby set up first
-    while (t.ready_standbys() < 1 && Clock::now() < deadline) std::this_thread::sleep_for(milliseconds(50));
+    await_standby(t);
     std::ofstream(armed) << "die\n";
     const auto r = t.train({.num_steps = 30});
     EXPECT_FALSE(std::filesystem::exists(armed)) << "the victim never reached step 14";
@@ -2234,18 +2248,10 @@ TEST(TrainerRecovery, AWorkerLostBetweenAChunkAndItsSnapshotCostsARedoneChunk) {
   testing::TempDir dir;
   const std::string armed = dir.file("die-in-snapshot");
   ::setenv("DSGD_TEST_DIE_IN_SNAPSHOT", armed.c_str(), 1);
-  auto c = base_config(2, "allreduce", 32);
-  c.config = json::object();
-  c.checkpoints.every_steps = 4;
-  c.checkpoints.max_overhead = 0;  // exactly that interval
-  c.recovery.heartbeat_timeout = milliseconds(2000);
-  c.recovery.standby_workers = 1;
+  const auto c = self_killing_config(32, 4);
   auto run = [&](bool fault) {
     Trainer t(operator_of<DiesInSnapshotOperator>(), c);
-    // The standby set up before the loss (on a busy machine it may take longer than the chunk).
-    const auto deadline = Clock::now() + std::chrono::seconds(60);
-    while (t.ready_standbys() < 1 && Clock::now() < deadline) std::this_thread::sleep_for(milliseconds(50));
-    EXPECT_EQ(t.ready_standbys(), 1);
+    await_standby(t);
     if (fault) std::ofstream(armed) << "die\n";  // after the constructor's snapshot
     auto r = t.train({.num_steps = 6});
     return std::make_pair(r, t.foreach_worker("weight_sum")[0].get<double>());
