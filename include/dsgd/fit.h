@@ -87,7 +87,10 @@ class ProgressListener {
 };
 
 struct FitOptions {
-  int64_t epochs = 1;     // epochs to train, from where the Trainer is (load() first to resume)
+  // Epochs to train, from where the Trainer is (load() first to resume). A Trainer that took a
+  // lost driver's job up (Trainer::restarted_at) goes on with the job's: epochs and max_steps
+  // count from the job's start, and FitResult::steps includes the steps trained before.
+  int64_t epochs = 1;
   int64_t max_steps = 0;  // > 0: stop after this many steps in all
   bool evaluate = true;   // Trainer::validate after each epoch (test_loss, test_accuracy)
   bool profile = false;   // TrainOptions::profile, and profile_ms in the results

@@ -27,6 +27,7 @@
 #include <functional>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -73,7 +74,11 @@ struct RecoveryEvent {
   // "recovery": a failure survived. "restart": a worker lost before every replica was set up
   // (the driver starts its workers): every process started again. "scale_up": after going on
   // with fewer workers, the job grew back towards num_workers between chunks (failure and lost
-  // are empty; rolled_back_steps 0).
+  // are empty; rolled_back_steps 0). "driver_restart": this driver took a lost driver's job up
+  // (recovery.driver_state_dir): lost names the old workers that did not wait for it, detect_s
+  // is from the old driver's last sign of life to this one's start, recovery_s from that sign of
+  // life to training resumed, rolled_back_steps those the workers had trained past the checkpoint
+  // it went on from.
   std::string kind = "recovery";
   std::string failure;          // what was detected, naming the worker
   std::string lost;             // the evicted worker(s): "worker 1 (host h, pid 123, last step 310)"
@@ -122,6 +127,14 @@ struct Results {
   // Workers named stragglers during this call (dsgd::Straggler; to_step -1: still slow at its
   // end, and named again by the next call until they keep pace).
   std::vector<Straggler> stragglers;
+};
+
+// Where a job stands in its data: for a driver that restarted in place (Trainer::restarted_at).
+struct JobPosition {
+  int64_t epoch = 0;        // 0-based epoch in progress
+  int64_t batch = 0;        // next global batch within it
+  int64_t steps = 0;        // steps the job had trained there, from its first_epoch's start
+  int64_t first_epoch = 0;  // where the job began: 0, or the epoch of a checkpoint load()ed first
 };
 
 class Trainer {
@@ -175,6 +188,11 @@ class Trainer {
   const std::string& token() const;
   // Whether the control plane runs over mutual TLS (TrainerConfig::launch.tls).
   bool tls() const;
+  // With recovery.driver_state_dir, a Trainer made where a job's driver was lost takes the job
+  // up: its workers (their processes unchanged), re-formed, restored to the job's newest
+  // checkpoint, which this returns (the constructor's first RecoveryEvent, of kind
+  // "driver_restart", says how long it took). nullopt when this Trainer started the job.
+  std::optional<JobPosition> restarted_at() const;
 
  private:
   struct Impl;

@@ -139,6 +139,15 @@ struct RecoveryConfig {
   // standby, as if it were lost (the steps since the last snapshot are trained again); without a
   // ready standby it stays, with a warning.
   Choice<StragglerAction> on_straggler = StragglerAction::kWarn;
+  // "" = the driver's loss ends the job (its workers exit within heartbeat_timeout). Else the
+  // driver keeps what it needs to go on in this directory as it goes (driver.json: the workers,
+  // the generation, the job's keys; its snapshots as checkpoints in <dir>/checkpoints unless
+  // checkpoints.dir is set), and its workers outlive it by driver_grace: a driver started again
+  // with the same directory and settings finds them, re-forms the group and goes on from the
+  // last snapshot. Launcher local or none (ssh, mpirun and slurm processes end with the driver).
+  std::string driver_state_dir;
+  // With driver_state_dir: how long workers wait for a driver that stopped answering.
+  std::chrono::milliseconds driver_grace{60000};
 };
 
 // Snapshots (in memory, what a recovery restores) and checkpoints (snapshots written to disk).

@@ -26,8 +26,12 @@
 
 namespace {
 
+using dsgd::testing::children_of;
 using dsgd::testing::CliRun;
+using dsgd::testing::process_gone;
 using dsgd::testing::run_dsgd;
+using dsgd::testing::start_dsgd;
+using dsgd::testing::start_train;
 
 void expect_usage_error(const std::string& args, const std::string& needle) {
   CliRun r = run_dsgd(args);
@@ -481,50 +485,6 @@ TEST(Cli, ARemoteWorkerBeyondNumWorkersIsAStandbyThatTakesALostWorkersPlace) {
   EXPECT_EQ(j["recoveries"][0]["workers_after"], 2);
   EXPECT_EQ(j["steps"], 256);
   EXPECT_NE(r.output.find("is set up and ready outside the group"), std::string::npos) << r.output;
-}
-
-bool process_gone(pid_t pid) {
-  if (::kill(pid, 0) != 0) return true;
-  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
-  std::string line;
-  std::getline(stat, line);
-  const auto close = line.rfind(')');
-  return close != std::string::npos && line.size() > close + 2 && line[close + 2] == 'Z';
-}
-
-// `dsgd COMMAND ARGS...` as a child process, its output thrown away.
-pid_t start_dsgd(const std::string& command, const std::vector<std::string>& args) {
-  std::vector<const char*> argv{"dsgd", command.c_str()};
-  for (const auto& a : args) argv.push_back(a.c_str());
-  argv.push_back(nullptr);
-  const pid_t pid = ::fork();
-  if (pid == 0) {
-    const int null = ::open("/dev/null", O_WRONLY);
-    ::dup2(null, 1);
-    ::dup2(null, 2);
-    ::execv(DSGD_BINARY, const_cast<char* const*>(argv.data()));
-    ::_exit(127);
-  }
-  return pid;
-}
-pid_t start_train(const std::vector<std::string>& args) { return start_dsgd("train", args); }
-
-// The driver's worker processes, once `n` exist (empty after 30 s without them).
-std::vector<pid_t> children_of(pid_t driver, size_t n) {
-  std::vector<pid_t> workers;
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
-  while (workers.size() < n && std::chrono::steady_clock::now() < deadline) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
-    std::ifstream children("/proc/" + std::to_string(driver) + "/task/" + std::to_string(driver) + "/children");
-    workers.clear();
-    pid_t p;
-    while (children >> p) {
-      std::ifstream cmdline("/proc/" + std::to_string(p) + "/cmdline");
-      const std::string cmd((std::istreambuf_iterator<char>(cmdline)), {});
-      if (cmd.find("--dsgd-fork-server") == std::string::npos) workers.push_back(p);  // not a worker: it forks them
-    }
-  }
-  return workers;
 }
 
 // The contract for scripts: a kill -9 of a worker is in --json-out's "recoveries", with when it

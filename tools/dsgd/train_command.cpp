@@ -256,7 +256,8 @@ dsgd::FitResult run_with_trainer(const TrainFlags& f, ProgressPrinter* progress)
   std::signal(SIGTERM, on_interrupt);
   Trainer trainer(operator_of_job(f), trainer_config_of(f));
   if (g_interrupted) throw Interrupted();
-  if (!f.load.empty()) trainer.load(f.load);
+  // A driver that took a lost one's job up (--driver-state) goes on from the job's checkpoint.
+  if (!f.load.empty() && !trainer.restarted_at()) trainer.load(f.load);
   auto result = dsgd::fit(trainer,
                           {.epochs = f.job.epochs,
                            .max_steps = f.job.max_steps,

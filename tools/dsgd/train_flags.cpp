@@ -181,6 +181,16 @@ void add_recovery_flags(CLI::App* cmd, TrainFlags& f) {
   bind_flag(cmd, f, "!--no-from-peer", "recovery.from_peer", f.trainer.recovery.from_peer,
             "After a loss mid-training, restore the last snapshot and train the steps since again, instead of "
             "giving the new workers a survivor's state");
+  bind_option(cmd, f, "--driver-state", "recovery.driver_state_dir", f.trainer.recovery.driver_state_dir,
+              "Keep what a driver needs to go on in this directory: this command started again with it (after "
+              "the driver was killed or its host rebooted) takes the job up with the same workers, from the last "
+              "snapshot; the workers wait --driver-grace-ms for it");
+  bind_with(
+      cmd, f, "--driver-grace-ms", "recovery.driver_grace",
+      [&t = f.trainer](const std::string& v) { t.recovery.driver_grace = std::chrono::milliseconds(std::stoll(v)); },
+      "With --driver-state: how long workers wait for a driver that stopped answering")
+      ->check(CLI::Number)
+      ->default_str(std::to_string(f.trainer.recovery.driver_grace.count()));
   bind_option(cmd, f, "--max-failures", "recovery.max_failures", f.trainer.recovery.max_failures,
               "Lost workers survived before the job fails")
       ->capture_default_str();

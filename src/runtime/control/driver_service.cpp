@@ -22,7 +22,7 @@ using std::chrono::milliseconds;
 
 struct WorkerState {
   WorkerInfo info;
-  Clock::time_point last_heartbeat;
+  Clock::time_point last_heartbeat;  // of any call it made
   std::deque<proto::Command> queue;
   std::map<uint64_t, proto::CommandResult> results;
 };
@@ -50,7 +50,10 @@ struct Average {
 class DriverServerImpl final : public DriverServer, public proto::Driver::Service {
  public:
   explicit DriverServerImpl(const DriverServerOptions& o)
-      : options_(o), store_(comm::make_memory_store()), store_service_(make_store_service(store_, o.token)) {
+      : options_(o),
+        store_(comm::make_memory_store()),
+        store_service_(make_store_service(store_, o.token)),
+        next_id_(std::max<uint64_t>(1, o.first_command_id)) {
     grpc::ServerBuilder builder;
     configure(builder);
     // Every worker holds two long polls (Heartbeat, Poll), each on a thread of the sync server for
@@ -143,6 +146,24 @@ class DriverServerImpl final : public DriverServer, public proto::Driver::Servic
       it = it->first.first <= generation ? averages_.erase(it) : std::next(it);
     }
     notify_everyone();
+  }
+
+  void adopt(const std::vector<WorkerInfo>& adopted) override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (const auto& a : adopted) {
+      while (static_cast<int64_t>(workers_.size()) <= a.index) {  // ids never heard of again stay evicted
+        WorkerState gap;
+        gap.info.index = static_cast<int64_t>(workers_.size());
+        gap.info.alive = false;
+        workers_.push_back(std::move(gap));
+      }
+      auto& w = workers_[static_cast<size_t>(a.index)];
+      w.info = a;
+      w.info.alive = true;
+      w.info.heard = false;
+      w.last_heartbeat = Clock::now();  // its grace to call in: heartbeat_timeout, as anyone's
+    }
+    cv_.notify_all();
   }
 
   std::vector<WorkerInfo> workers() const override {
@@ -254,7 +275,7 @@ class DriverServerImpl final : public DriverServer, public proto::Driver::Servic
     auto* w = live(req->worker());
     if (w == nullptr)
       return {grpc::StatusCode::NOT_FOUND, "unknown or evicted worker " + std::to_string(req->worker())};
-    w->last_heartbeat = Clock::now();
+    heard(w);
     queue_cv_.wait_for(lock, milliseconds(std::clamp<int64_t>(req->wait_ms(), 0, 5000)),
                        [&] { return !w->queue.empty() || !w->info.alive || stop_; });
     if (!w->queue.empty()) {
@@ -270,7 +291,7 @@ class DriverServerImpl final : public DriverServer, public proto::Driver::Servic
     auto* w = live(req->worker());
     if (w == nullptr)
       return {grpc::StatusCode::NOT_FOUND, "unknown or evicted worker " + std::to_string(req->worker())};
-    w->last_heartbeat = Clock::now();
+    heard(w);
     w->results[req->id()] = *req;
     cv_.notify_all();
     return grpc::Status::OK;
@@ -284,7 +305,7 @@ class DriverServerImpl final : public DriverServer, public proto::Driver::Servic
     if (w == nullptr)
       return {grpc::StatusCode::NOT_FOUND, "unknown or evicted worker " + std::to_string(req->worker())};
     // Alive when it arrived; the wait below proves nothing (the worker may stop meanwhile).
-    w->last_heartbeat = Clock::now();
+    heard(w);
     if (!req->progress().empty()) w->info.progress = req->progress();
     beat_cv_.wait_for(lock, milliseconds(std::clamp<int64_t>(req->wait_ms(), 0, 2000)),
                       [&] { return stop_ || aborted_generation_ > req->known_abort_generation(); });
@@ -357,6 +378,14 @@ class DriverServerImpl final : public DriverServer, public proto::Driver::Servic
   grpc::Status denied() {
     ++rejected_;
     return {grpc::StatusCode::PERMISSION_DENIED, "wrong or missing job token"};
+  }
+  void heard(WorkerState* w) {
+    w->last_heartbeat = Clock::now();
+    if (!w->info.heard) {
+      w->info.heard = true;
+      log().info("driver: worker {} (host {}, pid {}) is back", w->info.index, w->info.host, w->info.pid);
+      cv_.notify_all();
+    }
   }
   WorkerState* worker(int64_t index) {
     if (index < 0 || index >= static_cast<int64_t>(workers_.size())) return nullptr;
@@ -438,7 +467,7 @@ class DriverServerImpl final : public DriverServer, public proto::Driver::Servic
   std::map<std::pair<int64_t, uint64_t>, Average> averages_;  // guarded by mutex_; by (generation, seq)
   std::map<int64_t, int> world_of_generation_;                 // guarded by mutex_
   int64_t aborted_generation_ = 0;                             // guarded by mutex_
-  uint64_t next_id_ = 1;                  // guarded by mutex_
+  uint64_t next_id_;                      // guarded by mutex_
   bool stop_ = false;                     // guarded by mutex_
   std::atomic<int64_t> rejected_{0};
   int port_ = 0;
@@ -455,105 +484,6 @@ std::string command_name(const proto::Command& command) {
 
 std::unique_ptr<DriverServer> DriverServer::start(const DriverServerOptions& options) {
   return std::make_unique<DriverServerImpl>(options);
-}
-
-// ---- client ----
-
-struct DriverClient::Impl {
-  std::unique_ptr<proto::Driver::Stub> stub;
-};
-
-DriverClient::DriverClient(std::string address, std::string token, TlsKeys tls)
-    : address_(std::move(address)), token_(std::move(token)), tls_(std::move(tls)), impl_(std::make_unique<Impl>()) {
-  impl_->stub = proto::Driver::NewStub(make_channel(address_, tls_));
-}
-
-DriverClient::~DriverClient() = default;
-
-DriverClient::Registration DriverClient::register_worker(const std::string& host, const std::string& address,
-                                                         int64_t pid, int64_t spawn_index, milliseconds timeout) {
-  proto::RegisterRequest req;
-  req.set_host(host);
-  req.set_address(address);
-  req.set_pid(pid);
-  req.set_version(DSGD_VERSION_STRING);
-  req.set_protocol(kControlProtocol);
-  req.set_spawn_index(spawn_index);
-  const auto deadline = Clock::now() + timeout;
-  // A driver that closes the connection at once, again and again, is up and refuses our keys:
-  // asking until the deadline would not help. A call that timed out is asked again (a driver
-  // taking a hundred workers' handshakes at once can be slow; it knows a retry by its pid).
-  int refused = 0;
-  while (true) {
-    grpc::ClientContext ctx;
-    prepare(ctx, token_, milliseconds(15000));
-    proto::RegisterReply reply;
-    const grpc::Status s = impl_->stub->Register(&ctx, req, &reply);
-    if (s.ok()) return {reply.worker(), reply.job()};
-    refused = refused_at_connect(s) ? refused + 1 : 0;
-    const bool again =
-        s.error_code() == grpc::StatusCode::UNAVAILABLE || s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED;
-    if (!again || Clock::now() >= deadline || refused >= 5) {
-      raise(s, "driver at " + address_ + ": register", address_, tls_.enabled());
-    }
-    std::this_thread::sleep_for(milliseconds(200));
-  }
-}
-
-proto::Command DriverClient::poll(int64_t worker, milliseconds wait) {
-  proto::PollRequest req;
-  req.set_worker(worker);
-  req.set_wait_ms(wait.count());
-  grpc::ClientContext ctx;
-  prepare(ctx, token_, wait + milliseconds(10000));
-  proto::Command reply;
-  const grpc::Status s = impl_->stub->Poll(&ctx, req, &reply);
-  if (!s.ok()) raise(s, "driver at " + address_ + ": poll", address_, tls_.enabled());
-  return reply;
-}
-
-void DriverClient::complete(const proto::CommandResult& req) {
-  grpc::ClientContext ctx;
-  prepare(ctx, token_, milliseconds(60000));
-  proto::Empty reply;
-  const grpc::Status s = impl_->stub->Complete(&ctx, req, &reply);
-  if (!s.ok()) raise(s, "driver at " + address_ + ": complete", address_, tls_.enabled());
-}
-
-DriverClient::Beat DriverClient::heartbeat(int64_t worker, const std::string& progress, int64_t known_abort_generation,
-                                          milliseconds wait, milliseconds timeout) {
-  proto::HeartbeatRequest req;
-  req.set_worker(worker);
-  req.set_progress(progress);
-  req.set_known_abort_generation(known_abort_generation);
-  req.set_wait_ms(wait.count());
-  grpc::ClientContext ctx;
-  prepare(ctx, token_, wait + timeout);
-  proto::HeartbeatReply reply;
-  const grpc::Status s = impl_->stub->Heartbeat(&ctx, req, &reply);
-  if (!s.ok()) raise(s, "driver at " + address_ + ": heartbeat", address_, tls_.enabled());
-  return {reply.stop(), reply.abort_generation()};
-}
-
-void DriverClient::average(int64_t generation, int64_t rank, uint64_t seq, float* data, size_t count,
-                           milliseconds timeout) {
-  proto::ReduceRequest req;
-  req.set_generation(generation);
-  req.set_rank(rank);
-  req.set_seq(seq);
-  req.set_data(reinterpret_cast<const char*>(data), count * sizeof(float));
-  grpc::ClientContext ctx;
-  prepare(ctx, token_, timeout + milliseconds(5000));
-  proto::ReduceReply reply;
-  const grpc::Status s = impl_->stub->Reduce(&ctx, req, &reply);
-  if (!s.ok()) raise(s, "driver at " + address_ + ": average #" + std::to_string(seq), address_, tls_.enabled());
-  if (reply.data().size() != count * sizeof(float)) {
-    throw CommError("driver at " + address_ + ": average #" + std::to_string(seq) + " came back with " +
-                        std::to_string(reply.data().size()) + " bytes, expected " +
-                        std::to_string(count * sizeof(float)),
-                    "average");
-  }
-  std::memcpy(data, reply.data().data(), count * sizeof(float));
 }
 
 }  // namespace dsgd::control

@@ -24,7 +24,12 @@
 
 #include "dsgd/comm/store.h"
 #include "dsgd/control.pb.h"
+#include "dsgd/error.h"
 #include "runtime/control/tls.h"
+
+namespace grpc {
+class Status;
+}  // namespace grpc
 
 namespace dsgd::control {
 
@@ -33,8 +38,8 @@ namespace dsgd::control {
 // (FAILED_PRECONDITION), naming both.
 // 1: JSON job and commands; 2: JobSpec, typed commands; 3: JobSpec.device, .precision;
 // 4: long-poll heartbeats, Placement.hosts; 5: JobSpec.step (the step settings as one JSON);
-// 6: states in pieces only (StateChunk, ReadStateRequest); 7: Store.GetMany.
-inline constexpr uint32_t kControlProtocol = 7;
+// 6: states in pieces only (StateChunk, ReadStateRequest); 7: Store.GetMany; 8: JobSpec.driver_grace_ms.
+inline constexpr uint32_t kControlProtocol = 8;
 
 struct DriverServerOptions {
   std::string listen = "127.0.0.1:0";       // host:port; port 0 picks a free one
@@ -48,6 +53,10 @@ struct DriverServerOptions {
   TlsKeys tls;                              // enabled: mutual TLS, clients need a cert of tls.ca
   std::chrono::milliseconds heartbeat_timeout{10000};
   std::chrono::milliseconds reduce_timeout{60000};
+  // Commands are numbered from here. A driver started again in another's place starts beyond
+  // every number its predecessor could have used, so that a worker's late result of an old
+  // command is never taken for the answer to a new one.
+  uint64_t first_command_id = 1;
 };
 
 struct WorkerInfo {
@@ -59,6 +68,14 @@ struct WorkerInfo {
   std::string progress;                     // the last heartbeat's progress JSON
   double since_heartbeat_s = 0;
   bool alive = true;                        // false once evicted
+  bool heard = true;                        // false for an adopted worker that has not called yet
+};
+
+// A call to the driver that found nobody there (connection refused or reset): the driver is down,
+// and with a driver that restarts in place it may be back at the same address.
+class DriverUnreachable : public CommError {
+ public:
+  using CommError::CommError;
 };
 
 // The request's name as the proto spells it ("train", "set_state"): for messages and logs.
@@ -76,6 +93,10 @@ class DriverServer {
   // every ~100 ms meanwhile (it may throw to give up early).
   virtual void wait_registered(std::chrono::milliseconds timeout, const std::function<void()>& on_tick,
                                int count = 0) = 0;
+  // A driver started again in its predecessor's place (TrainerConfig::recovery.driver_state_dir)
+  // takes that one's workers as registered under their old ids, heard = false until each calls.
+  // Before any registration.
+  virtual void adopt(const std::vector<WorkerInfo>& workers) = 0;
   // Every worker that ever registered, by id (index); evicted ones have alive = false.
   virtual std::vector<WorkerInfo> workers() const = 0;
   // Ids of the live workers, ascending.
@@ -127,6 +148,13 @@ class DriverClient {
   // full job, another control protocol).
   Registration register_worker(const std::string& host, const std::string& address, int64_t pid,
                                int64_t spawn_index, std::chrono::milliseconds timeout);
+  // Calls below throw DriverUnreachable when nobody answers at the driver's address. With a
+  // driver grace (a driver that restarts in place: JobSpec.driver_grace_ms) they ride that out:
+  // each is tried again as soon as the address accepts a connection, until the driver has been
+  // silent for the grace.
+  void set_driver_grace(std::chrono::milliseconds grace);
+  // Since the driver last answered one of this client's calls (since its construction if none).
+  std::chrono::steady_clock::duration since_answered() const;
   // Long poll; id 0 when nothing came within `wait`.
   proto::Command poll(int64_t worker, std::chrono::milliseconds wait);
   // The result of a polled command (its worker and id set).
@@ -148,6 +176,11 @@ class DriverClient {
   const TlsKeys& tls() const { return tls_; }
 
  private:
+  // raise() for a failed call to the driver; DriverUnreachable where nobody answered.
+  [[noreturn]] void raise_from_driver(const grpc::Status& status, const std::string& call) const;
+  // `call()`, again while the driver is unreachable within the grace; marks it answered.
+  template <typename F>
+  auto patiently(F call) -> decltype(call());
   struct Impl;
   std::string address_;
   std::string token_;

@@ -41,6 +41,11 @@ std::shared_ptr<grpc::Channel> make_channel(const std::string& address, const Tl
   args.SetMaxReceiveMessageSize(-1);
   args.SetMaxSendMessageSize(-1);
   if (tls.enabled()) args.SetSslTargetNameOverride(kTlsServerName);
+  // A server that went away is tried again at least every second (gRPC's default backs off to
+  // two minutes): a driver started again in its place (recovery.driver_state_dir) is found
+  // within a second of its start, and so is a driver that was slow to come up.
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
   return grpc::CreateCustomChannel(address, channel_credentials(tls), args);
 }
 

@@ -272,4 +272,11 @@ Checkpoint read_latest_checkpoint(const std::string& root, std::vector<std::stri
   throw DataError(root, "every checkpoint here is damaged:" + problems);
 }
 
+Checkpoint read_checkpoint_at(const std::string& path, std::vector<std::string>* skipped) {
+  if (!std::filesystem::exists(std::filesystem::path(path) / "checkpoint.dsgd") && !list_checkpoints(path).empty()) {
+    return read_latest_checkpoint(path, skipped);
+  }
+  return read_checkpoint(path);
+}
+
 }  // namespace dsgd::runtime

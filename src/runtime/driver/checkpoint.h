@@ -53,5 +53,7 @@ bool job_ended(const std::string& root);
 // The newest intact checkpoint under root. Each damaged one passed over is appended to *skipped
 // as "path: problem". DataError, listing every problem, if none is intact.
 Checkpoint read_latest_checkpoint(const std::string& root, std::vector<std::string>* skipped);
+// A checkpoint directory, or a root: then read_latest_checkpoint's.
+Checkpoint read_checkpoint_at(const std::string& path, std::vector<std::string>* skipped);
 
 }  // namespace dsgd::runtime

@@ -60,6 +60,11 @@ class Loop {
  public:
   Loop(Trainer& trainer, const FitOptions& o, ProgressListener* listener)
       : trainer_(trainer), o_(o), listener_(listener), saved_(trainer.config()) {
+    // A driver that took a lost one's job up goes on with the job's epochs and steps.
+    if (const auto at = trainer.restarted_at()) {
+      epoch_ = at->epoch - at->first_epoch + 1;
+      result_.steps = at->steps;
+    }
     trainer_.set_callbacks([this](const TrainProgress& p) { on_progress(p); },
                            [this](const RecoveryEvent& e) {
                              // Whole events, kept in case the call is stopped before it returns them.

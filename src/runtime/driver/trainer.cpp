@@ -41,35 +41,6 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 
-// A process the driver started (a worker, a ps shard): what it exits with; nullopt for another.
-std::optional<int> run_as_started(int argc, char** argv) {
-  std::optional<dsgd::WorkerArgs> args;
-  std::optional<dsgd::PsServerArgs> server_args;
-  try {
-    args = runtime::parse_worker_args(argc, argv);
-    server_args = runtime::parse_ps_server_args(argc, argv);
-  } catch (const std::exception& e) {
-    control::log().error("dsgd worker: {}", e.what());
-    return 2;
-  }
-  if (server_args) return dsgd::run_ps_server(*server_args);  // a ps shard process
-  if (!args) return std::nullopt;
-  return dsgd::run_worker(*args);
-}
-
-// A worker forked by a fork server (runtime/launch/fork_server.h).
-int run_forked(int argc, char** argv) { return run_as_started(argc, argv).value_or(2); }
-
-}  // namespace
-
-void init(int argc, char** argv) {
-  runtime::tune_malloc();  // before the first big allocation, in drivers and workers alike
-  if (runtime::is_fork_server(argc, argv)) runtime::serve_forks(argc, argv, &run_forked);
-  if (const auto status = run_as_started(argc, argv)) std::exit(*status);
-}
-
-namespace {
-
 // Names in /dev/shm that workers killed while their host's shared-memory group formed left
 // behind (dsgd/comm/shm_group.h): removed when a driver starts and when it stops.
 void remove_orphaned_segments() {
@@ -91,6 +62,7 @@ std::vector<proto::CommandResult> Trainer::Impl::raw_call(const proto::Command& 
                                                           milliseconds timeout) {
   if (targets.empty()) targets = pool->members();
   return server->call(request, timeout, [&] {
+    if (driver_state) driver_state->touch();  // for a successor: when this driver was last alive
     pool->check_children();
     pool->tend(generation, signature);  // standbys and new workers set up meanwhile
     if (extra_tick) extra_tick();
@@ -175,26 +147,30 @@ json Trainer::Impl::checkpoint_header(int64_t epoch, int64_t batch) const {
 }
 
 Trainer::Trainer(const std::string& operator_name, TrainerConfig config) : impl_(std::make_unique<Impl>()) {
+  const auto started = Clock::now();
   validate_config(operator_name, config);
   auto& d = *impl_;
   d.op_name = operator_name;
   d.config = std::move(config);
-  const auto& c = d.config;
-  d.token = c.launch.token.empty() ? random_token() : c.launch.token;
-  const control::TlsKeys tls = runtime::job_tls_keys(c);
-  d.tls = tls.enabled();
-  remove_orphaned_segments();
+  auto& c = d.config;
   control::DriverServerOptions so;
-  so.listen = c.launch.listen.empty() ? "127.0.0.1:0" : c.launch.listen;
+  so.job = runtime::make_job_spec(operator_name, c);
+  const std::optional<runtime::DriverState> previous = d.open_driver_state(so.job);  // a lost driver's job
+  d.token = previous ? previous->token : c.launch.token.empty() ? random_token() : c.launch.token;
+  const control::TlsKeys tls = previous ? control::decode_keys(previous->tls_keys) : runtime::job_tls_keys(c);
+  d.tls = tls.enabled();
+  d.tls_line = control::encode_keys(tls);
+  remove_orphaned_segments();
+  so.listen = previous ? previous->address : c.launch.listen.empty() ? "127.0.0.1:0" : c.launch.listen;
   so.token = d.token;
   so.tls = tls;
   so.num_workers = c.num_workers;
   so.standby_workers = c.recovery.standby_workers;
   so.world_size = c.num_workers * c.devices_per_worker;
-  so.job = runtime::make_job_spec(operator_name, c);
   so.heartbeat_timeout = c.recovery.heartbeat_timeout;
   so.reduce_timeout = c.comm.timeout;
-  d.server = control::DriverServer::start(so);
+  d.start_server(&so, previous);
+  d.listen_address = so.listen.substr(0, so.listen.rfind(':')) + ":" + std::to_string(d.server->port());
   std::string binary;  // what the workers the driver starts run
   if (runtime::launcher_of(c) != Launcher::kNone)
     binary = c.launch.worker_binary.empty() ? runtime::self_executable() : c.launch.worker_binary;
@@ -205,14 +181,19 @@ Trainer::Trainer(const std::string& operator_name, TrainerConfig config) : impl_
 
   try {
     d.start_metrics();
-    if (d.pool->spawns()) {
-      d.pool->spawn_initial();
+    if (previous) {
+      d.resume(*previous, started);
     } else {
-      control::log().info("driver: waiting for {} worker(s): start each with --dsgd-worker --driver {} --token {}{}",
-                          c.num_workers, address(), d.token,
-                          d.tls ? " --tls-dir DIR (DIR: this job's ca.pem, cert.pem, key.pem)" : "");
+      if (d.pool->spawns()) {
+        d.pool->spawn_initial();
+      } else {
+        control::log().info(
+            "driver: waiting for {} worker(s): start each with --dsgd-worker --driver {} --token {}{}", c.num_workers,
+            address(), d.token, d.tls ? " --tls-dir DIR (DIR: this job's ca.pem, cert.pem, key.pem)" : "");
+      }
+      d.start_up();
+      if (d.driver_state) d.persist_snapshot(0, 0, 0);  // a restart before the first interval starts here
     }
-    d.start_up();
     d.publish_gauges();
   } catch (...) {
     shutdown();
@@ -510,15 +491,9 @@ void Trainer::save(const std::string& path) {
 }
 
 void Trainer::load(const std::string& path) {
-  runtime::Checkpoint c;
-  if (!std::filesystem::exists(std::filesystem::path(path) / "checkpoint.dsgd") &&
-      !runtime::list_checkpoints(path).empty()) {
-    std::vector<std::string> skipped;
-    c = runtime::read_latest_checkpoint(path, &skipped);
-    for (const auto& s : skipped) control::log().warn("trainer: passed over a damaged checkpoint: {}", s);
-  } else {
-    c = runtime::read_checkpoint(path);
-  }
+  std::vector<std::string> skipped;
+  runtime::Checkpoint c = runtime::read_checkpoint_at(path, &skipped);
+  for (const auto& s : skipped) control::log().warn("trainer: passed over a damaged checkpoint: {}", s);
   const auto field = c.header.find("operator");
   const std::string op = field != c.header.end() && field->is_string() ? field->get<std::string>() : "";
   if (op != impl_->op_name) {
@@ -530,6 +505,12 @@ void Trainer::load(const std::string& path) {
   impl_->snapshot_feedback = c.feedback;
   impl_->snapshots->reset();
   impl_->snapshots->resized(c.state.size());
+  if (impl_->driver_state) {  // a driver's restart goes on from here, until the next checkpoint
+    impl_->first_epoch = c.header.value("epoch", int64_t{0});
+    impl_->restart_checkpoint = path;
+    impl_->checkpoint_steps = impl_->steps_done;
+    impl_->save_driver_state();
+  }
 }
 
 std::shared_ptr<torch::nn::Module> Trainer::get_model(size_t index) {
@@ -565,6 +546,13 @@ void Trainer::shutdown() {
     }
   }
   d.save_history(/*ended=*/true);
+  if (d.driver_state) {  // its workers are told to stop: nothing for a later driver to take up
+    try {
+      d.driver_state->write_ended();
+    } catch (const std::exception& e) {
+      control::log().warn("trainer: {}", e.what());
+    }
+  }
   d.metrics.reset();  // its scrapes read the server
   if (d.server) {
     d.announce_to_servers("stop");
@@ -586,6 +574,8 @@ void Trainer::shutdown() {
 const TrainerConfig& Trainer::config() const { return impl_->config; }
 
 int64_t Trainer::parameter_count() const { return impl_->parameters; }
+
+std::optional<JobPosition> Trainer::restarted_at() const { return impl_->restarted_at; }
 
 std::string Trainer::address() const {
   const std::string& l = impl_->config.launch.listen;

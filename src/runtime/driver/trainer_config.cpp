@@ -126,6 +126,22 @@ void validate_step(const TrainerConfig& c) {
   validate_zero(c);
 }
 
+// A driver that restarts in place needs workers that outlive it: processes it started itself
+// (local) or that joined by themselves (none); ssh clients, mpirun and srun end with it.
+void validate_driver_state(const TrainerConfig& c) {
+  if (c.recovery.driver_state_dir.empty()) return;
+  const Launcher l = runtime::launcher_of(c);
+  require(l == Launcher::kLocal || l == Launcher::kNone, "recovery.driver_state_dir",
+          std::string("recovery.driver_state_dir needs workers that outlive the driver: launcher local or none, "
+                      "not ") + Choice<Launcher>(l).name() + " (its processes end with the driver)");
+  require(ps_shard_processes(c) == 0, "recovery.driver_state_dir",
+          "recovery.driver_state_dir does not keep ps shard processes (ps.placement processes) across a driver's "
+          "restart; use ps.placement workers");
+  require(c.recovery.driver_grace.count() >= 1000 && c.recovery.driver_grace.count() <= 86400000,
+          "recovery.driver_grace",
+          "recovery.driver_grace must be 1 s to 24 h, got " + std::to_string(c.recovery.driver_grace.count()) + " ms");
+}
+
 void validate_recovery(const TrainerConfig& c) {
   require(c.checkpoints.keep >= 1, "checkpoints.keep",
           "checkpoints.keep must be >= 1, got " + std::to_string(c.checkpoints.keep));
@@ -150,6 +166,7 @@ void validate_recovery(const TrainerConfig& c) {
           "recovery.heartbeat_timeout must be >= 100 ms, got " + std::to_string(c.recovery.heartbeat_timeout.count()) +
               " ms");
   require(c.comm.timeout.count() > 0, "comm.timeout", "comm.timeout must be positive");
+  validate_driver_state(c);
 }
 
 }  // namespace

@@ -18,6 +18,7 @@
 
 #include "dsgd/trainer.h"
 #include "runtime/control/driver_service.h"
+#include "runtime/driver/driver_state.h"
 #include "runtime/driver/overlap_tuner.h"
 #include "runtime/driver/snapshot_policy.h"
 #include "runtime/driver/stragglers.h"
@@ -315,6 +316,41 @@ struct Trainer::Impl {
   // The snapshot just taken, also on disk (TrainerConfig::checkpoints.dir), as step `step`. One
   // that cannot be written is warned about and counted, unless checkpoints.fail_on_write_error.
   void persist_snapshot(int64_t epoch, int64_t batch, int64_t batches_per_epoch);
+
+  // recovery.driver_state_dir (runtime/driver/trainer_restart.cpp): what this driver keeps for
+  // one started again in its place, and how a driver takes a job up from it.
+  std::unique_ptr<runtime::DriverStateFile> driver_state;
+  std::string job_fingerprint;       // of the job spec
+  std::string listen_address;        // HOST:PORT the server listens on
+  std::string tls_line;              // control::encode_keys of the job's keys ("" without TLS)
+  int64_t driver_restarts = 0;       // drivers before this one that took the job up
+  int64_t first_epoch = 0;           // where the job began (a load()ed checkpoint's epoch)
+  std::string restart_checkpoint;    // what a restart goes on from: the newest checkpoint, or a load()ed one
+  int64_t checkpoint_steps = 0;      // steps_done there
+  int64_t checkpoint_bpe = 0;        // batches per epoch, where known (0: not yet)
+  std::optional<JobPosition> restarted_at;
+  // With recovery.driver_state_dir: the state file (driver_state), checkpoints.dir set if empty
+  // (snapshots go to disk), and the state of a lost driver of the same job to take up, if any.
+  std::optional<runtime::DriverState> open_driver_state(const proto::JobSpec& job);
+  // The control plane's server; taking a lost driver's job up (`previous`), at its address, with
+  // command numbers beyond its.
+  void start_server(control::DriverServerOptions* options, const std::optional<runtime::DriverState>& previous);
+  // Writes the driver's state (members, generation, keys, the checkpoint to go on from); a state
+  // that cannot be written is warned about (the job goes on, but a restart would find less).
+  void save_driver_state();
+  // The state of a driver lost mid-job: adopt its workers, evict those that did not wait, restore
+  // its newest checkpoint everywhere under a new generation (a RecoveryEvent of kind
+  // "driver_restart" in start_events, timed from `started`, this driver's start).
+  void resume(const runtime::DriverState& previous, Clock::time_point started);
+  // resume()'s steps: the old driver's workers and standbys taken in under their ids; the steps
+  // the members (but `lost`) trained past the checkpoint at (epoch, batch); the event recorded
+  // (`none_back`: no old worker answered, so those steps are unknown).
+  void adopt_workers(const runtime::DriverState& previous);
+  int64_t steps_past(const std::vector<int>& lost, int64_t epoch, int64_t batch);
+  void resumed(RecoveryEvent ev, Clock::time_point started, bool none_back);
+  // resume()'s fallback when none of the old workers answered: start the job's processes again
+  // (the driver starts its workers) and restore the checkpoint into them.
+  void restart_without_workers(const std::string& why);
 };
 
 }  // namespace dsgd

@@ -264,6 +264,7 @@ void Trainer::Impl::connect_group() {
       proto::Command connect;
       *connect.mutable_connect()->mutable_placement() = pool->placement(generation);
       raw_call(connect);
+      save_driver_state();  // who is in the group now, under which generation
       return;
     } catch (const CommError& e) {
       if (!members_alive()) throw;  // a lost worker: recovery's case
@@ -400,6 +401,10 @@ void Trainer::Impl::persist_snapshot(int64_t epoch, int64_t batch, int64_t batch
     last_checkpoint = runtime::write_rotating_checkpoint(config.checkpoints.dir, step, config.checkpoints.keep, c,
                                                          model_pt);
     control::log().debug("trainer: checkpoint {}", last_checkpoint);
+    restart_checkpoint = last_checkpoint;  // a driver's restart goes on from here
+    checkpoint_steps = steps_done;
+    if (batches_per_epoch > 0) checkpoint_bpe = batches_per_epoch;
+    save_driver_state();
   } catch (const DataError& e) {
     if (config.checkpoints.fail_on_write_error) throw;
     ++checkpoint_failures;

@@ -114,6 +114,8 @@ const std::map<std::string, Setter>& settings() {
       DSGD_SETTING("recovery.replace_lost_workers", recovery.replace_lost_workers),
       DSGD_SETTING("recovery.replacement_timeout", recovery.replacement_timeout),
       DSGD_SETTING("recovery.on_straggler", recovery.on_straggler),
+      DSGD_SETTING("recovery.driver_state_dir", recovery.driver_state_dir),
+      DSGD_SETTING("recovery.driver_grace", recovery.driver_grace),
       DSGD_SETTING("checkpoints.every_steps", checkpoints.every_steps),
       DSGD_SETTING("checkpoints.max_overhead", checkpoints.max_overhead),
       DSGD_SETTING("checkpoints.dir", checkpoints.dir),

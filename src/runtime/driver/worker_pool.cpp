@@ -320,6 +320,31 @@ void WorkerPool::stop(int grace_ms) {
   if (!children_.wait_all(grace_ms)) children_.kill_all();
 }
 
+std::vector<WorkerPool::Kept> WorkerPool::kept() const {
+  const auto workers = server_.workers();
+  std::vector<Kept> out;
+  const auto add = [&](int id, bool member) {
+    const pid_t pid = pid_of(id);
+    const auto h = pseudo_host_.find(pid);
+    out.push_back({id, workers.at(static_cast<size_t>(id)).spawn_index, pid,
+                   h == pseudo_host_.end() ? -1 : h->second, member});
+  };
+  for (int id : members_) add(id, true);
+  for (int id : ready_) add(id, false);
+  return out;
+}
+
+void WorkerPool::adopt(const std::vector<Kept>& workers, int64_t next_spawn_index) {
+  next_spawn_index_ = std::max(next_spawn_index_, next_spawn_index);
+  for (const auto& w : workers) {
+    (w.member ? members_ : ready_).push_back(w.id);
+    if (w.pid <= 0) continue;  // one the driver did not start (remote)
+    children_.adopt(w.pid);
+    launched_[w.spawn_index] = w.pid;
+    if (w.pseudo_host >= 0) pseudo_host_[w.pid] = w.pseudo_host;
+  }
+}
+
 void WorkerPool::restart() {
   for (pid_t pid : std::vector<pid_t>(children_.pids())) end_process(pid, /*failed=*/false);
   launched_.clear();

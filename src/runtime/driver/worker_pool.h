@@ -103,6 +103,19 @@ class WorkerPool {
   void reset_backoff() { backoff_ = std::chrono::milliseconds(1000); }
   // Shutdown: up to `grace_ms` for spawned workers to exit by themselves, then SIGKILL.
   void stop(int grace_ms);
+  // A driver that restarts in place (TrainerConfig::recovery.driver_state_dir) keeps who is in the
+  // group and who stands by (kept()), and its successor takes them up (adopt(): the members in
+  // order, the standbys ready, their processes watched, not reaped: not its children).
+  struct Kept {
+    int id = -1;
+    int64_t spawn_index = -1;
+    pid_t pid = 0;          // the process the driver started for it; 0 where it started none
+    int pseudo_host = -1;   // launch.local_hosts > 1
+    bool member = true;     // false: a ready standby
+  };
+  std::vector<Kept> kept() const;
+  int64_t next_spawn_index() const { return next_spawn_index_; }
+  void adopt(const std::vector<Kept>& workers, int64_t next_spawn_index);
   // A start-up that lost a process (when the driver starts its workers): kills every started
   // process (workers and shard processes) and starts them all again, as spawn_initial. Members
   // are cleared.

@@ -9,7 +9,9 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
+#include <cerrno>
 #include <cstring>
+#include <fstream>
 #include <thread>
 #include <utility>
 
@@ -133,6 +135,33 @@ std::optional<pid_t> LocalProcesses::fork_from_server(const std::string& binary,
   return pid;
 }
 
+void LocalProcesses::adopt(pid_t pid, int stop_signal) {
+  pids_.push_back(pid);
+  reaped_.push_back(false);
+  stdin_fds_.push_back(-1);
+  stop_signals_.push_back(stop_signal);
+  adopted_.resize(pids_.size(), false);
+  adopted_.back() = true;
+}
+
+bool LocalProcesses::adopted(size_t i) const { return i < adopted_.size() && adopted_[i]; }
+
+// An adopted process is not our child: gone when no process has its pid, or a zombie (its new
+// parent has not reaped it yet).
+static bool running(pid_t pid) {
+  if (::kill(pid, 0) != 0 && errno == ESRCH) return false;
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  std::string line;
+  if (!std::getline(stat, line)) return false;
+  const auto paren = line.rfind(')');  // "pid (comm) S ...": comm may hold spaces
+  return paren == std::string::npos || paren + 2 >= line.size() || line[paren + 2] != 'Z';
+}
+
+bool LocalProcesses::ended(size_t i, int* status) {
+  if (adopted(i)) return !running(pids_[i]);
+  return ::waitpid(pids_[i], status, WNOHANG) == pids_[i];
+}
+
 void LocalProcesses::reaped(size_t i) {
   reaped_[i] = true;
   if (stdin_fds_[i] >= 0) ::close(std::exchange(stdin_fds_[i], -1));
@@ -142,8 +171,11 @@ std::optional<LocalProcesses::Exit> LocalProcesses::check_exited() {
   for (size_t i = 0; i < pids_.size(); ++i) {
     if (reaped_[i]) continue;
     int status = 0;
-    if (::waitpid(pids_[i], &status, WNOHANG) == pids_[i]) {
+    if (ended(i, &status)) {
       reaped(i);
+      if (adopted(i)) {  // not our child: how it ended is its new parent's to know
+        return Exit{pids_[i], "process " + std::to_string(pids_[i]) + " (started by an earlier driver) ended", true};
+      }
       std::string how;
       if (WIFEXITED(status)) {
         how = "exited with status " + std::to_string(WEXITSTATUS(status));
@@ -162,7 +194,7 @@ std::optional<LocalProcesses::Exit> LocalProcesses::check_exited() {
 bool LocalProcesses::gone(pid_t pid) {
   for (size_t i = 0; i < pids_.size(); ++i) {
     if (pids_[i] != pid) continue;
-    if (!reaped_[i] && ::waitpid(pid, nullptr, WNOHANG) == pid) reaped(i);
+    if (!reaped_[i] && ended(i, nullptr)) reaped(i);
     return reaped_[i];
   }
   return false;
@@ -171,18 +203,29 @@ bool LocalProcesses::gone(pid_t pid) {
 void LocalProcesses::kill(pid_t pid) {
   for (size_t i = 0; i < pids_.size(); ++i) {
     if (pids_[i] != pid || reaped_[i]) continue;
+    if (adopted(i) && this->ended(i, nullptr)) {  // gone: its pid (and group) may be another's now
+      reaped(i);
+      continue;
+    }
     bool ended = false;
     if (stop_signals_[i] != SIGKILL) {
       ::kill(pid, stop_signals_[i]);
       const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
-      while (!(ended = ::waitpid(pid, nullptr, WNOHANG) == pid) && std::chrono::steady_clock::now() < deadline) {
+      while (!(ended = this->ended(i, nullptr)) && std::chrono::steady_clock::now() < deadline) {
         std::this_thread::sleep_for(std::chrono::milliseconds(10));
       }
     }
     ::kill(-pid, SIGKILL);  // its group: whatever it started, too
     if (!ended) {
       ::kill(pid, SIGKILL);
-      ::waitpid(pid, nullptr, 0);
+      if (adopted(i)) {  // gone within moments of SIGKILL; its parent reaps it
+        const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+        while (!this->ended(i, nullptr) && std::chrono::steady_clock::now() < deadline) {
+          std::this_thread::sleep_for(std::chrono::milliseconds(10));
+        }
+      } else {
+        ::waitpid(pid, nullptr, 0);
+      }
     }
     reaped(i);
   }
@@ -194,7 +237,7 @@ bool LocalProcesses::wait_all(int timeout_ms) {
     bool all = true;
     for (size_t i = 0; i < pids_.size(); ++i) {
       if (reaped_[i]) continue;
-      if (::waitpid(pids_[i], nullptr, WNOHANG) == pids_[i]) {
+      if (ended(i, nullptr)) {
         reaped(i);
       } else {
         all = false;
@@ -212,7 +255,7 @@ void LocalProcesses::kill_all(int grace_ms) {
   }
   if (!wait_all(grace_ms)) {
     for (size_t i = 0; i < pids_.size(); ++i) {
-      if (!reaped_[i]) ::kill(-pids_[i], SIGKILL);
+      if (!reaped_[i] && !(adopted(i) && ended(i, nullptr))) ::kill(-pids_[i], SIGKILL);
     }
     wait_all(10000);
   }

@@ -39,6 +39,9 @@ class LocalProcesses {
   // environment where one starts (runtime/launch/fork_server.h), instead of exec: the same
   // process, a second's CPU sooner. Off by default; DSGD_FORK_SERVER=0 turns it off anywhere.
   void use_fork_servers() { fork_servers_ = true; }
+  // Watches `pid`, a process an earlier driver started (recovery.driver_state_dir), as if it
+  // were ours: its end is found (not reaped: it is not our child), `stop_signal` ends it.
+  void adopt(pid_t pid, int stop_signal = SIGKILL);
   struct Exit {
     pid_t pid;
     std::string what;  // "process 123 exited with status 1"
@@ -64,10 +67,14 @@ class LocalProcesses {
   std::optional<pid_t> fork_from_server(const std::string& binary, const std::vector<std::string>& args,
                                         const std::vector<std::string>& env, int stop_signal, int nice);
   void reaped(size_t i);  // marks child i reaped and closes its standard input
+  bool adopted(size_t i) const;
+  // Whether process i has ended (a child: reaped here, *status set if given).
+  bool ended(size_t i, int* status);
   std::vector<pid_t> pids_;
   std::vector<bool> reaped_;
   std::vector<int> stdin_fds_;  // -1: none
   std::vector<int> stop_signals_;
+  std::vector<bool> adopted_;   // adopt()ed, not our children; shorter than pids_ where none is
   bool fork_servers_ = false;
   // By binary and environment; null: it did not start or went away (exec from then on).
   std::map<std::string, std::unique_ptr<ForkServer>> servers_;

@@ -78,6 +78,7 @@ proto::JobSpec make_job_spec(const std::string& op, const TrainerConfig& c) {
   s.set_max_staleness(c.ps.max_staleness);
   s.set_heartbeat_timeout_ms(c.recovery.heartbeat_timeout.count());
   s.set_comm_timeout_ms(c.comm.timeout.count());
+  if (!c.recovery.driver_state_dir.empty()) s.set_driver_grace_ms(c.recovery.driver_grace.count());
   s.set_device(to_proto(c.device.value()));
   s.set_compression(to_proto(c.comm.compression.value()));
   s.set_powersgd_rank(c.comm.powersgd_rank);

@@ -2,6 +2,7 @@
 
 #include <execinfo.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include "runtime/control/log.h"
 #include <unistd.h>
 
@@ -60,6 +61,12 @@ class Worker {
     if (threads <= 0) threads = std::max(1u, std::thread::hardware_concurrency());
     threads_per_replica_ = std::max(1, threads / dpw_);
     at::set_num_threads(threads_per_replica_);
+    // A driver that restarts in place (recovery.driver_state_dir) finds its workers alive: they
+    // outlive the process that started them, and their calls wait for the next one.
+    if (job_.driver_grace_ms() > 0) {
+      ::prctl(PR_SET_PDEATHSIG, 0);
+      client_.set_driver_grace(milliseconds(job_.driver_grace_ms()));
+    }
   }
 
   int serve() {
@@ -110,7 +117,6 @@ class Worker {
   // an abort of the group heard within moments of the driver's decision.
   void heartbeat_loop() {
     const auto interval = std::clamp(heartbeat_timeout_ / 4, milliseconds(100), milliseconds(1000));
-    auto last_ok = Clock::now();
     int64_t known_abort = 0;
     while (!stop_) {
       try {
@@ -128,7 +134,6 @@ class Worker {
         }
         const auto beat = client_.heartbeat(index_, p.is_null() ? std::string() : p.dump(), known_abort, interval,
                                             std::max(heartbeat_timeout_ / 2, milliseconds(500)));
-        last_ok = Clock::now();
         known_abort = std::max(known_abort, beat.abort_generation);
         if (beat.abort_generation > 0 && beat.abort_generation >= generation_)
           abort_communication(beat.abort_generation);
@@ -140,7 +145,7 @@ class Worker {
           stop_ = true;
         }
       } catch (const std::exception& e) {
-        if (Clock::now() - last_ok > heartbeat_timeout_) {
+        if (client_.since_answered() > heartbeat_timeout_) {
           control::log().error("worker {}: no answer from the driver at {} for {} ms ({}); exiting", index_,
                         client_.address(), heartbeat_timeout_.count(), e.what());
           std::_Exit(4);

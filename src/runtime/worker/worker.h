@@ -5,7 +5,9 @@
 //
 // A heartbeat thread reports progress; when the driver says stop, or cannot be reached for the
 // heartbeat timeout, the process exits (it never outlives its job). Workers spawned locally also
-// die with the driver (PR_SET_PDEATHSIG).
+// die with the driver (PR_SET_PDEATHSIG). A job whose driver restarts in place (JobSpec's
+// driver_grace_ms) is the exception: its workers outlive the driver, and wait that long for a
+// driver to answer at its address again before they exit.
 #pragma once
 
 #include <chrono>
