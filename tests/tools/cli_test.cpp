@@ -28,6 +28,7 @@ namespace {
 
 using dsgd::testing::children_of;
 using dsgd::testing::CliRun;
+using dsgd::testing::free_port;
 using dsgd::testing::process_gone;
 using dsgd::testing::run_dsgd;
 using dsgd::testing::start_dsgd;
@@ -329,22 +330,6 @@ TEST(Cli, TwoWorkersSaveThenOneWorkerLoadsAndContinues) {
   auto jb = nlohmann::json::parse(fb);
   // The loaded job starts where the saved one ended: its first epoch's loss is lower.
   EXPECT_LT(jb["history"][0]["train_loss"].get<double>(), ja["history"][0]["train_loss"].get<double>());
-}
-
-// A TCP port free on loopback now (the kernel's pick; a small race with other processes).
-int free_port() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof(a);
-  int port = 0;
-  if (::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0 &&
-      ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0) {
-    port = ntohs(a.sin_port);
-  }
-  ::close(fd);
-  return port;
 }
 
 // `script` under sh, killed after `timeout_s`: its exit status (-1 if it did not exit) and

@@ -163,6 +163,39 @@ TEST(DriverRestart, WorkersThatDidNotWaitAreStartedAgainAndTheJobStillEndsAsTheF
   EXPECT_NE(r["lost"].get<std::string>().find("pid " + std::to_string(workers[0])), std::string::npos) << r.dump();
 }
 
+TEST(DriverRestart, WorkersStartedByAnotherLauncherWaitForTheirDriverToo) {
+  // Remote mode: `dsgd worker` processes the driver did not start (a Slurm allocation's, say)
+  // outlive it the same way, and the driver started again finds them.
+  dsgd::testing::TempDir dir;
+  const std::string state = dir.file("state"), log = dir.file("driver.log");
+  const pid_t clean = start_train(job(dir, "clean"));
+  ASSERT_EQ(wait_exit(clean), 0) << "the fault-free run failed";
+  const std::string address = "127.0.0.1:" + std::to_string(dsgd::testing::free_port());
+  const auto args = with(job(dir, "remote"), {"--listen", address, "--token", "t0ken", "--driver-state", state});
+  const pid_t driver = start_train(args, log);
+  std::vector<pid_t> workers;
+  for (int i = 0; i < 2; ++i) {
+    workers.push_back(dsgd::testing::start_dsgd("worker", {"--driver", address, "--token", "t0ken"}, log));
+  }
+  const auto deadline = Clock::now() + std::chrono::seconds(120);
+  while (newest_step(state + "/checkpoints") < 30 && Clock::now() < deadline && !process_gone(driver)) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  ASSERT_FALSE(process_gone(driver)) << read_file(log);
+  ::kill(driver, SIGKILL);
+  ::waitpid(driver, nullptr, 0);
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  const pid_t again = start_train(args, log);
+  ASSERT_EQ(wait_exit(again), 0) << read_file(log);
+  for (pid_t w : workers) EXPECT_EQ(wait_exit(w), 0) << "worker " << w << " did not end with the job";
+  const auto j = summary(dir.file("remote.json")), c = summary(dir.file("clean.json"));
+  ASSERT_TRUE(j.is_object()) << read_file(log);
+  EXPECT_EQ(j["test_loss"].get<double>(), c["test_loss"].get<double>()) << "the result is the fault-free run's";
+  ASSERT_EQ(j["recoveries"].size(), 1u) << j.dump(2);
+  EXPECT_EQ(j["recoveries"][0]["kind"], "driver_restart");
+  EXPECT_EQ(j["recoveries"][0]["lost"], "") << "both workers were taken up";
+}
+
 TEST(DriverRestart, ASecondDriverOfARunningJobOrAnotherJobsDirectoryIsRefused) {
   dsgd::testing::TempDir dir;
   const std::string state = dir.file("state"), log = dir.file("driver.log");
