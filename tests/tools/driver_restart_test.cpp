@@ -202,10 +202,14 @@ TEST(DriverRestart, ASecondDriverOfARunningJobOrAnotherJobsDirectoryIsRefused) {
   const auto args = with(job(dir, "a", 1000), {"--driver-state", state});
   const pid_t first = start_train(args, log);
   ASSERT_EQ(children_of(first, 2).size(), 2u) << read_file(log);
+  // Once its state names a checkpoint (the start's, step 0, at least).
+  const auto has_checkpoint = [&] {
+    const auto j = nlohmann::json::parse(read_file(state + "/driver.json"), nullptr, false);
+    return j.is_object() && !j.value("checkpoint", std::string()).empty();
+  };
   const auto deadline = Clock::now() + std::chrono::seconds(60);
-  while (!std::filesystem::exists(state + "/driver.json") && Clock::now() < deadline) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
+  while (!has_checkpoint() && Clock::now() < deadline) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  ASSERT_TRUE(has_checkpoint()) << read_file(log);
   std::string cmd;
   for (const auto& a : args) cmd += " '" + a + "'";
   const auto second = dsgd::testing::run_dsgd("train" + cmd);

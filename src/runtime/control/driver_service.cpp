@@ -61,6 +61,7 @@ class DriverServerImpl final : public DriverServer, public proto::Driver::Servic
     // thread and the next call started one: hundreds a second at 128 workers, most of the
     // driver's CPU. Idle threads stay now, as many as the calls that were held at once.
     builder.SetSyncServerOption(grpc::ServerBuilder::SyncServerOption::MAX_POLLERS, 1 << 16);
+    adopt(o.adopted);  // before the first call
     builder.AddListeningPort(o.listen, server_credentials(o.tls), &port_);
     builder.RegisterService(static_cast<proto::Driver::Service*>(this));
     builder.RegisterService(store_service_.get());
@@ -148,7 +149,7 @@ class DriverServerImpl final : public DriverServer, public proto::Driver::Servic
     notify_everyone();
   }
 
-  void adopt(const std::vector<WorkerInfo>& adopted) override {
+  void adopt(const std::vector<WorkerInfo>& adopted) {
     std::lock_guard<std::mutex> lock(mutex_);
     for (const auto& a : adopted) {
       while (static_cast<int64_t>(workers_.size()) <= a.index) {  // ids never heard of again stay evicted

@@ -41,6 +41,18 @@ namespace dsgd::control {
 // 6: states in pieces only (StateChunk, ReadStateRequest); 7: Store.GetMany; 8: JobSpec.driver_grace_ms.
 inline constexpr uint32_t kControlProtocol = 8;
 
+struct WorkerInfo {
+  int64_t index = -1;
+  std::string host;
+  std::string address;
+  int64_t pid = 0;
+  int64_t spawn_index = -1;
+  std::string progress;                     // the last heartbeat's progress JSON
+  double since_heartbeat_s = 0;
+  bool alive = true;                        // false once evicted
+  bool heard = true;                        // false for an adopted worker that has not called yet
+};
+
 struct DriverServerOptions {
   std::string listen = "127.0.0.1:0";       // host:port; port 0 picks a free one
   std::string token;
@@ -57,19 +69,12 @@ struct DriverServerOptions {
   // every number its predecessor could have used, so that a worker's late result of an old
   // command is never taken for the answer to a new one.
   uint64_t first_command_id = 1;
+  // A driver started again in its predecessor's place (TrainerConfig::recovery.driver_state_dir)
+  // takes that one's workers as registered under their old ids, from its first call on (a worker
+  // that called before would be refused, and exit); heard = false until each calls.
+  std::vector<WorkerInfo> adopted;
 };
 
-struct WorkerInfo {
-  int64_t index = -1;
-  std::string host;
-  std::string address;
-  int64_t pid = 0;
-  int64_t spawn_index = -1;
-  std::string progress;                     // the last heartbeat's progress JSON
-  double since_heartbeat_s = 0;
-  bool alive = true;                        // false once evicted
-  bool heard = true;                        // false for an adopted worker that has not called yet
-};
 
 // A call to the driver that found nobody there (connection refused or reset): the driver is down,
 // and with a driver that restarts in place it may be back at the same address.
@@ -93,10 +98,6 @@ class DriverServer {
   // every ~100 ms meanwhile (it may throw to give up early).
   virtual void wait_registered(std::chrono::milliseconds timeout, const std::function<void()>& on_tick,
                                int count = 0) = 0;
-  // A driver started again in its predecessor's place (TrainerConfig::recovery.driver_state_dir)
-  // takes that one's workers as registered under their old ids, heard = false until each calls.
-  // Before any registration.
-  virtual void adopt(const std::vector<WorkerInfo>& workers) = 0;
   // Every worker that ever registered, by id (index); evicted ones have alive = false.
   virtual std::vector<WorkerInfo> workers() const = 0;
   // Ids of the live workers, ascending.

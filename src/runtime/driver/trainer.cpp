@@ -181,9 +181,7 @@ Trainer::Trainer(const std::string& operator_name, TrainerConfig config) : impl_
 
   try {
     d.start_metrics();
-    if (previous) {
-      d.resume(*previous, started);
-    } else {
+    if (!previous || !d.resume(*previous, started)) {
       if (d.pool->spawns()) {
         d.pool->spawn_initial();
       } else {

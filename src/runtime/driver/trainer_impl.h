@@ -333,16 +333,18 @@ struct Trainer::Impl {
   // (snapshots go to disk), and the state of a lost driver of the same job to take up, if any.
   std::optional<runtime::DriverState> open_driver_state(const proto::JobSpec& job);
   // The control plane's server; taking a lost driver's job up (`previous`), at its address, with
-  // command numbers beyond its.
+  // command numbers beyond its, and its workers known as registered from the first call on.
   void start_server(control::DriverServerOptions* options, const std::optional<runtime::DriverState>& previous);
   // Writes the driver's state (members, generation, keys, the checkpoint to go on from); a state
   // that cannot be written is warned about (the job goes on, but a restart would find less).
   void save_driver_state();
   // The state of a driver lost mid-job: adopt its workers, evict those that did not wait, restore
   // its newest checkpoint everywhere under a new generation (a RecoveryEvent of kind
-  // "driver_restart" in start_events, timed from `started`, this driver's start).
-  void resume(const runtime::DriverState& previous, Clock::time_point started);
-  // resume()'s steps: the old driver's workers and standbys taken in under their ids; the steps
+  // "driver_restart" in start_events, timed from `started`, this driver's start). False, its
+  // workers evicted, where the lost driver had written no checkpoint yet: the job starts anew.
+  bool resume(const runtime::DriverState& previous, Clock::time_point started);
+  // resume()'s steps: the old driver's members and standbys into the pool (their processes
+  // watched by pid where it started them); the steps
   // the members (but `lost`) trained past the checkpoint at (epoch, batch); the event recorded
   // (`none_back`: no old worker answered, so those steps are unknown).
   void adopt_workers(const runtime::DriverState& previous);

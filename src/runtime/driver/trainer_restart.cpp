@@ -27,7 +27,18 @@ void Trainer::Impl::start_server(control::DriverServerOptions* so,
                                  const std::optional<runtime::DriverState>& previous) {
   // Beyond any command number the drivers before it used: a worker's late result of theirs is
   // never taken for an answer of this one's.
-  if (previous) so->first_command_id = static_cast<uint64_t>(previous->restarts + 1) << 40;
+  if (previous) {
+    so->first_command_id = static_cast<uint64_t>(previous->restarts + 1) << 40;
+    for (const auto& w : previous->workers) {  // known from the server's first call on
+      control::WorkerInfo i;
+      i.index = w.id;
+      i.host = w.host;
+      i.address = w.address;
+      i.pid = w.pid;
+      i.spawn_index = w.spawn_index;
+      so->adopted.push_back(i);
+    }
+  }
   try {
     server = control::DriverServer::start(*so);
   } catch (const CommError& e) {
@@ -94,20 +105,11 @@ runtime::Checkpoint checkpoint_to_resume(const runtime::DriverState& prev, const
 }  // namespace
 
 void Trainer::Impl::adopt_workers(const runtime::DriverState& prev) {
-  std::vector<control::WorkerInfo> infos;
-  std::vector<runtime::WorkerPool::Kept> kept;
+  std::vector<runtime::WorkerPool::Kept> kept;  // the server knows them already (start_server)
   for (const auto& w : prev.workers) {
-    control::WorkerInfo i;
-    i.index = w.id;
-    i.host = w.host;
-    i.address = w.address;
-    i.pid = w.pid;
-    i.spawn_index = w.spawn_index;
-    infos.push_back(i);
     kept.push_back({static_cast<int>(w.id), w.spawn_index, w.started ? static_cast<pid_t>(w.pid) : 0, w.pseudo_host,
                     w.member});
   }
-  server->adopt(infos);
   pool->adopt(kept, prev.next_spawn_index);
 }
 
@@ -124,7 +126,19 @@ int64_t Trainer::Impl::steps_past(const std::vector<int>& lost, int64_t epoch, i
   return furthest;
 }
 
-void Trainer::Impl::resume(const runtime::DriverState& prev, Clock::time_point started) {
+bool Trainer::Impl::resume(const runtime::DriverState& prev, Clock::time_point started) {
+  runtime::Checkpoint c;
+  try {
+    c = checkpoint_to_resume(prev, config.checkpoints.dir, &restart_checkpoint);
+  } catch (const DataError& e) {
+    if (!prev.checkpoint.empty()) throw;  // it wrote one, now gone or damaged: not to be passed over
+    control::log().warn("trainer: the job's lost driver (pid {}) had written no checkpoint yet ({}): nothing to go on "
+                        "from, so the job starts anew (its old workers, refused, exit)",
+                        prev.driver_pid, e.what());
+    for (int id : server->alive()) server->evict(id, "the job starts anew");
+    restart_checkpoint.clear();
+    return false;
+  }
   RecoveryEvent ev;
   ev.kind = "driver_restart";
   ev.failure = "the job's driver (pid " + std::to_string(prev.driver_pid) + ") was lost; driver pid " +
@@ -140,7 +154,6 @@ void Trainer::Impl::resume(const runtime::DriverState& prev, Clock::time_point s
   first_epoch = prev.first_epoch;
   checkpoint_steps = steps_done = prev.checkpoint_steps;
   checkpoint_bpe = prev.batches_per_epoch;
-  runtime::Checkpoint c = checkpoint_to_resume(prev, config.checkpoints.dir, &restart_checkpoint);
   const int64_t epoch = c.header.value("epoch", int64_t{0}), batch = c.header.value("batch", int64_t{0});
   restarted_at = JobPosition{epoch, batch, steps_done, first_epoch};
   control::log().warn("trainer: taking up the job of driver pid {} ({} worker(s) to adopt) from {} (epoch {}, batch "
@@ -187,6 +200,7 @@ void Trainer::Impl::resume(const runtime::DriverState& prev, Clock::time_point s
   }
   ev.phases = std::move(phases);
   resumed(std::move(ev), started, none_back);
+  return true;
 }
 
 void Trainer::Impl::resumed(RecoveryEvent ev, Clock::time_point started, bool none_back) {
