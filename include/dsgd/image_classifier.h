@@ -24,7 +24,7 @@ inline constexpr const char* kImageClassifier = "dsgd.ImageClassifier";
 void register_builtin_operators();
 
 // The image classifier's config (keys: model, loss, dataset, data_dir, optimizer, lr, momentum,
-// weight_decay, beta1, beta2, lr_decay, dropout, channels_last, cudnn_benchmark,
+// weight_decay, beta1, beta2, lr_decay, dropout, channels_last, sync_batchnorm, cudnn_benchmark,
 // synthetic_samples, synthetic_image_size, synthetic_channels, sim_parameters, sim_layers,
 // sim_step_ms) over the defaults, validated. ConfigError for anything else: not an object, an
 // unknown key, a value of the wrong type or out of range.

@@ -47,6 +47,7 @@ struct LocalJobOptions {
   bool evaluate = true;                    // evaluate on the test split after each epoch
   bool dropout = true;                     // false: dropout layers become identities
   std::optional<bool> channels_last;       // cnn, resnets (dsgd/models.h); unset: on a GPU only
+  bool sync_batchnorm = false;             // resnets: BatchNorm over the global batch (dsgd/sync_batchnorm.h)
   bool cudnn_benchmark = true;             // on a GPU: cuDNN times its algorithms per input shape
                                            //   and keeps the fastest (false: its default choice)
   int64_t synthetic_samples = 8192;        // dataset "synthetic": training samples (test: 1/4)

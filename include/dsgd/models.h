@@ -46,6 +46,8 @@ struct ModelOptions {
                                              // image_size])
   bool dropout = true;                       // false: dropout layers become identities (for
                                              // bit-exact equivalence tests)
+  bool sync_batchnorm = false;               // resnets: BatchNorm over every replica's samples
+                                             // (dsgd::SyncBatchNorm2d); false: each replica's own
   bool channels_last = false;                // cnn, resnets: convolution weights and images in
                                              // channels_last (NHWC) memory, the layout of
                                              // cuDNN's fastest kernels; the same values

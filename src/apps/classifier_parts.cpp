@@ -83,6 +83,7 @@ models::ModelOptions classifier_model_options(const LocalJobOptions& o, const Cl
   }
   mo.num_classes = d.num_classes;
   mo.dropout = o.dropout;
+  mo.sync_batchnorm = o.sync_batchnorm;
   mo.sim_parameters = o.sim_parameters;
   mo.sim_layers = o.sim_layers;
   mo.sim_step_ms = o.sim_step_ms;

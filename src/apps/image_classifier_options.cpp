@@ -103,6 +103,7 @@ LocalJobOptions image_classifier_options(const nlohmann::json& config) {
                                                  "lr_decay",
                                                  "dropout",
                                                  "channels_last",
+                                                 "sync_batchnorm",
                                                  "cudnn_benchmark",
                                                  "synthetic_samples",
                                                  "synthetic_image_size",
@@ -130,6 +131,7 @@ LocalJobOptions image_classifier_options(const nlohmann::json& config) {
     o.lr_decay = config.value("lr_decay", o.lr_decay);
     o.dropout = config.value("dropout", o.dropout);
     if (config.contains("channels_last")) o.channels_last = config.at("channels_last").get<bool>();
+    o.sync_batchnorm = config.value("sync_batchnorm", o.sync_batchnorm);
     o.cudnn_benchmark = config.value("cudnn_benchmark", o.cudnn_benchmark);
     o.synthetic_samples = integer_field(config, "synthetic_samples", o.synthetic_samples);
     o.synthetic_image_size = integer_field(config, "synthetic_image_size", o.synthetic_image_size);
@@ -146,6 +148,10 @@ LocalJobOptions image_classifier_options(const nlohmann::json& config) {
   if (o.channels_last.value_or(false) && (o.model == "mlp" || o.model == "simulated")) {
     throw ConfigError("image classifier config: channels_last lays out convolutions (models cnn, resnet18, resnet50); "
                       "model '" + o.model + "' has none: leave channels_last out");
+  }
+  if (o.sync_batchnorm && o.model.rfind("resnet", 0) != 0) {
+    throw ConfigError("image classifier config: sync_batchnorm applies to the models with BatchNorm (resnet18, "
+                      "resnet50); model '" + o.model + "' has none: leave sync_batchnorm out");
   }
   return o;
 }

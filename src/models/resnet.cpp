@@ -3,13 +3,13 @@
 #include <torch/nn/functional/activation.h>
 #include <torch/nn/functional/pooling.h>
 #include <torch/nn/init.h>
-#include <torch/nn/modules/batchnorm.h>
 #include <torch/nn/modules/container/modulelist.h>
 #include <torch/nn/modules/container/sequential.h>
 #include <torch/nn/modules/conv.h>
 #include <torch/nn/modules/linear.h>
 
 #include "dsgd/parameter_gate.h"
+#include "dsgd/sync_batchnorm.h"
 #include "models/zoo.h"
 
 namespace dsgd::models {
@@ -17,6 +17,9 @@ namespace {
 
 namespace F = torch::nn::functional;
 namespace nn = torch::nn;
+
+// BatchNorm2d, over the global batch with ModelOptions::sync_batchnorm (the same names either way).
+SyncBatchNorm2d norm(int64_t channels, bool sync) { return SyncBatchNorm2d(nn::BatchNormOptions(channels), sync); }
 
 nn::Conv2d conv(int64_t in, int64_t out, int64_t kernel, int64_t stride) {
   return nn::Conv2d(nn::Conv2dOptions(in, out, kernel).stride(stride).padding(kernel / 2).bias(false));
@@ -28,9 +31,9 @@ class Block : public nn::Module {
 
  protected:
   // Projection shortcut when the shape changes, as in torchvision: 1x1 conv + batch norm.
-  void make_downsample(int64_t in, int64_t out, int64_t stride) {
+  void make_downsample(int64_t in, int64_t out, int64_t stride, bool sync) {
     if (stride == 1 && in == out) return;
-    downsample_ = register_module("downsample", nn::Sequential(conv(in, out, 1, stride), nn::BatchNorm2d(out)));
+    downsample_ = register_module("downsample", nn::Sequential(conv(in, out, 1, stride), norm(out, sync)));
   }
   torch::Tensor shortcut(const torch::Tensor& x) { return downsample_ ? downsample_->forward(x) : x; }
 
@@ -41,12 +44,12 @@ class Block : public nn::Module {
 class BasicBlock : public Block {
  public:
   static constexpr int64_t kExpansion = 1;
-  BasicBlock(int64_t in, int64_t planes, int64_t stride)
+  BasicBlock(int64_t in, int64_t planes, int64_t stride, bool sync)
       : conv1_(register_module("conv1", conv(in, planes, 3, stride))),
-        bn1_(register_module("bn1", nn::BatchNorm2d(planes))),
+        bn1_(register_module("bn1", norm(planes, sync))),
         conv2_(register_module("conv2", conv(planes, planes, 3, 1))),
-        bn2_(register_module("bn2", nn::BatchNorm2d(planes))) {
-    make_downsample(in, planes * kExpansion, stride);
+        bn2_(register_module("bn2", norm(planes, sync))) {
+    make_downsample(in, planes * kExpansion, stride, sync);
   }
   torch::Tensor forward(const torch::Tensor& x) override {
     auto y = F::relu(bn1_(conv1_(x)));
@@ -56,22 +59,22 @@ class BasicBlock : public Block {
 
  private:
   nn::Conv2d conv1_;
-  nn::BatchNorm2d bn1_;
+  SyncBatchNorm2d bn1_;
   nn::Conv2d conv2_;
-  nn::BatchNorm2d bn2_;
+  SyncBatchNorm2d bn2_;
 };
 
 class Bottleneck : public Block {
  public:
   static constexpr int64_t kExpansion = 4;
-  Bottleneck(int64_t in, int64_t planes, int64_t stride)
+  Bottleneck(int64_t in, int64_t planes, int64_t stride, bool sync)
       : conv1_(register_module("conv1", conv(in, planes, 1, 1))),
-        bn1_(register_module("bn1", nn::BatchNorm2d(planes))),
+        bn1_(register_module("bn1", norm(planes, sync))),
         conv2_(register_module("conv2", conv(planes, planes, 3, stride))),
-        bn2_(register_module("bn2", nn::BatchNorm2d(planes))),
+        bn2_(register_module("bn2", norm(planes, sync))),
         conv3_(register_module("conv3", conv(planes, planes * kExpansion, 1, 1))),
-        bn3_(register_module("bn3", nn::BatchNorm2d(planes * kExpansion))) {
-    make_downsample(in, planes * kExpansion, stride);
+        bn3_(register_module("bn3", norm(planes * kExpansion, sync))) {
+    make_downsample(in, planes * kExpansion, stride, sync);
   }
   torch::Tensor forward(const torch::Tensor& x) override {
     auto y = F::relu(bn1_(conv1_(x)));
@@ -82,11 +85,11 @@ class Bottleneck : public Block {
 
  private:
   nn::Conv2d conv1_;
-  nn::BatchNorm2d bn1_;
+  SyncBatchNorm2d bn1_;
   nn::Conv2d conv2_;
-  nn::BatchNorm2d bn2_;
+  SyncBatchNorm2d bn2_;
   nn::Conv2d conv3_;
-  nn::BatchNorm2d bn3_;
+  SyncBatchNorm2d bn3_;
 };
 
 class ResNet : public Classifier {
@@ -95,13 +98,13 @@ class ResNet : public Classifier {
   ResNet(B* /*tag*/, const std::array<int, 4>& blocks, const ModelOptions& o)
       : imagenet_stem_(o.image_size >= 64), channels_last_(o.channels_last) {
     conv1_ = register_module("conv1", imagenet_stem_ ? conv(o.in_channels, 64, 7, 2) : conv(o.in_channels, 64, 3, 1));
-    bn1_ = register_module("bn1", nn::BatchNorm2d(64));
+    bn1_ = register_module("bn1", norm(64, o.sync_batchnorm));
     int64_t in = 64;
     for (int l = 0; l < 4; ++l) {
       const int64_t planes = int64_t{64} << l;
       auto list = register_module("layer" + std::to_string(l + 1), nn::ModuleList());
       for (int b = 0; b < blocks[l]; ++b) {
-        auto block = std::make_shared<B>(in, planes, (b == 0 && l > 0) ? 2 : 1);
+        auto block = std::make_shared<B>(in, planes, (b == 0 && l > 0) ? 2 : 1, o.sync_batchnorm);
         list->push_back(block);
         blocks_.push_back(block);
         in = planes * B::kExpansion;
@@ -133,7 +136,7 @@ class ResNet : public Classifier {
   bool imagenet_stem_;
   bool channels_last_;
   nn::Conv2d conv1_{nullptr};
-  nn::BatchNorm2d bn1_{nullptr};
+  SyncBatchNorm2d bn1_{nullptr};
   std::vector<std::shared_ptr<Block>> blocks_;
   nn::Linear fc_{nullptr};
 };

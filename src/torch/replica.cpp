@@ -298,6 +298,17 @@ void ReplicaRuntime::after_batch() {
   remember_step_rng();
 }
 
+void ReplicaRuntime::sum(float* data, size_t count) {
+  if (syncs_.at(0)->updates_on_servers()) {
+    throw ConfigError("sync_batchnorm sums every layer's statistics over the replicas: it needs a strategy that "
+                      "averages (allreduce, simple, or ps without ps.update_on_shards), not one whose servers step");
+  }
+  comm::timeline::Span span("sum batch statistics");
+  syncs_.at(0)->strategy().average_async(data, count)->wait();
+  const float replicas = static_cast<float>(options_.info.world_size);
+  for (size_t i = 0; i < count; ++i) data[i] *= replicas;
+}
+
 void ReplicaRuntime::sync_statistics() {
   if (syncs_.empty() || syncs_[0]->updates_on_servers()) return;
   std::vector<torch::Tensor> stats;
@@ -433,6 +444,28 @@ bool ReplicaRuntime::check_gradients() {
   return false;
 }
 
+namespace {
+
+// Installs a parameter gate and replica sums for the calling thread; the ones before come back
+// when it goes.
+class ThreadHooks {
+ public:
+  ThreadHooks(ParameterGate* gate, ReplicaSums* sums)
+      : gate_(set_thread_parameter_gate(gate)), sums_(set_thread_replica_sums(sums)) {}
+  ~ThreadHooks() {
+    set_thread_parameter_gate(gate_);
+    set_thread_replica_sums(sums_);
+  }
+  ThreadHooks(const ThreadHooks&) = delete;
+  ThreadHooks& operator=(const ThreadHooks&) = delete;
+
+ private:
+  ParameterGate* gate_;
+  ReplicaSums* sums_;
+};
+
+}  // namespace
+
 Metrics ReplicaRuntime::train(int64_t max_batches, bool profile) {
   profiling_ = profile;
   phase_s_.clear();
@@ -448,21 +481,21 @@ Metrics ReplicaRuntime::train(int64_t max_batches, bool profile) {
   comm::timeline::set_thread_name("replica " + std::to_string(options_.info.rank));
   Metrics m;
   {
-    // The forward overlap's gate, for this thread, while the operator trains; the steps still
-    // pending at the end are taken before train() returns.
-    ParameterGate* const previous = set_thread_parameter_gate(gate_index_.empty() ? nullptr : this);
+    // The forward overlap's gate and SyncBatchNorm's sums (over the replicas, where there are
+    // others), for this thread, while the operator trains; the steps still pending at the end are
+    // taken before train() returns.
     AutocastScope autocast(options_.info.device, options_.step.precision.value());
     torn_ = false;
     remember_step_rng();
     try {
+      const ThreadHooks hooks(gate_index_.empty() ? nullptr : this,
+                              syncs_.empty() || options_.info.world_size == 1 ? nullptr : this);
       m = op_->train_epoch(max_batches);
       for (auto& s : syncs_) s->flush();
-    } catch (...) {
-      set_thread_parameter_gate(previous);
+    } catch (...) {  // the hooks gone, as before the call
       interrupted();
       throw;
     }
-    set_thread_parameter_gate(previous);
   }
   const double epoch_s = std::chrono::duration<double>(Clock::now() - t0).count();
   const int64_t batches = taken_this_call_;

@@ -32,6 +32,7 @@
 #include "dsgd/choice.h"
 #include "dsgd/operator.h"
 #include "dsgd/parameter_gate.h"
+#include "dsgd/sync_batchnorm.h"
 #include "dsgd/trainer_config.h"
 #include "strategy/strategy.h"
 #include "torch/grad_check.h"
@@ -63,7 +64,7 @@ struct ReplicaOptions {
   int64_t forward_overlap_buckets = 0;
 };
 
-class ReplicaRuntime : private ParameterGate, private ReplicaHost {
+class ReplicaRuntime : private ParameterGate, private ReplicaSums, private ReplicaHost {
  public:
   ReplicaRuntime(std::unique_ptr<TrainingOperator> op, const ReplicaOptions& options);
   ~ReplicaRuntime();
@@ -173,6 +174,10 @@ class ReplicaRuntime : private ParameterGate, private ReplicaHost {
   // The forward overlap: wait_for_parameters lands here during train(); GradSync's held-back
   // buckets are applied by deferred_.
   void wait(const torch::Tensor& parameter) override;
+  // SyncBatchNorm's sums over the replicas (dsgd/sync_batchnorm.h) land here during train(): the
+  // strategy's average of the floats, times the replicas.
+  void sum(float* data, size_t count) override;
+  double weight() const override { return batch_weight_; }
   std::string where() const;  // "epoch E, batch B" of the step in progress (1-based)
   EpochSampler sampler() const;
   void to_device();  // after setup: models and data to info.device

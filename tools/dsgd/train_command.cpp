@@ -185,6 +185,7 @@ TrainerConfig trainer_config_of(const TrainFlags& f) {
               {"synthetic_image_size", j.synthetic_image_size},
               {"synthetic_channels", j.synthetic_channels}};
   if (j.weight_decay) c.config["weight_decay"] = *j.weight_decay;
+  if (j.sync_batchnorm) c.config["sync_batchnorm"] = true;
   c.config.update(f.config_json);
   return c;
 }

@@ -109,6 +109,9 @@ void add_job_flags(CLI::App* cmd, TrainFlags& f) {
       ->capture_default_str();
   cmd->add_flag("!--no-eval", j.evaluate, "Skip evaluating on the test split after each epoch");
   cmd->add_flag("!--no-dropout", j.dropout, "Turn dropout layers off");
+  cmd->add_flag("--sync-batchnorm", j.sync_batchnorm,
+                "ResNets: BatchNorm with the global batch's statistics (every replica's samples together), as one "
+                "process with the whole batch; costs two small sums over the replicas a layer and step");
 }
 
 // Workers, replicas and how they synchronise.
@@ -290,8 +293,8 @@ void add_launch_flags(CLI::App* cmd, TrainFlags& f) {
 void add_run_flags(CLI::App* cmd, TrainFlags& f) {
   cmd->add_option("--config", f.config,
                   "JSON object merged into the operator's config (keys: model, dataset, data_dir, lr, momentum, "
-                  "lr_decay, dropout, channels_last, cudnn_benchmark, synthetic_samples, synthetic_image_size, "
-                  "synthetic_channels; for --model simulated: sim_parameters, "
+                  "lr_decay, dropout, channels_last, sync_batchnorm, cudnn_benchmark, synthetic_samples, "
+                  "synthetic_image_size, synthetic_channels; for --model simulated: sim_parameters, "
                   "sim_layers, sim_step_ms; for --model gpt-*: context, dropout, lr, min_lr, weight_decay, beta1, "
                   "beta2, warmup_steps, decay_steps)");
   bind_option(cmd, f, "--metrics-port", "monitor.metrics_port", f.trainer.monitor.metrics_port,
