@@ -36,6 +36,7 @@
 #include "runtime/driver/checkpoint.h"
 #include "runtime/launch/spawn.h"
 #include "testing/params.h"
+#include "testing/proc.h"
 #include "testing/temp_dir.h"
 #include "torch/replica.h"
 
@@ -1832,8 +1833,7 @@ std::vector<int> child_pids_with(const std::string& flag) {
   for (const auto& e : std::filesystem::directory_iterator("/proc")) {
     const std::string name = e.path().filename();
     if (name.find_first_not_of("0123456789") != std::string::npos) continue;
-    std::ifstream stat(e.path() / "stat"), cmdline(e.path() / "cmdline");
-    std::string st((std::istreambuf_iterator<char>(stat)), {}), cmd((std::istreambuf_iterator<char>(cmdline)), {});
+    const std::string st = testing::read_proc(e.path() / "stat"), cmd = testing::read_proc(e.path() / "cmdline");
     const auto close = st.rfind(')');
     if (close == std::string::npos) continue;
     std::istringstream fields(st.substr(close + 1));

@@ -12,6 +12,8 @@
 #include <string>
 #include <vector>
 
+#include "testing/proc.h"
+
 namespace dsgd::testing {
 
 struct Listener {
@@ -66,9 +68,7 @@ inline std::vector<pid_t> children_of(pid_t parent) {
   if (DIR* d = ::opendir("/proc")) {
     while (dirent* e = ::readdir(d)) {
       if (e->d_name[0] < '0' || e->d_name[0] > '9') continue;
-      std::ifstream in(std::string("/proc/") + e->d_name + "/stat");
-      std::string stat;
-      std::getline(in, stat);
+      const std::string stat = read_proc(std::string("/proc/") + e->d_name + "/stat");
       const size_t close = stat.rfind(')');  // the command may contain spaces and parentheses
       if (close == std::string::npos) continue;
       std::istringstream f(stat.substr(close + 1));
@@ -76,8 +76,7 @@ inline std::vector<pid_t> children_of(pid_t parent) {
       pid_t ppid = 0;
       f >> state >> ppid;
       if (ppid != parent) continue;
-      std::ifstream cmdline(std::string("/proc/") + e->d_name + "/cmdline");
-      const std::string cmd((std::istreambuf_iterator<char>(cmdline)), {});
+      const std::string cmd = read_proc(std::string("/proc/") + e->d_name + "/cmdline");
       if (cmd.find("--dsgd-fork-server") == std::string::npos) out.push_back(static_cast<pid_t>(std::stoi(e->d_name)));
     }
     ::closedir(d);

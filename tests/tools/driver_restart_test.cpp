@@ -120,15 +120,17 @@ TEST(DriverRestart, AKilledDriverStartedAgainGoesOnWithItsWorkersAndEndsAsTheFau
   EXPECT_EQ(j["steps"], c["steps"]);
   EXPECT_EQ(j["test_loss"].get<double>(), c["test_loss"].get<double>());
   EXPECT_EQ(read_file(dir.file("restarted-model") + "/model.pt"), read_file(dir.file("clean-model") + "/model.pt"));
-  // The summary says the driver restarted, kept both workers and trained again only the steps
-  // past the checkpoint it went on from (at most an interval, and the chunk in flight).
+  // The summary says the driver restarted and kept both workers, which stood together at a
+  // step's end (the chunk the old driver had sent them, finished): they went on from there, and
+  // nothing was trained again.
   ASSERT_EQ(j["recoveries"].size(), 1u) << j.dump(2);
   const auto& r = j["recoveries"][0];
   EXPECT_EQ(r["kind"], "driver_restart") << r.dump();
   EXPECT_EQ(r["lost"], "") << r.dump();
   EXPECT_EQ(r["workers_after"], 2);
   EXPECT_GE(r["at_step"].get<int64_t>(), 30);
-  EXPECT_LE(r["rolled_back_steps"].get<int64_t>(), 20) << r.dump();
+  EXPECT_EQ(r["rolled_back_steps"], 0) << r.dump();
+  EXPECT_TRUE(r["from_peer"].get<bool>()) << r.dump();
   EXPECT_GT(r["recovery_s"].get<double>(), r["detect_s"].get<double>());
   EXPECT_LT(r["recovery_s"].get<double>() - r["detect_s"].get<double>(), 60.0) << r.dump();
   std::ifstream driver_json(state + "/driver.json");
@@ -165,13 +167,15 @@ TEST(DriverRestart, WorkersThatDidNotWaitAreStartedAgainAndTheJobStillEndsAsTheF
 
 TEST(DriverRestart, WorkersStartedByAnotherLauncherWaitForTheirDriverToo) {
   // Remote mode: `dsgd worker` processes the driver did not start (a Slurm allocation's, say)
-  // outlive it the same way, and the driver started again finds them.
+  // outlive it the same way, and the driver started again finds them. With --no-from-peer it
+  // restores the checkpoint into them rather than going on from where they stand.
   dsgd::testing::TempDir dir;
   const std::string state = dir.file("state"), log = dir.file("driver.log");
   const pid_t clean = start_train(job(dir, "clean"));
   ASSERT_EQ(wait_exit(clean), 0) << "the fault-free run failed";
   const std::string address = "127.0.0.1:" + std::to_string(dsgd::testing::free_port());
-  const auto args = with(job(dir, "remote"), {"--listen", address, "--token", "t0ken", "--driver-state", state});
+  const auto args =
+      with(job(dir, "remote"), {"--listen", address, "--token", "t0ken", "--driver-state", state, "--no-from-peer"});
   const pid_t driver = start_train(args, log);
   std::vector<pid_t> workers;
   for (int i = 0; i < 2; ++i) {
@@ -194,6 +198,7 @@ TEST(DriverRestart, WorkersStartedByAnotherLauncherWaitForTheirDriverToo) {
   ASSERT_EQ(j["recoveries"].size(), 1u) << j.dump(2);
   EXPECT_EQ(j["recoveries"][0]["kind"], "driver_restart");
   EXPECT_EQ(j["recoveries"][0]["lost"], "") << "both workers were taken up";
+  EXPECT_FALSE(j["recoveries"][0]["from_peer"].get<bool>()) << "the checkpoint was restored";
 }
 
 TEST(DriverRestart, ASecondDriverOfARunningJobOrAnotherJobsDirectoryIsRefused) {

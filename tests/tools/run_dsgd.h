@@ -21,6 +21,8 @@
 #include <thread>
 #include <vector>
 
+#include "testing/proc.h"
+
 namespace dsgd::testing {
 
 struct CliRun {
@@ -62,9 +64,7 @@ inline int free_port() {
 // True once `pid` has exited (or is a zombie: exited, not yet reaped).
 inline bool process_gone(pid_t pid) {
   if (::kill(pid, 0) != 0) return true;
-  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
-  std::string line;
-  std::getline(stat, line);
+  const std::string line = read_proc("/proc/" + std::to_string(pid) + "/stat");
   const auto close = line.rfind(')');
   return close != std::string::npos && line.size() > close + 2 && line[close + 2] == 'Z';
 }
@@ -95,8 +95,7 @@ inline std::vector<pid_t> worker_children(pid_t driver) {
   std::ifstream children("/proc/" + std::to_string(driver) + "/task/" + std::to_string(driver) + "/children");
   pid_t p;
   while (children >> p) {
-    std::ifstream cmdline("/proc/" + std::to_string(p) + "/cmdline");
-    const std::string cmd((std::istreambuf_iterator<char>(cmdline)), {});
+    const std::string cmd = read_proc("/proc/" + std::to_string(p) + "/cmdline");
     if (cmd.find("--dsgd-fork-server") == std::string::npos) workers.push_back(p);  // not a worker: it forks them
   }
   return workers;

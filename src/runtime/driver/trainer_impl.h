@@ -215,6 +215,9 @@ struct Trainer::Impl {
     int64_t kept = 0;                // steps of the chunk in flight it completed
   };
   std::optional<Donor> find_donor(const std::vector<int>& lost, bool allowed, RecoveryEvent* ev);
+  // Whether a replica's state is all a job's state (a survivor can give it whole): allreduce or
+  // simple, one device a worker, no ZeRO, compression or forward overlap.
+  bool replicas_hold_whole_state() const;
   // reform's steps: wait until every member is idle or known lost, noting the lost ones in
   // *ev (returned); evict them, promote standbys to their places (or drop them), start new
   // processes and, with wait_for_replacements, wait for them.
@@ -348,7 +351,15 @@ struct Trainer::Impl {
   // the members (but `lost`) trained past the checkpoint at (epoch, batch); the event recorded
   // (`none_back`: no old worker answered, so those steps are unknown).
   void adopt_workers(const runtime::DriverState& previous);
-  int64_t steps_past(const std::vector<int>& lost, int64_t epoch, int64_t batch);
+  struct Survivors {
+    int64_t steps = 0;                // the furthest any trained past the checkpoint
+    std::pair<int64_t, int64_t> at;   // where they stand (epoch, batch), when together
+    bool together = false;            // every one at one step's end, none torn
+  };
+  Survivors survivors_past(const std::vector<int>& lost, int64_t epoch, int64_t batch);
+  // Every member back and together: the group re-formed with nobody restored, their state the
+  // snapshot and the newest checkpoint.
+  void go_on_from_members(const Survivors& members, PhaseClock* clock);
   void resumed(RecoveryEvent ev, Clock::time_point started, bool none_back);
   // resume()'s fallback when none of the old workers answered: start the job's processes again
   // (the driver starts its workers) and restore the checkpoint into them.

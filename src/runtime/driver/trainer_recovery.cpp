@@ -116,11 +116,7 @@ RecoveryEvent Trainer::Impl::reform(const std::string& failure, Phases* phases, 
 
 std::optional<Trainer::Impl::Donor> Trainer::Impl::find_donor(const std::vector<int>& lost, bool allowed,
                                                               RecoveryEvent* ev) {
-  const auto& c = config;
-  const bool eligible = allowed && c.recovery.from_peer && c.devices_per_worker == 1 &&
-                        (c.strategy == Strategy::kAllreduce || c.strategy == Strategy::kSimple) &&
-                        c.step.zero_stage == 0 && c.comm.compression == Compression::kNone &&
-                        c.comm.forward_overlap_buckets == 0;
+  const bool eligible = allowed && config.recovery.from_peer && replicas_hold_whole_state();
   if (chunk_in_flight == 0 || snapshot.empty()) return std::nullopt;
   std::vector<int> survivors;
   for (int id : pool->members()) {
@@ -148,6 +144,12 @@ std::optional<Trainer::Impl::Donor> Trainer::Impl::find_donor(const std::vector<
     return std::nullopt;
   }
   return d;
+}
+
+bool Trainer::Impl::replicas_hold_whole_state() const {
+  const auto& c = config;
+  return c.devices_per_worker == 1 && (c.strategy == Strategy::kAllreduce || c.strategy == Strategy::kSimple) &&
+         c.step.zero_stage == 0 && c.comm.compression == Compression::kNone && c.comm.forward_overlap_buckets == 0;
 }
 
 std::vector<int> Trainer::Impl::drain(Clock::time_point detected, RecoveryEvent* ev) {

@@ -113,18 +113,55 @@ void Trainer::Impl::adopt_workers(const runtime::DriverState& prev) {
   pool->adopt(kept, prev.next_spawn_index);
 }
 
-int64_t Trainer::Impl::steps_past(const std::vector<int>& lost, int64_t epoch, int64_t batch) {
-  std::vector<int> survivors;
+Trainer::Impl::Survivors Trainer::Impl::survivors_past(const std::vector<int>& lost, int64_t epoch, int64_t batch) {
+  std::vector<int> ids;
   for (int id : pool->members()) {
-    if (std::find(lost.begin(), lost.end(), id) == lost.end()) survivors.push_back(id);
+    if (std::find(lost.begin(), lost.end(), id) == lost.end()) ids.push_back(id);
   }
-  int64_t furthest = 0;
+  Survivors out;
   const int64_t per_epoch = std::max<int64_t>(1, checkpoint_bpe);
-  for (const auto& r : raw_call(command(&proto::Command::mutable_position), survivors)) {
-    furthest = std::max(furthest, (r.position().epoch() - epoch) * per_epoch + r.position().batch() - batch);
+  const auto replies = raw_call(command(&proto::Command::mutable_position), ids);
+  for (size_t i = 0; i < replies.size(); ++i) {
+    const proto::Position& p = replies[i].position();
+    out.steps = std::max(out.steps, (p.epoch() - epoch) * per_epoch + p.batch() - batch);
+    const std::pair<int64_t, int64_t> at{p.epoch(), p.batch()};
+    out.together = !p.torn() && (i == 0 || (out.together && at == out.at));
+    out.at = at;
   }
-  return furthest;
+  return out;
 }
+
+void Trainer::Impl::go_on_from_members(const Survivors& members, PhaseClock* clock) {
+  Donor all;  // every member holds the state to go on with: nobody is sent one
+  all.id = pool->members().at(0);
+  all.at = members.at;
+  all.current = pool->members();
+  form_group({}, clock, &all);
+  steps_done += members.steps;
+  // The point they stand at is the snapshot now, and on disk what a later restart goes on from.
+  take_snapshot();
+  persist_snapshot(members.at.first, members.at.second, checkpoint_bpe);
+  clock->mark("snapshot");
+}
+
+namespace {
+
+// What a driver's restart records: the lost one's pid, and since its last sign of life (its
+// last touch of its state) as detect_s.
+RecoveryEvent restart_event(const runtime::DriverState& prev, std::chrono::steady_clock::time_point started) {
+  RecoveryEvent ev;
+  ev.kind = "driver_restart";
+  ev.failure = "the job's driver (pid " + std::to_string(prev.driver_pid) + ") was lost; driver pid " +
+               std::to_string(::getpid()) + " took its place";
+  ev.detected_at = started;
+  const auto wall_started = std::chrono::system_clock::now() - (std::chrono::steady_clock::now() - started);
+  if (prev.last_alive != std::chrono::system_clock::time_point{}) {
+    ev.detect_s = std::max(0.0, std::chrono::duration<double>(wall_started - prev.last_alive).count());
+  }
+  return ev;
+}
+
+}  // namespace
 
 bool Trainer::Impl::resume(const runtime::DriverState& prev, Clock::time_point started) {
   runtime::Checkpoint c;
@@ -139,15 +176,7 @@ bool Trainer::Impl::resume(const runtime::DriverState& prev, Clock::time_point s
     restart_checkpoint.clear();
     return false;
   }
-  RecoveryEvent ev;
-  ev.kind = "driver_restart";
-  ev.failure = "the job's driver (pid " + std::to_string(prev.driver_pid) + ") was lost; driver pid " +
-               std::to_string(::getpid()) + " took its place";
-  ev.detected_at = started;
-  const auto wall_started = std::chrono::system_clock::now() - (Clock::now() - started);
-  if (prev.last_alive != std::chrono::system_clock::time_point{}) {  // the old one's last touch of its state
-    ev.detect_s = std::max(0.0, std::chrono::duration<double>(wall_started - prev.last_alive).count());
-  }
+  RecoveryEvent ev = restart_event(prev, started);
   driver_restarts = prev.restarts + 1;
   signature = prev.signature;
   parameters = prev.parameters;
@@ -183,13 +212,23 @@ bool Trainer::Impl::resume(const runtime::DriverState& prev, Clock::time_point s
     ev.lost += (ev.lost.empty() ? "" : ", ") + fmt::format("worker {} (host {}, pid {})", id, w.host, w.pid);
   }
   const bool none_back = lost.size() == pool->members().size();
-  ev.rolled_back_steps = none_back ? 0 : steps_past(lost, epoch, batch);  // unknown without them
-  ev.at_step = steps_done + ev.rolled_back_steps;
+  const Survivors past = none_back ? Survivors{} : survivors_past(lost, epoch, batch);  // unknown without them
+  ev.rolled_back_steps = past.steps;
+  ev.at_step = steps_done + past.steps;
   snapshot = std::move(c.state);
   snapshot_feedback = std::move(c.feedback);
   snapshots->reset();
   snapshots->resized(snapshot.size());
-  if (none_back && pool->ready().empty()) {
+  // Every member back, at one step's end, their whole state in them: they go on from there, and
+  // nothing is trained again (recovery.from_peer's rule; the checkpoint's steps per epoch known,
+  // to name the new one).
+  if (lost.empty() && past.together && config.recovery.from_peer && replicas_hold_whole_state() &&
+      checkpoint_bpe > 0) {
+    recovering([&] { go_on_from_members(past, &clock); });
+    ev.from_peer = true;
+    ev.rolled_back_steps = 0;
+    restarted_at = JobPosition{past.at.first, past.at.second, steps_done, first_epoch};
+  } else if (none_back && pool->ready().empty()) {
     restart_without_workers("none of the old driver's workers answered (" + gone + ")");
   } else {
     recovering([&] {
