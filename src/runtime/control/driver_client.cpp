@@ -17,7 +17,7 @@ using std::chrono::milliseconds;
 struct DriverClient::Impl {
   std::shared_ptr<grpc::Channel> channel;
   std::unique_ptr<proto::Driver::Stub> stub;
-  milliseconds grace{0};
+  std::atomic<int64_t> grace_ms{0};
   std::atomic<Clock::rep> answered{Clock::now().time_since_epoch().count()};  // the last answer's time
   std::atomic<bool> waiting{false};  // said so in the log, not answered since
 };
@@ -28,7 +28,7 @@ DriverClient::DriverClient(std::string address, std::string token, TlsKeys tls)
   impl_->stub = proto::Driver::NewStub(impl_->channel);
 }
 
-void DriverClient::set_driver_grace(milliseconds grace) { impl_->grace = grace; }
+void DriverClient::set_driver_grace(milliseconds grace) { impl_->grace_ms = grace.count(); }
 
 Clock::duration DriverClient::since_answered() const {
   return Clock::now() - Clock::time_point(Clock::duration(impl_->answered.load()));
@@ -43,11 +43,12 @@ auto DriverClient::patiently(F call) -> decltype(call()) {
       if (impl_->waiting.exchange(false)) log().info("a driver answers at {} again", address_);
       return out;
     } catch (const DriverUnreachable& e) {
-      if (impl_->grace.count() <= 0 || since_answered() > impl_->grace) throw;
+      const milliseconds grace(impl_->grace_ms.load());
+      if (grace.count() <= 0 || since_answered() > grace) throw;
       if (!impl_->waiting.exchange(true)) {
         log().warn("the driver at {} stopped answering ({}); waiting up to {} s for a driver to take its place "
                    "(recovery.driver_grace)",
-                   address_, e.what(), impl_->grace.count() / 1000);
+                   address_, e.what(), grace.count() / 1000);
       }
       // A call fails at once while the channel is down, and nothing polls its attempts to connect
       // again but a call in flight (gRPC's backup poller looks every 5 s): this wait does.

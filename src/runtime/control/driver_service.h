@@ -152,7 +152,8 @@ class DriverClient {
   // Calls below throw DriverUnreachable when nobody answers at the driver's address. With a
   // driver grace (a driver that restarts in place: JobSpec.driver_grace_ms) they ride that out:
   // each is tried again as soon as the address accepts a connection, until the driver has been
-  // silent for the grace.
+  // silent for the grace. Thread-safe: a worker that stops sets it to 0, and calls in flight end
+  // at their next failure.
   void set_driver_grace(std::chrono::milliseconds grace);
   // Since the driver last answered one of this client's calls (since its construction if none).
   std::chrono::steady_clock::duration since_answered() const;

@@ -260,8 +260,9 @@ struct Trainer::Impl {
   // every replica is where the last train() left it. Their results were returned already.
   void replay();
 
-  // Between chunks, below num_workers: grow back with the workers set up since (new processes
-  // in local mode, spawned with back-off). Returns the event, or nullopt if nothing changed.
+  // Between chunks and calls: tends the pool (lost processes reaped, newcomers set up, new ones
+  // started) and, below num_workers, grows back with the workers set up since (new processes in
+  // local mode, spawned with back-off). Returns the event, or nullopt if nothing changed.
   std::optional<RecoveryEvent> scale_up();
 
   // scale_up, surviving a failure on the way like any call.

@@ -318,9 +318,11 @@ void Trainer::Impl::replay() {
 }
 
 std::optional<RecoveryEvent> Trainer::Impl::scale_up() {
-  if (static_cast<int>(pool->members().size()) >= config.num_workers) return std::nullopt;
+  // Between calls too, not only on a call's ticks (every 100 ms: a call of a few fast steps has
+  // none): lost processes reaped, standbys and new workers set up and started.
   pool->check_children();
   pool->tend(generation, signature);
+  if (static_cast<int>(pool->members().size()) >= config.num_workers) return std::nullopt;
   auto joining = pool->first_ready(static_cast<size_t>(config.num_workers) - pool->members().size());
   if (joining.empty()) return std::nullopt;
   const auto t0 = Clock::now();

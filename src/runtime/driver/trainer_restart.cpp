@@ -2,7 +2,8 @@
 // on disk as the job goes (runtime/driver/driver_state.h), and how a driver started again with
 // it takes the job up: the old driver's workers, which waited for it (recovery.driver_grace),
 // are adopted under their old ids, those that did not wait are evicted and replaced as after any
-// loss, and the group is re-formed under a new generation from the newest checkpoint.
+// loss, and the group is re-formed under a new generation: the workers go on from where they
+// stand where every one came back at one step's end, else from the newest checkpoint.
 #include <unistd.h>
 
 #include <algorithm>

@@ -100,6 +100,7 @@ class Worker {
       rc = 3;
     }
     stop_ = true;
+    client_.set_driver_grace(milliseconds(0));  // the job is over for this worker: no waiting for a driver
     heartbeat.join();
     {
       std::lock_guard<std::mutex> lock(strategies_mutex_);
