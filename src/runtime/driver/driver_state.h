@@ -8,7 +8,7 @@
 //   DriverStateFile file(dir);
 //   if (auto previous = file.resumable(job_fingerprint(spec))) { ... adopt previous->workers ... }
 //   file.write(state);      // after each formation and each checkpoint
-//   file.touch();           // on the driver's tick (at most one write of the time a second)
+//   file.touch();           // on the driver's tick (the file's time set at most once a second)
 //   file.write_ended();     // at the job's end: nothing to go on with
 //
 // Not thread-safe.

@@ -175,7 +175,7 @@ Trainer::Trainer(const std::string& operator_name, TrainerConfig config) : impl_
   if (runtime::launcher_of(c) != Launcher::kNone)
     binary = c.launch.worker_binary.empty() ? runtime::self_executable() : c.launch.worker_binary;
   d.pool = std::make_unique<runtime::WorkerPool>(c, *d.server, binary,
-                                                 runtime::JobSecrets{d.token, control::encode_keys(tls)});
+                                                 runtime::JobSecrets{d.token, d.tls_line});
   d.snapshots = std::make_unique<runtime::SnapshotPolicy>(d.config);
   if (!c.checkpoints.dir.empty()) runtime::mark_job_ended(c.checkpoints.dir, false);  // this job runs now
 
@@ -575,11 +575,7 @@ int64_t Trainer::parameter_count() const { return impl_->parameters; }
 
 std::optional<JobPosition> Trainer::restarted_at() const { return impl_->restarted_at; }
 
-std::string Trainer::address() const {
-  const std::string& l = impl_->config.launch.listen;
-  const std::string host = l.empty() ? "127.0.0.1" : l.substr(0, l.rfind(':'));
-  return host + ":" + std::to_string(impl_->server ? impl_->server->port() : 0);
-}
+std::string Trainer::address() const { return impl_->listen_address; }
 
 const std::string& Trainer::token() const { return impl_->token; }
 bool Trainer::tls() const { return impl_->tls; }

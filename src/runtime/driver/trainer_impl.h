@@ -325,7 +325,7 @@ struct Trainer::Impl {
   // one started again in its place, and how a driver takes a job up from it.
   std::unique_ptr<runtime::DriverStateFile> driver_state;
   std::string job_fingerprint;       // of the job spec
-  std::string listen_address;        // HOST:PORT the server listens on
+  std::string listen_address;        // HOST:PORT the server listens on (Trainer::address)
   std::string tls_line;              // control::encode_keys of the job's keys ("" without TLS)
   int64_t driver_restarts = 0;       // drivers before this one that took the job up
   int64_t first_epoch = 0;           // where the job began (a load()ed checkpoint's epoch)
