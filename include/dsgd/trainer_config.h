@@ -52,10 +52,10 @@ struct StepConfig {
   // own step, as loss_scale does. Steps, batches_per_epoch and positions count whole steps; an
   // epoch's last step may have fewer micro-batches.
   int64_t accumulate_steps = 1;
-  // ZeRO stage 1 (Rajbhandari et al.): 1 = each replica's optimizer holds state for, and steps,
-  // only its share of the parameters (whole tensors, balanced by size); the updated parameters
-  // are then shared with every replica. Adam's 8 bytes a parameter become 8/N per replica. Strategy
-  // allreduce on the CPU, without compression or comm.forward_overlap_buckets. 0 = off.
+  // ZeRO (Rajbhandari et al.): 1 = each replica's optimizer holds state for, and steps, only its
+  // share of the parameters (whole tensors, balanced by size), then shared with every replica;
+  // 2 = its gradients too (4/N bytes a parameter plus a ring of 8 buckets; CPU). Strategy
+  // allreduce, without compression or comm.forward_overlap_buckets. 0 = off. docs/SETTINGS.md.
   int zero_stage = 0;
 };
 

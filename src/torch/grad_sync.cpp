@@ -17,11 +17,6 @@
 namespace dsgd::torch_glue {
 namespace {
 
-// Gradient values at or above this magnitude count as non-finite: below it, a sum over up to 2^16
-// replicas stays below 2^127, inside the float range, so an average can only be non-finite
-// where some replica's part failed this check.
-constexpr float kGradLimit = 0x1p111f;
-
 std::vector<size_t> element_counts(const std::vector<torch::Tensor>& params) {
   std::vector<size_t> counts;
   for (size_t i = 0; i < params.size(); ++i) {
@@ -67,13 +62,15 @@ torch::Tensor host_buffer(const std::shared_ptr<strategy::GradientStrategy>& str
 }  // namespace
 
 GradSync::GradSync(std::vector<torch::Tensor> params, size_t grad_shard_bytes,
-                   std::shared_ptr<strategy::GradientStrategy> strategy, bool overlap, size_t deferred)
+                   std::shared_ptr<strategy::GradientStrategy> strategy, bool overlap, size_t deferred, size_t ring)
     : params_(std::move(params)),
       plan_(element_counts(params_), sizeof(float), grad_shard_bytes),
       strategy_(std::move(strategy)),
       device_(device_of(params_)),
       staged_(device_.is_cuda()),
-      host_(host_buffer(strategy_, plan_.total_elements(), staged_, &flat_shared_)),
+      host_(host_buffer(strategy_, ring > 0 ? ring_elements(element_counts(params_), grad_shard_bytes, ring)
+                                            : plan_.total_elements(),
+                        staged_, &flat_shared_)),
       flat_(staged_ ? torch::zeros({static_cast<int64_t>(plan_.total_elements())},
                                    torch::TensorOptions(torch::kFloat32).device(device_))
                     : host_),
@@ -82,7 +79,20 @@ GradSync::GradSync(std::vector<torch::Tensor> params, size_t grad_shard_bytes,
       works_(plan_.buckets().size()),
       gated_(params_.size(), false),
       pending_(plan_.buckets().size()),
-      bucket_ok_(plan_.buckets().size(), true) {
+      bucket_ok_(plan_.buckets().size(), true),
+      ring_(std::min(ring, plan_.buckets().size())) {
+  if (ring_ > 0) {
+    if (staged_ || deferred > 0 || !strategy_ || strategy_->server_updates() || strategy_->error_feedback()) {
+      throw ConfigError("step.zero_stage 2 runs on the CPU over a strategy that averages (allreduce), without "
+                        "compression or comm.forward_overlap_buckets",
+                        "step.zero_stage");
+    }
+    ring_offsets_ = ring_offsets(plan_, ring_);
+    ring_holder_.assign(ring_, -1);
+    consumed_.assign(plan_.buckets().size(), 0);
+    owned_grads_.resize(params_.size());
+    stash_.resize(params_.size());
+  }
   if (staged_ && strategy_ && strategy_->server_updates()) {
     throw ConfigError("strategy " + strategy_->name() + " updates parameters on its servers, which hold them on the " +
                       "CPU; with CUDA use allreduce, simple or ps without ps_update_on_shards");
@@ -117,12 +127,10 @@ GradSync::GradSync(std::vector<torch::Tensor> params, size_t grad_shard_bytes,
     // set_ rather than narrow(): the slot shares flat_'s storage without being an autograd view,
     // so Optimizer::zero_grad() may detach_() it once it is the parameter's .grad.
     slots_.push_back(torch::empty({0}, torch::TensorOptions(torch::kFloat32).device(device_))
-                         .set_(flat_.storage(), static_cast<int64_t>(s.offset), p.sizes(),
-                               own ? p.strides() : p.contiguous().strides()));
-    const unsigned id = params_[i].register_hook([this, i](torch::Tensor grad) {
-      on_grad(i, grad);
-      return grad;
-    });
+                         .set_(flat_.storage(), static_cast<int64_t>(bucket_base(s.bucket) + s.offset -
+                                                                     plan_.buckets()[s.bucket].offset),
+                               p.sizes(), own ? p.strides() : p.contiguous().strides()));
+    const unsigned id = params_[i].register_hook([this, i](torch::Tensor grad) { return on_grad(i, grad); });
     hooks_.emplace_back(params_[i], id);
   }
   for (const auto& b : plan_.buckets()) missing_.push_back(b.params.size());
@@ -159,8 +167,8 @@ double GradSync::total_wait_s() const {
   return total_wait_s_;
 }
 
-void GradSync::on_grad(size_t param, const torch::Tensor& grad) {
-  std::lock_guard<std::mutex> lock(mutex_);
+torch::Tensor GradSync::on_grad(size_t param, const torch::Tensor& grad) {
+  std::unique_lock<std::mutex> lock(mutex_);
   // A backward that throws here never finalizes (autograd drops its callbacks), and the
   // replicas' sequences of buckets no longer match: later backwards fail too, not silently.
   auto fail = [this](const std::string& message) {
@@ -180,9 +188,10 @@ void GradSync::on_grad(size_t param, const torch::Tensor& grad) {
   }
   if (!in_backward_) {
     in_backward_ = true;
-    torch::autograd::Engine::get_default_engine().queue_callback([this] { finalize(); });
+    torch::autograd::Engine::get_default_engine().queue_callback([this] { ring_ > 0 ? finalize_ring() : finalize(); });
   }
   got_grad_[param] = true;
+  if (ring_ > 0) return on_grad_ring_locked(lock, param, grad);
   // Copied (times the weight) and checked in one pass; the rare other gradient is copied by
   // LibTorch, then checked in its slot. Added to earlier held ones, the sum is checked.
   auto& slot = slots_[param];
@@ -195,10 +204,11 @@ void GradSync::on_grad(size_t param, const torch::Tensor& grad) {
       torch::mul_out(slot, grad, weight_);
     }
     params_[param].mutable_grad() = torch::Tensor();
-    if (hold_) return;
-    --missing_[bucket];
-    if (overlap_) launch_ready_locked(false);
-    return;
+    if (!hold_) {
+      --missing_[bucket];
+      if (overlap_) launch_ready_locked(false);
+    }
+    return slot.detach();
   }
   bool ok;
   if (held_) {
@@ -212,12 +222,16 @@ void GradSync::on_grad(size_t param, const torch::Tensor& grad) {
     ok = comm::copy_scaled_below(dst, dst, n, 1.0f, kGradLimit);
   }
   if (!ok) bucket_ok_[bucket] = false;
-  // AccumulateGrad runs after this hook: with no .grad it takes `grad` as it is (no sum into
-  // the old one, no copy); finalize() then makes the slot, holding the average, the .grad.
+  // AccumulateGrad runs after this hook, with what it returns: with no .grad it takes the slot
+  // as it is (no sum into an old .grad, no copy), and autograd's own gradient is freed now, not
+  // held in .grad until backward's end (a whole model's gradients more at the peak).
+  // finalize() then makes the slot, holding the average, the .grad.
   params_[param].mutable_grad() = torch::Tensor();
-  if (hold_) return;  // summed only: launched by the next backward not held
-  --missing_[bucket];
-  if (overlap_) launch_ready_locked(false);
+  if (!hold_) {  // held: summed only, launched by the next backward not held
+    --missing_[bucket];
+    if (overlap_) launch_ready_locked(false);
+  }
+  return slot.detach();
 }
 
 void GradSync::launch_ready_locked(bool after_backward) {
@@ -232,7 +246,7 @@ void GradSync::launch_ready_locked(bool after_backward) {
     } else if (staged_) {
       stage_locked(i);
     } else {
-      float* data = flat_.data_ptr<float>() + buckets[i].offset;
+      float* data = flat_.data_ptr<float>() + bucket_base(i);
       // Tells every replica: the average's first element is then NaN everywhere.
       if (!bucket_ok_[i] && buckets[i].count > 0) data[0] = std::numeric_limits<float>::quiet_NaN();
       works_[i] = average_async(i, data);
@@ -307,7 +321,10 @@ void GradSync::set_deferred_buckets(size_t count) {
 void GradSync::set_micro_batch(bool first, bool last) {
   std::lock_guard<std::mutex> lock(mutex_);
   if (in_backward_ || next_launch_ != 0) throw Error("GradSync: micro-batches cannot change during a backward");
-  if (first) held_ = false;  // a new step: whatever an interrupted one held is dropped
+  if (first) {  // a new step: whatever an interrupted one held is dropped
+    held_ = false;
+    ring_finite_ = true;
+  }
   const bool hold = !last;
   if (hold && (deferred_count_ > 0 || strategy_->server_updates() != nullptr)) {
     throw Error("GradSync: gradient accumulation needs the replicas' own step: not with deferred buckets or updates "
@@ -473,12 +490,17 @@ void GradSync::gather_server_state() {
 }
 
 bool GradSync::average_ok(size_t bucket) const {
-  const auto& b = plan_.buckets()[bucket];
-  return b.count == 0 || std::isfinite(host_.data_ptr<float>()[b.offset]);
+  return plan_.buckets()[bucket].count == 0 || std::isfinite(host_.data_ptr<float>()[bucket_base(bucket)]);
+}
+
+size_t GradSync::bucket_base(size_t bucket) const {
+  return ring_ > 0 ? ring_offsets_[bucket % ring_] : plan_.buckets()[bucket].offset;
 }
 
 void GradSync::reset_backward_locked() {
   in_backward_ = false;
+  // The hooks made each slot (or a copy aside) its parameter's .grad: not a result (yet).
+  for (auto& p : params_) p.mutable_grad() = torch::Tensor();
   next_launch_ = 0;
   std::fill(got_grad_.begin(), got_grad_.end(), false);
   for (size_t b = 0; b < plan_.buckets().size(); ++b) missing_[b] = plan_.buckets()[b].params.size();
@@ -520,7 +542,6 @@ void GradSync::finalize() {
     reset_backward_locked();
     lock.unlock();
     last_finite_ = true;  // each bucket's step checks its own
-    for (auto& p : params_) p.mutable_grad() = torch::Tensor();
     if (deferred_.begin) deferred_.begin();
     return;
   }

@@ -5,9 +5,11 @@
 //
 // Each parameter's gradient hook copies the gradient (times weight(), for uneven batch splits)
 // into its slot of a flat float32 buffer packed by strategy::BucketPlan (reverse registration
-// order), checking it in the same pass, and clears .grad so AccumulateGrad takes the new
-// gradient as it is. The check: NaN, infinity, or a magnitude of 2^111 or more (below that a
-// sum over up to 2^16 replicas cannot leave the float range). A replica whose bucket fails it
+// order), checking it in the same pass, clears .grad and hands AccumulateGrad the slot, which it
+// takes as the .grad with no copy: autograd's gradient is freed at once, so a backward holds one
+// model's gradients (the flat buffer), not two. The check: NaN, infinity, or a magnitude of
+// 2^111 or more (below that a sum over up to 2^16 replicas cannot leave the float range). A
+// replica whose bucket fails it
 // sets the bucket's first element to NaN before sending it, so the average's first element is
 // NaN on every replica: last_finite() reads one float per bucket, no second pass over the
 // gradients, and every replica gets the same answer. When a bucket's
@@ -61,9 +63,11 @@ namespace dsgd::torch_glue {
 class GradSync {
  public:
   // overlap false: buckets launch only after backward (for measuring what overlap buys).
-  // deferred: see set_deferred_step (0: off).
+  // deferred: see set_deferred_step (0: off). ring > 0: ZeRO stage 2 (see set_owned): the
+  // gradients pass through `ring` bucket-sized buffers instead of a flat buffer for all of them.
   GradSync(std::vector<torch::Tensor> params, size_t grad_shard_bytes,
-           std::shared_ptr<strategy::GradientStrategy> strategy, bool overlap = true, size_t deferred = 0);
+           std::shared_ptr<strategy::GradientStrategy> strategy, bool overlap = true, size_t deferred = 0,
+           size_t ring = 0);
   ~GradSync();
   GradSync(const GradSync&) = delete;
   GradSync& operator=(const GradSync&) = delete;
@@ -72,8 +76,9 @@ class GradSync {
   void set_weight(double weight) { weight_ = weight; }
   // Gradient accumulation (DDP's no_sync), said before each backward: which micro-batch of the
   // step comes. Before the last, a backward's gradients (times the weight) are added into the
-  // flat buffer (the first's copied) and nothing is sent, nor is .grad set (it stays
-  // undefined); the last adds its own and averages the sum, checked as a whole. (true, true),
+  // flat buffer (the first's copied) and nothing is sent (under stage 2 each is averaged: see
+  // set_owned), nor is .grad set (it stays undefined); the last adds its own and averages the
+  // sum, checked as a whole. (true, true),
   // the default, is a step of one backward. Holding needs neither deferred buckets nor server
   // updates (throws dsgd::Error).
   void set_micro_batch(bool first, bool last);
@@ -137,10 +142,37 @@ class GradSync {
   // parameters are about to be replaced (snapshot, checkpoint).
   void discard_pending();
 
-  // ---- ZeRO stage 1 (strategy->sharing()): each parameter stepped by one replica ----
+  // ---- ZeRO (strategy->sharing()): each parameter stepped by one replica ----
   // owned[i]: this replica steps parameter i, so its optimizer keeps state for it alone. CPU
-  // only (throws ConfigError on CUDA, or without the strategy's Sharing facet).
+  // only (throws ConfigError on CUDA, or without the strategy's Sharing facet). Said before the
+  // first backward.
+  //
+  // Stage 2 (constructed with ring > 0): no buffer holds every gradient. Bucket b is filled in
+  // ring buffer b % ring (shared memory where the strategy offers it), averaged, and as soon as a
+  // later bucket needs that buffer (or at backward's end) the averages of this replica's own
+  // parameters are copied out into gradients of their own; the others' are dropped. After
+  // backward only the owned parameters have a .grad, so a replica holds 4 bytes a parameter of
+  // gradients for its share and `ring` buckets for the rest. Buckets launch as they fill whatever
+  // `overlap` says (a ring buffer is reused only once its bucket is averaged). A gradient whose
+  // ring buffer still holds an earlier bucket that is not yet launched waits aside, in a copy;
+  // one whose buffer holds a later bucket takes it back (the later bucket's gradients go aside).
+  // Accumulation averages every micro-batch (DeepSpeed's way) and sums the owned averages: the
+  // traffic of a step per micro-batch, for no buffer of every gradient. last_finite() says
+  // whether every micro-batch's averages were finite.
+  static constexpr size_t kRingBuckets = 8;
+  // The floats of shared memory a stage-2 GradSync over parameters of these sizes asks for.
+  static size_t ring_elements(const std::vector<size_t>& counts, size_t grad_shard_bytes, size_t ring = kRingBuckets);
+  // Where each ring buffer starts (and, last, the ring's size), in floats: buffer r is as large
+  // as the largest of the buckets it takes (r, r + ring, ...), so one large parameter costs once.
+  static std::vector<size_t> ring_offsets(const strategy::BucketPlan& plan, size_t ring);
   void set_owned(std::vector<bool> owned);
+  bool ring() const { return ring_ > 0; }
+  // Bytes this GradSync keeps for gradients: its flat buffer (or ring), and under stage 2 the
+  // owned parameters' averages.
+  size_t gradient_bytes() const;
+  // Stage 2: the squared L2 norm of the owned parameters' averaged gradients (a local sum; the
+  // global norm is the sum over the replicas).
+  double owned_grad_squared_norm() const;
   bool sharded() const { return !owned_.empty(); }
   bool owns(size_t param) const { return owned_.empty() || owned_[param]; }
   // After the averaged gradients were checked (and clipped): .grad of the parameters this replica
@@ -175,7 +207,20 @@ class GradSync {
   void drop_optimizer_momentum();
 
  private:
-  void on_grad(size_t param, const torch::Tensor& grad);
+  // Gradient values at or above this magnitude count as non-finite: below it, a sum over up to
+  // 2^16 replicas stays below 2^127, inside the float range, so an average can only be
+  // non-finite where some replica's part failed this check.
+  static constexpr float kGradLimit = 0x1p111f;
+
+  torch::Tensor on_grad(size_t param, const torch::Tensor& grad);  // what AccumulateGrad takes: the slot
+  size_t bucket_base(size_t bucket) const;  // where its floats start in host_ (and flat_)
+  // Stage 2 (grad_sync_zero.cpp): the hook's work, the ring's claims and what backward's end does.
+  torch::Tensor on_grad_ring_locked(std::unique_lock<std::mutex>& lock, size_t param, const torch::Tensor& grad);
+  bool claim_ring_locked(std::unique_lock<std::mutex>& lock, size_t bucket, bool evict);
+  void consume_locked(std::unique_lock<std::mutex>& lock, size_t bucket);  // waits; owned averages out
+  void evict_locked(size_t bucket);   // its gradients aside, its ring buffer free
+  void unstash_locked(size_t bucket);  // its gradients set aside into its (claimed) ring buffer
+  void finalize_ring();
   void launch_ready_locked(bool after_backward);
   void apply_pending(size_t bucket);
   void launch_update_locked(size_t bucket);
@@ -185,7 +230,7 @@ class GradSync {
   std::shared_ptr<comm::Work> average_async(size_t bucket, float* data);  // with its residual, if kept
   void stage_locked(size_t bucket);      // CUDA: the bucket's copy to the host, queued for the stager
   void stage_loop();
-  void reset_backward_locked();          // after a backward's end, for the next one
+  void reset_backward_locked();          // after a backward's end, for the next one; .grad cleared
   bool average_ok(size_t bucket) const;  // after its wait: no replica's part failed the check
 
   std::vector<torch::Tensor> params_;
@@ -239,6 +284,14 @@ class GradSync {
   std::thread stager_;                          // why: waits for each copy while backward goes on
 
   std::vector<bool> owned_;                     // ZeRO: per parameter (empty: not sharded)
+  // Stage 2 (guarded by mutex_).
+  const size_t ring_;                           // ring buffers (0: one flat buffer for all)
+  std::vector<size_t> ring_offsets_;            // where each starts in host_ (ring_offsets)
+  std::vector<int64_t> ring_holder_;            // per ring buffer: the bucket in it, -1 for none
+  std::vector<char> consumed_;                  // per bucket: averaged and copied out this backward
+  bool ring_finite_ = true;                     // every bucket consumed this backward was finite
+  std::vector<torch::Tensor> owned_grads_;      // per parameter: its averaged gradient (owned ones)
+  std::vector<torch::Tensor> stash_;            // per parameter: its gradient kept aside, if any
 
   // Update on the servers.
   uint32_t server_id_ = 0;

@@ -137,8 +137,8 @@ void ReplicaRuntime::attach(std::shared_ptr<strategy::GradientStrategy> strategy
     }
     if (params.empty()) continue;
     const size_t s = syncs_.size();
-    syncs_.push_back(
-        std::make_unique<GradSync>(params, options_.grad_shard_bytes, strategy, options_.overlap, deferred));
+    syncs_.push_back(std::make_unique<GradSync>(params, options_.grad_shard_bytes, strategy, options_.overlap,
+                                                deferred, ring_buckets(options_.info.world_size)));
     if (strategy->server_updates()) {
       syncs_.back()->set_server_optimizer(static_cast<uint32_t>(m), server_optimizer(*op_, m, params));
     }
@@ -335,7 +335,8 @@ bool ReplicaRuntime::check_gradients() {
     stepping_ = true;
     if (options_.step.max_grad_norm > 0) {
       auto& [sum, steps] = step_values_["grad_norm"];
-      sum += clip_gradients(*op_, options_.step.max_grad_norm);
+      sum += ring_buckets(options_.info.world_size) > 0 ? clip_sharded_gradients(options_.step.max_grad_norm)
+                                                        : clip_gradients(*op_, options_.step.max_grad_norm);
       ++steps;
     }
     if (!owned_.empty()) {  // zero: the optimizer steps this replica's share only
@@ -486,6 +487,7 @@ Metrics ReplicaRuntime::train(int64_t max_batches, bool profile) {
   for (const auto& [name, v] : step_values_) m[name] = v.first / static_cast<double>(v.second);
   if (scaler_) m["loss_scale"] = scaler_->scale();
   m["optimizer_state_bytes"] = static_cast<double>(optimizer_state_bytes(*op_));
+  if (!syncs_.empty()) m["gradient_bytes"] = gradient_bytes_held();
   if (bytes0 >= 0 && batches > 0) {  // what this replica sent to other hosts, per step
     m["comm_bytes_per_step"] =
         static_cast<double>(syncs_[0]->strategy().cross_host_bytes() - bytes0) / static_cast<double>(batches);
@@ -518,7 +520,19 @@ std::string ReplicaRuntime::save_state() const { return save_replica_state(*op_,
 
 size_t ReplicaRuntime::state_bytes() const { return replica_state_bytes(*op_, state()); }
 
-size_t ReplicaRuntime::gradient_bytes() const { return torch_glue::gradient_bytes(*op_); }
+double ReplicaRuntime::gradient_bytes_held() const {
+  double bytes = 0;
+  for (const auto& s : syncs_) bytes += static_cast<double>(s->gradient_bytes());
+  return bytes;
+}
+
+size_t ReplicaRuntime::ring_buckets(int world_size) const {
+  return options_.step.zero_stage == 2 && world_size >= 2 ? GradSync::kRingBuckets : 0;
+}
+
+size_t ReplicaRuntime::gradient_bytes(int world_size) const {
+  return torch_glue::gradient_bytes(*op_, options_.grad_shard_bytes, ring_buckets(world_size));
+}
 
 namespace {
 constexpr char kFeedbackMagic[8] = {'d', 's', 'g', 'd', 'f', 'b', '0', '1'};

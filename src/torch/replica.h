@@ -116,9 +116,10 @@ class ReplicaRuntime : private ParameterGate, private ReplicaSums, private Repli
   // save_state().size(), without keeping the bytes (a serialisation all the same). The driver's
   // snapshot schedule asks once the first steps have given the optimizers their state.
   size_t state_bytes() const;
-  // The shared memory its GradSyncs will ask the strategy for: each model's trainable float32
-  // parameters, 64-byte aligned (comm::ShmOptions::shared_bytes for the replica's group).
-  size_t gradient_bytes() const;
+  // The shared memory its GradSyncs will ask the strategy for in a group of `world_size`
+  // replicas: each model's trainable float32 parameters, 64-byte aligned, or under ZeRO stage 2
+  // its ring of buckets (comm::ShmOptions::shared_bytes for the replica's group).
+  size_t gradient_bytes(int world_size) const;
   // Drops steps still pending (forward overlap). `feedback`: this replica's save_feedback() from
   // the same point, or "" (the error feedback then starts from zero).
   void load_state(const std::string& bytes, const std::string& feedback = {});
@@ -194,6 +195,12 @@ class ReplicaRuntime : private ParameterGate, private ReplicaSums, private Repli
   // step.zero_stage over a strategy that averages: each trainable parameter's owner among the
   // replicas (partition_by_size over all models), into every GradSync and owned_.
   void partition_parameters();
+  // Stage 2's ring buffers per GradSync in a group of `world_size` (0: stage 0 or 1, or alone).
+  size_t ring_buckets(int world_size) const;
+  double gradient_bytes_held() const;  // what the GradSyncs keep (the train metrics' gradient_bytes)
+  // clip_grad_norm_ under stage 2, where each replica holds only its share's gradients: the
+  // global norm from every replica's sum of squares (a collective). Returns the norm before.
+  double clip_sharded_gradients(double max_norm);
   // Micro-batches of the step at position_ (accumulate(), or fewer in an epoch's last step).
   int64_t micro_batches_in_step() const;
   // train()'s ends: the generator kept at a step's end; after a throw, back to that step's end

@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "dsgd/error.h"
+#include "torch/grad_sync.h"
 
 namespace dsgd::torch_glue {
 
@@ -178,13 +179,17 @@ std::string model_signature(const TrainingOperator& op) {
   return out.str();
 }
 
-size_t gradient_bytes(const TrainingOperator& op) {
+size_t gradient_bytes(const TrainingOperator& op, size_t grad_shard_bytes, size_t ring) {
   size_t bytes = 0;
   for (const auto& m : op.models()) {  // as the runtime makes a GradSync per model with trainable parameters
-    size_t floats = 0;
+    std::vector<size_t> counts;
     for (const auto& p : m->parameters()) {
-      if (p.requires_grad()) floats += static_cast<size_t>(p.numel());
+      if (p.requires_grad()) counts.push_back(static_cast<size_t>(p.numel()));
     }
+    if (counts.empty()) continue;
+    size_t floats = 0;
+    for (size_t n : counts) floats += n;
+    if (ring > 0) floats = GradSync::ring_elements(counts, grad_shard_bytes, ring);
     bytes += (floats * sizeof(float) + 63) / 64 * 64;
   }
   return bytes;

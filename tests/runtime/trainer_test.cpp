@@ -38,6 +38,7 @@
 #include "testing/params.h"
 #include "testing/proc.h"
 #include "testing/temp_dir.h"
+#include "torch/grad_sync.h"
 #include "torch/replica.h"
 
 namespace dsgd {
@@ -478,51 +479,77 @@ TEST(TrainerEquivalence, LanguageModelTwoWorkersEqualOneProcessWithTheGlobalBatc
 }
 
 // step.zero_stage 1: each replica's optimizer holds state for its share of the parameters only
-// and steps only those; the shares are summed into every replica after the step. The parameters
-// must be those of plain allreduce (the same averaged gradients, the same optimizer arithmetic per
+// and steps only those; the shares are summed into every replica after the step. Stage 2 also
+// keeps only its share's averaged gradients, the others passing through a ring of 8 buckets
+// (small buckets here, so that the ring turns over many times a backward). The parameters must be
+// those of plain allreduce (the same averaged gradients, the same optimizer arithmetic per
 // tensor), and each replica's optimizer state about 1/N of plain's. Fails if the parameters are
 // not shared (replicas keep the others' old values), if a replica steps a parameter it does not
-// own twice over, or if the state is not sharded.
-void expect_zero_equals_plain(TrainerConfig c, const std::string& op, int64_t steps, double tolerance = 1e-6) {
+// own twice over, if the state is not sharded, if a ring buffer is reused before its bucket is
+// averaged or its owned averages copied out, or if stage 2 keeps every gradient.
+void expect_zero_equals_plain(TrainerConfig c, const std::string& op, int64_t steps, double tolerance = 1e-6,
+                              bool balanced = false) {
+  c.comm.grad_shard_bytes = 64 << 10;
+  struct Run {
+    testing::Params params;
+    double state_bytes, gradient_bytes;
+  };
   const auto run = [&](int stage) {
     c.step.zero_stage = stage;
     Trainer t(op, c);
     const auto r = t.train({.num_steps = steps});
     EXPECT_EQ(r.batch, steps);
-    return std::make_pair(params_of(*t.get_model()), r.metrics.at("optimizer_state_bytes"));
+    return Run{params_of(*t.get_model()), r.metrics.at("optimizer_state_bytes"), r.metrics.at("gradient_bytes")};
   };
-  const auto [plain, plain_bytes] = run(0);
-  const auto [zero, zero_bytes] = run(1);
-  const double difference = max_difference(plain, zero);
-  std::printf("%s, %d workers: zero 1 %.2g from plain allreduce; optimizer state %.0f bytes a replica (plain %.0f)\n",
-              op.c_str(), c.num_workers, difference, zero_bytes, plain_bytes);
-  EXPECT_LT(difference, tolerance);
+  const double ring_bytes = [&] {  // stage 2's ring: 8 buffers, each as large as its largest bucket
+    Trainer t(op, c);
+    std::vector<size_t> counts;
+    for (const auto& p : t.get_model()->parameters()) counts.push_back(static_cast<size_t>(p.numel()));
+    return 4.0 * static_cast<double>(torch_glue::GradSync::ring_elements(counts, c.comm.grad_shard_bytes));
+  }();
+  const Run plain = run(0);
   const double n = c.num_workers;
-  EXPECT_GT(plain_bytes, 0);
-  EXPECT_LT(zero_bytes, plain_bytes / n * 1.35) << "the state is not sharded";
-  EXPECT_GT(zero_bytes, plain_bytes / n * 0.65);
+  EXPECT_GT(plain.state_bytes, 0);
+  for (int stage : {1, 2}) {
+    const Run zero = run(stage);
+    const double difference = max_difference(plain.params, zero.params);
+    std::printf("%s, %d workers: zero %d %.2g from plain allreduce; optimizer state %.0f bytes a replica (plain "
+                "%.0f), gradients %.0f bytes (plain %.0f)\n",
+                op.c_str(), c.num_workers, stage, difference, zero.state_bytes, plain.state_bytes, zero.gradient_bytes,
+                plain.gradient_bytes);
+    EXPECT_LT(difference, tolerance) << "stage " << stage;
+    EXPECT_LT(zero.state_bytes, plain.state_bytes / n * 1.35) << "the state is not sharded at stage " << stage;
+    EXPECT_GT(zero.state_bytes, plain.state_bytes / n * 0.65) << "stage " << stage;
+    if (stage == 1) EXPECT_EQ(zero.gradient_bytes, plain.gradient_bytes);
+    // The image classifier's largest layer is most of it, and its owner keeps its gradient: only
+    // a model of many like-sized tensors shows the share.
+    if (stage == 2 && balanced) {
+      EXPECT_LT(zero.gradient_bytes, plain.gradient_bytes / n * 1.35 + ring_bytes) << "every gradient is kept";
+      EXPECT_LT(zero.gradient_bytes, plain.gradient_bytes * 0.85);
+    }
+  }
 }
 
-TEST(TrainerZero, Stage1EqualsPlainAllreduceWithSgdMomentumOnTwoWorkers) {
+TEST(TrainerZero, StagesOneAndTwoEqualPlainAllreduceWithSgdMomentumOnTwoWorkers) {
   expect_zero_equals_plain(base_config(2, "allreduce", 64), dsgd::kImageClassifier, 20);
 }
 
-TEST(TrainerZero, Stage1EqualsPlainAllreduceWithSgdMomentumOnThreeWorkersOverTwoHosts) {
+TEST(TrainerZero, StagesOneAndTwoEqualPlainAllreduceWithSgdMomentumOnThreeWorkersOverTwoHosts) {
   auto c = base_config(3, "allreduce", 66);
   c.launch.local_hosts = 2;  // shared memory within a pseudo-host, Gloo between them
   expect_zero_equals_plain(c, dsgd::kImageClassifier, 20);
 }
 
-TEST(TrainerZero, Stage1EqualsPlainAllreduceWithAdamWClippingAndAccumulation) {
+TEST(TrainerZero, StagesOneAndTwoEqualPlainAllreduceWithAdamWClippingAndAccumulation) {
   testing::TempDir dir;
   TrainerConfig c = language_model_job(dir, 800, 20);
   c.step.max_grad_norm = 1.0;
   c.step.accumulate_steps = 2;
-  expect_zero_equals_plain(c, kLanguageModel, 20);
+  expect_zero_equals_plain(c, kLanguageModel, 20, 1e-6, /*balanced=*/true);
   c.num_workers = 3;
   c.batch_size = 18;
   c.launch.local_hosts = 2;
-  expect_zero_equals_plain(c, kLanguageModel, 20);
+  expect_zero_equals_plain(c, kLanguageModel, 20, 1e-6, /*balanced=*/true);
 }
 
 // dsgd::fit reports progress while the first epoch runs, before any call has returned the number
@@ -1075,14 +1102,18 @@ void expect_checkpoint_moves(const TrainerConfig& from, const TrainerConfig& to)
   EXPECT_LT(max_difference(params_of(*a.get_model()), params_of(*b.get_model())), 1e-5);
 }
 
-// A checkpoint holds the whole optimizer state whatever the stage: saved under zero 1 by 3
+// A checkpoint holds the whole optimizer state whatever the stage: saved under zero 1 or 2 by 3
 // workers it continues identically without zero on 2, and the reverse (the momentum must come
 // whole: with only one replica's share the two runs part at once).
 TEST(TrainerZero, CheckpointsMoveBetweenStagesAndWorkerCounts) {
-  auto zero3 = base_config(3, "allreduce", 60);
-  zero3.step.zero_stage = 1;
-  expect_checkpoint_moves(zero3, base_config(2, "allreduce", 60));
-  expect_checkpoint_moves(base_config(2, "allreduce", 60), zero3);
+  for (int stage : {1, 2}) {
+    SCOPED_TRACE("stage " + std::to_string(stage));
+    auto zero3 = base_config(3, "allreduce", 60);
+    zero3.step.zero_stage = stage;
+    zero3.comm.grad_shard_bytes = 64 << 10;  // stage 2's ring turns over
+    expect_checkpoint_moves(zero3, base_config(2, "allreduce", 60));
+    expect_checkpoint_moves(base_config(2, "allreduce", 60), zero3);
+  }
 }
 
 // With compression a checkpoint holds every replica's error feedback: a job of the same shape
@@ -1599,13 +1630,13 @@ TEST(TrainerBadInput, EveryConfigErrorNamesItsField) {
   bad = c;
   bad.step.max_grad_norm = -1;
   EXPECT_EQ(field_of(bad), "step.max_grad_norm");
-  for (const int stage : {-1, 2}) {
+  for (const int stage : {-1, 3}) {
     bad = c;
     bad.step.zero_stage = stage;
     EXPECT_EQ(field_of(bad), "step.zero_stage");
   }
   bad = c;
-  bad.step.zero_stage = 1;
+  bad.step.zero_stage = 2;
   bad.strategy = Strategy::kPs;
   EXPECT_EQ(field_of(bad), "step.zero_stage");
   bad.strategy = Strategy::kAllreduce;
@@ -2025,16 +2056,21 @@ TEST(TrainerRecovery, FromAPeerNothingIsRolledBackFromTheSnapshotTheChunksStepsA
   ::unsetenv("DSGD_TEST_DIE_AT_STEP");
 }
 
-// Under zero 1 a snapshot holds every replica's share of the optimizer state: the standby takes
-// the lost share from it.
+// Under zero 1 and 2 a snapshot holds every replica's share of the optimizer state: the standby
+// takes the lost share from it (and, at stage 2, the place in the ring of a replica whose
+// gradients it must not keep).
 TEST(TrainerZero, AStandbyTakesAKilledWorkersShareAndTheResultEqualsAFaultFreeRun) {
-  auto c = base_config(3, "allreduce", 66);
-  c.launch.local_hosts = 2;
-  c.recovery.standby_workers = 1;
-  c.step.zero_stage = 1;
-  auto r = train_through_fault(c, SIGKILL);
-  ASSERT_EQ(r.recoveries.size(), 1u);
-  EXPECT_EQ(r.recoveries[0].standbys_used, 1);
+  for (int stage : {1, 2}) {
+    SCOPED_TRACE("stage " + std::to_string(stage));
+    auto c = base_config(3, "allreduce", 66);
+    c.launch.local_hosts = 2;
+    c.recovery.standby_workers = 1;
+    c.step.zero_stage = stage;
+    c.comm.grad_shard_bytes = 64 << 10;
+    auto r = train_through_fault(c, SIGKILL);
+    ASSERT_EQ(r.recoveries.size(), 1u);
+    EXPECT_EQ(r.recoveries[0].standbys_used, 1);
+  }
 }
 
 // The language model reads its sequences from a token file as it goes (a streaming dataset): a

@@ -239,7 +239,8 @@ void add_precision_flags(CLI::App* cmd, TrainFlags& f) {
               "Micro-batches per step: gradients summed locally, averaged once per step (1: off)")
       ->capture_default_str();
   bind_option(cmd, f, "--zero", "step.zero_stage", f.trainer.step.zero_stage,
-              "ZeRO stage: 1 = each replica keeps optimizer state for its share of the parameters only (0: off)")
+              "ZeRO stage: 1 = each replica keeps optimizer state for its share of the parameters only, 2 = and "
+              "only their gradients (0: off)")
       ->capture_default_str();
 }
 

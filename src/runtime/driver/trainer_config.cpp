@@ -62,19 +62,19 @@ void validate_processes(const TrainerConfig& c) {
 
 void validate_zero(const TrainerConfig& c) {
   const int z = c.step.zero_stage;
-  require(z == 0 || z == 1, "step.zero_stage",
-          "step.zero_stage must be 0 (off) or 1 (optimizer state sharded); stage 2 (gradients sharded too) is not "
-          "built yet, got " + std::to_string(z));
+  require(z >= 0 && z <= 2, "step.zero_stage",
+          "step.zero_stage must be 0 (off), 1 (optimizer state sharded) or 2 (gradients sharded too), got " +
+              std::to_string(z));
   if (z == 0) return;
+  const std::string stage = "step.zero_stage " + std::to_string(z);
   require(c.strategy == Strategy::kAllreduce, "step.zero_stage",
-          "step.zero_stage 1 shards the optimizer state over the replicas of strategy allreduce; strategy is '" +
+          stage + " shards the optimizer state over the replicas of strategy allreduce; strategy is '" +
               c.strategy.name() + "' (ps.update_on_shards shards SGD's state over the servers instead)");
   require(c.comm.compression == Compression::kNone, "step.zero_stage",
-          "step.zero_stage 1 does not combine with comm.compression '" + c.comm.compression.name() +
+          stage + " does not combine with comm.compression '" + c.comm.compression.name() +
               "' yet: set compression none");
   require(c.comm.forward_overlap_buckets == 0, "step.zero_stage",
-          "step.zero_stage 1 needs the optimizer step taken whole after backward: set comm.forward_overlap_buckets "
-          "to 0");
+          stage + " needs the optimizer step taken whole after backward: set comm.forward_overlap_buckets to 0");
 }
 
 void validate_step(const TrainerConfig& c) {

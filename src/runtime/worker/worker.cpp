@@ -465,7 +465,7 @@ class Worker {
         go.timeout = comm_timeout_;
         comm::ShmOptions sho;
         sho.timeout = comm_timeout_;
-        sho.shared_bytes = replicas_[static_cast<size_t>(i)]->gradient_bytes();  // gradients live there
+        sho.shared_bytes = replicas_[static_cast<size_t>(i)]->gradient_bytes(world_);  // gradients live there
         const int rank = rank_base_ + i;
         auto group =
             std::shared_ptr<comm::HierarchicalGroup>(comm::HierarchicalGroup::create(store, rank, world_, go, sho));
