@@ -1,6 +1,7 @@
 // Checkpoint rotation on disk: keep the newest K, never expose a half-written one, and fall back
 // past damaged ones to the newest intact checkpoint.
 #include "runtime/driver/checkpoint.h"
+#include "runtime/driver/checkpoint_writer.h"
 
 #include <gtest/gtest.h>
 
@@ -148,6 +149,39 @@ TEST(CheckpointRotation, AHeaderWithImpossibleFieldsIsADataError) {
   }
   std::ofstream(file, std::ios::binary | std::ios::trunc) << good.dump() << "\n" << state;
   EXPECT_EQ(read_checkpoint(fs::path(file).parent_path().string()).state, "state of step 1");
+}
+
+// The writer's thread writes what it is given, one at a time and in order, rotating as
+// write_rotating_checkpoint does, and hands back each outcome; a write that fails (here the root
+// is a file) comes back as an error, never thrown from its thread.
+TEST(CheckpointWriter, WritesInOrderOnItsThreadAndHandsBackEachOutcome) {
+  testing::TempDir dir;
+  const std::string root = dir.file("ckpts");
+  {
+    CheckpointWriter w(root, 2);
+    for (int64_t step : {4, 8, 12}) w.submit({.step = step, .steps_done = step * 10}, state_of(step), "pt");
+    const auto done = w.take(/*wait=*/true);
+    ASSERT_EQ(done.size(), 3u);
+    for (size_t i = 0; i < done.size(); ++i) {
+      EXPECT_EQ(done[i].job.step, 4 * static_cast<int64_t>(i + 1));
+      EXPECT_EQ(done[i].job.steps_done, 40 * static_cast<int64_t>(i + 1));
+      EXPECT_TRUE(done[i].error.empty()) << done[i].error;
+      EXPECT_EQ(done[i].bytes, state_of(done[i].job.step).state.size() + 2);
+    }
+    EXPECT_EQ(fs::path(done[2].path).filename(), "step-000000000012");
+    EXPECT_TRUE(w.take(true).empty()) << "each outcome is handed back once";
+    w.submit({.step = 16}, state_of(16), "");
+  }  // the destructor waits for the write in flight
+  const auto all = list_checkpoints(root);
+  ASSERT_EQ(all.size(), 2u);
+  EXPECT_EQ(read_latest_checkpoint(root, nullptr).state, "state of step 16");
+  std::ofstream(dir.file("a-file")) << "not a directory";
+  CheckpointWriter bad(dir.file("a-file"), 1);
+  bad.submit({.step = 1}, state_of(1), "");
+  const auto done = bad.take(true);
+  ASSERT_EQ(done.size(), 1u);
+  EXPECT_TRUE(done[0].path.empty());
+  EXPECT_FALSE(done[0].error.empty());
 }
 
 }  // namespace

@@ -3,6 +3,7 @@
 // lost worker are in runtime/driver/trainer_recovery.cpp; the state both share, runtime/driver/trainer_impl.h.
 #include "dsgd/trainer.h"
 
+#include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
@@ -439,6 +440,7 @@ Results Trainer::train(const TrainOptions& options) {
                             ? " (" + std::to_string(trace.dropped()) + " more dropped: the limit per chunk)"
                             : std::string());
   }
+  d.collect_checkpoints(/*wait=*/true);  // a call returns with its checkpoints on disk
   total.recoveries = d.events;
   total.checkpoint_failures = d.checkpoint_failures;
   total.stragglers = d.stragglers.take_named();
@@ -475,6 +477,7 @@ std::vector<json> Trainer::foreach_worker(const std::string& name, const json& a
 
 void Trainer::save(const std::string& path) {
   auto& d = *impl_;
+  const auto t0 = std::chrono::steady_clock::now();
   Feedback feedback;
   std::string state = d.recovering([&] { return d.read_state(&feedback); });
   d.snapshot = state;  // as good as a snapshot: the state now
@@ -484,13 +487,20 @@ void Trainer::save(const std::string& path) {
   auto pickle = d.call(command(&proto::Command::mutable_get_pickle), true);
   auto pos = d.call(command(&proto::Command::mutable_position), true);
   const proto::Position& p = pos[0].position();
+  const auto t1 = std::chrono::steady_clock::now();
   runtime::Checkpoint c{d.checkpoint_header(p.epoch(), p.batch()), std::move(state), std::move(feedback)};
   runtime::write_checkpoint(path, c, pickle[0].pickle().pickle());
+  const auto t2 = std::chrono::steady_clock::now();
+  control::log().debug("trainer: saved {} ({} bytes of state) in {:.3f} s: read {:.3f} s, written {:.3f} s", path,
+                       c.state.size(), std::chrono::duration<double>(t2 - t0).count(),
+                       std::chrono::duration<double>(t1 - t0).count(), std::chrono::duration<double>(t2 - t1).count());
 }
 
 void Trainer::load(const std::string& path) {
+  const auto t0 = std::chrono::steady_clock::now();
   std::vector<std::string> skipped;
   runtime::Checkpoint c = runtime::read_checkpoint_at(path, &skipped);
+  const auto t1 = std::chrono::steady_clock::now();
   for (const auto& s : skipped) control::log().warn("trainer: passed over a damaged checkpoint: {}", s);
   const auto field = c.header.find("operator");
   const std::string op = field != c.header.end() && field->is_string() ? field->get<std::string>() : "";
@@ -499,6 +509,10 @@ void Trainer::load(const std::string& path) {
                       "'");
   }
   impl_->recovering([&] { impl_->send_state(c.state, c.feedback); });
+  const auto t2 = std::chrono::steady_clock::now();
+  control::log().debug("trainer: loaded {} ({} bytes of state) in {:.3f} s: read {:.3f} s, sent {:.3f} s", path,
+                       c.state.size(), std::chrono::duration<double>(t2 - t0).count(),
+                       std::chrono::duration<double>(t1 - t0).count(), std::chrono::duration<double>(t2 - t1).count());
   impl_->snapshot = c.state;
   impl_->snapshot_feedback = c.feedback;
   impl_->snapshots->reset();
@@ -536,6 +550,11 @@ void Trainer::shutdown() {
   auto& d = *impl_;
   if (d.stopped) return;
   d.stopped = true;
+  try {
+    d.collect_checkpoints(/*wait=*/true);
+  } catch (const std::exception& e) {
+    control::log().warn("trainer: shutdown: {}", e.what());
+  }
   if (d.server && !d.broken) {
     try {
       d.server->call(command(&proto::Command::mutable_shutdown), milliseconds(5000), [&] { d.pool->check_children(); });

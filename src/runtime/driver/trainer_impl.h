@@ -18,6 +18,7 @@
 
 #include "dsgd/trainer.h"
 #include "runtime/control/driver_service.h"
+#include "runtime/driver/checkpoint_writer.h"
 #include "runtime/driver/driver_state.h"
 #include "runtime/driver/overlap_tuner.h"
 #include "runtime/driver/snapshot_policy.h"
@@ -317,9 +318,14 @@ struct Trainer::Impl {
   void add_straggler_notes(runtime::TraceFile* trace, Clock::time_point t0);
   int64_t stragglers_generation = 0;
 
-  // The snapshot just taken, also on disk (TrainerConfig::checkpoints.dir), as step `step`. One
-  // that cannot be written is warned about and counted, unless checkpoints.fail_on_write_error.
+  // The snapshot just taken, also on disk (TrainerConfig::checkpoints.dir), as step `step`:
+  // model.pt read from a member now, both written by checkpoint_writer while training goes on.
   void persist_snapshot(int64_t epoch, int64_t batch, int64_t batches_per_epoch);
+  std::unique_ptr<runtime::CheckpointWriter> checkpoint_writer;  // made at the first persist_snapshot
+  // The checkpoint writes that finished (with `wait`, every one): the newest noted as the
+  // checkpoint a restart goes on from; one that could not be written warned about and counted,
+  // or thrown (DataError) with checkpoints.fail_on_write_error. Each call's end waits for its.
+  void collect_checkpoints(bool wait);
 
   // recovery.driver_state_dir (runtime/driver/trainer_restart.cpp): what this driver keeps for
   // one started again in its place, and how a driver takes a job up from it.

@@ -397,20 +397,37 @@ void Trainer::Impl::flush_snapshot() {
 void Trainer::Impl::persist_snapshot(int64_t epoch, int64_t batch, int64_t batches_per_epoch) {
   if (config.checkpoints.dir.empty()) return;
   const auto t0 = Clock::now();
-  runtime::Checkpoint c{checkpoint_header(epoch, batch), snapshot, snapshot_feedback};
+  collect_checkpoints(false);
+  if (!checkpoint_writer) {
+    checkpoint_writer = std::make_unique<runtime::CheckpointWriter>(config.checkpoints.dir, config.checkpoints.keep);
+  }
   auto pickle = call(command(&proto::Command::mutable_get_pickle), true);  // a recovery restores `snapshot`
   const int64_t step = epoch * batches_per_epoch + batch;
-  const std::string& model_pt = pickle[0].pickle().pickle();
-  try {
-    last_checkpoint = runtime::write_rotating_checkpoint(config.checkpoints.dir, step, config.checkpoints.keep, c,
-                                                         model_pt);
-    control::log().debug("trainer: checkpoint {}", last_checkpoint);
-    restart_checkpoint = last_checkpoint;  // a driver's restart goes on from here
-    checkpoint_steps = steps_done;
-    if (batches_per_epoch > 0) checkpoint_bpe = batches_per_epoch;
-    save_driver_state();
-  } catch (const DataError& e) {
-    if (config.checkpoints.fail_on_write_error) throw;
+  if (checkpoint_writer->busy()) {
+    control::log().debug("trainer: checkpoint of step {} waits for the last one's write", step);
+  }
+  checkpoint_writer->submit({.step = step, .steps_done = steps_done, .batches_per_epoch = batches_per_epoch},
+                            {checkpoint_header(epoch, batch), snapshot, snapshot_feedback},
+                            std::move(*pickle[0].mutable_pickle()->mutable_pickle()));
+  const double s = std::chrono::duration<double>(Clock::now() - t0).count();
+  control::log().debug("trainer: checkpoint of step {} handed to its writer in {:.3f} s", step, s);
+  snapshot_s += s;
+}
+
+void Trainer::Impl::collect_checkpoints(bool wait) {
+  if (!checkpoint_writer) return;
+  for (const auto& done : checkpoint_writer->take(wait)) {
+    const int64_t step = done.job.step;
+    if (done.error.empty()) {
+      last_checkpoint = done.path;
+      control::log().debug("trainer: checkpoint {} written in {:.3f} s", last_checkpoint, done.seconds);
+      restart_checkpoint = last_checkpoint;  // a driver's restart goes on from here
+      checkpoint_steps = done.job.steps_done;
+      if (done.job.batches_per_epoch > 0) checkpoint_bpe = done.job.batches_per_epoch;
+      save_driver_state();
+      continue;
+    }
+    if (config.checkpoints.fail_on_write_error) throw DataError(config.checkpoints.dir, done.error);
     ++checkpoint_failures;
     ++checkpoint_failures_total;
     std::error_code ec;
@@ -420,11 +437,10 @@ void Trainer::Impl::persist_snapshot(int64_t epoch, int64_t batch, int64_t batch
         "trainer: checkpoint of step {} NOT written: {} (it takes {:.1f} MiB; {}). Training goes on; the "
         "newest checkpoint on disk is {}; the next snapshot tries again. Make room in {}, or set "
         "checkpoints.fail_on_write_error (--fail-on-checkpoint-error) to stop the job instead",
-        step, e.what(), static_cast<double>(c.state.size() + model_pt.size()) * mib,
+        step, done.error, static_cast<double>(done.bytes) * mib,
         ec ? std::string("free space unknown") : fmt::format("{:.1f} MiB free there", space.available * mib),
         last_checkpoint.empty() ? std::string("none of this job's") : last_checkpoint, config.checkpoints.dir);
   }
-  snapshot_s += std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
 int Trainer::ready_standbys() {
