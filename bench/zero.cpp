@@ -1,17 +1,19 @@
-// dsgd_zero_bench: what step.zero_stage 1 saves and costs, on PyTorch's ZeroRedundancyOptimizer
-// recipe (20 x Linear(2000, 2000), Adam (lr 1e-4: the recipe's 0.01 diverges within steps), MSE
-// against random targets, global batch 20).
-// Runs the same job with zero 0 and zero 1 (interleaved, --rounds times each), fresh workers each
-// run, and prints per run: seconds per step (median of the timed chunks), the workers' largest
-// peak resident memory, and each replica's optimizer-state bytes; then the saving against the
-// formula (Adam: 8 bytes a parameter, (N-1)/N of it saved per replica). bench/zero.sh runs it
-// beside PyTorch's own (bench/peers/zero_peer.py).
+// dsgd_zero_bench: what step.zero_stage 1 and 2 save and cost, on PyTorch's
+// ZeroRedundancyOptimizer recipe (20 x Linear(2000, 2000), Adam (lr 1e-4: the recipe's 0.01
+// diverges within steps), MSE against random targets, global batch 20).
+// Runs the same job at each stage of --stages (interleaved, --rounds times each), fresh workers
+// each run, and prints per run: seconds per step (median of the timed chunks), the workers'
+// largest peak resident memory, each replica's optimizer-state and gradient bytes; then each
+// stage's saving against the formula (per replica, (N-1)/N of Adam's 8 bytes a parameter at
+// stage 1, and of the gradient's 4 more at stage 2). bench/zero.sh runs it beside PyTorch's own
+// (bench/peers/zero_peer.py).
 //
-//   dsgd_zero_bench --workers 2 --rounds 2 --json out.json
+//   dsgd_zero_bench --workers 2 --rounds 2 --stages 0,1,2 --json out.json
 #include <CLI/CLI.hpp>
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <chrono>
 #include <cstdio>
 #include <fstream>
@@ -42,7 +44,7 @@ DSGD_REGISTER_OPERATOR(ZeroRecipe);
 
 struct Run {
   int zero = 0;
-  double step_s = 0, peak_rss_mib = 0, state_bytes = 0, loss = 0;
+  double step_s = 0, peak_rss_mib = 0, state_bytes = 0, gradient_bytes = 0, loss = 0;
 };
 
 int heartbeat_ms = 3000;
@@ -59,17 +61,25 @@ Run run(int zero, int workers, int64_t steps, int chunks, const nlohmann::json& 
   Run r{.zero = zero};
   for (int i = 0; i < chunks; ++i) {
     const auto t0 = std::chrono::steady_clock::now();
-    const auto res = t.train({.num_steps = steps});
+    const auto res = t.train({.num_steps = steps, .profile = std::getenv("DSGD_ZERO_BENCH_PROFILE") != nullptr});
+    if (std::getenv("DSGD_ZERO_BENCH_PROFILE") != nullptr) {
+      for (const char* k : {"forward_s", "backward_s", "optimizer_s", "comm_wait_s"}) {
+        if (res.metrics.count(k)) std::printf("  %s %.4f", k, res.metrics.at(k));
+      }
+      std::printf("\n");
+    }
     per_step.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() /
                        static_cast<double>(steps));
     r.peak_rss_mib = res.metrics.count("peak_rss_mib") ? res.metrics.at("peak_rss_mib") : 0;
     r.state_bytes = res.metrics.at("optimizer_state_bytes");
+    r.gradient_bytes = res.metrics.at("gradient_bytes");
     r.loss = res.metrics.at("loss");
   }
   std::sort(per_step.begin(), per_step.end());
   r.step_s = per_step[per_step.size() / 2];
-  std::printf("zero %d: %.3f s/step, worker peak RSS %.0f MiB, optimizer state %.1f MB a replica, loss %.4f\n", zero,
-              r.step_s, r.peak_rss_mib, r.state_bytes / 1e6, r.loss);
+  std::printf("zero %d: %.3f s/step, worker peak RSS %.0f MiB, optimizer state %.1f MB and gradients %.1f MB a "
+              "replica, loss %.4f\n",
+              zero, r.step_s, r.peak_rss_mib, r.state_bytes / 1e6, r.gradient_bytes / 1e6, r.loss);
   std::fflush(stdout);
   return r;
 }
@@ -80,10 +90,12 @@ int main(int argc, char** argv) {
   dsgd::init(argc, argv);
   int workers = 2, rounds = 2, chunks = 3, layers = 20, width = 2000;
   int64_t steps = 5;
+  std::vector<int> stages{0, 1, 2};
   std::string json_out;
-  CLI::App app{"dsgd_zero_bench: memory and step time of step.zero_stage 1 against 0 on ZeRO's recipe"};
+  CLI::App app{"dsgd_zero_bench: memory and step time of step.zero_stage 1 and 2 against 0 on ZeRO's recipe"};
   app.add_option("--workers", workers, "Workers (one replica each, one thread each)")->capture_default_str();
   app.add_option("--rounds", rounds, "Runs of each stage, interleaved")->capture_default_str();
+  app.add_option("--stages", stages, "The stages to run; the first is the baseline")->delimiter(',');
   app.add_option("--chunks", chunks, "Timed train() calls per run")->capture_default_str();
   app.add_option("--steps", steps, "Steps per timed call")->capture_default_str();
   app.add_option("--layers", layers, "Linear layers")->capture_default_str();
@@ -94,7 +106,7 @@ int main(int argc, char** argv) {
   const nlohmann::json config{{"layers", layers}, {"width", width}};
   std::vector<Run> runs;
   for (int i = 0; i < rounds; ++i) {
-    for (int zero : {0, 1}) runs.push_back(run(zero, workers, steps, chunks, config));
+    for (int zero : stages) runs.push_back(run(zero, workers, steps, chunks, config));
   }
   const auto best = [&](int zero, double Run::*field) {
     double v = 1e300;
@@ -102,18 +114,27 @@ int main(int argc, char** argv) {
     return v;
   };
   const double params = static_cast<double>(layers) * (static_cast<double>(width) * width + width);
-  const double formula_mib = 8 * params * (workers - 1) / workers / (1 << 20);
-  const double saved_mib = best(0, &Run::peak_rss_mib) - best(1, &Run::peak_rss_mib);
-  const double step_ratio = best(1, &Run::step_s) / best(0, &Run::step_s);
-  std::printf("%.1fM parameters, %d workers: zero 1 saves %.0f MiB of peak RSS per worker (formula %.0f MiB: %.2f of "
-              "it); step time zero 1 / zero 0 = %.3f (best of %d runs each)\n",
-              params / 1e6, workers, saved_mib, formula_mib, saved_mib / formula_mib, step_ratio, rounds);
+  const int base = stages.front();
+  nlohmann::json j = {{"parameters", params}, {"workers", workers}, {"baseline", base},
+                      {"stages", nlohmann::json::object()}, {"runs", nlohmann::json::array()}};
+  for (int zero : stages) {
+    if (zero == base) continue;
+    const double bytes_a_parameter = zero == 1 ? 8 : 12;  // Adam's state; and the gradient
+    const double formula_mib = bytes_a_parameter * params * (workers - 1) / workers / (1 << 20);
+    const double saved_mib = best(base, &Run::peak_rss_mib) - best(zero, &Run::peak_rss_mib);
+    const double step_ratio = best(zero, &Run::step_s) / best(base, &Run::step_s);
+    std::printf("%.1fM parameters, %d workers: zero %d saves %.0f MiB of peak RSS per worker against zero %d (formula "
+                "%.0f MiB: %.2f of it); step time %.3f of zero %d's (best of %d runs each)\n",
+                params / 1e6, workers, zero, saved_mib, base, formula_mib, saved_mib / formula_mib, step_ratio, base,
+                rounds);
+    j["stages"][std::to_string(zero)] = {
+        {"formula_saved_mib", formula_mib}, {"saved_mib", saved_mib}, {"step_ratio", step_ratio}};
+  }
   if (!json_out.empty()) {
-    nlohmann::json j = {{"parameters", params},     {"workers", workers},     {"formula_saved_mib", formula_mib},
-                        {"saved_mib", saved_mib},   {"step_ratio", step_ratio}, {"runs", nlohmann::json::array()}};
     for (const auto& r : runs) {
       j["runs"].push_back({{"zero", r.zero}, {"step_s", r.step_s}, {"peak_rss_mib", r.peak_rss_mib},
-                           {"optimizer_state_bytes", r.state_bytes}, {"loss", r.loss}});
+                           {"optimizer_state_bytes", r.state_bytes}, {"gradient_bytes", r.gradient_bytes},
+                           {"loss", r.loss}});
     }
     std::ofstream(json_out) << j.dump(2) << "\n";
   }

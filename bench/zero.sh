@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# ZeRO stage 1 (step.zero_stage) against plain allreduce and against PyTorch's
-# ZeroRedundancyOptimizer, side by side in one run, on PyTorch's recipe: 20 x Linear(2000, 2000),
+# ZeRO stages 1 and 2 (step.zero_stage) against plain allreduce and against PyTorch's
+# ZeroRedundancyOptimizer (stage 1), side by side in one run, on PyTorch's recipe: 20 x Linear(2000, 2000),
 # Adam, 2 ranks of one thread, global batch 20. dsgd runs each stage ROUNDS times (interleaved,
 # fresh workers each run), PyTorch each once (its steps are slow here). Prints both sides' seconds
 # per step and largest per-rank peak RSS, and dsgd's saving against the formula.
@@ -21,13 +21,17 @@ $py - "$tmp/dsgd.json" "$tmp/peer.json" <<'PY'
 import json, sys
 d, p = (json.load(open(f)) for f in sys.argv[1:3])
 def best(runs, zero, key):
-    return min(r[key] for r in runs if r["zero"] == zero)
-print("| | s/step zero 0 | s/step zero 1 | peak RSS MiB zero 0 | peak RSS MiB zero 1 |")
-print("|---|---|---|---|---|")
-for name, runs in (("dsgd", d["runs"]), ("PyTorch DDP + ZeroRedundancyOptimizer", p["runs"])):
-    print(f"| {name} | {best(runs, 0, 'step_s'):.3f} | {best(runs, 1, 'step_s'):.3f} | "
-          f"{best(runs, 0, 'peak_rss_mib'):.0f} | {best(runs, 1, 'peak_rss_mib'):.0f} |")
-print(f"dsgd zero 1 saves {d['saved_mib']:.0f} MiB per rank (formula {d['formula_saved_mib']:.0f}); "
-      f"step time zero 1 / zero 0 = {d['step_ratio']:.3f}; peak RSS zero 1 dsgd / PyTorch = "
-      f"{best(d['runs'], 1, 'peak_rss_mib') / best(p['runs'], 1, 'peak_rss_mib'):.2f}")
+    vals = [r[key] for r in runs if r["zero"] == zero]
+    return min(vals) if vals else float("nan")
+print("| | s/step zero 0 | s/step zero 1 | s/step zero 2 | peak RSS MiB zero 0 | peak RSS MiB zero 1 | "
+      "peak RSS MiB zero 2 |")
+print("|---|---|---|---|---|---|---|")
+for name, runs in (("dsgd", d["runs"]), ("PyTorch DDP + ZeroRedundancyOptimizer (stage 1)", p["runs"])):
+    cells = [f"{best(runs, z, 'step_s'):.3f}" for z in (0, 1, 2)] + \
+            [f"{best(runs, z, 'peak_rss_mib'):.0f}" for z in (0, 1, 2)]
+    print(f"| {name} | " + " | ".join(c.replace("nan", "-") for c in cells) + " |")
+for z, s in sorted(d["stages"].items()):
+    print(f"dsgd zero {z} saves {s['saved_mib']:.0f} MiB per rank (formula {s['formula_saved_mib']:.0f}); "
+          f"step time zero {z} / zero 0 = {s['step_ratio']:.3f}; peak RSS zero {z} dsgd / PyTorch zero 1 = "
+          f"{best(d['runs'], int(z), 'peak_rss_mib') / best(p['runs'], 1, 'peak_rss_mib'):.2f}")
 PY
