@@ -216,6 +216,9 @@ struct Trainer::Impl {
     int64_t kept = 0;                // steps of the chunk in flight it completed
   };
   std::optional<Donor> find_donor(const std::vector<int>& lost, bool allowed, RecoveryEvent* ev);
+  // The donor's state into the receivers (worker ids), peer to peer over the job's group where
+  // the strategy has a broadcast (allreduce: ShareStateRequest), else through the driver.
+  void share_state(int donor, const std::vector<int>& receivers);
   // Whether a replica's state is all a job's state (a survivor can give it whole): allreduce or
   // simple, one device a worker, no ZeRO, compression or forward overlap.
   bool replicas_hold_whole_state() const;

@@ -246,7 +246,7 @@ void Trainer::Impl::form_group(const std::vector<int>& joining, PhaseClock* cloc
     for (int id : pool->members()) {
       if (std::find(donor->current.begin(), donor->current.end(), id) == donor->current.end()) behind.push_back(id);
     }
-    if (!behind.empty()) send_state(fetch_state(donor->id), {}, behind);
+    if (!behind.empty()) share_state(donor->id, behind);
     resumed_in_chunk = donor->kept;
     clock->mark("restore");
     return;
@@ -256,6 +256,18 @@ void Trainer::Impl::form_group(const std::vector<int>& joining, PhaseClock* cloc
   clock->mark("restore");
   replay();
   clock->mark("replay");
+}
+
+void Trainer::Impl::share_state(int donor, const std::vector<int>& receivers) {
+  if (config.strategy != Strategy::kAllreduce) {  // no group broadcast: through the driver
+    send_state(fetch_state(donor), {}, receivers);
+    return;
+  }
+  proto::Command c;
+  auto* share = c.mutable_share_state();
+  share->set_root(static_cast<int64_t>(pool->placement(generation).ranks().at(donor)) * config.devices_per_worker);
+  for (int id : receivers) share->add_load(id);
+  raw_call(c);
 }
 
 void Trainer::Impl::connect_group() {

@@ -207,6 +207,7 @@ class Worker {
       case C::kGetFeedback: *out.mutable_feedback() = on_get_feedback(); break;
       case C::kGatherState: on_gather_state(cmd.gather_state()); break;
       case C::kGetState: *out.mutable_state() = on_get_state(cmd.get_state()); break;
+      case C::kShareState: on_share_state(cmd.share_state()); break;
       case C::kReadState: *out.mutable_state() = on_read_state(cmd.read_state()); break;
       case C::kGetPickle: *out.mutable_pickle() = on_get_pickle(); break;
       case C::kTrain: *out.mutable_epoch() = on_epoch(&cmd.train()); break;
@@ -280,6 +281,31 @@ class Worker {
       replica(i).load_state(incoming_state_, it != fb.end() ? it->second : std::string());
     });
     std::string().swap(incoming_state_);
+  }
+
+  void on_share_state(const proto::ShareStateRequest& in) {
+    const bool load = std::find(in.load().begin(), in.load().end(), index_) != in.load().end();
+    each_replica([&](int i) {
+      strategy::Sharing* sharing = nullptr;
+      {
+        std::lock_guard<std::mutex> lock(strategies_mutex_);
+        const auto& s = strategies_.at(static_cast<size_t>(i));
+        sharing = s ? s->sharing() : nullptr;
+      }
+      if (sharing == nullptr) throw Error("share_state needs a strategy whose group broadcasts (allreduce)");
+      const auto t0 = Clock::now();
+      std::string bytes;
+      const bool root = rank_base_ + i == in.root();
+      if (root) bytes = replica(i).save_state();
+      sharing->broadcast_bytes(&bytes, static_cast<int>(in.root()));
+      const auto t1 = Clock::now();
+      if (load) replica(i).load_state(bytes, std::string());
+      control::log().debug("worker {}: state of {} bytes {} over the group in {:.3f} s{}", index_, bytes.size(),
+                           root ? "sent" : "received", std::chrono::duration<double>(t1 - t0).count(),
+                           load ? fmt::format(", loaded in {:.3f} s",
+                                              std::chrono::duration<double>(Clock::now() - t1).count())
+                                : std::string());
+    });
   }
 
   proto::FeedbackReply on_get_feedback() {
