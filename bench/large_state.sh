@@ -70,6 +70,12 @@ for ev in run["recoveries"]:
     print(f"| kill to resumed | {ev['resumed_at_unix_s'] - kill_t:.2f} | recovery_s {ev['recovery_s']:.2f} "
           f"({phases}); {ev.get('rolled_back_steps', 0)} steps rolled back, caught up "
           f"{ev.get('caught_up_s', 0):.2f} s; from a peer: {ev.get('from_peer', False)} |")
+for who, n, way, s, what, t in re.findall(
+        r"worker (\d+): state of (\d+) bytes (sent|received) over the group in ([\d.]+) s"
+        r"(?:, (serialised|loaded) in ([\d.]+) s)?", log):
+    if what:
+        print(f"| worker {who}: state {way} over the group | {float(s):.2f} | {int(n) / 1e6:.0f} MB; "
+              f"{what} in {float(t):.2f} s |")
 if save:
     print(f"| save (--save) | {float(save.group(2)):.2f} | state read {float(save.group(3)):.2f}, written "
           f"{float(save.group(4)):.2f}; {int(save.group(1)) / 1e6:.0f} MB |")
