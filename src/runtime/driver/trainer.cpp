@@ -475,56 +475,6 @@ std::vector<json> Trainer::foreach_worker(const std::string& name, const json& a
   return out;
 }
 
-void Trainer::save(const std::string& path) {
-  auto& d = *impl_;
-  const auto t0 = std::chrono::steady_clock::now();
-  Feedback feedback;
-  std::string state = d.recovering([&] { return d.read_state(&feedback); });
-  d.snapshot = state;  // as good as a snapshot: the state now
-  d.snapshot_feedback = feedback;
-  d.snapshots->reset();
-  d.snapshots->resized(state.size());
-  auto pickle = d.call(command(&proto::Command::mutable_get_pickle), true);
-  auto pos = d.call(command(&proto::Command::mutable_position), true);
-  const proto::Position& p = pos[0].position();
-  const auto t1 = std::chrono::steady_clock::now();
-  runtime::Checkpoint c{d.checkpoint_header(p.epoch(), p.batch()), std::move(state), std::move(feedback)};
-  runtime::write_checkpoint(path, c, pickle[0].pickle().pickle());
-  const auto t2 = std::chrono::steady_clock::now();
-  control::log().debug("trainer: saved {} ({} bytes of state) in {:.3f} s: read {:.3f} s, written {:.3f} s", path,
-                       c.state.size(), std::chrono::duration<double>(t2 - t0).count(),
-                       std::chrono::duration<double>(t1 - t0).count(), std::chrono::duration<double>(t2 - t1).count());
-}
-
-void Trainer::load(const std::string& path) {
-  const auto t0 = std::chrono::steady_clock::now();
-  std::vector<std::string> skipped;
-  runtime::Checkpoint c = runtime::read_checkpoint_at(path, &skipped);
-  const auto t1 = std::chrono::steady_clock::now();
-  for (const auto& s : skipped) control::log().warn("trainer: passed over a damaged checkpoint: {}", s);
-  const auto field = c.header.find("operator");
-  const std::string op = field != c.header.end() && field->is_string() ? field->get<std::string>() : "";
-  if (op != impl_->op_name) {
-    throw ConfigError(path + ": the checkpoint is of operator '" + op + "', this trainer runs '" + impl_->op_name +
-                      "'");
-  }
-  impl_->recovering([&] { impl_->send_state(c.state, c.feedback); });
-  const auto t2 = std::chrono::steady_clock::now();
-  control::log().debug("trainer: loaded {} ({} bytes of state) in {:.3f} s: read {:.3f} s, sent {:.3f} s", path,
-                       c.state.size(), std::chrono::duration<double>(t2 - t0).count(),
-                       std::chrono::duration<double>(t1 - t0).count(), std::chrono::duration<double>(t2 - t1).count());
-  impl_->snapshot = c.state;
-  impl_->snapshot_feedback = c.feedback;
-  impl_->snapshots->reset();
-  impl_->snapshots->resized(c.state.size());
-  if (impl_->driver_state) {  // a driver's restart goes on from here, until the next checkpoint
-    impl_->first_epoch = c.header.value("epoch", int64_t{0});
-    impl_->restart_checkpoint = path;
-    impl_->checkpoint_steps = impl_->steps_done;
-    impl_->save_driver_state();
-  }
-}
-
 std::shared_ptr<torch::nn::Module> Trainer::get_model(size_t index) {
   auto& d = *impl_;
   const std::string state = d.recovering([&] { return d.fetch_state(d.pool->members().at(0)); });
