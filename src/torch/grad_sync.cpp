@@ -191,7 +191,14 @@ torch::Tensor GradSync::on_grad(size_t param, const torch::Tensor& grad) {
     torch::autograd::Engine::get_default_engine().queue_callback([this] { ring_ > 0 ? finalize_ring() : finalize(); });
   }
   got_grad_[param] = true;
-  if (ring_ > 0) return on_grad_ring_locked(lock, param, grad);
+  if (ring_ > 0) {
+    try {
+      return on_grad_ring_locked(lock, param, grad);
+    } catch (const std::exception& e) {  // a bucket's average failed: this backward never finalizes
+      failed_ = e.what();
+      throw;
+    }
+  }
   // Copied (times the weight) and checked in one pass; the rare other gradient is copied by
   // LibTorch, then checked in its slot. Added to earlier held ones, the sum is checked.
   auto& slot = slots_[param];

@@ -216,7 +216,9 @@ class GradSync {
   size_t bucket_base(size_t bucket) const;  // where its floats start in host_ (and flat_)
   // Stage 2 (grad_sync_zero.cpp): the hook's work, the ring's claims and what backward's end does.
   torch::Tensor on_grad_ring_locked(std::unique_lock<std::mutex>& lock, size_t param, const torch::Tensor& grad);
-  bool claim_ring_locked(std::unique_lock<std::mutex>& lock, size_t bucket, bool evict);
+  // Makes `bucket` its ring buffer's holder: waits for an earlier holder launched, evicts a later
+  // one; false while an earlier one still fills it.
+  bool claim_ring_locked(std::unique_lock<std::mutex>& lock, size_t bucket);
   void consume_locked(std::unique_lock<std::mutex>& lock, size_t bucket);  // waits; owned averages out
   void evict_locked(size_t bucket);   // its gradients aside, its ring buffer free
   void unstash_locked(size_t bucket);  // its gradients set aside into its (claimed) ring buffer

@@ -110,7 +110,7 @@ torch::Tensor GradSync::on_grad_ring_locked(std::unique_lock<std::mutex>& lock, 
     float* p = dst.data_ptr<float>();
     if (!comm::copy_scaled_below(p, p, static_cast<size_t>(dst.numel()), 1.0f, kGradLimit)) bucket_ok_[bucket] = false;
   };
-  if (!claim_ring_locked(lock, bucket, /*evict=*/true)) {  // an earlier bucket, not yet launched, holds it
+  if (!claim_ring_locked(lock, bucket)) {  // an earlier bucket, not yet launched, holds it
     auto& aside = stash_[param];
     aside = torch::empty_like(slots_[param]);
     fill(aside);
@@ -123,13 +123,12 @@ torch::Tensor GradSync::on_grad_ring_locked(std::unique_lock<std::mutex>& lock, 
   return slots_[param].detach();
 }
 
-bool GradSync::claim_ring_locked(std::unique_lock<std::mutex>& lock, size_t bucket, bool evict) {
+bool GradSync::claim_ring_locked(std::unique_lock<std::mutex>& lock, size_t bucket) {
   auto& holder = ring_holder_[bucket % ring_];
   while (holder != static_cast<int64_t>(bucket)) {
     if (holder < 0) {
       holder = static_cast<int64_t>(bucket);
     } else if (static_cast<size_t>(holder) > bucket) {  // launched only after this one: never waited for
-      if (!evict) return false;
       evict_locked(static_cast<size_t>(holder));
     } else if (works_[static_cast<size_t>(holder)]) {
       consume_locked(lock, static_cast<size_t>(holder));  // launched: its averages out, the buffer free
@@ -198,7 +197,7 @@ void GradSync::finalize_ring() {
     for (size_t b = 0; b < buckets.size(); ++b) {  // the rest in launch order (index order here)
       if (b < next_launch_) continue;               // launched already
       // Every earlier bucket is launched by now: its ring buffer can be waited for.
-      if (!claim_ring_locked(lock, b, /*evict=*/true)) {
+      if (!claim_ring_locked(lock, b)) {
         throw Error("GradSync: bucket " + std::to_string(b) + " found no ring buffer");
       }
       unstash_locked(b);
