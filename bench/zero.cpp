@@ -9,6 +9,7 @@
 // (bench/peers/zero_peer.py).
 //
 //   dsgd_zero_bench --workers 2 --rounds 2 --stages 0,1,2 --json out.json
+//   DSGD_ZERO_BENCH_PROFILE=1 dsgd_zero_bench ...   (also each call's forward/backward/optimizer/wait s)
 #include <CLI/CLI.hpp>
 #include <torch/torch.h>
 
