@@ -1643,6 +1643,9 @@ TEST(TrainerBadInput, EveryConfigErrorNamesItsField) {
   bad.comm.compression = Compression::kBf16;
   EXPECT_EQ(field_of(bad), "step.zero_stage");
   bad.comm.compression = Compression::kNone;
+  bad.device = Device::kCuda;  // stage 2 is CPU-only
+  EXPECT_EQ(field_of(bad), "step.zero_stage");
+  bad.device = c.device;
   EXPECT_EQ(field_of(bad), "<accepted>");
   EXPECT_EQ(field_of(c), "<accepted>");
 }
