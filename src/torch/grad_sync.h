@@ -170,9 +170,6 @@ class GradSync {
   // Bytes this GradSync keeps for gradients: its flat buffer (or ring), and under stage 2 the
   // owned parameters' averages.
   size_t gradient_bytes() const;
-  // Stage 2: the squared L2 norm of the owned parameters' averaged gradients (a local sum; the
-  // global norm is the sum over the replicas).
-  double owned_grad_squared_norm() const;
   bool sharded() const { return !owned_.empty(); }
   bool owns(size_t param) const { return owned_.empty() || owned_[param]; }
   // After the averaged gradients were checked (and clipped): .grad of the parameters this replica

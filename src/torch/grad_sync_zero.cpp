@@ -51,17 +51,6 @@ size_t GradSync::gradient_bytes() const {
   return bytes;
 }
 
-double GradSync::owned_grad_squared_norm() const {
-  double sum = 0;
-  for (size_t i = 0; i < params_.size(); ++i) {
-    const auto& g = params_[i].grad();
-    if (!owns(i) || !g.defined()) continue;
-    const double n = g.norm().item<double>();
-    sum += n * n;
-  }
-  return sum;
-}
-
 void GradSync::share_parameters() {
   if (owned_.empty()) return;
   comm::timeline::Span span("share parameters");
