@@ -148,11 +148,23 @@ GradSync::~GradSync() {
     stager_.join();
   }
   discard_pending();
+  for (auto& w : works_) {  // a backward that failed part-way left its other buckets in flight
+    if (!w) continue;
+    try {
+      w->wait();  // they write into flat_; an aborted group ends them at once
+    } catch (...) {
+    }
+  }
   for (auto& [param, id] : hooks_) param.remove_hook(id);
-  if (flat_shared_ && !staged_) {  // the strategy's memory goes with it (a re-formed group): .grad keeps a copy
+  // The strategy's memory goes with it (a re-formed group): .grad keeps a copy, or, after a
+  // backward that failed part-way (a lost peer), none: its gradients are torn, the step is redone,
+  // and the copy would delay the recovery (0.1 s for gpt-base's 344 MB).
+  if (flat_shared_ && !staged_) {
     for (auto& p : params_) {
       auto& g = p.mutable_grad();
-      if (g.defined() && g.storage().is_alias_of(flat_.storage())) g = g.detach().clone();
+      if (g.defined() && g.storage().is_alias_of(flat_.storage())) {
+        g = failed_.empty() && !torn_ ? g.detach().clone() : torch::Tensor();
+      }
     }
   }
 }
@@ -167,6 +179,20 @@ double GradSync::total_wait_s() const {
   return total_wait_s_;
 }
 
+void GradSync::throw_if_an_average_failed_locked() {
+  for (const auto& work : works_) {
+    if (!work || !work->test()) continue;
+    if (auto error = work->error()) {
+      try {
+        std::rethrow_exception(error);
+      } catch (const std::exception& e) {
+        failed_ = e.what();
+        throw;
+      }
+    }
+  }
+}
+
 torch::Tensor GradSync::on_grad(size_t param, const torch::Tensor& grad) {
   std::unique_lock<std::mutex> lock(mutex_);
   // A backward that throws here never finalizes (autograd drops its callbacks), and the
@@ -176,6 +202,7 @@ torch::Tensor GradSync::on_grad(size_t param, const torch::Tensor& grad) {
     throw Error(message);
   };
   if (!failed_.empty()) fail(failed_);
+  throw_if_an_average_failed_locked();
   const size_t bucket = plan_.slot(param).bucket;
   if (pending_[bucket]) {
     fail("parameter " + std::to_string(param) + " was used in forward while its update from the last step was " +
@@ -569,6 +596,7 @@ void GradSync::finalize() {
   lock.lock();
   count_wait_locked(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   reset_backward_locked();  // ready for the next backward whatever happened
+  torn_ = error != nullptr;
   lock.unlock();
   if (error) std::rethrow_exception(error);
   torch::NoGradGuard no_grad;

@@ -220,6 +220,10 @@ class GradSync {
   void evict_locked(size_t bucket);   // its gradients aside, its ring buffer free
   void unstash_locked(size_t bucket);  // its gradients set aside into its (claimed) ring buffer
   void finalize_ring();
+  // An average of this backward already failed (a peer lost, the group aborted): the step is
+  // over, and the rest of backward (seconds at gpt-base) would only delay the recovery. Throws
+  // its error (its type kept: CommError); autograd then runs none of the graph's remaining nodes.
+  void throw_if_an_average_failed_locked();
   void launch_ready_locked(bool after_backward);
   void apply_pending(size_t bucket);
   void launch_update_locked(size_t bucket);
@@ -252,6 +256,7 @@ class GradSync {
   mutable std::mutex mutex_;
   bool in_backward_ = false;                    // a finalize callback is queued
   std::string failed_;                          // why a backward threw (every later one throws it too)
+  bool torn_ = false;  // the last backward's averages failed: its gradients are nobody's
   std::vector<bool> got_grad_;                  // per parameter, this backward
   std::vector<size_t> missing_;                 // per bucket
   size_t next_launch_ = 0;                      // position in schedule_.launch_order

@@ -12,6 +12,8 @@
 #include <cmath>
 #include <thread>
 
+#include "dsgd/error.h"
+
 namespace dsgd::torch_glue {
 namespace {
 
@@ -481,6 +483,40 @@ TEST(GradSyncCheck, AnotherReplicasFailureIsSeenHere) {
   for (auto& p : f.params()) p.mutable_grad() = torch::Tensor();
   f.loss(torch::randn({5, 4})).backward();  // calls 3..5: nobody failed
   EXPECT_TRUE(sync.last_finite());
+}
+
+// Every average fails at once, as in a group aborted when a peer is lost.
+class AbortedGroup : public strategy::GradientStrategy {
+ public:
+  std::string name() const override { return "aborted"; }
+  std::shared_ptr<comm::Work> average_async(float*, size_t) override {
+    ++calls;
+    auto w = std::make_shared<comm::Work>("test bucket");
+    w->complete(std::make_exception_ptr(CommError("group aborted (a peer was lost)", "test bucket")));
+    return w;
+  }
+  void abort(const std::string&) override {}
+  int calls = 0;
+};
+
+// The backward ends at the next gradient after the first failed average, not at its end: a
+// survivor of a lost peer answers the recovery at once, without computing the rest of a
+// backward (seconds on a large model) for nothing. Broken (no check in the hook), every
+// bucket is launched and the first layer's gradient computed.
+TEST(GradSyncCheck, ABackwardEndsAtTheFirstFailedAverage) {
+  torch::manual_seed(13);
+  torch::nn::Sequential net;
+  for (int i = 0; i < 6; ++i) net->push_back(torch::nn::Linear(8, 8));
+  auto group = std::make_shared<AbortedGroup>();
+  int first_layer_grads = 0;  // the last gradient backward computes
+  net->parameters().front().register_hook([&](const torch::Tensor&) { ++first_layer_grads; });
+  {
+    GradSync sync(net->parameters(), /*grad_shard_bytes=*/256, group);  // a layer's weight fills a bucket
+    EXPECT_THROW(net->forward(torch::randn({3, 8})).pow(2).sum().backward(), CommError);
+    EXPECT_LE(group->calls, 2) << "buckets launched after the first failed";
+    EXPECT_EQ(first_layer_grads, 0);
+    EXPECT_THROW(net->forward(torch::randn({3, 8})).sum().backward(), Error);  // the sync stays failed
+  }
 }
 
 // Deferred steps: each bucket's step gets its own bucket's answer. NaN in a's weight only
