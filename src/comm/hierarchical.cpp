@@ -156,6 +156,42 @@ void HierarchicalGroup::run_allreduce(void* data, size_t count, DataType type, R
   if (op == ReduceOp::kAverage) divide_by(data, count, type, size());
 }
 
+void HierarchicalGroup::broadcast(void* data, size_t bytes, int root, std::chrono::milliseconds timeout) {
+  if (root < 0 || root >= size()) {
+    throw ConfigError("hierarchical broadcast: root " + std::to_string(root) + " is not a rank (0.." +
+                      std::to_string(size() - 1) + ")");
+  }
+  queue_->run("hierarchical broadcast", [=, this] { run_broadcast(data, bytes, root, timeout); });
+}
+
+void HierarchicalGroup::run_broadcast(void* data, size_t bytes, int root, std::chrono::milliseconds timeout) {
+  const auto deadline = std::chrono::steady_clock::now() + (timeout.count() > 0 ? timeout : options_.timeout);
+  auto left = [&](const char* stage) {
+    const auto now = std::chrono::steady_clock::now();
+    if (now >= deadline) {
+      throw TimeoutError("hierarchical broadcast: its deadline passed before the " + std::string(stage) + " stage",
+                         "hierarchical broadcast");
+    }
+    return std::chrono::ceil<std::chrono::milliseconds>(deadline - now);
+  };
+  // Hosts in order of their lowest rank (the leaders' ranks), as create() numbered them.
+  const std::string& root_host = hosts_[static_cast<size_t>(root)];
+  std::vector<std::string> hosts;
+  int root_local = 0;
+  for (int r = 0; r < size(); ++r) {
+    const std::string& host = hosts_[static_cast<size_t>(r)];
+    if (std::find(hosts.begin(), hosts.end(), host) == hosts.end()) hosts.push_back(host);
+    if (r < root && host == root_host) ++root_local;
+  }
+  const bool root_side = hosts_[static_cast<size_t>(rank_)] == root_host;
+  if (root_side && local_->size() > 1) local_->broadcast(data, bytes, root_local, left("root's host"));
+  if (leaders_) {
+    const int root_leader = static_cast<int>(std::find(hosts.begin(), hosts.end(), root_host) - hosts.begin());
+    leaders_->broadcast(data, bytes, root_leader, left("across-host"));
+  }
+  if (!root_side && local_->size() > 1) local_->broadcast(data, bytes, 0, left("within-host"));
+}
+
 void HierarchicalGroup::count_ring_bytes(int ranks, size_t bytes) {
   cross_host_bytes_ += 2 * static_cast<uint64_t>(ranks - 1) * bytes / static_cast<uint64_t>(ranks);
 }

@@ -64,12 +64,7 @@ class AllreduceStrategy final : public GradientStrategy, private ErrorFeedback, 
     }
     return group_->global().allreduce_async(data, count, comm::DataType::kFloat32, comm::ReduceOp::kSum, algorithm_);
   }
-  void broadcast_bytes(std::string* bytes, int root) override {
-    uint64_t n = bytes->size();
-    group_->global().broadcast(&n, sizeof n, root);
-    bytes->resize(n);
-    if (n > 0) group_->global().broadcast(bytes->data(), n, root);
-  }
+  void broadcast(void* data, size_t bytes, int root) override { group_->broadcast(data, bytes, root); }
   int rank() const override { return group_->rank(); }
   int size() const override { return group_->size(); }
 
@@ -105,6 +100,13 @@ class SimpleStrategy final : public GradientStrategy {
 };
 
 }  // namespace
+
+void Sharing::broadcast_bytes(std::string* bytes, int root) {
+  uint64_t n = bytes->size();
+  broadcast(&n, sizeof n, root);
+  bytes->resize(n);
+  if (n > 0) broadcast(bytes->data(), n, root);
+}
 
 std::unique_ptr<GradientStrategy> make_allreduce_strategy(std::shared_ptr<comm::HierarchicalGroup> group,
                                                           comm::AllreduceAlgorithm algorithm,

@@ -95,9 +95,11 @@ class Sharing {
   // an allgather through the allreduce's fast paths (a host's shared memory, Gloo across hosts),
   // bit-exact because adding zeros is.
   virtual std::shared_ptr<comm::Work> sum_async(float* data, size_t count) = 0;
-  // Replica `root`'s *bytes (any length) into every replica's *bytes. Blocking; for state
-  // gathers outside steps.
-  virtual void broadcast_bytes(std::string* bytes, int root) = 0;
+  // Replica `root`'s `bytes` at `data` into every replica's `data` (each passes as many): within
+  // a host through shared memory, across hosts Gloo. Blocking; for state moved outside steps.
+  virtual void broadcast(void* data, size_t bytes, int root) = 0;
+  // Replica `root`'s *bytes (any length) into every replica's *bytes: its length, then broadcast.
+  void broadcast_bytes(std::string* bytes, int root);
   virtual int rank() const = 0;
   virtual int size() const = 0;
 

@@ -289,6 +289,33 @@ TEST(Hierarchical, AbortFailsTheAllreduceInFlightNamingTheReason) {
   });
 }
 
+// broadcast() from every root, on hosts of uneven sizes (3, 1 and 2 ranks; the root's host, its
+// leader or not, and hosts of one rank), in more than one shared-memory slot: every rank ends
+// with the root's bytes, and the full mesh is never formed.
+TEST(Hierarchical, ABroadcastFromAnyRootReachesEveryHost) {
+  constexpr int kSize = 6;
+  const std::vector<int> host_of{0, 0, 1, 0, 2, 2};  // rank 3 is host0's third rank, not its leader
+  auto store = make_memory_store();
+  testing::run_ranks(kSize, [&](int rank) {
+    GroupOptions o;
+    o.timeout = milliseconds(10000);
+    o.host = "host" + std::to_string(host_of[static_cast<size_t>(rank)]);
+    ShmOptions so;
+    so.slot_bytes = 4 << 10;
+    auto h = HierarchicalGroup::create(store, rank, kSize, o, so);
+    std::vector<uint8_t> data(10001);
+    for (int root = 0; root < kSize; ++root) {
+      for (size_t i = 0; i < data.size(); ++i) data[i] = static_cast<uint8_t>(rank == root ? (i * 7 + root) : 0xee);
+      h->broadcast(data.data(), data.size(), root);
+      for (size_t i = 0; i < data.size(); ++i) {
+        ASSERT_EQ(data[i], static_cast<uint8_t>(i * 7 + root)) << "rank " << rank << " root " << root << " byte " << i;
+      }
+    }
+    EXPECT_FALSE(store->check({"global/rank/" + std::to_string(rank)})) << "the broadcast formed the full mesh";
+    EXPECT_THROW(h->broadcast(data.data(), 1, kSize), ConfigError);
+  });
+}
+
 // The full mesh of every rank is formed only when global() is first called: the hierarchy's
 // allreduce never forms it; a broadcast on it does; after abort() it is refused, naming why.
 TEST(Hierarchical, TheGlobalGroupIsFormedOnlyWhenFirstUsed) {

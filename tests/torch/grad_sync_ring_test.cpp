@@ -42,7 +42,7 @@ class HalfPlusOneSharing : public strategy::GradientStrategy, public strategy::S
     w->complete();
     return w;
   }
-  void broadcast_bytes(std::string*, int) override {}
+  void broadcast(void*, size_t, int) override {}
   int rank() const override { return 0; }
   int size() const override { return 2; }
 

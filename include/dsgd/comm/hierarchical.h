@@ -74,6 +74,13 @@ class HierarchicalGroup {
   void allreduce(void* data, size_t count, DataType type, ReduceOp op, std::chrono::milliseconds timeout = {},
                  CrossHostWire wire = {});
 
+  // Rank `root`'s `bytes` at `data` into every rank's `data`: within root's host through shared
+  // memory, across hosts between the leaders (Gloo), then within each other host from its
+  // leader. Blocking, queued behind this group's allreduces; one deadline (`timeout`, else the
+  // group's) for the stages together. Cheaper than global()'s broadcast wherever ranks share a
+  // host, and forms no full mesh.
+  void broadcast(void* data, size_t bytes, int root, std::chrono::milliseconds timeout = {});
+
   // Fails whatever is in flight or queued on all three groups, from any thread (as Group::abort:
   // sticky, every later operation fails naming `reason`).
   void abort(const std::string& reason);
@@ -104,6 +111,7 @@ class HierarchicalGroup {
   HierarchicalGroup();
   void run_allreduce(void* data, size_t count, DataType type, ReduceOp op, std::chrono::milliseconds timeout,
                      CrossHostWire wire);
+  void run_broadcast(void* data, size_t bytes, int root, std::chrono::milliseconds timeout);
   void count_ring_bytes(int ranks, size_t bytes);  // a float32 ring allreduce of `bytes` among `ranks`
   // The across-host stage on `group` (the leaders', or a lane): `op` (not kAverage) in place.
   void across_hosts(Group& group, void* data, size_t count, DataType type, ReduceOp op,
