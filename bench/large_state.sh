@@ -5,7 +5,8 @@
 # checkpoint, --save at the end; then a second job that --loads that save. Prints, from the
 # driver's debug log and the JSON summary: each snapshot's and checkpoint write's seconds, the
 # kill-to-resumed time (the kill here to the driver's resumed_at_unix_s), the recovery's phases
-# and rolled-back steps, and the save's and load's seconds. ZERO=N runs the job at --zero N.
+# and rolled-back steps, and the save's and load's seconds. ZERO=N runs the job at --zero N;
+# KEEP_TMP=DIR keeps its files (logs, JSON, checkpoints: gigabytes) in DIR.
 # About 5 minutes.
 #   bench/large_state.sh [STEPS=14] [MODEL=gpt-base]
 set -euo pipefail
@@ -15,9 +16,9 @@ model=${2:-gpt-base}
 dsgd=${DSGD:-build/dsgd}
 py=/usr/bin/python3
 [ -x "$dsgd" ] || { echo "large_state: $dsgd not built (make build)"; exit 1; }
-tmp=$(mktemp -d)
+tmp=${KEEP_TMP:-$(mktemp -d)}
 job=
-cleanup() { [ -n "$job" ] && kill "$job" 2>/dev/null; rm -rf "$tmp"; }
+cleanup() { [ -n "$job" ] && kill "$job" 2>/dev/null; [ -n "${KEEP_TMP:-}" ] || rm -rf "$tmp"; }
 trap cleanup EXIT
 dir=build/lm-bench
 [ -f $dir/train.tok ] || $dsgd prepare-text --out $dir >/dev/null
@@ -70,12 +71,9 @@ for ev in run["recoveries"]:
     print(f"| kill to resumed | {ev['resumed_at_unix_s'] - kill_t:.2f} | recovery_s {ev['recovery_s']:.2f} "
           f"({phases}); {ev.get('rolled_back_steps', 0)} steps rolled back, caught up "
           f"{ev.get('caught_up_s', 0):.2f} s; from a peer: {ev.get('from_peer', False)} |")
-for who, n, way, s, what, t in re.findall(
-        r"worker (\d+): state of (\d+) bytes (sent|received) over the group in ([\d.]+) s"
-        r"(?:, (serialised|loaded) in ([\d.]+) s)?", log):
-    if what:
-        print(f"| worker {who}: state {way} over the group | {float(s):.2f} | {int(n) / 1e6:.0f} MB; "
-              f"{what} in {float(t):.2f} s |")
+for who, n, way, s in re.findall(
+        r"worker (\d+): state of (\d+) bytes (sent|received and loaded|passed) over the group in ([\d.]+) s", log):
+    print(f"| worker {who}: state {way} over the group | {float(s):.2f} | {int(n) / 1e6:.0f} MB |")
 if save:
     print(f"| save (--save) | {float(save.group(2)):.2f} | state read {float(save.group(3)):.2f}, written "
           f"{float(save.group(4)):.2f}; {int(save.group(1)) / 1e6:.0f} MB |")

@@ -15,6 +15,7 @@
 #include "dsgd/error.h"
 #include "torch/device.h"
 #include "torch/server_optimizer.h"
+#include "torch/state_broadcast.h"
 
 namespace dsgd::torch_glue {
 namespace {
@@ -540,7 +541,27 @@ constexpr char kFeedbackMagic[8] = {'d', 's', 'g', 'd', 'f', 'b', '0', '1'};
 
 void ReplicaRuntime::load_state(const std::string& bytes, const std::string& feedback) {
   for (auto& s : syncs_) s->discard_pending();
-  const ReplicaState state = load_replica_state(*op_, bytes, options_.info.device);
+  restored(load_replica_state(*op_, bytes, options_.info.device));
+  const bool keeps = std::any_of(syncs_.begin(), syncs_.end(), [](const auto& s) { return s->residuals().defined(); });
+  if (!keeps) return;
+  load_feedback(feedback);
+}
+
+size_t ReplicaRuntime::share_state(strategy::Sharing& sharing, int root, bool load) {
+  if (load) {
+    for (auto& s : syncs_) s->discard_pending();
+  }
+  const SharedState shared = broadcast_replica_state(*op_, state(), sharing, root, load);
+  if (load && sharing.rank() != root) {
+    restored(shared.state);
+    for (auto& s : syncs_) {
+      if (s->residuals().defined()) s->clear_feedback();
+    }
+  }
+  return shared.bytes;
+}
+
+void ReplicaRuntime::restored(const ReplicaState& state) {
   position_ = state.position;
   progress_.step = position_.epoch * batches_per_epoch() + position_.batch;
   micro_ = 0;  // a step interrupted part-way starts again
@@ -552,8 +573,9 @@ void ReplicaRuntime::load_state(const std::string& bytes, const std::string& fee
   for (auto& s : syncs_) s->restart_servers();
   drop_unowned_state(*op_, owned_);  // zero: the state loaded is whole; this replica keeps its share
   share_after_step_ = false;
-  const bool keeps = std::any_of(syncs_.begin(), syncs_.end(), [](const auto& s) { return s->residuals().defined(); });
-  if (!keeps) return;
+}
+
+void ReplicaRuntime::load_feedback(const std::string& feedback) {
   const char* p = feedback.data();
   const char* const end = p + feedback.size();
   bool ok = feedback.size() >= sizeof kFeedbackMagic && std::memcmp(p, kFeedbackMagic, sizeof kFeedbackMagic) == 0;

@@ -4,6 +4,7 @@
 //   torch/grad_sync.h       the gradient hooks, one GradSync per model, into the strategy
 //   torch/deferred_steps.h  the forward overlap's held-back optimizer steps
 //   torch/replica_state.h   the state as bytes (checkpoints, snapshots), named tensors
+//   torch/state_broadcast.h the state from one replica into others over their group (recoveries)
 //   torch/server_optimizer.h  SGD on the parameter servers
 //   torch/zero.h            ZeRO stage 1: which parameters this replica steps (replica_sharded_state.cpp)
 // ReplicaRuntime ties them together, schedules the learning rates, profiles, and is the
@@ -123,6 +124,11 @@ class ReplicaRuntime : private ParameterGate, private ReplicaSums, private Repli
   // Drops steps still pending (forward overlap). `feedback`: this replica's save_feedback() from
   // the same point, or "" (the error feedback then starts from zero).
   void load_state(const std::string& bytes, const std::string& feedback = {});
+  // Collective over `sharing`'s replicas (the group's broadcast, torch/state_broadcast.h):
+  // replica `root`'s state, as save_state() would write it, into every replica with `load`, with
+  // no archive in between; the others take part and keep theirs. A loaded replica is where
+  // load_state would leave it (error feedback from zero). Returns the bytes that crossed.
+  size_t share_state(strategy::Sharing& sharing, int root, bool load);
   // This replica's error feedback (compression: GradSync's residuals and PowerSGD states), "" when
   // it keeps none. Per replica: each host leader's differs. load_state takes it back; bytes of
   // another layout (bucket sizes, models) are dropped with a notice and feedback starts at zero.
@@ -211,6 +217,8 @@ class ReplicaRuntime : private ParameterGate, private ReplicaSums, private Repli
   // held_grads_; at the last, adds held_grads_ into .grad (and forgets them). True at the last.
   bool hold_lone_gradients();
   ReplicaState state() const;  // what save_state writes besides the operator's
+  void restored(const ReplicaState& state);  // load_state's and share_state's bookkeeping after the load
+  void load_feedback(const std::string& feedback);  // load_state's: save_feedback()'s bytes, or from zero
 
   std::unique_ptr<TrainingOperator> op_;
   ReplicaOptions options_;

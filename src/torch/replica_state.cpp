@@ -13,19 +13,8 @@
 
 namespace dsgd::torch_glue {
 
-void write_replica_state(const TrainingOperator& op, const ReplicaState& state,
-                         const std::function<size_t(const void*, size_t)>& writer) {
-  torch::serialize::OutputArchive archive;
-  for (size_t i = 0; i < op.models().size(); ++i) {
-    torch::serialize::OutputArchive sub;
-    op.models()[i]->save(sub);
-    archive.write("model" + std::to_string(i), sub);
-  }
-  for (size_t i = 0; i < op.num_optimizers(); ++i) {
-    torch::serialize::OutputArchive sub;
-    op.optimizer(i).save(sub);
-    archive.write("optimizer" + std::to_string(i), sub);
-  }
+void write_state_extras(const TrainingOperator& op, const ReplicaState& state,
+                        torch::serialize::OutputArchive& archive) {
   archive.write("position",
                 torch::tensor({state.position.epoch, state.position.batch, state.schedule_t}, torch::kInt64));
   if (state.loss_scale > 0) {
@@ -42,6 +31,45 @@ void write_replica_state(const TrainingOperator& op, const ReplicaState& state,
     std::lock_guard<std::mutex> lock(gen.mutex());
     archive.write("cpu_rng", gen.get_state());
   }
+}
+
+ReplicaState read_state_extras(TrainingOperator& op, torch::serialize::InputArchive& archive) {
+  torch::Tensor pos;
+  archive.read("position", pos);
+  ReplicaState s;
+  s.position.epoch = pos[0].item<int64_t>();
+  s.position.batch = pos[1].item<int64_t>();
+  s.schedule_t = pos[2].item<int64_t>();
+  torch::Tensor scale;
+  if (archive.try_read("loss_scale", scale) && scale.numel() == 2) {
+    s.loss_scale = scale[0].item<double>();
+    s.loss_scale_good_steps = static_cast<int64_t>(scale[1].item<double>());
+  }
+  torch::serialize::InputArchive extra;
+  if (archive.try_read("extra", extra)) op.load_state_dict(extra);
+  torch::Tensor rng;
+  if (archive.try_read("cpu_rng", rng)) {  // absent in states saved before it was kept
+    auto gen = at::detail::getDefaultCPUGenerator();
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    gen.set_state(rng.to(torch::kCPU));
+  }
+  return s;
+}
+
+void write_replica_state(const TrainingOperator& op, const ReplicaState& state,
+                         const std::function<size_t(const void*, size_t)>& writer) {
+  torch::serialize::OutputArchive archive;
+  for (size_t i = 0; i < op.models().size(); ++i) {
+    torch::serialize::OutputArchive sub;
+    op.models()[i]->save(sub);
+    archive.write("model" + std::to_string(i), sub);
+  }
+  for (size_t i = 0; i < op.num_optimizers(); ++i) {
+    torch::serialize::OutputArchive sub;
+    op.optimizer(i).save(sub);
+    archive.write("optimizer" + std::to_string(i), sub);
+  }
+  write_state_extras(op, state, archive);
   archive.save_to(writer);
 }
 
@@ -133,26 +161,7 @@ ReplicaState load_replica_state(TrainingOperator& op, const std::string& bytes, 
     op.optimizer(i).state().clear();
     op.optimizer(i).load(sub);
   }
-  torch::Tensor pos;
-  archive.read("position", pos);
-  ReplicaState s;
-  s.position.epoch = pos[0].item<int64_t>();
-  s.position.batch = pos[1].item<int64_t>();
-  s.schedule_t = pos[2].item<int64_t>();
-  torch::Tensor scale;
-  if (archive.try_read("loss_scale", scale) && scale.numel() == 2) {
-    s.loss_scale = scale[0].item<double>();
-    s.loss_scale_good_steps = static_cast<int64_t>(scale[1].item<double>());
-  }
-  torch::serialize::InputArchive extra;
-  if (archive.try_read("extra", extra)) op.load_state_dict(extra);
-  torch::Tensor rng;
-  if (archive.try_read("cpu_rng", rng)) {  // absent in states saved before it was kept
-    auto gen = at::detail::getDefaultCPUGenerator();
-    std::lock_guard<std::mutex> lock(gen.mutex());
-    gen.set_state(rng.to(torch::kCPU));
-  }
-  return s;
+  return read_state_extras(op, archive);
 }
 
 std::vector<std::pair<std::string, torch::Tensor>> named_tensors(const TrainingOperator& op) {

@@ -37,6 +37,12 @@ struct ReplicaState {
   int64_t loss_scale_good_steps = 0;
 };
 
+// The archive's entries besides the models and optimizers ("position", "loss_scale", "extra",
+// "cpu_rng"), written into `archive`; and read back: the operator's extra state and the CPU
+// generator restored, the rest returned.
+void write_state_extras(const TrainingOperator& op, const ReplicaState& state,
+                        torch::serialize::OutputArchive& archive);
+ReplicaState read_state_extras(TrainingOperator& op, torch::serialize::InputArchive& archive);
 // The archive, handed to `writer` piece by piece (it returns the bytes it took).
 void write_replica_state(const TrainingOperator& op, const ReplicaState& state,
                          const std::function<size_t(const void*, size_t)>& writer);

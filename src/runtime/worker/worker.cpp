@@ -293,22 +293,12 @@ class Worker {
         sharing = s ? s->sharing() : nullptr;
       }
       if (sharing == nullptr) throw Error("share_state needs a strategy whose group broadcasts (allreduce)");
-      const auto seconds = [](Clock::time_point a, Clock::time_point b) {
-        return std::chrono::duration<double>(b - a).count();
-      };
       const auto t0 = Clock::now();
-      std::string bytes;
       const bool root = rank_base_ + i == in.root();
-      if (root) bytes = replica(i).save_state();
-      const auto t1 = Clock::now();
-      sharing->broadcast_bytes(&bytes, static_cast<int>(in.root()));
-      const auto t2 = Clock::now();
-      if (load) replica(i).load_state(bytes, std::string());
-      control::log().debug("worker {}: state of {} bytes {} over the group in {:.3f} s{}", index_, bytes.size(),
-                           root ? "sent" : "received", seconds(t1, t2),
-                           root   ? fmt::format(", serialised in {:.3f} s", seconds(t0, t1))
-                           : load ? fmt::format(", loaded in {:.3f} s", seconds(t2, Clock::now()))
-                                  : std::string());
+      const size_t bytes = replica(i).share_state(*sharing, static_cast<int>(in.root()), load);
+      control::log().debug("worker {}: state of {} bytes {} over the group in {:.3f} s", index_, bytes,
+                           root ? "sent" : load ? "received and loaded" : "passed",
+                           std::chrono::duration<double>(Clock::now() - t0).count());
     });
   }
 
