@@ -89,6 +89,15 @@ void Trainer::Impl::recover(std::string failure) {
 RecoveryEvent Trainer::Impl::reform(const std::string& failure, Phases* phases, Clock::time_point detected,
                                     bool* from_peer) {
   PhaseClock clock(phases);
+  // New processes (local mode) start once the group trains again (header: hold_spawns).
+  pool->hold_spawns(true);
+  struct Release {
+    runtime::WorkerPool* held;
+    ~Release() {
+      held->hold_spawns(false);
+      held->spawn_replacements();
+    }
+  } release{pool.get()};
   RecoveryEvent ev;
   ev.failure = failure;
   ev.at_step = steps_done;
@@ -160,6 +169,10 @@ std::vector<int> Trainer::Impl::drain(Clock::time_point detected, RecoveryEvent*
   const auto deadline =
       Clock::now() + std::max(config.recovery.heartbeat_timeout, config.comm.timeout) + milliseconds(2000);
   while (true) {
+    try {  // a process a survivor saw exit is known gone now, not at the ping's tick
+      pool->check_children();
+    } catch (const CommError&) {  // a member's exit: pool->exited() says so below, as after the tick's
+    }
     for (const auto& w : server->workers()) {
       if (!w.alive || !pool->is_member(static_cast<int>(w.index)) ||
           std::find(lost.begin(), lost.end(), w.index) != lost.end()) {
@@ -217,8 +230,9 @@ void Trainer::Impl::replace_lost(const std::vector<int>& lost, const std::string
       pool->drop(id);
     }
   }
-  pool->spawn_replacements();  // new processes (local mode), set up in the background
   if (config.recovery.wait_for_replacements) {  // the old way: idle until they are ready, up to replacement_timeout
+    pool->hold_spawns(false);
+    pool->spawn_replacements();
     const auto until = Clock::now() + config.recovery.replacement_timeout + config.launch.registration_timeout;
     while (static_cast<int>(pool->members().size() + pool->ready().size()) < config.num_workers &&
            (pool->replacements_pending() || pool->preparing()) && Clock::now() < until) {

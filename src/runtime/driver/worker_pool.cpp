@@ -294,7 +294,10 @@ void WorkerPool::defer_replacements(const std::string& why) {
 }
 
 void WorkerPool::spawn_replacements() {
-  if (!spawns() || !config_.recovery.replace_lost_workers || !pending_.empty() || Clock::now() < next_spawn_) return;
+  if (!spawns() || spawns_held_ || !config_.recovery.replace_lost_workers || !pending_.empty() ||
+      Clock::now() < next_spawn_) {
+    return;
+  }
   int registered = 0;
   for (const auto& w : server_.workers()) registered += w.alive ? 1 : 0;
   if (launcher_->starts_all_at_once()) {

@@ -96,6 +96,9 @@ class WorkerPool {
   // the missing ones, unless some are still pending or the back-off since a failed attempt has
   // not passed.
   void spawn_replacements();
+  // While held (a recovery re-forming the group), spawn_replacements starts nothing: new
+  // processes loading LibTorch and building the model would take the cores the re-forming needs.
+  void hold_spawns(bool held) { spawns_held_ = held; }
   bool replacements_pending() const { return !pending_.empty(); }
   // Resident memory of worker `id`'s process in bytes (launcher local, Linux), 0 if unknown.
   int64_t resident_bytes(int id) const;
@@ -154,6 +157,7 @@ class WorkerPool {
   int said_short_of_ = -1;     // mpirun: the worker count last said to go on with
   std::vector<pid_t> pending_;  // replacements spawned, not yet registered
   std::chrono::steady_clock::time_point pending_since_{}, next_spawn_{};
+  bool spawns_held_ = false;  // hold_spawns
   std::chrono::milliseconds backoff_{1000};
   std::map<pid_t, int>
       pseudo_host_;  // local_hosts > 1: each spawned worker's pseudo-host (a promoted standby: its predecessor's)
