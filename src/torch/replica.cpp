@@ -551,7 +551,7 @@ size_t ReplicaRuntime::share_state(strategy::Sharing& sharing, int root, bool lo
   if (load) {
     for (auto& s : syncs_) s->discard_pending();
   }
-  const SharedState shared = broadcast_replica_state(*op_, state(), sharing, root, load);
+  const SharedState shared = broadcast_replica_state(*op_, state(), sharing, root, load, &spares_);
   if (load && sharing.rank() != root) {
     restored(shared.state);
     for (auto& s : syncs_) {
@@ -561,7 +561,10 @@ size_t ReplicaRuntime::share_state(strategy::Sharing& sharing, int root, bool lo
   return shared.bytes;
 }
 
+void ReplicaRuntime::make_spare_state() { spares_ = torch_glue::make_spare_state(*op_); }
+
 void ReplicaRuntime::restored(const ReplicaState& state) {
+  spares_.clear();  // what share_state did not take
   position_ = state.position;
   progress_.step = position_.epoch * batches_per_epoch() + position_.batch;
   micro_ = 0;  // a step interrupted part-way starts again

@@ -43,6 +43,7 @@
 #include "torch/replica_host.h"
 #include "torch/replica_state.h"
 #include "torch/sampler.h"
+#include "torch/state_broadcast.h"
 #include "torch/zero.h"
 
 namespace dsgd::torch_glue {
@@ -129,6 +130,9 @@ class ReplicaRuntime : private ParameterGate, private ReplicaSums, private Repli
   // no archive in between; the others take part and keep theirs. A loaded replica is where
   // load_state would leave it (error feedback from zero). Returns the bytes that crossed.
   size_t share_state(strategy::Sharing& sharing, int root, bool load);
+  // A standby's: its optimizers' state tensors made now (make_spare_state), which share_state
+  // then fills instead of allocating; let go of at the next load.
+  void make_spare_state();
   // This replica's error feedback (compression: GradSync's residuals and PowerSGD states), "" when
   // it keeps none. Per replica: each host leader's differs. load_state takes it back; bytes of
   // another layout (bucket sizes, models) are dropped with a notice and feedback starts at zero.
@@ -241,6 +245,7 @@ class ReplicaRuntime : private ParameterGate, private ReplicaSums, private Repli
   std::vector<torch::Tensor> held_grads_;
   torch::Tensor stats_flat_;  // sync_statistics's buffer
   OwnedSet owned_;            // step.zero_stage: the parameters this replica steps (empty: all)
+  SpareTensors spares_;       // make_spare_state's, until a load
   bool share_after_step_ = false;  // zero: a step was taken; after_batch shares the parameters
   bool stepping_ = false;          // from a step's update to its end (torn())
   bool torn_ = false;

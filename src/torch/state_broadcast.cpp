@@ -124,7 +124,7 @@ torch::Tensor layout_of(o::Optimizer& opt, bool* other) {
 // the parameter's own state tensor, where it has one of the same kind, size and type), or left
 // undefined where this replica only takes part (`make` false). Each tensor root holds is added
 // to `tensors` and its size to `bytes`, in the order root sends them.
-std::vector<Entry> entries_from(const torch::Tensor& layout, o::Optimizer& opt, bool make,
+std::vector<Entry> entries_from(const torch::Tensor& layout, o::Optimizer& opt, bool make, SpareTensors* spares,
                                 std::vector<torch::Tensor>* tensors, std::vector<size_t>* bytes) {
   const auto params = params_of(opt);
   const int64_t* v = layout.data_ptr<int64_t>();
@@ -157,6 +157,13 @@ std::vector<Entry> entries_from(const torch::Tensor& layout, o::Optimizer& opt, 
       if (make && mine.kind == e.kind && static_cast<size_t>(k) < mine.tensors.size()) {
         const auto& old = mine.tensors[static_cast<size_t>(k)];
         if (old.defined() && old.sizes() == sizes && old.scalar_type() == type && old.is_contiguous()) t = old;
+      }
+      if (make && !t.defined() && spares != nullptr && params[i].is_cpu()) {
+        const auto spare = spares->find({sizes, type});
+        if (spare != spares->end()) {
+          t = std::move(spare->second);
+          spares->erase(spare);
+        }
       }
       if (make && !t.defined()) t = torch::empty(sizes, options);
       tensors->push_back(t);
@@ -267,8 +274,33 @@ std::string write_header(TrainingOperator& op, const ReplicaState& mine, int64_t
 
 }  // namespace
 
+SpareTensors make_spare_state(const TrainingOperator& op) {
+  SpareTensors out;
+  for (size_t k = 0; k < op.num_optimizers(); ++k) {
+    auto& opt = op.optimizer(k);
+    for (auto& group : opt.param_groups()) {
+      int copies = 0;  // state tensors shaped as each parameter
+      const auto& g = group.options();
+      if (const auto* x = dynamic_cast<const o::SGDOptions*>(&g)) copies = x->momentum() != 0 ? 1 : 0;
+      if (const auto* x = dynamic_cast<const o::AdamOptions*>(&g)) copies = x->amsgrad() ? 3 : 2;
+      if (const auto* x = dynamic_cast<const o::AdamWOptions*>(&g)) copies = x->amsgrad() ? 3 : 2;
+      if (const auto* x = dynamic_cast<const o::RMSpropOptions*>(&g)) {
+        copies = 1 + (x->momentum() > 0 ? 1 : 0) + (x->centered() ? 1 : 0);
+      }
+      if (dynamic_cast<const o::AdagradOptions*>(&g) != nullptr) copies = 1;
+      for (const auto& p : group.params()) {
+        if (!p.requires_grad() || !p.is_cpu()) continue;
+        for (int c = 0; c < copies; ++c) {
+          out.emplace(std::make_pair(p.sizes().vec(), p.scalar_type()), torch::zeros(p.sizes(), p.options()));
+        }
+      }
+    }
+  }
+  return out;
+}
+
 SharedState broadcast_replica_state(TrainingOperator& op, const ReplicaState& mine, strategy::Sharing& sharing,
-                                    int root, bool load) {
+                                    int root, bool load, SpareTensors* spares) {
   const bool sender = sharing.rank() == root;
   const auto named = named_tensors(op);
   int64_t model_bytes = 0;
@@ -320,7 +352,7 @@ SharedState broadcast_replica_state(TrainingOperator& op, const ReplicaState& mi
       }
       continue;
     }
-    entries[k] = entries_from(layout, opt, take, &tensors, &bytes);
+    entries[k] = entries_from(layout, opt, take, spares, &tensors, &bytes);
   }
   transfer(sharing, root, tensors, bytes);
   SharedState out{mine, header.size(), false};

@@ -9,6 +9,7 @@
 
 #include <map>
 #include <mutex>
+#include <set>
 
 #include "dsgd/comm/hierarchical.h"
 #include "dsgd/comm/store.h"
@@ -162,8 +163,30 @@ void run(bool own, Seen* seen) {
     for (int s = 0; s < (rank == 1 ? 3 : 1); ++s) net.step(torch::randn({16, 512}, gen));
     const auto before = everything(net);
     const ReplicaState mine{{rank, 10 * rank}, 7 * rank};
-    const auto shared = broadcast_replica_state(net, mine, *strategy->sharing(), /*root=*/1, /*load=*/rank == 2);
+    // The receiver, a fresh standby: no optimizer state, its tensors made ahead instead.
+    SpareTensors spares;
+    std::set<const void*> made;
+    if (rank == 2) {
+      for (size_t k = 0; k < net.num_optimizers(); ++k) net.optimizer(k).state().clear();
+      spares = make_spare_state(net);
+      for (const auto& [key, t] : spares) made.insert(t.data_ptr());
+    }
+    const auto shared =
+        broadcast_replica_state(net, mine, *strategy->sharing(), /*root=*/1, /*load=*/rank == 2, &spares);
     const auto after = everything(net);
+    if (rank == 2 && !own) {
+      // AdamW's two moments per wide parameter and SGD's momentum per norm parameter: each taken.
+      EXPECT_EQ(made.size(), 2 * 2 + 4u);
+      EXPECT_TRUE(spares.empty()) << spares.size() << " spare tensors left";
+      for (size_t k = 0; k < net.num_optimizers(); ++k) {
+        for (const auto& [key, state] : net.optimizer(k).state()) {
+          const auto* a = dynamic_cast<const torch::optim::AdamWParamState*>(state.get());
+          const auto* m = dynamic_cast<const torch::optim::SGDParamState*>(state.get());
+          const auto t = a != nullptr ? a->exp_avg() : m->momentum_buffer();
+          EXPECT_EQ(made.count(t.data_ptr()), 1u) << "a state tensor was allocated, not taken from the spares";
+        }
+      }
+    }
     auto same = at::detail::createCPUGenerator(7);
     net.step(torch::randn({16, 512}, same));
     std::lock_guard<std::mutex> lock(seen->mutex);

@@ -121,6 +121,10 @@ void WorkerPool::tend(int64_t generation, const std::string& signature) {
     p.set_generation(generation);
     p.set_num_workers(static_cast<int32_t>(std::max<size_t>(1, members_.size())));
     (*p.mutable_ranks())[id] = 0;  // its place is known when it joins (connect)
+    // A survivor's state may come straight into it (ShareStateRequest): its buffers made now.
+    const auto& c = config_;
+    setup.mutable_setup()->set_standby(c.recovery.standby_workers > 0 && c.recovery.from_peer &&
+                                       c.strategy == Strategy::kAllreduce && c.step.zero_stage == 0);
     preparing_[id] = server_.send(setup, {id});
   }
   for (auto it = preparing_.begin(); it != preparing_.end();) {

@@ -249,6 +249,7 @@ class Worker {
   proto::SetupReply on_setup(const proto::SetupRequest& in) {
     place(in.placement());
     setup();
+    if (in.standby()) each_replica([&](int i) { replica(i).make_spare_state(); });
     proto::SetupReply out;
     out.set_signature(replicas_[0]->signature());
     int64_t parameters = 0;
