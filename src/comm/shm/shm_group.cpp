@@ -273,14 +273,20 @@ class ShmGroupImpl : public ShmGroup {
     }
   }
 
+  // Double-buffered through root's slot: while the others copy chunk k - 1 out of one half, root
+  // copies chunk k into the other; one barrier a chunk (and one at the end). A half is rewritten
+  // two barriers after it was filled, when every rank has copied it out.
   void run_broadcast(const std::string& name, void* data, size_t bytes, int root, Clock::time_point until) {
+    if (bytes == 0) return;
     char* p = static_cast<char*>(data);
-    for (size_t done = 0; done < bytes; done += options_.slot_bytes) {
-      const size_t m = std::min(options_.slot_bytes, bytes - done);
-      if (rank_ == root && p + done != slot(root)) std::memcpy(slot(root), p + done, m);
-      wait_all(name, until);
-      if (rank_ != root) std::memcpy(p + done, slot(root), m);
-      wait_all(name, until);
+    const size_t half = options_.slot_bytes / 2 / kAlign * kAlign;
+    const size_t chunks = (bytes + half - 1) / half;
+    auto buffer = [&](size_t k) { return slot(root) + (k % 2) * half; };
+    auto length = [&](size_t k) { return std::min(half, bytes - k * half); };
+    for (size_t k = 0; k <= chunks; ++k) {
+      if (rank_ == root && k < chunks && p + k * half != buffer(k)) std::memcpy(buffer(k), p + k * half, length(k));
+      if (rank_ != root && k > 0) std::memcpy(p + (k - 1) * half, buffer(k - 1), length(k - 1));
+      wait_all(name, until);  // the last: root's slot is free for what comes next
     }
   }
 
