@@ -50,7 +50,7 @@ snaps = [(int(b), float(s)) for b, s in re.findall(r"snapshot of (\d+) bytes in 
 handed = [float(s) for s in re.findall(r"checkpoint of step \d+ handed to its writer in ([\d.]+) s", log)]
 ckpts = [float(s) for s in re.findall(r"checkpoint \S+ written in ([\d.]+) s", log)]
 save = re.search(r"saved \S+ \((\d+) bytes of state\) in ([\d.]+) s: read ([\d.]+) s, written ([\d.]+) s", log)
-load = re.search(r"loaded \S+ \((\d+) bytes of state\) in ([\d.]+) s: read ([\d.]+) s, sent ([\d.]+) s", loadlog)
+load = re.search(r"loaded \S+ \((\d+) bytes of state\) in ([\d.]+) s: read ([\d.]+) s, sent (?:to the workers )?([\d.]+) s", loadlog)
 print(f"\n#### {model}, AdamW, zero {zero}: {run['parameters'] / 1e6:.1f}M parameters, 2 workers x 1 thread, "
       f"one standby\n")
 print("| what | seconds | notes |")
