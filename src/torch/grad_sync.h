@@ -37,7 +37,7 @@
 // With a strategy that updates on its servers (ps with update on shards, ps_async; after
 // set_server_optimizer), each bucket's gradient goes to update_async instead, and after backward
 // the parameters hold the servers' new values and .grad is left undefined, so the operator's
-// optimizer.step() skips them (the step was taken on the servers).
+// optimizer.step() skips them (the step was taken on the servers; grad_sync_servers.cpp).
 //
 // With deferred buckets (Trainer's forward_overlap_buckets), communication also overlaps the
 // next forward: see set_deferred_step.

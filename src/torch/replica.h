@@ -4,6 +4,7 @@
 //   torch/grad_sync.h       the gradient hooks, one GradSync per model, into the strategy
 //   torch/deferred_steps.h  the forward overlap's held-back optimizer steps
 //   torch/replica_state.h   the state as bytes (checkpoints, snapshots), named tensors
+//                           (ReplicaRuntime's side: replica_saved_state.cpp)
 //   torch/state_broadcast.h the state from one replica into others over their group (recoveries)
 //   torch/server_optimizer.h  SGD on the parameter servers
 //   torch/zero.h            ZeRO stage 1: which parameters this replica steps (replica_sharded_state.cpp)
