@@ -254,22 +254,35 @@ torch::Device device_of(const TrainingOperator& op) {
   return torch::kCPU;
 }
 
-// Root's header: the state's extras, each optimizer's layout, and the models' bytes with a flag
-// for an optimizer state of another kind (then the archive goes instead).
-std::string write_header(TrainingOperator& op, const ReplicaState& mine, int64_t model_bytes) {
+// Root's header: the state's extras, each optimizer's layout, each model tensor's bytes, and
+// whether an optimizer holds state of another kind (then the archive goes instead).
+std::string write_header(TrainingOperator& op, const ReplicaState& mine, const torch::Tensor& model_bytes) {
   torch::serialize::OutputArchive archive;
   write_state_extras(op, mine, archive);
   bool other = false;
   for (size_t k = 0; k < op.num_optimizers(); ++k) {
     archive.write("layout" + std::to_string(k), layout_of(op.optimizer(k), &other));
   }
-  archive.write("model_bytes", torch::tensor({model_bytes, int64_t{other}}, torch::kInt64));
+  archive.write("model_bytes", model_bytes);
+  archive.write("other_kind", torch::tensor({int64_t{other}}, torch::kInt64));
   std::string header;
   archive.save_to([&header](const void* data, size_t n) {
     header.append(static_cast<const char*>(data), n);
     return n;
   });
   return header;
+}
+
+// Each optimizer's per-parameter state replaced by root's, as entries_from read it.
+void install(TrainingOperator& op, const std::vector<std::vector<Entry>>& entries) {
+  for (size_t k = 0; k < op.num_optimizers(); ++k) {
+    auto& opt = op.optimizer(k);
+    const auto params = params_of(opt);
+    opt.state().clear();  // only root's: a parameter it holds none for has none here either
+    for (size_t i = 0; i < entries[k].size(); ++i) {
+      if (entries[k][i].kind != kNone) opt.state()[optimizer_state_key(opt, params[i])] = make_state(entries[k][i]);
+    }
+  }
 }
 
 }  // namespace
@@ -303,13 +316,13 @@ SharedState broadcast_replica_state(TrainingOperator& op, const ReplicaState& mi
                                     int root, bool load, SpareTensors* spares) {
   const bool sender = sharing.rank() == root;
   const auto named = named_tensors(op);
-  int64_t model_bytes = 0;
-  for (const auto& [name, t] : named) model_bytes += static_cast<int64_t>(t.nbytes());
+  std::vector<int64_t> mine_bytes;
+  for (const auto& [name, t] : named) mine_bytes.push_back(static_cast<int64_t>(t.nbytes()));
   std::string header;  // empty: root failed to write it (every replica throws, none waits)
   std::exception_ptr failed;
   if (sender) {
     try {
-      header = write_header(op, mine, model_bytes);
+      header = write_header(op, mine, torch::tensor(mine_bytes, torch::kInt64));
     } catch (...) {
       header.clear();
       failed = std::current_exception();
@@ -323,18 +336,22 @@ SharedState broadcast_replica_state(TrainingOperator& op, const ReplicaState& mi
   }
   torch::serialize::InputArchive archive;
   archive.load_from(header.data(), header.size());
-  torch::Tensor totals;
-  archive.read("model_bytes", totals);
-  if (totals[1].item<int64_t>() != 0) return broadcast_archive(op, mine, sharing, root, load, device_of(op));
-  // A receiver whose models differ in size takes part (the others would wait for it) and throws after.
-  const bool same = totals[0].item<int64_t>() == model_bytes;
+  torch::Tensor other_kind, model_bytes;
+  archive.read("other_kind", other_kind);
+  if (other_kind.item<int64_t>() != 0) return broadcast_archive(op, mine, sharing, root, load, device_of(op));
+  // A receiver whose models differ takes part with root's sizes (the others would wait for it)
+  // and throws after.
+  archive.read("model_bytes", model_bytes);
+  const std::vector<int64_t> root_bytes(model_bytes.data_ptr<int64_t>(),
+                                        model_bytes.data_ptr<int64_t>() + model_bytes.numel());
+  const bool same = root_bytes == mine_bytes;
   const bool take = load && !sender && same;
 
   std::vector<torch::Tensor> tensors;
   std::vector<size_t> bytes;
-  for (const auto& [name, t] : named) {
-    tensors.push_back(take || sender ? t : torch::Tensor());
-    bytes.push_back(t.nbytes());
+  for (size_t i = 0; i < root_bytes.size(); ++i) {
+    tensors.push_back(take || sender ? named[i].second : torch::Tensor());
+    bytes.push_back(static_cast<size_t>(root_bytes[i]));
   }
   std::vector<std::vector<Entry>> entries(op.num_optimizers());
   for (size_t k = 0; k < op.num_optimizers(); ++k) {
@@ -359,20 +376,13 @@ SharedState broadcast_replica_state(TrainingOperator& op, const ReplicaState& mi
   for (size_t b : bytes) out.bytes += b;
   if (!take) {
     if (load && !sender && !same) {
-      throw Error("broadcast_replica_state: the sender's models hold " + std::to_string(totals[0].item<int64_t>()) +
-                  " bytes of parameters and buffers, this replica's " + std::to_string(model_bytes) +
-                  ": the replicas built different models");
+      throw Error("broadcast_replica_state: replica " + std::to_string(root) + "'s models hold " +
+                  std::to_string(root_bytes.size()) + " parameters and buffers, of other sizes than this replica's " +
+                  std::to_string(mine_bytes.size()) + ": the replicas built different models (see model_signature)");
     }
     return out;
   }
-  for (size_t k = 0; k < op.num_optimizers(); ++k) {
-    auto& opt = op.optimizer(k);
-    const auto params = params_of(opt);
-    opt.state().clear();  // only root's: a parameter it holds none for has none here either
-    for (size_t i = 0; i < entries[k].size(); ++i) {
-      if (entries[k][i].kind != kNone) opt.state()[optimizer_state_key(opt, params[i])] = make_state(entries[k][i]);
-    }
-  }
+  install(op, entries);
   out.state = read_state_extras(op, archive);
   return out;
 }

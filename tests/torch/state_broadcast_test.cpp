@@ -75,14 +75,14 @@ class Summing : public torch::optim::Optimizer {
 // with `own`, one model under Summing (a state kind broadcast_replica_state does not know).
 class Net : public TrainingOperator {
  public:
-  explicit Net(bool own = false) : own_(own) {}
+  explicit Net(bool own = false, int64_t width = 1024) : own_(own), width_(width) {}
   void setup(const nlohmann::json&) override {
-    wide = register_model(torch::nn::Linear(512, 1024));
+    wide = register_model(torch::nn::Linear(512, width_));
     if (own_) {
       register_optimizer(std::make_unique<Summing>(wide->parameters()));
       return;
     }
-    norm = register_model(torch::nn::Sequential(torch::nn::Linear(1024, 8), torch::nn::BatchNorm1d(8)));
+    norm = register_model(torch::nn::Sequential(torch::nn::Linear(width_, 8), torch::nn::BatchNorm1d(8)));
     register_optimizer(
         std::make_unique<torch::optim::AdamW>(wide->parameters(), torch::optim::AdamWOptions(1e-3).weight_decay(0.1)));
     register_optimizer(std::make_unique<torch::optim::SGD>(norm->parameters(),
@@ -102,6 +102,7 @@ class Net : public TrainingOperator {
 
  private:
   bool own_;
+  int64_t width_;
 };
 
 // Every parameter and buffer, then every optimizer-state tensor, as one flat float64 tensor.
@@ -141,7 +142,7 @@ struct Seen {
 // Ranks 0 and 1 on host0, 2 on host1; root 1 (not its host's leader) has trained 3 steps, the
 // others 1 from other weights. Rank 2 loads, rank 0 only takes part. Then every rank steps once
 // on the same batch.
-void run(bool own, Seen* seen) {
+void run(bool own, Seen* seen, int64_t receivers_width = 1024) {
   auto store = comm::make_memory_store();
   testing::run_ranks(3, [&](int rank) {
     comm::GroupOptions go;
@@ -151,7 +152,7 @@ void run(bool own, Seen* seen) {
     so.slot_bytes = 256 << 10;  // a weight in several pieces
     auto group = std::shared_ptr<comm::HierarchicalGroup>(comm::HierarchicalGroup::create(store, rank, 3, go, so));
     auto strategy = strategy::make_allreduce_strategy(group);
-    Net net(own);
+    Net net(own, rank == 2 ? receivers_width : 1024);
     net.setup({});
     auto gen = at::detail::createCPUGenerator(100 + rank);  // the threads share the global one
     {
@@ -214,6 +215,21 @@ TEST(StateBroadcast, AReceiverHoldsRootsStateBitForBitAndOthersKeepTheirs) {
   // Parameters and buffers, AdamW's two moments and SGD's momentum: every tensor once.
   EXPECT_GT(seen.bytes[2], (512 * 1024 + 1024) * 3 * 4);
   EXPECT_EQ(seen.bytes[2], seen.bytes[0]);
+}
+
+// A receiver whose models differ (another width) takes part with root's sizes, so nobody waits
+// for it, and then throws, naming why; the replica that only takes part is not held up.
+TEST(StateBroadcast, AReceiverWithOtherModelsThrowsAndNobodyWaits) {
+  Seen seen;
+  try {
+    run(false, &seen, /*receivers_width=*/1000);
+    ADD_FAILURE() << "a receiver loaded another model's state";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("rank 2"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("different models"), std::string::npos) << e.what();
+  }
+  EXPECT_TRUE(torch::equal(seen.after[0], seen.before[0]));
+  EXPECT_TRUE(torch::equal(seen.after[1], seen.before[1]));
 }
 
 TEST(StateBroadcast, AnOptimizerOfAnotherKindGoesAsTheArchive) {
