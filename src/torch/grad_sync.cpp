@@ -174,9 +174,13 @@ double GradSync::total_wait_s() const {
 }
 
 void GradSync::throw_if_an_average_failed_locked() {
-  for (const auto& work : works_) {
-    if (!work || !work->test()) continue;
-    if (auto error = work->error()) {
+  // From the first launched bucket not yet seen done, in launch order, up to one still running
+  // (an aborted group fails them all): a few checks a hook, not one per bucket.
+  while (checked_ < next_launch_) {
+    const auto& work = works_[schedule_.launch_order[checked_]];
+    if (!work && staged_) return;  // still on its way to the host
+    if (work && !work->test()) return;
+    if (auto error = work ? work->error() : nullptr) {  // (null: the ring's, waited for already)
       try {
         std::rethrow_exception(error);
       } catch (const std::exception& e) {
@@ -184,6 +188,7 @@ void GradSync::throw_if_an_average_failed_locked() {
         throw;
       }
     }
+    ++checked_;
   }
 }
 
@@ -424,7 +429,7 @@ void GradSync::reset_backward_locked() {
   in_backward_ = false;
   // The hooks made each slot (or a copy aside) its parameter's .grad: not a result (yet).
   for (auto& p : params_) p.mutable_grad() = torch::Tensor();
-  next_launch_ = 0;
+  next_launch_ = checked_ = 0;
   std::fill(got_grad_.begin(), got_grad_.end(), false);
   for (size_t b = 0; b < plan_.buckets().size(); ++b) missing_[b] = plan_.buckets()[b].params.size();
   std::fill(bucket_ok_.begin(), bucket_ok_.end(), true);

@@ -260,6 +260,7 @@ class GradSync {
   std::vector<bool> got_grad_;                  // per parameter, this backward
   std::vector<size_t> missing_;                 // per bucket
   size_t next_launch_ = 0;                      // position in schedule_.launch_order
+  size_t checked_ = 0;  // launched buckets seen done, in launch order (throw_if_an_average_failed_locked)
   std::vector<std::shared_ptr<comm::Work>> works_;  // per bucket, this backward's
   std::vector<bool> gated_;                     // per parameter: wait_for called since the last backward
   DeferredStep deferred_;

@@ -95,7 +95,11 @@ RecoveryEvent Trainer::Impl::reform(const std::string& failure, Phases* phases, 
     runtime::WorkerPool* held;
     ~Release() {
       held->hold_spawns(false);
-      held->spawn_replacements();
+      try {
+        held->spawn_replacements();
+      } catch (const std::exception& e) {  // the next tick tries again
+        control::log().warn("trainer: no replacement started after the recovery: {}", e.what());
+      }
     }
   } release{pool.get()};
   RecoveryEvent ev;

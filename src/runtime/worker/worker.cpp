@@ -444,7 +444,6 @@ class Worker {
     rank_base_ = position_ * dpw_;
   }
 
-  // Joins the placement's generation of the group.
   // The old groups go on a thread of their own: unmapping a host's shared gradients (0.17 s at
   // gpt-base) need not delay the new group.
   void retire_groups() {
@@ -460,6 +459,7 @@ class Worker {
     });
   }
 
+  // Joins the placement's generation of the group.
   void connect(const proto::Placement& placement) {
     const Strategy strategy = from_proto(job_.strategy());
     const int64_t generation = placement.generation();
