@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <chrono>
 #include <map>
+#include <string>
+#include <utility>
 
 #include "comm/op_queue.h"
 #include "comm/process.h"
@@ -17,6 +19,25 @@ namespace {
 // 0.5 Gbit/s: 1.33x the transfer time); a second lane fills those gaps (1.14x); more gain
 // little (3: 1.12x, 4: 1.13x). Measured with bench/cluster.sh, SIM_STEP_MS=0.
 constexpr int kLanes = 2;
+
+// One deadline for an operation's stages: left(stage) is what the stages before it left, and a
+// TimeoutError naming the stage once nothing is.
+class Stages {
+ public:
+  Stages(std::string op, std::chrono::milliseconds timeout)
+      : op_(std::move(op)), deadline_(std::chrono::steady_clock::now() + timeout) {}
+  std::chrono::milliseconds operator()(const char* stage) const {
+    const auto now = std::chrono::steady_clock::now();
+    if (now >= deadline_) {
+      throw TimeoutError(op_ + ": its deadline passed before the " + std::string(stage) + " stage", op_);
+    }
+    return std::chrono::ceil<std::chrono::milliseconds>(deadline_ - now);
+  }
+
+ private:
+  std::string op_;
+  std::chrono::steady_clock::time_point deadline_;
+};
 
 }  // namespace
 
@@ -138,16 +159,7 @@ void HierarchicalGroup::run_allreduce(void* data, size_t count, DataType type, R
     local_->allreduce(data, count, type, op, timeout);
     return;
   }
-  // One deadline for the whole operation: each stage gets what the ones before it left.
-  const auto deadline = std::chrono::steady_clock::now() + (timeout.count() > 0 ? timeout : options_.timeout);
-  auto left = [&](const char* stage) {
-    const auto now = std::chrono::steady_clock::now();
-    if (now >= deadline) {
-      throw TimeoutError("hierarchical allreduce: its deadline passed before the " + std::string(stage) + " stage",
-                         "hierarchical allreduce");
-    }
-    return std::chrono::ceil<std::chrono::milliseconds>(deadline - now);
-  };
+  const Stages left("hierarchical allreduce", timeout.count() > 0 ? timeout : options_.timeout);
   // Average = sum everywhere, then one division by the global size.
   const ReduceOp stage_op = op == ReduceOp::kAverage ? ReduceOp::kSum : op;
   local_->allreduce(data, count, type, stage_op, left("within-host sum"));
@@ -165,15 +177,7 @@ void HierarchicalGroup::broadcast(void* data, size_t bytes, int root, std::chron
 }
 
 void HierarchicalGroup::run_broadcast(void* data, size_t bytes, int root, std::chrono::milliseconds timeout) {
-  const auto deadline = std::chrono::steady_clock::now() + (timeout.count() > 0 ? timeout : options_.timeout);
-  auto left = [&](const char* stage) {
-    const auto now = std::chrono::steady_clock::now();
-    if (now >= deadline) {
-      throw TimeoutError("hierarchical broadcast: its deadline passed before the " + std::string(stage) + " stage",
-                         "hierarchical broadcast");
-    }
-    return std::chrono::ceil<std::chrono::milliseconds>(deadline - now);
-  };
+  const Stages left("hierarchical broadcast", timeout.count() > 0 ? timeout : options_.timeout);
   // Hosts in order of their lowest rank (the leaders' ranks), as create() numbered them.
   const std::string& root_host = hosts_[static_cast<size_t>(root)];
   std::vector<std::string> hosts;
