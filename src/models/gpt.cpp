@@ -34,30 +34,40 @@ class AttentionImpl : public torch::nn::Module {
     const int64_t n = x.size(0), t = x.size(1), d = x.size(2), hd = d / heads_;
     // [N, T, 3D] -> [3, N, H, T, D/H]
     const auto qkv = qkv_(x).view({n, t, 3, heads_, hd}).permute({2, 0, 3, 1, 4});
-    const auto q = qkv[0], k = qkv[1], v = qkv[2];
 #ifdef DSGD_FUSED_ATTENTION
+    const auto q = qkv[0], k = qkv[1], v = qkv[2];
     // The same function in one kernel where LibTorch has one (flash or memory-efficient attention on
     // a GPU): no [T, T] scores in memory.
     const double p = is_training() ? attn_drop_->options.p() : 0.0;
     const auto fused = at::scaled_dot_product_attention(q, k, v, {}, p, /*is_causal=*/true);
     return proj_(fused.transpose(1, 2).reshape({n, t, d}));
 #else
-    auto att = torch::matmul(q, k.transpose(-2, -1)) * (1.0 / std::sqrt(static_cast<double>(hd)));
-    att = att.masked_fill(future(t, x.device()), -std::numeric_limits<float>::infinity());
+    // Heads as one batch: [N H, T, D/H].
+    const auto q = qkv[0].reshape({n * heads_, t, hd}), k = qkv[1].reshape({n * heads_, t, hd});
+    const auto v = qkv[2].reshape({n * heads_, t, hd});
+    // The scale and the causal mask inside the matmul: baddbmm writes mask + q k^T / sqrt(D/H) in one
+    // pass over the [N H, T, T] scores, where matmul, a multiply and masked_fill took three forward
+    // and three backward (a gpt-small step 7-11% faster on one core).
+    const double scale = 1.0 / std::sqrt(static_cast<double>(hd));
+    auto att = torch::baddbmm(causal(t, x), q, k.transpose(1, 2), /*beta=*/1.0, /*alpha=*/scale);
     att = attn_drop_(torch::softmax(att, -1));
-    const auto y = torch::matmul(att, v).transpose(1, 2).reshape({n, t, d});  // heads side by side again
-    return proj_(y);
+    const auto y = torch::bmm(att, v).view({n, heads_, t, hd}).transpose(1, 2).reshape({n, t, d});
+    return proj_(y);  // heads side by side again
 #endif
   }
 
   torch::nn::Linear& proj() { return proj_; }
 
  private:
-  // True above the diagonal: the positions a query must not see. Made once per length and device
-  // (not a buffer: nothing to synchronise or checkpoint).
-  const torch::Tensor& future(int64_t t, const torch::Device& device) {
-    auto& m = masks_[{t, device.str()}];
-    if (!m.defined()) m = torch::ones({t, t}, torch::TensorOptions(torch::kBool).device(device)).triu(1);
+  // 0 on and below the diagonal, -inf above it (the positions a query must not see), added to the
+  // scores. Made once per length, device and type (not a buffer: nothing to synchronise or
+  // checkpoint).
+  const torch::Tensor& causal(int64_t t, const torch::Tensor& like) {
+    auto& m = masks_[{t, like.device().str() + "/" + c10::toString(like.scalar_type())}];
+    if (!m.defined()) {
+      const auto future = torch::ones({t, t}, torch::TensorOptions(torch::kBool).device(like.device())).triu(1);
+      m = torch::zeros({t, t}, like.options()).masked_fill(future, -std::numeric_limits<double>::infinity());
+    }
     return m;
   }
 
