@@ -171,6 +171,24 @@ class DiesInSnapshotOperator : public RegressionOperator {
 };
 DSGD_REGISTER_OPERATOR(DiesInSnapshotOperator);
 
+// Kills replica 1 in its first validation batch while the file named by
+// DSGD_TEST_DIE_IN_VALIDATION exists, removing it first.
+class DiesInValidationOperator : public RegressionOperator {
+  void setup(const json& config) override {
+    RegressionOperator::setup(config);
+    auto gen = at::detail::createCPUGenerator(replica().seed + 1);
+    auto x = torch::randn({samples(), 4}, gen);
+    auto y = x.sum(1, true);
+    register_data(torch::randn({samples(), 4}, gen), torch::zeros({samples(), 1}), x, y);
+  }
+  Metrics validate_batch(const Batch& batch) override {
+    const char* armed = std::getenv("DSGD_TEST_DIE_IN_VALIDATION");
+    if (replica().rank == 1 && armed != nullptr && std::filesystem::remove(armed)) ::raise(SIGKILL);
+    return RegressionOperator::validate_batch(batch);
+  }
+};
+DSGD_REGISTER_OPERATOR(DiesInValidationOperator);
+
 // Kills replica 1 as its 15th batch begins (steps 0-13 done by every replica) while the file
 // named by DSGD_TEST_DIE_AT_STEP exists, removing it first: it dies once, at a known step.
 class DiesAtStepOperator : public RegressionOperator {
@@ -2325,29 +2343,70 @@ TEST(TrainerRecovery, SaveSurvivesTheLossOfTheWorkerItReadsFrom) {
   EXPECT_EQ(loaded.train({.num_steps = 1}).batch, 11);  // the position came along too
 }
 
-TEST(TrainerRecovery, AWorkerLostBetweenAChunkAndItsSnapshotCostsARedoneChunk) {
-  // The chunk ended on every worker, then the snapshot's worker died: the recovery goes back to
-  // the previous snapshot and trains the chunk again, so the result equals a fault-free run.
+TEST(TrainerRecovery, AWorkerLostBetweenAChunkAndItsSnapshotCostsNothingFromAPeerARedoneChunkWithout) {
+  // The chunk ended on every worker, then the snapshot's worker died. From a peer (the default)
+  // the standby takes the survivor's state: nothing is trained again. Without, the recovery goes
+  // back to the previous snapshot and trains the chunk again. Both equal a fault-free run.
   testing::TempDir dir;
   const std::string armed = dir.file("die-in-snapshot");
   ::setenv("DSGD_TEST_DIE_IN_SNAPSHOT", armed.c_str(), 1);
-  const auto c = self_killing_config(32, 4);
+  auto c = self_killing_config(32, 4);
   auto run = [&](bool fault) {
     Trainer t(operator_of<DiesInSnapshotOperator>(), c);
     await_standby(t);
     if (fault) std::ofstream(armed) << "die\n";  // after the constructor's snapshot
     auto r = t.train({.num_steps = 6});
+    EXPECT_FALSE(std::filesystem::exists(armed)) << "no replica took the snapshot";
     return std::make_pair(r, t.foreach_worker("weight_sum")[0].get<double>());
   };
-  const auto [faulty, faulty_sum] = run(true);
-  ::unsetenv("DSGD_TEST_DIE_IN_SNAPSHOT");
-  EXPECT_FALSE(std::filesystem::exists(armed)) << "no replica took the snapshot";
-  ASSERT_EQ(faulty.recoveries.size(), 1u);
-  EXPECT_EQ(faulty.recoveries[0].workers_after, 2);
-  EXPECT_EQ(faulty.metrics.at("batches"), 6);  // the redone chunk counts once
-  EXPECT_EQ(faulty.batch, 6);
   const auto [clean, clean_sum] = run(false);
   EXPECT_EQ(clean.recoveries.size(), 0u);
+  for (const bool from_peer : {true, false}) {
+    SCOPED_TRACE(from_peer ? "from a peer" : "from the snapshot");
+    c.recovery.from_peer = from_peer;
+    const auto [faulty, faulty_sum] = run(true);
+    ASSERT_EQ(faulty.recoveries.size(), 1u);
+    const auto& ev = faulty.recoveries[0];
+    EXPECT_EQ(ev.workers_after, 2);
+    EXPECT_EQ(ev.from_peer, from_peer);
+    EXPECT_EQ(ev.rolled_back_steps, from_peer ? 0 : 4);  // the chunk since the snapshot at step 0
+    EXPECT_EQ(faulty.metrics.at("batches"), 6);           // a redone chunk counts once
+    EXPECT_EQ(faulty.batch, 6);
+    EXPECT_EQ(faulty_sum, clean_sum);
+  }
+  ::unsetenv("DSGD_TEST_DIE_IN_SNAPSHOT");
+}
+
+// A worker lost in a validation between two train calls: the standby takes a survivor's state
+// (they all stand where the last call left them), the validation is done again on the re-formed
+// group, and nothing is trained again, though steps since the last snapshot were pending.
+TEST(TrainerRecovery, AWorkerLostInAValidationBetweenCallsCostsNoStep) {
+  testing::TempDir dir;
+  const std::string armed = dir.file("die-in-validation");
+  ::setenv("DSGD_TEST_DIE_IN_VALIDATION", armed.c_str(), 1);
+  const auto c = self_killing_config(32, 4);
+  auto run = [&](bool fault) {
+    Trainer t(operator_of<DiesInValidationOperator>(), c);
+    await_standby(t);
+    EXPECT_EQ(t.train({.num_steps = 6}).batch, 6);  // 2 steps past the snapshot at step 4
+    if (fault) std::ofstream(armed) << "die\n";
+    const Results v = t.validate();
+    const Results r = t.train({.num_steps = 2});  // to the epoch's end (8 steps)
+    EXPECT_EQ(r.metrics.at("batches"), 2);
+    EXPECT_EQ(r.recoveries.size(), 0u);
+    return std::make_tuple(v, t.foreach_worker("weight_sum")[0].get<double>());
+  };
+  const auto [clean, clean_sum] = run(false);
+  const auto [faulty, faulty_sum] = run(true);
+  ::unsetenv("DSGD_TEST_DIE_IN_VALIDATION");
+  EXPECT_FALSE(std::filesystem::exists(armed)) << "no replica validated";
+  EXPECT_EQ(clean.recoveries.size(), 0u);
+  ASSERT_EQ(faulty.recoveries.size(), 1u);
+  const auto& ev = faulty.recoveries[0];
+  EXPECT_TRUE(ev.from_peer);
+  EXPECT_EQ(ev.rolled_back_steps, 0);
+  EXPECT_EQ(ev.standbys_used, 1);
+  EXPECT_EQ(faulty.metrics.at("loss"), clean.metrics.at("loss"));  // the whole validation set, once
   EXPECT_EQ(faulty_sum, clean_sum);
 }
 

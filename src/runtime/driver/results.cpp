@@ -22,12 +22,17 @@ Results results_of_command(const std::vector<proto::CommandResult>& outs, bool p
   std::vector<Metrics> parts;
   for (const auto& o : outs) {
     const proto::EpochReply& e = o.epoch();
-    parts.emplace_back(e.metrics().begin(), e.metrics().end());
+    if (!e.untrained()) parts.emplace_back(e.metrics().begin(), e.metrics().end());
     r.epoch = e.position().epoch();
     r.batch = e.position().batch();
     r.batches_per_epoch = e.batches_per_epoch();
   }
   r.metrics = weighted_mean(parts);
+  // Every worker trained the samples; the untrained answers are of newcomers in their place.
+  const auto n = r.metrics.find("num_samples");
+  if (n != r.metrics.end() && !parts.empty() && parts.size() < outs.size()) {
+    n->second *= static_cast<double>(outs.size()) / static_cast<double>(parts.size());
+  }
   keep_largest(parts, "peak_rss_mib", &r.metrics);
   if (per_worker) r.per_worker = parts;
   return r;

@@ -14,7 +14,8 @@ namespace dsgd::runtime {
 
 // Metrics weighted by samples across workers, but peak_rss_mib, the largest worker's peak
 // resident memory; epoch, batch and batches_per_epoch as the workers report them (the same on
-// all). `per_worker` keeps each worker's metrics too.
+// all). `per_worker` keeps each worker's metrics too. Untrained answers (TrainRequest.results_only)
+// carry none: the others' stand for every worker's, num_samples scaled to all of them.
 Results results_of_command(const std::vector<proto::CommandResult>& outs, bool per_worker);
 
 // The chunks of one train() call as one result: metrics weighted by samples except the totals

@@ -61,13 +61,21 @@ std::string random_token() {
 std::vector<proto::CommandResult> Trainer::Impl::raw_call(const proto::Command& request, std::vector<int> targets,
                                                           const std::function<void()>& extra_tick,
                                                           milliseconds timeout) {
+  const bool everyone = targets.empty() || targets == pool->members();
   if (targets.empty()) targets = pool->members();
-  return server->call(request, timeout, [&] {
+  using C = proto::Command;
+  const auto kind = request.request_case();
+  const bool changes = kind == C::kSetState || kind == C::kTrain || kind == C::kRun || kind == C::kStepSchedules ||
+                       kind == C::kShareState;
+  if (changes) members_settled = false;  // one member's change cut short leaves the others apart
+  auto out = server->call(request, timeout, [&] {
     if (driver_state) driver_state->touch();  // for a successor: when this driver was last alive
     pool->check_children();
     pool->tend(generation, signature);  // standbys and new workers set up meanwhile
     if (extra_tick) extra_tick();
   }, std::move(targets));
+  if (changes && everyone) members_settled = true;
+  return out;
 }
 
 void Trainer::Impl::send_state(const std::string& state, const Feedback& feedback, std::vector<int> targets) {

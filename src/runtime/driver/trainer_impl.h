@@ -80,6 +80,11 @@ struct Trainer::Impl {
   std::pair<int64_t, int64_t> chunk_start{0, 0};
   int64_t chunk_size = 0;
   int64_t resumed_in_chunk = 0;
+  bool chunk_completed = false;  // the donor of such a recovery trained it to its end: results only
+  // Whether every member holds what the last command that changed a replica's state (train,
+  // set_state, run, step_schedules, share_state) left in all of them: between calls a survivor's
+  // state is then the job's (find_donor). raw_call keeps it.
+  bool members_settled = false;
   double snapshot_s = 0;               // of the current call: taking snapshots, writing checkpoints
   int checkpoint_failures = 0;         // of the current call: checkpoints.dir writes that failed
   int64_t checkpoint_failures_total = 0;  // of the job
@@ -207,13 +212,16 @@ struct Trainer::Impl {
   // Returns, where `allowed` (recovery.from_peer), the survivor whose state the others take: only
   // where every survivor's last call ended at a step's end (none torn), and where the strategy's
   // state is all in the replicas (allreduce or simple, one device a worker, no ZeRO, compression
-  // or forward overlap); nullopt otherwise, or where the most advanced survivor completed the
-  // chunk (it is then retried whole from the snapshot).
+  // or forward overlap); nullopt otherwise. Where it trained the chunk to its end, the retry
+  // trains nothing and takes the survivors' replies (Donor::completed). Between calls (no chunk in flight: a loss
+  // in a validation, a snapshot, a checkpoint's read), any survivor, where the members are settled
+  // and every survivor is at one position; nothing is redone.
   struct Donor {
     int id = -1;
     std::pair<int64_t, int64_t> at;  // its position (epoch, batch)
     std::vector<int> current;        // survivors at that position: they keep their state
     int64_t kept = 0;                // steps of the chunk in flight it completed
+    bool completed = false;          // all of them: TrainRequest.results_only
   };
   std::optional<Donor> find_donor(const std::vector<int>& lost, bool allowed, RecoveryEvent* ev);
   // The donor's state into the receivers (worker ids), peer to peer over the job's group where

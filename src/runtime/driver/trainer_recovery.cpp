@@ -121,6 +121,7 @@ RecoveryEvent Trainer::Impl::reform(const std::string& failure, Phases* phases, 
   } else {
     *from_peer = false;
     resumed_in_chunk = 0;  // the snapshot's position, replayed to the chunk's start
+    chunk_completed = false;
   }
   form_group({}, &clock, donor ? &*donor : nullptr);
   ev.workers_after = static_cast<int>(pool->members().size());
@@ -130,7 +131,8 @@ RecoveryEvent Trainer::Impl::reform(const std::string& failure, Phases* phases, 
 std::optional<Trainer::Impl::Donor> Trainer::Impl::find_donor(const std::vector<int>& lost, bool allowed,
                                                               RecoveryEvent* ev) {
   const bool eligible = allowed && config.recovery.from_peer && replicas_hold_whole_state();
-  if (chunk_in_flight == 0 || snapshot.empty()) return std::nullopt;
+  const bool between_calls = chunk_in_flight == 0;
+  if ((between_calls && !(eligible && members_settled)) || snapshot.empty()) return std::nullopt;
   std::vector<int> survivors;
   for (int id : pool->members()) {
     if (std::find(lost.begin(), lost.end(), id) == lost.end()) survivors.push_back(id);
@@ -149,13 +151,20 @@ std::optional<Trainer::Impl::Donor> Trainer::Impl::find_donor(const std::vector<
   for (size_t i = 0; i < at.size(); ++i) {
     if (at[i] == d.at) d.current.push_back(survivors[i]);
   }
+  if (between_calls) {  // the last call left every member at one position
+    if (d.current.size() != survivors.size() || torn >= 0) return std::nullopt;
+    return d;
+  }
   d.kept = d.at.first == chunk_start.first ? d.at.second - chunk_start.second : -1;
   if (d.kept > 0) ev->rolled_back_steps = std::max(ev->rolled_back_steps, snapshots->pending() + d.kept);
-  if (!eligible || d.kept < 0 || (chunk_size > 0 && d.kept >= chunk_size)) return std::nullopt;
+  // A chunk ends at its size or at the epoch's end, whichever comes first.
+  d.completed = (chunk_size > 0 && d.kept >= chunk_size) || (d.at.first == chunk_start.first + 1 && d.at.second == 0);
+  if (!eligible || (d.kept < 0 && !d.completed)) return std::nullopt;
   if (torn >= 0) {
     control::log().info("trainer: worker {} stopped part-way through a step's update: the snapshot it is", torn);
     return std::nullopt;
   }
+  if (d.completed) d.kept = 0;  // the replies count its steps
   return d;
 }
 
@@ -266,6 +275,7 @@ void Trainer::Impl::form_group(const std::vector<int>& joining, PhaseClock* cloc
     }
     if (!behind.empty()) share_state(donor->id, behind);
     resumed_in_chunk = donor->kept;
+    chunk_completed = donor->completed;
     clock->mark("restore");
     return;
   }
@@ -411,12 +421,16 @@ void Trainer::Impl::take_snapshot(bool before_steps) {
 }
 
 bool Trainer::Impl::snapshot_or_recover() {
-  try {
-    take_snapshot();
-    return true;
-  } catch (const std::exception& e) {
-    recover_or_rethrow(e);
-    return false;
+  while (true) {
+    try {
+      take_snapshot();
+      return true;
+    } catch (const std::exception& e) {
+      recover_or_rethrow(e);
+    }
+    // From a survivor the members stand where the chunk left them: the snapshot again. From the
+    // last snapshot they went back to the chunk's start.
+    if (events.empty() || !events.back().from_peer) return false;
   }
 }
 
@@ -489,12 +503,14 @@ std::vector<proto::CommandResult> Trainer::Impl::train_chunk(proto::Command* req
   chunk_start = first_member_position();
   chunk_size = request->train().max_batches();
   resumed_in_chunk = 0;
+  chunk_completed = false;
   request->mutable_train()->set_chunk(chunk_in_flight = ++chunks_sent);
   auto outs = recovering([&] {
     *kept = resumed_in_chunk;
-    if (*kept == 0) return raw_call(*request, {}, tick);
+    if (*kept == 0 && !chunk_completed) return raw_call(*request, {}, tick);
     proto::Command rest = *request;
-    if (chunk_size > 0) rest.mutable_train()->set_max_batches(chunk_size - *kept);
+    if (chunk_completed) rest.mutable_train()->set_results_only(true);
+    if (chunk_size > 0 && !chunk_completed) rest.mutable_train()->set_max_batches(chunk_size - *kept);
     return raw_call(rest, {}, tick);
   });
   chunk_in_flight = 0;

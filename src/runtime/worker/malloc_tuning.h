@@ -1,6 +1,7 @@
-// glibc malloc settings for training processes.
+// glibc malloc settings for training processes, and the peak memory they reach.
 //
 //   runtime::tune_malloc();   // dsgd::init() calls it, first thing
+//   double mib = runtime::peak_resident_mib();
 //
 // By default glibc hands big freed blocks back to the kernel (munmap above a moving mmap
 // threshold, heap trimming past 128 KB free at the top), so every training step faults its
@@ -17,5 +18,8 @@ namespace dsgd::runtime {
 
 // Returns whether the settings were applied.
 bool tune_malloc();
+
+// This process's peak resident memory (VmHWM) in MiB; 0 where /proc does not say.
+double peak_resident_mib();
 
 }  // namespace dsgd::runtime

@@ -12,7 +12,6 @@
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
-#include <fstream>
 #include <mutex>
 #include <thread>
 
@@ -24,6 +23,7 @@
 #include "runtime/control/store_service.h"
 #include "runtime/worker/crash_stack.h"
 #include "runtime/worker/job_spec.h"
+#include "runtime/worker/malloc_tuning.h"
 #include "runtime/worker/ps_server_process.h"
 #include "runtime/worker/trace_file.h"
 #include "runtime/worker/worker_functions.h"
@@ -35,15 +35,6 @@ namespace dsgd::runtime {
 using json = nlohmann::json;
 using Clock = std::chrono::steady_clock;
 using std::chrono::milliseconds;
-
-// This process's peak resident memory (VmHWM) in MiB; 0 where /proc does not say.
-static double peak_resident_mib() {
-  std::ifstream status("/proc/self/status");
-  for (std::string line; std::getline(status, line);) {
-    if (line.rfind("VmHWM:", 0) == 0) return static_cast<double>(std::atoll(line.c_str() + 6)) / 1024;  // in kB
-  }
-  return 0;
-}
 
 namespace {
 
@@ -362,6 +353,14 @@ class Worker {
 
   // train (`train` set) or validate (null) on every replica.
   proto::EpochReply on_epoch(const proto::TrainRequest* train) {
+    if (train != nullptr && train->results_only()) {  // the chunk's reply again, or none
+      if (train->chunk() != 0 && last_chunk_.first == train->chunk()) return last_chunk_.second;
+      proto::EpochReply out;
+      out.set_untrained(true);
+      *out.mutable_position() = position();
+      out.set_batches_per_epoch(replicas_[0]->batches_per_epoch());
+      return out;
+    }
     std::vector<Metrics> parts(static_cast<size_t>(dpw_));
     for (auto& r : replicas_) r->progress().batches = 0;
     progress_chunk_ = train != nullptr ? train->chunk() : 0;  // after the reset: see heartbeat_loop
@@ -399,6 +398,7 @@ class Worker {
     }
     *out.mutable_position() = position();
     out.set_batches_per_epoch(replicas_[0]->batches_per_epoch());
+    if (train != nullptr) last_chunk_ = {train->chunk(), out};
     return out;
   }
 
@@ -550,6 +550,7 @@ class Worker {
   std::atomic<bool> busy_{false};
   std::atomic<torch_glue::ReplicaRuntime*> progress_source_{nullptr};
   std::atomic<uint64_t> progress_chunk_{0};  // TrainRequest::chunk of the batches in progress
+  std::pair<uint64_t, proto::EpochReply> last_chunk_;  // the last chunk trained to its end: for results_only
   std::atomic<int64_t> generation_{0};
   int rank_base_ = 0;
   int position_ = 0;                     // this worker's index among the live workers
