@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <ATen/Version.h>
 #include <torch/cuda.h>
 #include <torch/nn/modules/linear.h>
 #include <torch/nn/functional/loss.h>
@@ -281,6 +282,14 @@ class PickyOperator : public RegressionOperator {
   }
 };
 DSGD_REGISTER_OPERATOR(PickyOperator);
+
+// The vectorised kernels LibTorch chose in the worker's process (runtime/worker/cpu_kernels.h).
+DSGD_REGISTER_WORKER_FUNCTION(cpu_kernels, [](TrainingOperator*, const json&) -> json {
+  const std::string config = at::show_config(), key = "CPU capability usage: ";
+  const size_t at = config.find(key);
+  if (at == std::string::npos) return std::string();
+  return config.substr(at + key.size(), config.find('\n', at) - at - key.size());
+});
 
 DSGD_REGISTER_WORKER_FUNCTION(weight_sum, [](TrainingOperator* op, const json&) -> json {
   double s = 0;
@@ -1069,6 +1078,10 @@ TEST(Trainer, ResultsAverageOverWorkersAndForeachWorkerReachesEveryWorker) {
   auto v = trainer.validate();
   EXPECT_EQ(v.metrics.at("num_samples"), 1024.0);  // the whole synthetic test split, split over workers
   EXPECT_GT(v.metrics.at("accuracy"), 0.0);
+  __builtin_cpu_init();  // AVX-512 kernels where the CPU has them (LibTorch 1.13 leaves them opt-in)
+  const bool avx512 = __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bw") &&
+                      __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("fma");
+  for (const auto& kernels : trainer.foreach_worker("cpu_kernels")) EXPECT_EQ(kernels == "AVX512", avx512) << kernels;
   auto infos = trainer.foreach_worker("replica_info", 42);
   ASSERT_EQ(infos.size(), 2u);
   EXPECT_EQ(infos[0]["rank"], 0);

@@ -8,6 +8,7 @@
 #include "dsgd/trainer.h"
 #include "runtime/control/log.h"
 #include "runtime/launch/fork_server.h"
+#include "runtime/worker/cpu_kernels.h"
 #include "runtime/worker/malloc_tuning.h"
 #include "runtime/worker/ps_server_process.h"
 #include "runtime/worker/worker.h"
@@ -38,7 +39,8 @@ int run_forked(int argc, char** argv) { return run_as_started(argc, argv).value_
 }  // namespace
 
 void init(int argc, char** argv) {
-  runtime::tune_malloc();  // before the first big allocation, in drivers and workers alike
+  runtime::tune_malloc();         // before the first big allocation, in drivers and workers alike
+  runtime::choose_cpu_kernels();  // before LibTorch's first kernel fixes its choice
   if (runtime::is_fork_server(argc, argv)) runtime::serve_forks(argc, argv, &run_forked);
   if (const auto status = run_as_started(argc, argv)) std::exit(*status);
 }
