@@ -9,7 +9,8 @@
 # the validation loss on the same first VAL_SEQUENCES (default 64) sequences of val.tok, after the
 # same tokens with the same warmup (WARMUP, default STEPS/4) and cosine decay to STEPS, and the
 # largest peak resident memory of their worker processes. Prints a markdown table of medians and
-# dsgd / DDP per precision; RESULTS_JSON=FILE also writes every measurement.
+# dsgd / DDP per precision; RESULTS_JSON=FILE also writes every measurement. PEER_ATTENTION=blocked
+# gives the peer dsgd's attention (ddp_gpt.py --attention): what is left is the systems' part.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 steps=${1:-30}
@@ -45,6 +46,7 @@ for r in $(seq "$repeats"); do
     OMP_NUM_THREADS=1 $py bench/peers/ddp_gpt.py --world-size 2 --model "$model" --tokens "$tokens" --batch-size $b \
       --max-steps "$steps" --skip-steps 0 --threads 1 --precision "$p" --val-tokens "$tokdir/val.tok" \
       --val-sequences "$val" --warmup-steps "$warmup" --decay-steps $((steps - warmup)) --json-out "$out" \
+      --attention "${PEER_ATTENTION:-plain}" \
       >/dev/null 2>"$tmp/err" ||
       { echo "lm_peers: ddp $p failed:" >&2; tail -5 "$tmp/err" >&2; exit 1; }
     echo "  ddp $p (repeat $r): $($py -c "import json;print(round(json.load(open('$out'))['tokens_per_s']))") tokens/s" >&2
@@ -63,7 +65,8 @@ for f in glob.glob(os.path.join(tmp, "*.*.*.json")):
 med = {k: statistics.median(v) for k, v in runs.items()}
 mval = {k: statistics.median(v) for k, v in vals.items()}
 mrss = {k: max(v) for k, v in rss.items()}
-print(f"\n#### {model}, 2 workers x 1 thread, 8 sequences per worker ({steps} steps, median of {repeats})\n")
+print(f"\n#### {model}, 2 workers x 1 thread, 8 sequences per worker ({steps} steps, median of {repeats}; "
+      f"the peer's attention {os.environ.get('PEER_ATTENTION', 'plain')})\n")
 print("| precision | dsgd tokens/s | DDP tokens/s | dsgd / DDP | val loss dsgd; DDP (dsgd / DDP) "
       "| peak RSS per worker, MiB, dsgd; DDP | runs (dsgd; DDP) |")
 print("|---|---|---|---|---|---|---|")

@@ -53,13 +53,32 @@ class Block(nn.Module):
         self.ln2 = nn.LayerNorm(d)
         self.fc, self.fc_proj = nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
 
+    blocked = False  # --attention blocked: src/models/gpt.cpp's formulation instead
+
     def forward(self, x, mask):
         n, t, d = x.shape
         q, k, v = self.qkv(self.ln1(x)).view(n, t, 3, self.h, d // self.h).permute(2, 0, 3, 1, 4)
-        att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(d // self.h))
-        att = att.masked_fill(mask[:t, :t], float("-inf")).softmax(-1)
-        x = x + self.proj((att @ v).transpose(1, 2).reshape(n, t, d))
+        y = self.blocked_attention(q, k, v, mask) if Block.blocked else self.attention(q, k, v, mask)
+        x = x + self.proj(y.transpose(1, 2).reshape(n, t, d))
         return x + self.fc_proj(F.gelu(self.fc(self.ln2(x)), approximate="tanh"))
+
+    def attention(self, q, k, v, mask):
+        t = q.shape[2]
+        att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(q.shape[-1]))
+        return att.masked_fill(mask[:t, :t], float("-inf")).softmax(-1) @ v
+
+    def blocked_attention(self, q, k, v, mask):
+        """dsgd's: the scale and an additive causal mask inside baddbmm, a block of queries at a time."""
+        n, h, t, hd = q.shape
+        q, k, v = (z.reshape(n * h, t, hd) for z in (q, k, v))
+        bias = torch.zeros(t, t).masked_fill(mask[:t, :t], float("-inf"))
+        blocks = min(max(t // 64, 1), 8)
+        ys = []
+        for b in range(blocks):
+            q0, q1 = b * t // blocks, (b + 1) * t // blocks
+            att = torch.baddbmm(bias[q0:q1, :q1], q[:, q0:q1], k[:, :q1].transpose(1, 2), alpha=1 / math.sqrt(hd))
+            ys.append(torch.bmm(att.softmax(-1), v[:, :q1]))
+        return torch.cat(ys, 1).view(n, h, t, hd)
 
 
 class Gpt(nn.Module):
@@ -101,6 +120,7 @@ def lr_at(args, step):
 
 def worker(rank, args, port, out):
     torch.set_num_threads(args.threads)
+    Block.blocked = args.attention == "blocked"
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=args.world_size)
     torch.manual_seed(args.seed)
@@ -196,6 +216,8 @@ def main():
     p.add_argument("--threads", type=int, default=1, help="per process")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--precision", choices=["fp32", "bf16"], default="fp32")
+    p.add_argument("--attention", choices=["plain", "blocked"], default="plain",
+                   help="plain: matmul, scale, masked_fill, softmax (nanoGPT's CPU path); blocked: dsgd's")
     p.add_argument("--json-out")
     args = p.parse_args()
     if args.max_steps <= args.skip_steps:
