@@ -544,7 +544,11 @@ void expect_zero_equals_plain(TrainerConfig c, const std::string& op, int64_t st
                 "%.0f), gradients %.0f bytes (plain %.0f)\n",
                 op.c_str(), c.num_workers, stage, difference, zero.state_bytes, plain.state_bytes, zero.gradient_bytes,
                 plain.gradient_bytes);
-    EXPECT_LT(difference, tolerance) << "stage " << stage;
+    // Accumulating, stage 2 averages each micro-batch by itself and adds the averages, where plain
+    // averages the sum: another rounding (9.8e-7 and 1.3e-6 from plain with AdamW after 20 steps,
+    // as the GPT's kernels round; stage 1, summing as plain does, 0).
+    const double limit = stage == 2 && c.step.accumulate_steps > 1 ? 3 * tolerance : tolerance;
+    EXPECT_LT(difference, limit) << "stage " << stage;
     EXPECT_LT(zero.state_bytes, plain.state_bytes / n * 1.35) << "the state is not sharded at stage " << stage;
     EXPECT_GT(zero.state_bytes, plain.state_bytes / n * 0.65) << "stage " << stage;
     if (stage == 1) EXPECT_EQ(zero.gradient_bytes, plain.gradient_bytes);
@@ -576,6 +580,8 @@ TEST(TrainerZero, StagesOneAndTwoEqualPlainAllreduceWithAdamWClippingAndAccumula
   c.num_workers = 3;
   c.batch_size = 18;
   c.launch.local_hosts = 2;
+  expect_zero_equals_plain(c, kLanguageModel, 20, 1e-6, /*balanced=*/true);
+  c.step.accumulate_steps = 1;  // stage 2 then sums as plain does: within 1e-6 too
   expect_zero_equals_plain(c, kLanguageModel, 20, 1e-6, /*balanced=*/true);
 }
 
