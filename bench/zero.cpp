@@ -3,7 +3,10 @@
 // diverges within steps), MSE against random targets, global batch 20).
 // Runs the same job at each stage of --stages (interleaved, --rounds times each), fresh workers
 // each run, and prints per run: seconds per step (median of the timed chunks), the workers'
-// largest peak resident memory, each replica's optimizer-state and gradient bytes; then each
+// largest peak resident memory (VmHWM) and peak proportional set size (PSS, sampled every 100 ms:
+// a shared page counts 1/n in each of the n processes mapping it, so the shared-memory gradient
+// regions, which every rank reads and VmHWM counts whole in each, count once over the ranks),
+// each replica's optimizer-state and gradient bytes; then each
 // stage's saving against the formula (per replica, (N-1)/N of Adam's 8 bytes a parameter at
 // stage 1, and of the gradient's 4 more at stage 2). bench/zero.sh runs it beside PyTorch's own
 // (bench/peers/zero_peer.py).
@@ -14,11 +17,17 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
+#include <string>
+#include <thread>
+#include <unistd.h>
 #include <vector>
 
 #include "dsgd/operator.h"
@@ -45,7 +54,57 @@ DSGD_REGISTER_OPERATOR(ZeroRecipe);
 
 struct Run {
   int zero = 0;
-  double step_s = 0, peak_rss_mib = 0, state_bytes = 0, gradient_bytes = 0, loss = 0;
+  double step_s = 0, peak_rss_mib = 0, peak_pss_mib = 0, state_bytes = 0, gradient_bytes = 0, loss = 0;
+};
+
+// The largest PSS any process descended from this one (workers, their fork server) reached,
+// sampled every 100 ms while it lives.
+class PssSampler {
+ public:
+  PssSampler() : thread_([this] { loop(); }) {}
+  ~PssSampler() {
+    stop_ = true;
+    thread_.join();
+  }
+  double peak_mib() const { return static_cast<double>(peak_kb_.load()) / 1024; }
+
+ private:
+  static std::vector<int> descendants() {
+    std::map<int, int> parent;
+    for (const auto& e : std::filesystem::directory_iterator("/proc")) {
+      const std::string name = e.path().filename();
+      if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+      std::ifstream stat(e.path() / "stat");
+      std::string line;
+      if (!std::getline(stat, line) || line.rfind(')') == std::string::npos) continue;
+      int ppid = 0;  // after "pid (comm) state "
+      if (std::sscanf(line.c_str() + line.rfind(')') + 2, "%*c %d", &ppid) == 1) parent[std::stoi(name)] = ppid;
+    }
+    std::vector<int> out{static_cast<int>(::getpid())};
+    for (size_t i = 0; i < out.size(); ++i) {
+      for (const auto& [pid, ppid] : parent) {
+        if (ppid == out[i]) out.push_back(pid);
+      }
+    }
+    out.erase(out.begin());
+    return out;
+  }
+  static long pss_kb(int pid) {
+    std::ifstream rollup("/proc/" + std::to_string(pid) + "/smaps_rollup");
+    for (std::string line; std::getline(rollup, line);) {
+      if (line.rfind("Pss:", 0) == 0) return std::atol(line.c_str() + 4);
+    }
+    return 0;
+  }
+  void loop() {
+    while (!stop_) {
+      for (int pid : descendants()) peak_kb_ = std::max(peak_kb_.load(), pss_kb(pid));
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+  }
+  std::atomic<bool> stop_{false};
+  std::atomic<long> peak_kb_{0};
+  std::thread thread_;
 };
 
 int heartbeat_ms = 3000;
@@ -56,6 +115,7 @@ Run run(int zero, int workers, int64_t steps, int chunks, const nlohmann::json& 
   c.step.zero_stage = zero;
   c.checkpoints.every_steps = 1 << 30;  // no snapshots between chunks: the step alone
   c.recovery.heartbeat_timeout = std::chrono::milliseconds(heartbeat_ms);
+  PssSampler pss;
   dsgd::Trainer t(dsgd::operator_of<ZeroRecipe>(), c);
   t.train({.num_steps = 2});  // warm-up: the optimizer state exists from here on
   std::vector<double> per_step;
@@ -78,9 +138,10 @@ Run run(int zero, int workers, int64_t steps, int chunks, const nlohmann::json& 
   }
   std::sort(per_step.begin(), per_step.end());
   r.step_s = per_step[per_step.size() / 2];
-  std::printf("zero %d: %.3f s/step, worker peak RSS %.0f MiB, optimizer state %.1f MB and gradients %.1f MB a "
-              "replica, loss %.4f\n",
-              zero, r.step_s, r.peak_rss_mib, r.state_bytes / 1e6, r.gradient_bytes / 1e6, r.loss);
+  r.peak_pss_mib = pss.peak_mib();
+  std::printf("zero %d: %.3f s/step, worker peak RSS %.0f MiB, peak PSS %.0f MiB, optimizer state %.1f MB and "
+              "gradients %.1f MB a replica, loss %.4f\n",
+              zero, r.step_s, r.peak_rss_mib, r.peak_pss_mib, r.state_bytes / 1e6, r.gradient_bytes / 1e6, r.loss);
   std::fflush(stdout);
   return r;
 }
@@ -134,6 +195,7 @@ int main(int argc, char** argv) {
   if (!json_out.empty()) {
     for (const auto& r : runs) {
       j["runs"].push_back({{"zero", r.zero}, {"step_s", r.step_s}, {"peak_rss_mib", r.peak_rss_mib},
+                           {"peak_pss_mib", r.peak_pss_mib},
                            {"optimizer_state_bytes", r.state_bytes}, {"gradient_bytes", r.gradient_bytes},
                            {"loss", r.loss}});
     }

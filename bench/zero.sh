@@ -3,7 +3,9 @@
 # ZeroRedundancyOptimizer (stage 1), side by side in one run, on PyTorch's recipe: 20 x Linear(2000, 2000),
 # Adam, 2 ranks of one thread, global batch 20. dsgd runs each stage ROUNDS times (interleaved,
 # fresh workers each run), PyTorch each once (its steps are slow here). Prints both sides' seconds
-# per step and largest per-rank peak RSS, and dsgd's saving against the formula.
+# per step, largest per-rank peak RSS (VmHWM: counts every shared page a rank touched whole) and
+# peak PSS (sampled every 100 ms: a page shared by n processes counts 1/n in each, so dsgd's
+# shared-memory gradient regions count once over the ranks), and dsgd's saving against the formula.
 #   bench/zero.sh [ROUNDS]            (default 3; RESULTS_JSON=FILE also writes dsgd's runs)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -24,14 +26,15 @@ def best(runs, zero, key):
     vals = [r[key] for r in runs if r["zero"] == zero]
     return min(vals) if vals else float("nan")
 print("| | s/step zero 0 | s/step zero 1 | s/step zero 2 | peak RSS MiB zero 0 | peak RSS MiB zero 1 | "
-      "peak RSS MiB zero 2 |")
-print("|---|---|---|---|---|---|---|")
+      "peak RSS MiB zero 2 | peak PSS MiB zero 0 | peak PSS MiB zero 1 | peak PSS MiB zero 2 |")
+print("|---|---|---|---|---|---|---|---|---|---|")
 for name, runs in (("dsgd", d["runs"]), ("PyTorch DDP + ZeroRedundancyOptimizer (stage 1)", p["runs"])):
     cells = [f"{best(runs, z, 'step_s'):.3f}" for z in (0, 1, 2)] + \
-            [f"{best(runs, z, 'peak_rss_mib'):.0f}" for z in (0, 1, 2)]
+            [f"{best(runs, z, k):.0f}" for k in ("peak_rss_mib", "peak_pss_mib") for z in (0, 1, 2)]
     print(f"| {name} | " + " | ".join(c.replace("nan", "-") for c in cells) + " |")
 for z, s in sorted(d["stages"].items()):
     print(f"dsgd zero {z} saves {s['saved_mib']:.0f} MiB per rank (formula {s['formula_saved_mib']:.0f}); "
-          f"step time zero {z} / zero 0 = {s['step_ratio']:.3f}; peak RSS zero {z} dsgd / PyTorch zero 1 = "
-          f"{best(d['runs'], int(z), 'peak_rss_mib') / best(p['runs'], 1, 'peak_rss_mib'):.2f}")
+          f"step time zero {z} / zero 0 = {s['step_ratio']:.3f}; dsgd / PyTorch zero 1: peak RSS "
+          f"{best(d['runs'], int(z), 'peak_rss_mib') / best(p['runs'], 1, 'peak_rss_mib'):.2f}, peak PSS "
+          f"{best(d['runs'], int(z), 'peak_pss_mib') / best(p['runs'], 1, 'peak_pss_mib'):.2f}")
 PY

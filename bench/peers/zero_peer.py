@@ -8,7 +8,7 @@ dsgd's peak_rss_mib.
 
   /usr/bin/python3 bench/peers/zero_peer.py --world-size 2
 """
-import argparse, json, os, resource, statistics, sys, time
+import argparse, json, os, resource, statistics, sys, threading, time
 
 import torch
 import torch.distributed as dist
@@ -36,6 +36,19 @@ def worker(rank, args, port, zero, out):
         nn.functional.mse_loss(model(x), y).backward()
         opt.step()
 
+    peak_pss = [0]  # kB, sampled every 100 ms as dsgd_zero_bench samples its workers'
+
+    def sample():
+        while not done.is_set():
+            with open("/proc/self/smaps_rollup") as f:
+                for line in f:
+                    if line.startswith("Pss:"):
+                        peak_pss[0] = max(peak_pss[0], int(line.split()[1]))
+            done.wait(0.1)
+
+    done = threading.Event()
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
     for _ in range(2):  # warm-up: the optimizer state exists from here on
         step()
     times = []
@@ -45,10 +58,13 @@ def worker(rank, args, port, zero, out):
         for _ in range(args.steps):
             step()
         times.append((time.perf_counter() - t0) / args.steps)
-    rss = torch.tensor([resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0])
+    done.set()
+    sampler.join()
+    rss = torch.tensor([resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0, peak_pss[0] / 1024.0])
     dist.all_reduce(rss, op=dist.ReduceOp.MAX)
     if rank == 0:
-        out.put({"zero": 1 if zero else 0, "step_s": statistics.median(times), "peak_rss_mib": rss.item()})
+        out.put({"zero": 1 if zero else 0, "step_s": statistics.median(times), "peak_rss_mib": rss[0].item(),
+                 "peak_pss_mib": rss[1].item()})
     dist.destroy_process_group()
 
 
@@ -75,7 +91,8 @@ def main():
             for pr in procs:
                 pr.join()
             print(f"pytorch zero {runs[-1]['zero']}: {runs[-1]['step_s']:.3f} s/step, "
-                  f"rank peak RSS {runs[-1]['peak_rss_mib']:.0f} MiB", file=sys.stderr, flush=True)
+                  f"rank peak RSS {runs[-1]['peak_rss_mib']:.0f} MiB, peak PSS {runs[-1]['peak_pss_mib']:.0f} MiB",
+                  file=sys.stderr, flush=True)
     print(json.dumps({"world_size": args.world_size, "runs": runs}))
 
 
