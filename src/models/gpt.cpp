@@ -25,6 +25,13 @@ namespace dsgd::models {
 namespace {
 
 #ifndef DSGD_FUSED_ATTENTION
+// The scores of queries [q0, q1) for keys [0, q1): mask + q k^T x scale in one pass (baddbmm).
+torch::Tensor block_scores(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& mask, double scale,
+                           int64_t q0, int64_t q1) {
+  return torch::baddbmm(mask.slice(0, q0, q1).slice(1, 0, q1), q.slice(1, q0, q1), k.slice(1, 0, q1).transpose(1, 2),
+                        /*beta=*/1.0, /*alpha=*/scale);
+}
+
 // Causal attention a block of queries at a time, with a backward of its own: q, k, v [B, T, d]
 // (B = N H) -> [B, T, d]. Queries [q0, q1) see keys [0, q1) only, so the blocks above the
 // diagonal (where the mask holds -inf) are neither computed nor stored. The backward adds each
@@ -38,10 +45,7 @@ struct BlockedCausalAttention : torch::autograd::Function<BlockedCausalAttention
     std::vector<torch::Tensor> ys;
     for (int64_t b = 0; b < blocks; ++b) {
       const int64_t q0 = b * t / blocks, q1 = (b + 1) * t / blocks;
-      // The scale and the mask inside the matmul: one pass over the scores.
-      const auto scores = torch::baddbmm(mask.slice(0, q0, q1).slice(1, 0, q1), q.slice(1, q0, q1),
-                                         k.slice(1, 0, q1).transpose(1, 2), /*beta=*/1.0, /*alpha=*/scale);
-      saved.push_back(torch::softmax(scores, -1));
+      saved.push_back(torch::softmax(block_scores(q, k, mask, scale, q0, q1), -1));
       ys.push_back(torch::bmm(saved.back(), v.slice(1, 0, q1)));
     }
     ctx->save_for_backward(saved);
@@ -110,9 +114,8 @@ class AttentionImpl : public torch::nn::Module {
       std::vector<torch::Tensor> ys;
       for (int64_t b = 0; b < blocks; ++b) {
         const int64_t q0 = b * t / blocks, q1 = (b + 1) * t / blocks;
-        auto att = torch::baddbmm(mask.slice(0, q0, q1).slice(1, 0, q1), q.slice(1, q0, q1),
-                                  k.slice(1, 0, q1).transpose(1, 2), /*beta=*/1.0, /*alpha=*/scale);
-        ys.push_back(torch::bmm(attn_drop_(torch::softmax(att, -1)), v.slice(1, 0, q1)));
+        const auto att = attn_drop_(torch::softmax(block_scores(q, k, mask, scale, q0, q1), -1));
+        ys.push_back(torch::bmm(att, v.slice(1, 0, q1)));
       }
       y = torch::cat(ys, 1);
     }

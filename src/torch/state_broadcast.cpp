@@ -49,6 +49,17 @@ Entry entry_of(const o::OptimizerParamState* s) {
   return {kOther, 0, {}};
 }
 
+// Adam's and AdamW's states: the same fields in two unrelated types.
+template <class State>
+std::unique_ptr<o::OptimizerParamState> adam_state(const Entry& e) {
+  auto s = std::make_unique<State>();
+  s->step(e.step);
+  s->exp_avg(e.tensors[0]);
+  s->exp_avg_sq(e.tensors[1]);
+  s->max_exp_avg_sq(e.tensors[2]);
+  return s;
+}
+
 std::unique_ptr<o::OptimizerParamState> make_state(const Entry& e) {
   const auto& t = e.tensors;
   switch (e.kind) {
@@ -57,22 +68,10 @@ std::unique_ptr<o::OptimizerParamState> make_state(const Entry& e) {
       s->momentum_buffer(t[0]);
       return s;
     }
-    case kAdam: {
-      auto s = std::make_unique<o::AdamParamState>();
-      s->step(e.step);
-      s->exp_avg(t[0]);
-      s->exp_avg_sq(t[1]);
-      s->max_exp_avg_sq(t[2]);
-      return s;
-    }
-    case kAdamW: {
-      auto s = std::make_unique<o::AdamWParamState>();
-      s->step(e.step);
-      s->exp_avg(t[0]);
-      s->exp_avg_sq(t[1]);
-      s->max_exp_avg_sq(t[2]);
-      return s;
-    }
+    case kAdam:
+      return adam_state<o::AdamParamState>(e);
+    case kAdamW:
+      return adam_state<o::AdamWParamState>(e);
     case kRmsprop: {
       auto s = std::make_unique<o::RMSpropParamState>();
       s->step(e.step);

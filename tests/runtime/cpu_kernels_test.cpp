@@ -30,9 +30,7 @@ TEST(CpuKernels, Avx512WhereTheCpuHasItAndNobodyChoseOtherwise) {
   EXPECT_FALSE(choose_cpu_kernels());
   EXPECT_EQ(std::getenv("ATEN_CPU_CAPABILITY"), nullptr);
   ::unsetenv("DSGD_CPU_KERNELS");
-  __builtin_cpu_init();
-  const bool avx512 = __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bw") &&
-                      __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("fma");
+  const bool avx512 = cpu_has_avx512_kernels();
   EXPECT_EQ(choose_cpu_kernels(), avx512);
   const char* now = std::getenv("ATEN_CPU_CAPABILITY");
   EXPECT_EQ(now != nullptr && std::string(now) == "avx512", avx512);

@@ -36,6 +36,7 @@
 #include "dsgd/operator.h"
 #include "runtime/driver/checkpoint.h"
 #include "runtime/launch/spawn.h"
+#include "runtime/worker/cpu_kernels.h"
 #include "testing/params.h"
 #include "testing/proc.h"
 #include "testing/temp_dir.h"
@@ -1084,9 +1085,8 @@ TEST(Trainer, ResultsAverageOverWorkersAndForeachWorkerReachesEveryWorker) {
   auto v = trainer.validate();
   EXPECT_EQ(v.metrics.at("num_samples"), 1024.0);  // the whole synthetic test split, split over workers
   EXPECT_GT(v.metrics.at("accuracy"), 0.0);
-  __builtin_cpu_init();  // AVX-512 kernels where the CPU has them (LibTorch 1.13 leaves them opt-in)
-  const bool avx512 = __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bw") &&
-                      __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("fma");
+  // AVX-512 kernels where the CPU has them (LibTorch 1.13 leaves them opt-in).
+  const bool avx512 = runtime::cpu_has_avx512_kernels();
   for (const auto& kernels : trainer.foreach_worker("cpu_kernels")) EXPECT_EQ(kernels == "AVX512", avx512) << kernels;
   auto infos = trainer.foreach_worker("replica_info", 42);
   ASSERT_EQ(infos.size(), 2u);

@@ -15,6 +15,9 @@
 
 namespace dsgd::runtime {
 
+// Whether this CPU has what LibTorch 2 asks of AVX-512 kernels: AVX-512 VL, BW, DQ and FMA.
+bool cpu_has_avx512_kernels();
+
 // Returns whether it set ATEN_CPU_CAPABILITY.
 bool choose_cpu_kernels();
 
