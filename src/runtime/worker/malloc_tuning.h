@@ -11,7 +11,9 @@
 // come from the heap, and the heap is trimmed only once 1 GB is free at its top, so memory stays
 // near the process's peak, as with the caching allocators PyTorch recommends (jemalloc,
 // tcmalloc). It does nothing where GLIBC_TUNABLES names a malloc setting (the user's choice wins)
-// or DSGD_MALLOC_TUNING=0. Torch-free.
+// or DSGD_MALLOC_TUNING=0. LibTorch tensors of 1 MiB and more do not come here: dsgd::init gives
+// them a cache of their own (torch/cpu_allocator.h), since freed tensor blocks in this heap
+// could not serve the next tensor of their size. Torch-free.
 #pragma once
 
 namespace dsgd::runtime {
