@@ -247,12 +247,8 @@ torch::Tensor GradSync::on_grad(size_t param, const torch::Tensor& grad) {
   if (held_) {
     slot.add_(grad, weight_);
     ok = comm::copy_scaled_below(dst, dst, n, 1.0f, kGradLimit);
-  } else if (grad.scalar_type() == torch::kFloat32 && grad.device().is_cpu() && grad.layout() == torch::kStrided &&
-             grad.is_contiguous() && slot.is_contiguous() && grad.numel() == slot.numel()) {
-    ok = comm::copy_scaled_below(dst, grad.data_ptr<float>(), n, static_cast<float>(weight_), kGradLimit);
   } else {
-    torch::mul_out(slot, grad, weight_);
-    ok = comm::copy_scaled_below(dst, dst, n, 1.0f, kGradLimit);
+    ok = fill_checked(slot, grad);
   }
   if (!ok) bucket_ok_[bucket] = false;
   // AccumulateGrad runs after this hook, with what it returns: with no .grad it takes the slot
@@ -265,6 +261,17 @@ torch::Tensor GradSync::on_grad(size_t param, const torch::Tensor& grad) {
     if (overlap_) launch_ready_locked(false);
   }
   return slot.detach();
+}
+
+bool GradSync::fill_checked(torch::Tensor& dst, const torch::Tensor& grad) const {
+  float* out = dst.data_ptr<float>();
+  const size_t n = static_cast<size_t>(dst.numel());
+  if (grad.scalar_type() == torch::kFloat32 && grad.device().is_cpu() && grad.layout() == torch::kStrided &&
+      grad.is_contiguous() && dst.is_contiguous() && grad.numel() == dst.numel()) {
+    return comm::copy_scaled_below(out, grad.data_ptr<float>(), n, static_cast<float>(weight_), kGradLimit);
+  }
+  torch::mul_out(dst, grad, weight_);
+  return comm::copy_scaled_below(out, out, n, 1.0f, kGradLimit);
 }
 
 void GradSync::launch_ready_locked(bool after_backward) {

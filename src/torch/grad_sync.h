@@ -210,6 +210,10 @@ class GradSync {
   static constexpr float kGradLimit = 0x1p111f;
 
   torch::Tensor on_grad(size_t param, const torch::Tensor& grad);  // what AccumulateGrad takes: the slot
+  // dst = grad times the weight, checked against kGradLimit: one pass over memory where grad is
+  // a contiguous float tensor on the CPU (the usual case), else LibTorch's copy, then the check.
+  // Returns whether every value passed.
+  bool fill_checked(torch::Tensor& dst, const torch::Tensor& grad) const;
   size_t bucket_base(size_t bucket) const;  // where its floats start in host_ (and flat_)
   // Stage 2 (grad_sync_zero.cpp): the hook's work, the ring's claims and what backward's end does.
   torch::Tensor on_grad_ring_locked(std::unique_lock<std::mutex>& lock, size_t param, const torch::Tensor& grad);

@@ -95,9 +95,7 @@ torch::Tensor GradSync::on_grad_ring_locked(std::unique_lock<std::mutex>& lock, 
   params_[param].mutable_grad() = torch::Tensor();  // AccumulateGrad takes what this returns
   // The gradient times the weight where it goes; checked there. Every micro-batch is averaged.
   const auto fill = [&](torch::Tensor& dst) {
-    torch::mul_out(dst, grad, weight_);
-    float* p = dst.data_ptr<float>();
-    if (!comm::copy_scaled_below(p, p, static_cast<size_t>(dst.numel()), 1.0f, kGradLimit)) bucket_ok_[bucket] = false;
+    if (!fill_checked(dst, grad)) bucket_ok_[bucket] = false;
   };
   if (!claim_ring_locked(lock, bucket)) {  // an earlier bucket, not yet launched, holds it
     auto& aside = stash_[param];
