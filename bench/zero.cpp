@@ -175,6 +175,14 @@ int main(int argc, char** argv) {
     for (const auto& r : runs) v = r.zero == zero ? std::min(v, r.*field) : v;
     return v;
   };
+  const auto median = [&](int zero, double Run::*field) {
+    std::vector<double> v;
+    for (const auto& r : runs) {
+      if (r.zero == zero) v.push_back(r.*field);
+    }
+    std::sort(v.begin(), v.end());
+    return v.size() % 2 == 1 ? v[v.size() / 2] : (v[v.size() / 2 - 1] + v[v.size() / 2]) / 2;
+  };
   const double params = static_cast<double>(layers) * (static_cast<double>(width) * width + width);
   const int base = stages.front();
   nlohmann::json j = {{"parameters", params}, {"workers", workers}, {"baseline", base},
@@ -185,12 +193,15 @@ int main(int argc, char** argv) {
     const double formula_mib = bytes_a_parameter * params * (workers - 1) / workers / (1 << 20);
     const double saved_mib = best(base, &Run::peak_rss_mib) - best(zero, &Run::peak_rss_mib);
     const double step_ratio = best(zero, &Run::step_s) / best(base, &Run::step_s);
+    const double median_ratio = median(zero, &Run::step_s) / median(base, &Run::step_s);
     std::printf("%.1fM parameters, %d workers: zero %d saves %.0f MiB of peak RSS per worker against zero %d (formula "
-                "%.0f MiB: %.2f of it); step time %.3f of zero %d's (best of %d runs each)\n",
+                "%.0f MiB: %.2f of it); step time %.3f of zero %d's (best of %d runs each; medians: %.3f)\n",
                 params / 1e6, workers, zero, saved_mib, base, formula_mib, saved_mib / formula_mib, step_ratio, base,
-                rounds);
-    j["stages"][std::to_string(zero)] = {
-        {"formula_saved_mib", formula_mib}, {"saved_mib", saved_mib}, {"step_ratio", step_ratio}};
+                rounds, median_ratio);
+    j["stages"][std::to_string(zero)] = {{"formula_saved_mib", formula_mib},
+                                         {"saved_mib", saved_mib},
+                                         {"step_ratio", step_ratio},
+                                         {"median_step_ratio", median_ratio}};
   }
   if (!json_out.empty()) {
     for (const auto& r : runs) {

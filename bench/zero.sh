@@ -5,7 +5,8 @@
 # fresh workers each run), PyTorch each once (its steps are slow here). Prints both sides' seconds
 # per step, largest per-rank peak RSS (VmHWM: counts every shared page a rank touched whole) and
 # peak PSS (sampled every 100 ms: a page shared by n processes counts 1/n in each, so dsgd's
-# shared-memory gradient regions count once over the ranks), and dsgd's saving against the formula.
+# shared-memory gradient regions count once over the ranks), and dsgd's saving against the formula;
+# step-time ratios of the best runs and of the medians.
 #   bench/zero.sh [ROUNDS]            (default 3; RESULTS_JSON=FILE also writes dsgd's runs)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -34,7 +35,8 @@ for name, runs in (("dsgd", d["runs"]), ("PyTorch DDP + ZeroRedundancyOptimizer 
     print(f"| {name} | " + " | ".join(c.replace("nan", "-") for c in cells) + " |")
 for z, s in sorted(d["stages"].items()):
     print(f"dsgd zero {z} saves {s['saved_mib']:.0f} MiB per rank (formula {s['formula_saved_mib']:.0f}); "
-          f"step time zero {z} / zero 0 = {s['step_ratio']:.3f}; dsgd / PyTorch zero 1: peak RSS "
+          f"step time zero {z} / zero 0 = {s['step_ratio']:.3f} (best), {s['median_step_ratio']:.3f} (medians); "
+          f"dsgd / PyTorch zero 1: peak RSS "
           f"{best(d['runs'], int(z), 'peak_rss_mib') / best(p['runs'], 1, 'peak_rss_mib'):.2f}, peak PSS "
           f"{best(d['runs'], int(z), 'peak_pss_mib') / best(p['runs'], 1, 'peak_pss_mib'):.2f}")
 PY
