@@ -94,26 +94,9 @@ class Pool {
 
   void give(void* data) {
     if (data == nullptr) return;
-    if (reinterpret_cast<uintptr_t>(data) % page_bytes() != 0) {  // never one of ours: ours are mapped
+    if (reinterpret_cast<uintptr_t>(data) % page_bytes() != 0 || !keep(data)) {  // ours are mapped: page-aligned
       c10::free_cpu(data);
-      return;
     }
-    std::vector<std::pair<void*, size_t>> out;
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      const auto it = live_.find(data);
-      if (it == live_.end()) {  // malloc's, page-aligned by chance
-        c10::free_cpu(data);
-        return;
-      }
-      const size_t size = it->second;
-      live_.erase(it);
-      const auto now = Clock::now();
-      free_[size].push_back({data, now});
-      cached_ += size;
-      trim_locked(now, &out);
-    }
-    unmap(out);
   }
 
   CpuCacheStats stats() const {
@@ -135,6 +118,24 @@ class Pool {
       account_released_locked(out);
     }
     unmap(out);
+  }
+
+  // Into the cache, if one of ours; false for malloc's (page-aligned by chance).
+  bool keep(void* data) {
+    std::vector<std::pair<void*, size_t>> out;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      const auto it = live_.find(data);
+      if (it == live_.end()) return false;
+      const size_t size = it->second;
+      live_.erase(it);
+      const auto now = Clock::now();
+      free_[size].push_back({data, now});
+      cached_ += size;
+      trim_locked(now, &out);
+    }
+    unmap(out);
+    return true;
   }
 
   // fork(): the lock is held across it, so the child never inherits it held by a thread it lacks.

@@ -11,8 +11,8 @@
 #include "runtime/worker/cpu_kernels.h"
 #include "runtime/worker/malloc_tuning.h"
 #include "runtime/worker/ps_server_process.h"
-#include "torch/cpu_allocator.h"
 #include "runtime/worker/worker.h"
+#include "torch/cpu_allocator.h"
 
 namespace dsgd {
 
@@ -42,7 +42,7 @@ int run_forked(int argc, char** argv) { return run_as_started(argc, argv).value_
 void init(int argc, char** argv) {
   runtime::tune_malloc();         // before the first big allocation, in drivers and workers alike
   runtime::choose_cpu_kernels();  // before LibTorch's first kernel fixes its choice
-  torch_glue::install_cpu_cache_from_environment();  // big CPU tensors reused by size, not through malloc
+  torch_glue::install_cpu_cache_from_environment();  // before the first tensor: big ones reused by size class
   if (runtime::is_fork_server(argc, argv)) runtime::serve_forks(argc, argv, &run_forked);
   if (const auto status = run_as_started(argc, argv)) std::exit(*status);
 }

@@ -343,9 +343,8 @@ class Worker {
       out.set_pickle(whole->model_file());  // a TorchScript module: torch.jit.load reads it back
       return out;
     }
-    c10::Dict<std::string, at::Tensor> dict;
-    for (auto& [name, t] : replicas_.at(0)->named_tensors())
-      dict.insert(name, t.detach().to(torch::kCPU, /*non_blocking=*/false, /*copy=*/true));
+    c10::Dict<std::string, at::Tensor> dict;  // CPU tensors as they are: no step runs while this does
+    for (auto& [name, t] : replicas_.at(0)->named_tensors()) dict.insert(name, t.detach().to(torch::kCPU));
     const auto bytes = torch::pickle_save(dict);
     out.set_pickle(std::string(bytes.begin(), bytes.end()));
     return out;
