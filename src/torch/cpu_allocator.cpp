@@ -17,7 +17,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include "dsgd/error.h"
+#include "dsgd/log.h"
 
 namespace dsgd::torch_glue {
 
@@ -251,13 +251,12 @@ bool install_cpu_cache_from_environment() {
   if (const char* mib = std::getenv("DSGD_CPU_CACHE_MIB"); mib != nullptr && *mib != '\0') {
     char* end = nullptr;
     const unsigned long long v = std::strtoull(mib, &end, 10);
-    if (*end != '\0' || mib[0] == '-') {
-      throw ConfigError(std::string("DSGD_CPU_CACHE_MIB=") + mib +
-                            ": expected a whole number of MiB, the most memory kept for reuse by CPU tensors "
-                            "(0 keeps none; unset for 1024)",
-                        "DSGD_CPU_CACHE_MIB");
+    if (*end != '\0' || mib[0] == '-') {  // a warning, not an error: dsgd::init runs before any caller could catch
+      dsgd::log().warn("DSGD_CPU_CACHE_MIB={}: expected a whole number of MiB, the most memory kept for reuse by CPU "
+                       "tensors (0 keeps none); using {}", mib, options.limit_bytes >> 20);
+    } else {
+      options.limit_bytes = static_cast<size_t>(v) << 20;
     }
-    options.limit_bytes = static_cast<size_t>(v) << 20;
   }
   install_cpu_cache(options);
   return g_installed;

@@ -49,8 +49,8 @@ struct CpuCacheStats {
 void install_cpu_cache(const CpuCacheOptions& options = {});
 
 // dsgd::init's call: installs the cache unless DSGD_CPU_ALLOCATOR=default; DSGD_CPU_CACHE_MIB
-// sets limit_bytes. Returns whether it installed it. Throws ConfigError for a DSGD_CPU_CACHE_MIB
-// that is not a number of MiB.
+// sets limit_bytes (a value that is not a whole number of MiB is logged as a warning and the
+// default kept). Returns whether it installed it.
 bool install_cpu_cache_from_environment();
 
 // Whether the cache is LibTorch's CPU allocator now.
