@@ -120,6 +120,11 @@ class Pool {
     unmap(out);
   }
 
+  // fork(): the lock is held across it, so the child never inherits it held by a thread it lacks.
+  void lock_for_fork() { mutex_.lock(); }
+  void unlock_after_fork() { mutex_.unlock(); }
+
+ private:
   // Into the cache, if one of ours; false for malloc's (page-aligned by chance).
   bool keep(void* data) {
     std::vector<std::pair<void*, size_t>> out;
@@ -138,11 +143,6 @@ class Pool {
     return true;
   }
 
-  // fork(): the lock is held across it, so the child never inherits it held by a thread it lacks.
-  void lock_for_fork() { mutex_.lock(); }
-  void unlock_after_fork() { mutex_.unlock(); }
-
- private:
   static void* map(size_t size) {
     void* p = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     TORCH_CHECK(p != MAP_FAILED, "dsgd's CPU tensor cache: not enough memory: mmap of ", size, " bytes failed (",
@@ -234,14 +234,11 @@ CachingCpuAllocator& allocator() {
   return *a;
 }
 
-bool g_installed = false;
-
 }  // namespace
 
 void install_cpu_cache(const CpuCacheOptions& options) {
   pool().configure(options);
   c10::SetCPUAllocator(&allocator(), /*priority=*/1);
-  g_installed = c10::GetCPUAllocator() == &allocator();
 }
 
 bool install_cpu_cache_from_environment() {
@@ -259,10 +256,10 @@ bool install_cpu_cache_from_environment() {
     }
   }
   install_cpu_cache(options);
-  return g_installed;
+  return cpu_cache_installed();
 }
 
-bool cpu_cache_installed() { return g_installed && c10::GetCPUAllocator() == &allocator(); }
+bool cpu_cache_installed() { return c10::GetCPUAllocator() == &allocator(); }
 
 CpuCacheStats cpu_cache_stats() { return pool().stats(); }
 
