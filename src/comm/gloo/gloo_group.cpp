@@ -10,8 +10,6 @@
 #include <gloo/allreduce.h>
 #include <gloo/barrier.h>
 #include <gloo/broadcast.h>
-#include <gloo/common/error.h>
-#include <gloo/math.h>
 #include <gloo/types.h>
 #include <signal.h>
 #include <unistd.h>
@@ -28,6 +26,7 @@
 #include <thread>
 
 #include "comm/elastic_threads.h"
+#include "comm/gloo/gloo_calls.h"
 #include "comm/gloo/rendezvous.h"
 #include "comm/process.h"
 #include "comm/reduce_kernels.h"
@@ -45,34 +44,6 @@ constexpr uint8_t kP2pSlotPrefix = 0x40;
 constexpr milliseconds kLivenessInterval{100};
 // How long a dead same-host peer may take to show as exited after its sockets were reset.
 constexpr milliseconds kExitVisibleWithin{300};
-
-using ReduceFn = void (*)(void*, const void*, const void*, size_t);
-
-template <typename T>
-void set_allreduce_buffer(gloo::AllreduceOptions& o, void* data, size_t count, ReduceOp op) {
-  o.setOutput<T>(static_cast<T*>(data), count);
-  o.setReduceFunction(op == ReduceOp::kMax ? static_cast<ReduceFn>(&gloo::max<T>)
-                                           : static_cast<ReduceFn>(&gloo::sum<T>));
-}
-
-// In place on `data`; kAverage reduces as a sum (the caller divides).
-void configure_allreduce(gloo::AllreduceOptions& o, void* data, size_t count, DataType type, ReduceOp op) {
-  switch (type) {
-    case DataType::kFloat32: set_allreduce_buffer<float>(o, data, count, op); break;
-    case DataType::kFloat64: set_allreduce_buffer<double>(o, data, count, op); break;
-    case DataType::kInt64: set_allreduce_buffer<int64_t>(o, data, count, op); break;
-    case DataType::kFloat16:
-    case DataType::kBFloat16:
-      // Gloo sees 2-byte elements; our kernel combines them in float32.
-      o.setOutput<uint16_t>(static_cast<uint16_t*>(data), count);
-      o.setReduceFunction([type, op](void* c, const void* a, const void* b, size_t n) {
-        if (c == b) std::swap(a, b);  // c op= the other operand (both ops commute)
-        if (c != a) std::memcpy(c, a, n * 2);
-        reduce_into(c, b, n, type, op);
-      });
-      break;
-  }
-}
 
 // Owned through shared_ptr: the collective thread holds a reference, so a group destroyed while
 // a Gloo call is stuck (Gloo cannot interrupt one; it ends at its deadline) hands the thread
@@ -310,11 +281,10 @@ class GlooGroup : public Group, public std::enable_shared_from_this<GlooGroup> {
           current_ = nullptr;
         }
         op.work->complete();
-      } catch (const gloo::Exception& e) {
-        fail(op.work, translate(op.work->description(), e.what(), op.timeout, -1));
       } catch (const std::exception& e) {
-        fail(op.work, std::make_exception_ptr(CommError(op.work->description() + " failed: " + e.what(),
-                                                        op.work->description())));
+        fail(op.work, from_gloo(e) ? translate(op.work->description(), e.what(), op.timeout, -1)
+                                   : std::make_exception_ptr(CommError(op.work->description() + " failed: " + e.what(),
+                                                                       op.work->description())));
       }
       std::lock_guard<std::mutex> lock(mutex_);
       current_ = nullptr;
@@ -345,7 +315,8 @@ class GlooGroup : public Group, public std::enable_shared_from_this<GlooGroup> {
       } else {
         op->buffer->recv(peer, slot);
       }
-    } catch (const gloo::Exception& e) {
+    } catch (const std::exception& e) {
+      if (!from_gloo(e)) throw;
       fail(op->work, translate(op->work->description(), e.what(), op->timeout, peer));
       return op->work;
     }
@@ -373,7 +344,8 @@ class GlooGroup : public Group, public std::enable_shared_from_this<GlooGroup> {
         std::lock_guard<std::mutex> lock(mutex_);
         op.work->complete(error_ ? error_ : std::make_exception_ptr(CommError(op.work->description() + ": aborted")));
       }
-    } catch (const gloo::Exception& e) {
+    } catch (const std::exception& e) {
+      if (!from_gloo(e)) throw;
       fail(op.work, translate(op.work->description(), e.what(), op.timeout, op.peer));
     }
     op.finished = true;

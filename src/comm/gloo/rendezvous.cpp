@@ -5,6 +5,7 @@
 #include <gloo/rendezvous/context.h>
 #include <unistd.h>
 
+#include "comm/gloo/gloo_calls.h"
 #include "comm/gloo/guarded_transport.h"
 #include "comm/gloo/store_adapter.h"
 #include "dsgd/error.h"
@@ -130,7 +131,8 @@ Rendezvous meet(Store& store, int rank, int size, const GroupOptions& options) {
     std::vector<std::string> connected;
     for (int r = 0; r < size; ++r) connected.push_back("rank/" + std::to_string(r) + "/connected");
     store.wait(connected, options.timeout);
-  } catch (const gloo::Exception& e) {
+  } catch (const std::exception& e) {
+    if (!from_gloo(e)) throw;
     throw CommError("group rendezvous: connecting rank " + std::to_string(rank) + " (" + options.bind_address +
                         ") to its peers failed: " + e.what(),
                     "rendezvous");
