@@ -25,7 +25,7 @@ nn::Conv2d conv(int64_t in, int64_t out, int64_t kernel, int64_t stride) {
   return nn::Conv2d(nn::Conv2dOptions(in, out, kernel).stride(stride).padding(kernel / 2).bias(false));
 }
 
-class Block : public nn::Module {
+class ResidualBlock : public nn::Module {
  public:
   virtual torch::Tensor forward(const torch::Tensor& x) = 0;
 
@@ -41,7 +41,7 @@ class Block : public nn::Module {
   nn::Sequential downsample_{nullptr};
 };
 
-class BasicBlock : public Block {
+class BasicBlock : public ResidualBlock {
  public:
   static constexpr int64_t kExpansion = 1;
   BasicBlock(int64_t in, int64_t planes, int64_t stride, bool sync)
@@ -64,7 +64,7 @@ class BasicBlock : public Block {
   SyncBatchNorm2d bn2_;
 };
 
-class Bottleneck : public Block {
+class Bottleneck : public ResidualBlock {
  public:
   static constexpr int64_t kExpansion = 4;
   Bottleneck(int64_t in, int64_t planes, int64_t stride, bool sync)
@@ -137,7 +137,7 @@ class ResNet : public Classifier {
   bool channels_last_;
   nn::Conv2d conv1_{nullptr};
   SyncBatchNorm2d bn1_{nullptr};
-  std::vector<std::shared_ptr<Block>> blocks_;
+  std::vector<std::shared_ptr<ResidualBlock>> blocks_;
   nn::Linear fc_{nullptr};
 };
 

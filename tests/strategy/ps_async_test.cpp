@@ -17,7 +17,8 @@ namespace {
 
 using std::chrono::milliseconds;
 
-std::shared_ptr<comm::HierarchicalGroup> make_group(std::shared_ptr<comm::Store> store, int rank, int size, int hosts) {
+std::shared_ptr<comm::HierarchicalGroup> async_group(std::shared_ptr<comm::Store> store, int rank, int size,
+                                                     int hosts) {
   comm::GroupOptions o;
   o.timeout = milliseconds(10000);
   o.host = "host" + std::to_string(rank * hosts / size);
@@ -46,7 +47,7 @@ TEST(PsAsyncStrategy, PushesOneAtATimeAreSequentialSgdAndAPullBringsParametersAn
   std::vector<std::vector<float>> got(kSize), momentum(kSize);
   std::vector<ServerUpdates::Staleness> staleness(kSize);
   testing::run_ranks(kSize, [&](int rank) {
-    auto s = make_ps_async_strategy(make_group(store, rank, kSize, kSize), kSize, /*max_staleness=*/-1);
+    auto s = make_ps_async_strategy(async_group(store, rank, kSize, kSize), kSize, /*max_staleness=*/-1);
     EXPECT_TRUE(s->server_updates() != nullptr);
     std::vector<float> start(kCount);
     for (size_t i = 0; i < kCount; ++i) start[i] = 1.0f - static_cast<float>(i) * 1e-3f;
@@ -95,7 +96,7 @@ TEST(PsAsyncStrategy, AReplicaTooFarAheadWaitsForTheSlowest) {
   auto store = comm::make_memory_store();
   std::barrier sync(2);
   testing::run_ranks(2, [&](int rank) {
-    auto s = make_ps_async_strategy(make_group(store, rank, 2, 2), 2, /*max_staleness=*/1);
+    auto s = make_ps_async_strategy(async_group(store, rank, 2, 2), 2, /*max_staleness=*/1);
     std::vector<float> start(kCount, 1.0f), data(kCount);
     s->server_updates()->start_servers(1, start.data(), nullptr, kCount);
     sync.arrive_and_wait();
@@ -123,7 +124,7 @@ TEST(PsAsyncStrategy, AReplicaTooFarAheadWaitsForTheSlowest) {
 TEST(PsAsyncStrategy, BadShardCountIsAConfigError) {
   auto store = comm::make_memory_store();
   testing::run_ranks(1, [&](int rank) {
-    auto g = make_group(store, rank, 1, 1);
+    auto g = async_group(store, rank, 1, 1);
     EXPECT_THROW(make_ps_async_strategy(g, 0, 4), ConfigError);
   });
 }

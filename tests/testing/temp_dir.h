@@ -3,6 +3,8 @@
 
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
+#include <sstream>
 #include <stdexcept>
 #include <string>
 
@@ -28,5 +30,13 @@ class TempDir {
  private:
   std::filesystem::path path_;
 };
+
+// The whole of a file ("" where it cannot be read): logs and outputs the tests print or search.
+inline std::string read_file(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  std::stringstream s;
+  s << f.rdbuf();
+  return s.str();
+}
 
 }  // namespace dsgd::testing

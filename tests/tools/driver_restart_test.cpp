@@ -46,12 +46,7 @@ int wait_exit(pid_t pid) {
   return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
 }
 
-std::string read_file(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  std::stringstream s;
-  s << f.rdbuf();
-  return s.str();
-}
+using dsgd::testing::read_file;
 
 nlohmann::json summary(const std::string& path) {
   std::ifstream f(path);

@@ -14,31 +14,13 @@
 #include <sstream>
 #include <string>
 
+#include "run_dsgd.h"
 #include "testing/temp_dir.h"
 
 namespace {
 
-// A port nobody listens on now (the kernel's choice; free again once closed).
-int free_port() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof a;
-  if (fd < 0 || ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 ||
-      ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
-    return -1;
-  }
-  ::close(fd);
-  return ntohs(a.sin_port);
-}
-
-std::string read_file(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
+using dsgd::testing::free_port;
+using dsgd::testing::read_file;
 
 TEST(CliMetrics, TheEndpointParsesAsPrometheusTextDuringAJob) {
   dsgd::testing::TempDir dir;
