@@ -1,0 +1,295 @@
+// Checkpoints: they move between worker counts and strategies, keep what must come back (the
+// operator's state, schedules, feedback, momentum on ps shards), and a damaged one is named.
+#include "runtime/trainer_testing.h"
+
+namespace dsgd {
+namespace {
+
+using namespace trainer_testing;
+
+TEST(TrainerCheckpoint, SavedWithTwoAllreduceWorkersContinuesIdenticallyWithThreeSimple) {
+  testing::TempDir dir;
+  const std::string path = dir.file("ckpt");
+  auto a_config = base_config(2, "allreduce", 60);
+  Trainer a(dsgd::kImageClassifier, a_config);
+  a.train({.num_steps = 10});
+  a.save(path);
+  ASSERT_TRUE(std::filesystem::exists(path + "/checkpoint.dsgd"));
+  ASSERT_TRUE(std::filesystem::exists(path + "/model.pt"));
+
+  Trainer b(dsgd::kImageClassifier, base_config(3, "simple", 60));
+  b.train({.num_steps = 3});  // a state of its own, which load must replace entirely
+  EXPECT_GT(max_difference(params_of(*a.get_model()), params_of(*b.get_model())), 1e-4);
+  b.load(path);
+  EXPECT_LT(max_difference(params_of(*a.get_model()), params_of(*b.get_model())), 1e-7);
+  auto ra = a.train({.num_steps = 5});
+  auto rb = b.train({.num_steps = 5});
+  EXPECT_EQ(ra.batch, 15);
+  EXPECT_EQ(rb.batch, 15);  // the sampler position came with the checkpoint
+  EXPECT_NEAR(ra.metrics.at("loss"), rb.metrics.at("loss"), 1e-5);
+  EXPECT_LT(max_difference(params_of(*a.get_model()), params_of(*b.get_model())), 1e-5);
+}
+
+// With compression a checkpoint holds every replica's error feedback: a job of the same shape
+// goes on from it bit for bit. One of another size or compression loads it too, from zero
+// feedback (with a notice), and trains on.
+TEST(TrainerCheckpoint, WithCompressionTheFeedbackComesBackAndOtherJobsLoadItFromZero) {
+  testing::TempDir dir;
+  const std::string path = dir.file("ckpt");
+  auto c = base_config(2, "allreduce", 64);
+  c.launch.local_hosts = 2;
+  c.comm.compression = "powersgd";
+  c.comm.powersgd_start_steps = 2;
+  Trainer a(dsgd::kImageClassifier, c);
+  a.train({.num_steps = 6});
+  a.save(path);
+  Trainer b(dsgd::kImageClassifier, c);
+  b.load(path);
+  a.train({.num_steps = 4});
+  b.train({.num_steps = 4});
+  EXPECT_EQ(max_difference(params_of(*a.get_model()), params_of(*b.get_model())), 0.0);
+  {  // without the feedback the same job parts from it at once
+    Trainer z(dsgd::kImageClassifier, c);
+    auto ck = runtime::read_checkpoint(path);
+    ASSERT_EQ(ck.feedback.size(), 2u) << "a feedback per replica";
+    ck.feedback.clear();
+    runtime::write_checkpoint(dir.file("bare"), ck, "");
+    z.load(dir.file("bare"));
+    z.train({.num_steps = 4});
+    EXPECT_GT(max_difference(params_of(*a.get_model()), params_of(*z.get_model())), 0.0);
+  }
+  for (auto other : {base_config(3, "allreduce", 66), base_config(2, "allreduce", 64)}) {
+    other.launch.local_hosts = 2;
+    other.comm.compression = other.num_workers == 3 ? "powersgd" : "fp16";
+    Trainer d(dsgd::kImageClassifier, other);
+    d.load(path);
+    auto r = d.train({.num_steps = 2});
+    EXPECT_EQ(r.batch, 8);
+    EXPECT_TRUE(std::isfinite(r.metrics.at("loss")));
+  }
+}
+
+// A job loading another's checkpoint takes its state but keeps its own learning rate (what PBT's
+// exploit relies on: the checkpoint's state, the perturbed values).
+TEST(TrainerCheckpoint, LoadingTakesTheStateButKeepsThisJobsLearningRate) {
+  testing::TempDir dir;
+  auto c = base_config(1, "allreduce", 64);
+  c.config["lr"] = 0.1;
+  Trainer a(dsgd::kImageClassifier, c);
+  a.train({.num_steps = 3});
+  a.save(dir.file("ckpt"));
+  c.config["lr"] = 0.025;
+  Trainer b(dsgd::kImageClassifier, c);
+  b.load(dir.file("ckpt"));
+  EXPECT_DOUBLE_EQ(b.foreach_worker("learning_rate")[0].get<double>(), 0.025);
+  EXPECT_LT(max_difference(params_of(*a.get_model()), params_of(*b.get_model())), 1e-7);
+}
+
+TEST(TrainerCheckpoint, SavedWithMomentumOnPsShardsContinuesIdenticallyUnderAllreduce) {
+  expect_checkpoint_moves(ps_update_config(2, 2, 2), base_config(2, "allreduce", 64));
+}
+
+TEST(TrainerCheckpoint, SavedUnderAllreduceContinuesIdenticallyWithMomentumOnPsShards) {
+  expect_checkpoint_moves(base_config(2, "allreduce", 64), ps_update_config(2, 2, 2));
+}
+
+TEST(TrainerCheckpoint, WithMomentumOnPsShardsTheReplicasOptimizersHoldNoneBetweenSnapshots) {
+  // The momentum lives on the shards: the replicas hold a copy only between a snapshot's gather
+  // and its read, and the saved state still has all of it (checked by the tests above).
+  testing::TempDir dir;
+  Trainer ps(dsgd::kImageClassifier, ps_update_config(2, 2, 2));
+  ps.train({.num_steps = 12});
+  ps.save(dir.file("ckpt"));
+  for (const auto& n : ps.foreach_worker("optimizer_states")) EXPECT_EQ(n.get<int>(), 0);
+  Trainer allreduce(dsgd::kImageClassifier, base_config(2, "allreduce", 64));
+  allreduce.train({.num_steps = 2});
+  for (const auto& n : allreduce.foreach_worker("optimizer_states")) EXPECT_GT(n.get<int>(), 0);
+}
+
+TEST(TrainerCheckpoint, SchedulesStepPerEpochOrBatchAndComeBackFromCheckpoints) {
+  testing::TempDir dir;
+  auto c = base_config(2, "allreduce", 64);
+  c.config["synthetic_samples"] = 256;  // 4 batches per epoch
+  c.config["lr_decay"] = 0.5;
+  {
+    Trainer t(dsgd::kImageClassifier, c);
+    for (const auto& lr : t.foreach_worker("learning_rate")) EXPECT_DOUBLE_EQ(lr.get<double>(), 0.01);
+    auto r = t.train();
+    EXPECT_EQ(r.epoch, 1);
+    EXPECT_EQ(r.batches_per_epoch, 4);
+    for (const auto& lr : t.foreach_worker("learning_rate")) EXPECT_DOUBLE_EQ(lr.get<double>(), 0.005);
+    t.save(dir.file("ckpt"));
+  }
+  c.num_workers = 1;
+  Trainer loaded(dsgd::kImageClassifier, c);
+  loaded.load(dir.file("ckpt"));
+  EXPECT_DOUBLE_EQ(loaded.foreach_worker("learning_rate")[0].get<double>(), 0.005);
+  c.step.scheduler_step_freq = "batch";
+  Trainer per_batch(dsgd::kImageClassifier, c);
+  per_batch.train({.num_steps = 3});
+  EXPECT_DOUBLE_EQ(per_batch.foreach_worker("learning_rate")[0].get<double>(), 0.01 * 0.125);
+}
+
+// An operator's own state (state_dict) travels in checkpoints to every replica of the job that
+// loads it, whatever its size.
+TEST(TrainerCheckpoint, AnOperatorsOwnStateComesBackFromACheckpoint) {
+  testing::TempDir dir;
+  auto c = base_config(2, "allreduce", 64);
+  c.step.scheduler_step_freq = SchedulerStepFreq::kManual;
+  {
+    Trainer t(operator_of<CountingOperator>(), c);
+    t.train({.num_steps = 3});
+    for (const auto& n : t.foreach_worker("counted_batches")) EXPECT_EQ(n.get<int64_t>(), 3);
+    t.save(dir.file("ckpt"));
+  }
+  c.num_workers = 3;
+  c.batch_size = 66;
+  Trainer loaded(operator_of<CountingOperator>(), c);
+  for (const auto& n : loaded.foreach_worker("counted_batches")) EXPECT_EQ(n.get<int64_t>(), 0);
+  loaded.load(dir.file("ckpt"));
+  for (const auto& n : loaded.foreach_worker("counted_batches")) EXPECT_EQ(n.get<int64_t>(), 3);
+  loaded.train({.num_steps = 1});
+  for (const auto& n : loaded.foreach_worker("counted_batches")) EXPECT_EQ(n.get<int64_t>(), 4);
+}
+
+TEST(TrainerCheckpoint, DamagedOrMissingCheckpointIsADataErrorNamingTheFile) {
+  testing::TempDir dir;
+  const std::string path = dir.file("ckpt");
+  Trainer t(dsgd::kImageClassifier, base_config(1, "allreduce", 32));
+  EXPECT_THROW(t.load(dir.file("nothing-here")), DataError);
+  t.save(path);
+  const std::string file = path + "/checkpoint.dsgd";
+  {
+    std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(-100, std::ios::end);
+    f.put('\x5a');
+  }
+  try {
+    t.load(path);
+    FAIL() << "a damaged checkpoint loaded";
+  } catch (const DataError& e) {
+    EXPECT_NE(std::string(e.what()).find("checksum mismatch"), std::string::npos) << e.what();
+    EXPECT_EQ(e.path(), file);
+  }
+  std::filesystem::resize_file(file, std::filesystem::file_size(file) - 1000);
+  try {
+    t.load(path);
+    FAIL() << "a truncated checkpoint loaded";
+  } catch (const DataError& e) {
+    EXPECT_NE(std::string(e.what()).find("truncated"), std::string::npos) << e.what();
+  }
+}
+
+// checkpoint_max_overhead spaces snapshots out where they cost much next to a step: here every
+// step would be one, and a snapshot (a gRPC round trip and a serialisation) costs more than 1%
+// of a step of this tiny model. With 0, exactly every step.
+TEST(TrainerCheckpoint, CostlySnapshotsAreSpacedOutToTheOverheadBudget) {
+  for (const double overhead : {0.0, 0.01}) {
+    testing::TempDir dir;
+    auto c = base_config(2, "allreduce", 64);
+    c.checkpoints.dir = dir.file("ckpts");
+    c.checkpoints.every_steps = 1;
+    c.checkpoints.keep = 100;
+    c.checkpoints.max_overhead = overhead;
+    Trainer t(dsgd::kImageClassifier, c);
+    const Results r = t.train({.num_steps = 12});
+    EXPECT_EQ(r.metrics.at("batches"), 12);
+    const auto kept = runtime::list_checkpoints(c.checkpoints.dir);
+    if (overhead == 0) {
+      EXPECT_EQ(kept.size(), 12u);  // after steps 1..11, and at the end
+    } else {
+      EXPECT_LT(kept.size(), 6u) << "snapshots were not spaced out";
+      EXPECT_GE(kept.size(), 2u);  // the first chunk's, and the end's
+    }
+  }
+}
+
+// forward_overlap_buckets auto trains its first steps in trial chunks of at most 6 steps (6 trials
+// here): their snapshots wait for the interval, so a checkpoint_dir gets no checkpoint per trial.
+TEST(TrainerCheckpoint, TheForwardOverlapsTrialChunksKeepTheCheckpointInterval) {
+  testing::TempDir dir;
+  auto c = base_config(2, "allreduce", 64);
+  c.comm.forward_overlap_buckets = -1;
+  c.checkpoints.dir = dir.file("ckpts");
+  c.checkpoints.every_steps = 10;
+  c.checkpoints.max_overhead = 0;
+  c.checkpoints.keep = 100;
+  Trainer t(dsgd::kImageClassifier, c);
+  EXPECT_EQ(t.train({.num_steps = 20}).batch, 20);
+  std::vector<std::string> names;
+  for (const auto& k : runtime::list_checkpoints(c.checkpoints.dir))
+    names.push_back(std::filesystem::path(k).filename());
+  // Trials of 6 steps and then the 4 left of the interval (10 steps), then 6; checkpoints at the
+  // interval and at the call's end only.
+  EXPECT_EQ(names, (std::vector<std::string>{"step-000000000010", "step-000000000020"}));
+  // Each checkpoint holds the state at its step: a job loading the first trains on as this one did.
+  Trainer b(dsgd::kImageClassifier, base_config(1, "allreduce", 64));
+  b.load(runtime::list_checkpoints(c.checkpoints.dir)[0]);
+  EXPECT_EQ(b.train({.num_steps = 10}).batch, 20);
+  EXPECT_LT(max_difference(params_of(*t.get_model()), params_of(*b.get_model())), 1e-5);
+}
+
+TEST(TrainerCheckpoint, CheckpointDirKeepsTheLastKAndLoadFallsBackPastADamagedOne) {
+  testing::TempDir dir;
+  auto c = base_config(2, "allreduce", 64);
+  c.checkpoints.dir = dir.file("ckpts");
+  c.checkpoints.every_steps = 4;
+  c.checkpoints.max_overhead = 0;  // exactly that interval
+  c.checkpoints.keep = 2;
+  Trainer t(dsgd::kImageClassifier, c);
+  t.train({.num_steps = 10});  // snapshots after steps 4, 8 and 10
+  const auto kept = runtime::list_checkpoints(c.checkpoints.dir);
+  ASSERT_EQ(kept.size(), 2u);
+  EXPECT_EQ(std::filesystem::path(kept[0]).filename(), "step-000000000008");
+  EXPECT_EQ(std::filesystem::path(kept[1]).filename(), "step-000000000010");
+  EXPECT_TRUE(std::filesystem::exists(kept[1] + "/model.pt"));
+
+  // The newest is damaged: a new job resumes from step 8, and continues exactly as the first did.
+  std::filesystem::resize_file(kept[1] + "/checkpoint.dsgd",
+                               std::filesystem::file_size(kept[1] + "/checkpoint.dsgd") / 2);
+  auto b_config = base_config(1, "allreduce", 64);
+  Trainer b(dsgd::kImageClassifier, b_config);
+  b.load(c.checkpoints.dir);
+  auto rb = b.train({.num_steps = 2});
+  EXPECT_EQ(rb.batch, 10);
+  EXPECT_LT(max_difference(params_of(*t.get_model()), params_of(*b.get_model())), 1e-5);
+}
+
+TEST(TrainerCheckpoint, LoadingAStateFromBeforeTheFirstStepDropsMomentumBuffers) {
+  // Found by the soak: a worker lost before the first snapshot restored the setup-time state,
+  // which has no momentum buffers yet; survivors kept theirs and the replicas drifted apart.
+  testing::TempDir dir;
+  auto c = base_config(2, "allreduce", 64);
+  Trainer a(dsgd::kImageClassifier, c);
+  a.save(dir.file("fresh"));
+  a.train({.num_steps = 5});
+  a.load(dir.file("fresh"));
+  a.train({.num_steps = 5});
+  Trainer b(dsgd::kImageClassifier, c);
+  b.train({.num_steps = 5});
+  EXPECT_LT(max_difference(params_of(*a.get_model()), params_of(*b.get_model())), 1e-7);
+}
+
+TEST(TrainerCheckpoint, PythonTorchLoadReadsTheModel) {
+  if (::access("/usr/bin/python3", X_OK) != 0 ||
+      std::system("/usr/bin/python3 -c 'import torch' >/dev/null 2>&1") != 0) {
+    GTEST_SKIP() << "no /usr/bin/python3 with torch (Debian's python3-torch)";
+  }
+  testing::TempDir dir;
+  Trainer t(dsgd::kImageClassifier, base_config(1, "allreduce", 32));
+  t.save(dir.file("ckpt"));
+  auto model = t.get_model();
+  const double expected = model->named_parameters()["fc2.bias"].sum().item<double>();
+  const std::string cmd = "/usr/bin/python3 -c \"import torch; d = torch.load('" + dir.file("ckpt/model.pt") +
+                          "'); print(len(d), float(d['fc2.bias'].sum()))\" > " + dir.file("out.txt");
+  ASSERT_EQ(std::system(cmd.c_str()), 0);
+  std::ifstream in(dir.file("out.txt"));
+  size_t n = 0;
+  double sum = 0;
+  in >> n >> sum;
+  EXPECT_EQ(n, model->named_parameters().size() + model->named_buffers().size());
+  EXPECT_NEAR(sum, expected, 1e-5);
+}
+
+}  // namespace
+}  // namespace dsgd
