@@ -34,7 +34,7 @@ struct LocalJobOptions {
   std::string data_dir = "/usr/share/datasets/fashion-mnist";
   int64_t epochs = 1;                      // passes over the training set
   int64_t batch_size = 64;                 // samples per step
-  std::string optimizer = "sgd";           // "sgd" (with momentum), "adam" or "adamw"
+  std::string optimizer = "sgd";           // "sgd" (with momentum), "adam", "adamw", "rmsprop"
   double lr = 0.01;                        // learning rate
   double momentum = 0.9;                   // SGD's momentum, in [0, 1)
   std::optional<double> weight_decay;      // unset: PyTorch's default (0; AdamW 0.01)

@@ -70,8 +70,8 @@ class Trainer:
     loss:  "cross_entropy" (the default), "nll", "mse", or a torch.nn.Module whose
            forward(output, target) returns the loss (scripted here, e.g. nn.CrossEntropyLoss(
            label_smoothing=0.1)).
-    optimizer: "sgd" (the default, with momentum), "adam" or "adamw", or torch.optim.SGD, Adam or
-           AdamW themselves; their settings as keywords: lr, momentum, weight_decay, betas.
+    optimizer: "sgd" (the default, with momentum), "adam", "adamw" or "rmsprop", or torch.optim.SGD,
+           Adam, AdamW, RMSprop themselves; their settings as keywords: lr, momentum, weight_decay, betas.
     """
 
     def __init__(self, model=None, data="fashion-mnist", loss=None, optimizer=None, **keywords):
@@ -206,10 +206,11 @@ def _saved(model, directory, name):
 
 
 def _optimizer_name(optimizer):
-    """"sgd", "adam" or "adamw", from the name or torch.optim's class."""
+    """"sgd", "adam", "adamw" or "rmsprop", from the name or torch.optim's class."""
     name = optimizer if isinstance(optimizer, str) else getattr(optimizer, "__name__", repr(optimizer))
-    if name.lower() not in ("sgd", "adam", "adamw"):
-        raise ConfigError(f"optimizer {name!r}: dsgd's workers run sgd, adam or adamw (torch.optim.SGD, Adam, AdamW)")
+    if name.lower() not in ("sgd", "adam", "adamw", "rmsprop"):
+        raise ConfigError(f"optimizer {name!r}: dsgd's workers run sgd, adam, adamw or rmsprop "
+                          "(torch.optim.SGD, Adam, AdamW, RMSprop)")
     return name.lower()
 
 

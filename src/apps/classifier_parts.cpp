@@ -3,6 +3,7 @@
 #include <torch/nn/functional/loss.h>
 #include <torch/optim/adam.h>
 #include <torch/optim/adamw.h>
+#include <torch/optim/rmsprop.h>
 
 #include <algorithm>
 #include <sstream>
@@ -38,6 +39,10 @@ std::unique_ptr<torch::optim::Optimizer> classifier_optimizer(std::vector<torch:
   if (o.optimizer == "adamw") {
     return std::make_unique<optim::AdamW>(
         std::move(params), optim::AdamWOptions(o.lr).betas(betas).weight_decay(o.weight_decay.value_or(0.01)));
+  }
+  if (o.optimizer == "rmsprop") {
+    return std::make_unique<optim::RMSprop>(
+        std::move(params), optim::RMSpropOptions(o.lr).momentum(o.momentum).weight_decay(o.weight_decay.value_or(0.0)));
   }
   // validate(LocalJobOptions) let no other name through
   return std::make_unique<FusedSGD>(

@@ -31,7 +31,8 @@ models::ModelOptions classifier_model_options(const LocalJobOptions& o, const Cl
 LossFn classifier_loss(const std::string& name, int64_t classes);
 
 // o.optimizer over `params`: "sgd" (dsgd::FusedSGD: lr, momentum), "adam" or "adamw" (lr, beta1,
-// beta2); weight_decay where set, else PyTorch's default (0; AdamW 0.01).
+// beta2), "rmsprop" (lr, momentum; alpha 0.99); weight_decay where set, else PyTorch's default
+// (0; AdamW 0.01).
 std::unique_ptr<torch::optim::Optimizer> classifier_optimizer(std::vector<torch::Tensor> params,
                                                               const LocalJobOptions& o);
 

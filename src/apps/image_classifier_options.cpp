@@ -50,8 +50,8 @@ void validate(const LocalJobOptions& o) {
     require(o.dataset == "fashion-mnist" || o.dataset == "synthetic",
             "unknown dataset '" + o.dataset + "'; use fashion-mnist, synthetic or a file of tensors (ending in .pt)");
   }
-  require(o.optimizer == "sgd" || o.optimizer == "adam" || o.optimizer == "adamw",
-          "unknown optimizer '" + o.optimizer + "'; use sgd, adam or adamw");
+  require(o.optimizer == "sgd" || o.optimizer == "adam" || o.optimizer == "adamw" || o.optimizer == "rmsprop",
+          "unknown optimizer '" + o.optimizer + "'; use sgd, adam, adamw or rmsprop");
   require(!o.weight_decay || (std::isfinite(*o.weight_decay) && *o.weight_decay >= 0),
           "weight_decay must be >= 0, got " + std::to_string(o.weight_decay.value_or(0)));
   for (const auto& [name, beta] : {std::pair{"beta1", o.beta1}, std::pair{"beta2", o.beta2}}) {

@@ -53,7 +53,7 @@ def test_settings_are_trainer_config_fields_by_their_cpp_names():
     (dict(colour="red"), "unknown image classifier config key 'colour'"),
     (dict(model="/nonexistent/net.pt"), "model file '/nonexistent/net.pt' not found"),
     (dict(loss="hinge"), "unknown loss 'hinge'; use cross_entropy, nll, mse or a TorchScript file"),
-    (dict(optimizer="rmsprop"), "optimizer 'rmsprop': dsgd's workers run sgd, adam or adamw"),
+    (dict(optimizer="adagrad"), "optimizer 'adagrad': dsgd's workers run sgd, adam, adamw or rmsprop"),
     (dict(optimizer=torch.optim.LBFGS), "optimizer 'LBFGS'"),
     (dict(beta1=1.5), "beta1 must be in [0, 1), got 1.5"),
     (dict(data=(torch.zeros(4, 3), torch.zeros(4))), "data: x must be floating point [N, ...] and y integer labels"),

@@ -31,6 +31,20 @@ TEST(TrainerZero, StagesOneAndTwoEqualPlainAllreduceWithAdamWClippingAndAccumula
   expect_zero_equals_plain(c, kLanguageModel, 20, 1e-6, /*balanced=*/true);
 }
 
+// Any LibTorch optimizer steps its share: a third kind, RMSprop with momentum (its state a square
+// average and a momentum buffer a parameter, neither SGD's nor Adam's), on 2 workers and on 3
+// over two pseudo-hosts.
+TEST(TrainerZero, StagesOneAndTwoEqualPlainAllreduceWithRmsprop) {
+  auto c = base_config(2, "allreduce", 64);
+  c.config["optimizer"] = "rmsprop";
+  c.config["lr"] = 1e-3;
+  expect_zero_equals_plain(c, dsgd::kImageClassifier, 20);
+  c.num_workers = 3;
+  c.batch_size = 66;
+  c.launch.local_hosts = 2;
+  expect_zero_equals_plain(c, dsgd::kImageClassifier, 20);
+}
+
 // A checkpoint holds the whole optimizer state whatever the stage: saved under zero 1 or 2 by 3
 // workers it continues identically without zero on 2, and the reverse (the momentum must come
 // whole: with only one replica's share the two runs part at once).

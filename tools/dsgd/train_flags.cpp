@@ -88,8 +88,8 @@ void add_job_flags(CLI::App* cmd, TrainFlags& f) {
   f.flag_of["batch_size"] = "--batch-size";
   f.lr_option = cmd->add_option("--lr", j.lr, "Learning rate (SGD's; a language model's AdamW: default 6e-4)")
                     ->capture_default_str();
-  cmd->add_option("--optimizer", j.optimizer, "Image models' optimizer: sgd (with --momentum), adam or adamw")
-      ->check(CLI::IsMember({"sgd", "adam", "adamw"}))
+  cmd->add_option("--optimizer", j.optimizer, "Image models' optimizer: sgd (with --momentum), adam, adamw or rmsprop")
+      ->check(CLI::IsMember({"sgd", "adam", "adamw", "rmsprop"}))
       ->capture_default_str();
   cmd->add_option("--momentum", j.momentum, "SGD momentum, in [0, 1)")->capture_default_str();
   cmd->add_option("--weight-decay", j.weight_decay, "Image models' weight decay (default: 0; adamw 0.01)");
