@@ -49,27 +49,23 @@ TEST(TrainerGpu, ChannelsLastIsTheDefaultForConvolutionsAndTrainsLikeNchw) {
   EXPECT_LT(difference, 1e-3);
 }
 
-// bf16 autocast on the GPU: the CNN trains to where float32 does, by another path (the
-// parameters differ, so autocast did change the arithmetic).
+// bf16 autocast on the GPU, 2 processes sharing it: the CNN trains to where float32 does, by
+// another path (the parameters differ, so autocast did change the arithmetic).
 TEST(TrainerGpu, Bf16AutocastTrainsTheCnnLikeFloat32) {
   SKIP_WITHOUT_CUDA();
-  expect_bf16_trains_like_fp32(gpu_config(1, "cnn"), 5, 25, 0.1);
+  expect_trains_like_fp32(gpu_config(2, "cnn"), Precision::kBf16, 5, 40, 0.2);
 }
 
 // float16 autocast with dynamic loss scaling (65536 by default): trains like float32, 2 replicas
 // stay identical, and a scale that overflows at once backs off until steps are taken.
 TEST(TrainerGpu, Fp16AutocastWithLossScalingTrainsTheCnnLikeFloat32) {
   SKIP_WITHOUT_CUDA();
+  expect_trains_like_fp32(gpu_config(2, "cnn"), Precision::kFp16, 5, 40, 0.2);
   TrainerConfig c = gpu_config(2, "cnn");
   c.step.precision = "fp16";
   c.config["lr"] = 0.05;
   Trainer t(dsgd::kImageClassifier, c);
-  auto r0 = t.train({.num_steps = 5});
-  EXPECT_EQ(r0.metrics.at("loss_scale"), 65536.0);
-  t.train({.num_steps = 25});
-  const double last = t.train({.num_steps = 5}).metrics.at("loss");
-  std::cout << "fp16: loss " << r0.metrics.at("loss") << " -> " << last << "\n";
-  EXPECT_LT(last, r0.metrics.at("loss"));
+  EXPECT_EQ(t.train({.num_steps = 5}).metrics.at("loss_scale"), 65536.0);
   c.step.loss_scale = 0x1p40;  // float16 activation gradients overflow at once: backs off, then trains
   Trainer high(dsgd::kImageClassifier, c);
   auto r = high.train({.num_steps = 40});

@@ -19,8 +19,7 @@ TEST(ReplicaState, AnOperatorNotRunByATrainerSaysSoInsteadOfCrashing) {
     FAIL() << "next_train_batch worked without a runtime";
   } catch (const ConfigError& e) {
     EXPECT_NE(std::string(e.what()).find("next_train_batch: this operator is not being run by a Trainer"),
-              std::string::npos)
-        << e.what();
+              std::string::npos) << e.what();
   }
   EXPECT_THROW(op->after_batch(), ConfigError);
   EXPECT_THROW(op->batches_per_epoch(), ConfigError);
@@ -207,6 +206,38 @@ TEST(TrainerSchedules, ManualSchedulesStepOnlyWhenTheOperatorStepsThem) {
   EXPECT_DOUBLE_EQ(lr["batch"], 0.1 * std::pow(0.5, 3 + 6));  // and the runtime after each batch
 }
 
+// The language model's schedule as its header states it, written out here and not taken from
+// the code under test: lr (t + 1) / W over the W warmup steps, then a cosine from lr down to
+// min_lr over D steps, then min_lr. Every worker's optimizer, read after each step of a real
+// job, holds the rate of the step to come; a few values are also checked by hand.
+TEST(TrainerSchedules, LanguageModelWarmupThenCosineFollowsItsClosedFormStepByStep) {
+  constexpr int64_t kWarmup = 5, kDecay = 8;
+  constexpr double kLr = 1e-3, kMinLr = 1e-4;
+  const auto closed_form = [&](int64_t t) {
+    if (t < kWarmup) return kLr * static_cast<double>(t + 1) / kWarmup;
+    const double progress = std::min(1.0, static_cast<double>(t - kWarmup) / kDecay);
+    return kMinLr + (kLr - kMinLr) * 0.5 * (1 + std::cos(M_PI * progress));
+  };
+  EXPECT_DOUBLE_EQ(closed_form(0), 2e-4);
+  EXPECT_DOUBLE_EQ(closed_form(4), 1e-3);
+  EXPECT_DOUBLE_EQ(closed_form(9), 5.5e-4);  // half way down: the mean of lr and min_lr
+  EXPECT_DOUBLE_EQ(closed_form(13), 1e-4);
+  testing::TempDir dir;
+  TrainerConfig c = language_model_job(dir, 300, kDecay);
+  c.config["lr"] = kLr;
+  c.config["min_lr"] = kMinLr;
+  ASSERT_EQ(c.config["warmup_steps"], kWarmup);
+  Trainer t(kLanguageModel, c);
+  for (int64_t step = 0; step <= kWarmup + kDecay + 2; ++step) {
+    if (step > 0) t.train({.num_steps = 1});
+    const auto rates = t.foreach_worker("learning_rate");
+    ASSERT_EQ(rates.size(), 2u);
+    for (const auto& rate : rates) {
+      EXPECT_NEAR(rate.get<double>(), closed_form(step), 1e-12 * kLr) << "after " << step << " steps";
+    }
+  }
+}
+
 TEST(TrainerFailure, WithoutRetriesAKilledWorkerFailsTrainWithinSecondsNamingIt) {
   auto c = base_config(2, "allreduce", 64);
   c.recovery.heartbeat_timeout = milliseconds(3000);
@@ -293,6 +324,63 @@ TEST(TrainerLaunch, LocalWorkersAreForkedFromAForkServerAndComputeWhatExecdOnesD
   const Params forked = run(true);
   const Params execd = run(false);
   EXPECT_LT(max_difference(forked, execd), 1e-7);
+}
+
+// The largest difference between two workers' models as all_parameters returns them; infinity
+// where their shapes differ.
+double models_difference(const json& a, const json& b) {
+  if (a.size() != b.size()) return std::numeric_limits<double>::infinity();
+  double worst = 0;
+  for (size_t m = 0; m < a.size(); ++m) {
+    if (a[m].size() != b[m].size()) return std::numeric_limits<double>::infinity();
+    for (size_t i = 0; i < a[m].size(); ++i) {
+      worst = std::max(worst, std::abs(a[m][i].get<double>() - b[m][i].get<double>()));
+    }
+  }
+  return worst;
+}
+
+// Two models, two optimizers and a custom train_batch (the GAN's shape): every replica holds the
+// same two models after every step, 2 workers end where 1 worker with the global batch does, and
+// a checkpoint brings back both models and both optimizers' state: a job that loads it goes on
+// bit for bit as the job that saved it.
+TEST(TrainerTwoModels, ReplicasStayIdenticalEqualOneWorkerAndACheckpointContinuesExactly) {
+  const auto config = [](int workers) {
+    TrainerConfig c = base_config(workers, "allreduce", 64);
+    c.config = json::object();
+    return c;
+  };
+  // The first worker's models, after checking that the second holds the same bit for bit.
+  const auto same_replicas = [](Trainer& t) {
+    const auto workers = t.foreach_worker("all_parameters");
+    EXPECT_EQ(workers.size(), 2u);
+    EXPECT_EQ(workers.at(0).size(), 2u) << "the generator and the discriminator";
+    EXPECT_EQ(models_difference(workers.at(0), workers.at(1)), 0.0) << "the replicas parted";
+    return workers.at(0);
+  };
+  testing::TempDir dir;
+  Trainer two(operator_of<TwoModelOperator>(), config(2));
+  const json before = two.foreach_worker("all_parameters")[0];
+  two.train({.num_steps = 6});
+  same_replicas(two);
+  two.save(dir.file("ckpt"));
+  two.train({.num_steps = 6});
+  const json after = same_replicas(two);
+  ASSERT_EQ(after.size(), 2u);
+  for (size_t m = 0; m < 2; ++m) {
+    EXPECT_GT(models_difference(json::array({before[m]}), json::array({after[m]})), 1e-3) << "model " << m;
+  }
+
+  Trainer loaded(operator_of<TwoModelOperator>(), config(2));
+  loaded.load(dir.file("ckpt"));
+  loaded.train({.num_steps = 6});
+  EXPECT_EQ(models_difference(same_replicas(loaded), after), 0.0) << "the checkpoint did not continue exactly";
+
+  Trainer one(operator_of<TwoModelOperator>(), config(1));
+  one.train({.num_steps = 12});
+  const double difference = models_difference(one.foreach_worker("all_parameters")[0], after);
+  std::printf("2 workers %.2g from 1 worker after 12 steps\n", difference);
+  EXPECT_LT(difference, 1e-5);
 }
 
 }  // namespace

@@ -74,6 +74,22 @@ DSGD_REGISTER_WORKER_FUNCTION(samples_read, [](TrainingOperator* op, const json&
 
 DSGD_REGISTER_OPERATOR(PickyOperator);
 
+DSGD_REGISTER_OPERATOR(TwoModelOperator);
+
+// Every parameter of every model of the worker's operator, flattened in order: replicas compared exactly.
+DSGD_REGISTER_WORKER_FUNCTION(all_parameters, [](TrainingOperator* op, const json&) -> json {
+  json models = json::array();
+  for (const auto& m : op->models()) {
+    std::vector<float> values;
+    for (const auto& p : m->parameters()) {
+      const auto flat = p.detach().to(torch::kFloat32).contiguous().view(-1);
+      values.insert(values.end(), flat.data_ptr<float>(), flat.data_ptr<float>() + flat.numel());
+    }
+    models.push_back(values);
+  }
+  return models;
+});
+
 // The vectorised kernels LibTorch chose in the worker's process (runtime/worker/cpu_kernels.h).
 DSGD_REGISTER_WORKER_FUNCTION(cpu_kernels, [](TrainingOperator*, const json&) -> json {
   const std::string config = at::show_config(), key = "CPU capability usage: ";
