@@ -27,14 +27,14 @@ configure: deps $(BUILD)/build.ninja
 build: configure
 	cmake --build $(BUILD) -j $(JOBS)
 
-# The main job: the reference CNN on Fashion-MNIST, 4 epochs (about 91% test accuracy; 90% is
-# passed in the second), 2 worker processes averaging gradients by allreduce (1 thread each: 2
-# cores). Builds only the dsgd binary. Prints progress and a JSON summary, saves a checkpoint
-# (with model.pt for Python) in $(BUILD)/demo-ckpt.
+# The main job: the reference CNN on Fashion-MNIST, 3 epochs of global batch 128 (90.9% test
+# accuracy; 90.0% after the second), 2 worker processes averaging gradients by allreduce (1 thread
+# each: 2 cores). Builds only the dsgd binary. Prints progress and a JSON summary, saves a
+# checkpoint (with model.pt for Python) in $(BUILD)/demo-ckpt.
 demo: demo-deps $(BUILD)/build.ninja
 	cmake --build $(BUILD) -j $(JOBS) --target dsgd
-	$(BUILD)/dsgd train --workers 2 --strategy allreduce --model cnn --epochs 4 --batch-size 64 --lr 0.02 \
-	    --lr-decay 0.7 --momentum 0.9 --threads 1 --save $(BUILD)/demo-ckpt --json-out $(BUILD)/demo.json
+	$(BUILD)/dsgd train --workers 2 --strategy allreduce --model cnn --epochs 3 --batch-size 128 --lr 0.04 \
+	    --lr-decay 0.5 --momentum 0.9 --threads 1 --save $(BUILD)/demo-ckpt --json-out $(BUILD)/demo.json
 
 test: test-fast test-long
 
