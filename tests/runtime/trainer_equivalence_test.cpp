@@ -23,7 +23,10 @@ TEST(TrainerEquivalence, ClippedGradientsEqualOneProcessWithTheGlobalBatch) {
   const Params clipped = params_of(*trainer.get_model());
   ASSERT_TRUE(r.metrics.count("grad_norm")) << "no grad_norm in the train metrics";
   EXPECT_GT(r.metrics.at("grad_norm"), 2 * c.step.max_grad_norm) << "the bound should clip every step";
-  EXPECT_NEAR(r.metrics.at("grad_norm"), one.at("grad_norm"), 1e-4 * one.at("grad_norm"));
+  // The norms, averaged over the 10 steps, follow the parameters' drift: within 1e-4 (relative)
+  // of each other where LibTorch's kernels are AVX2 code, 4.7e-4 apart with its AVX-512 kernels on
+  // an Intel Xeon with AMX (the parameters then 7.7e-6 apart, not 3e-8).
+  EXPECT_NEAR(r.metrics.at("grad_norm"), one.at("grad_norm"), 2e-3 * one.at("grad_norm"));
   EXPECT_LT(max_difference(reference, clipped), 5e-5);
   const Params unclipped = single_process(c.batch_size, kSteps, c.config);
   std::printf("grad_norm %.3f (one process %.3f), bound %.2f: 2 workers %.2g from one process, %.2g from unclipped\n",
