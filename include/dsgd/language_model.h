@@ -23,6 +23,12 @@ namespace dsgd {
 
 inline constexpr const char* kLanguageModel = "dsgd.LanguageModel";
 
+// The FLOPs of a training step a parameter a token, the usual estimate of a transformer's work
+// (2 for the forward's multiply-adds, 4 for the backward's): `dsgd train` reports model_flops_per_s
+// as this times the parameters times tokens/s. What LibTorch's profiler counts in a step of
+// gpt-tiny at its full context is 1.09x it (Gpt.SixFlopsAParameterATokenIsWhatATrainingStepComputes).
+inline constexpr double kTrainingFlopsPerParameterToken = 6;
+
 struct LanguageModelOptions {
   std::string model = "gpt-tiny";  // gpt-tiny | gpt-small | gpt-base (dsgd/gpt.h), or a TorchScript
                                    // file (dsgd/models.h: load_scripted_language_model; needs context)

@@ -4,6 +4,7 @@
 #include <torch/nn/functional/activation.h>
 #include <torch/nn/functional/normalization.h>
 #include <torch/optim/adam.h>
+#include <torch/csrc/autograd/profiler_legacy.h>
 #include <torch/types.h>
 
 #include <cmath>
@@ -11,6 +12,7 @@
 
 #include "dsgd/error.h"
 #include "dsgd/gpt.h"
+#include "dsgd/language_model.h"
 #include "dsgd/models.h"
 
 namespace dsgd::models {
@@ -148,6 +150,40 @@ TEST(Gpt, LearnsARepeatingSequence) {
   }
   EXPECT_GT(first, 2.0);  // about ln 16 at the start
   EXPECT_LT(last, 0.1) << "from " << first;
+}
+
+// `dsgd train` reports a language model's FLOPs as 6 N a token (kTrainingFlopsPerParameterToken;
+// N its parameters: 2 N for the forward's multiply-adds, 4 N for the backward's), the usual
+// estimate. Here LibTorch's profiler counts instead what one training step of gpt-tiny at its
+// full context computes (the FLOPs of every matrix product, forward and backward, and of
+// element-wise adds and multiplies): it must be within 25% of the estimate. Attention's products
+// (which 6 N leaves out, growing with the context) and the embeddings' rows (parameters that cost
+// no product but the tied output layer's) are what separate the two.
+TEST(Gpt, SixFlopsAParameterATokenIsWhatATrainingStepComputes) {
+  torch::manual_seed(3);
+  auto gpt = make_gpt(gpt_options("gpt-tiny", 256));
+  const int64_t batch = 2, context = gpt->options().context;
+  const auto tokens = torch::randint(256, {batch, context + 1}, torch::kInt64);
+  double parameters = 0;
+  for (const auto& p : gpt->parameters()) parameters += static_cast<double>(p.numel());
+  namespace prof = torch::autograd::profiler;
+  double counted = 0;
+  {
+    prof::TLSLegacyProfilerGuard guard(
+        torch::profiler::impl::ProfilerConfig(torch::profiler::impl::ProfilerState::CPU, /*report_input_shapes=*/true,
+                                              /*profile_memory=*/false, /*with_stack=*/false, /*with_flops=*/true),
+        [&](const prof::thread_event_lists& lists) {
+          for (const auto& events : lists) {
+            for (auto e : events) counted += static_cast<double>(e.flops());  // flops() is not const
+          }
+        });
+    next_token_loss(gpt->forward(tokens.slice(1, 0, context)), tokens.slice(1, 1, context + 1)).backward();
+  }
+  const double estimate = kTrainingFlopsPerParameterToken * parameters * static_cast<double>(batch * context);
+  std::printf("gpt-tiny, %lld tokens: the profiler counted %.4g FLOPs, the estimate %.4g (%.3fx)\n",
+              static_cast<long long>(batch * context), counted, estimate, counted / estimate);
+  EXPECT_GT(counted, 0.75 * estimate);
+  EXPECT_LT(counted, 1.25 * estimate);
 }
 
 }  // namespace

@@ -263,6 +263,10 @@ TEST(Cli, PrepareTextThenTrainALanguageModel) {
   EXPECT_GT(j["tokens_per_s"].get<double>(), 0);
   EXPECT_GT(j["worker_peak_rss_mib"].get<double>(), 50) << "a worker process holds LibTorch at least";
   EXPECT_LT(j["worker_peak_rss_mib"].get<double>(), 4096);
+  // The summary's estimate, 6 FLOPs a parameter a token (kTrainingFlopsPerParameterToken), is
+  // checked against what a training step computes, counted by LibTorch's profiler, in
+  // Gpt.SixFlopsAParameterATokenIsWhatATrainingStepComputes; here, that the summary applies it to
+  // this run's parameters and speed.
   EXPECT_NEAR(j["model_flops_per_s"].get<double>(),
               6 * j["parameters"].get<double>() * j["tokens_per_s"].get<double>(), 1.0);
   ASSERT_TRUE(j.contains("perplexity")) << j.dump();

@@ -42,8 +42,8 @@ void add_language_model_figures(const TrainFlags& f, nlohmann::json* j) {
   (*j)["lr"] = o.lr;
   (*j)["tokens_per_s"] = (*j)["samples_per_s"].get<double>() * tokens;
   (*j)["tokens"] = (*j)["samples"].get<double>() * tokens;
-  // The usual estimate of a transformer's training work: 6 FLOPs per parameter per token.
-  (*j)["model_flops_per_s"] = 6.0 * (*j)["parameters"].get<double>() * (*j)["tokens_per_s"].get<double>();
+  (*j)["model_flops_per_s"] =
+      kTrainingFlopsPerParameterToken * (*j)["parameters"].get<double>() * (*j)["tokens_per_s"].get<double>();
   const double val_loss = (*j)["test_loss"].get<double>();
   if (val_loss >= 0) (*j)["perplexity"] = std::exp(val_loss);
   j->erase("test_accuracy");
