@@ -25,6 +25,7 @@
 #include "dsgd/image_classifier.h"
 #include "dsgd/language_model.h"
 #include "dsgd/self_contained_model.h"
+#include "dsgd/settings.h"
 #include "dsgd/trainer.h"
 #include "dsgd/tune.h"
 
@@ -246,6 +247,7 @@ PYBIND11_MODULE(_core, m) {
     }
   });
   m.def("setting_names", &dsgd::setting_names, "Every TrainerConfig field's path");
+  m.def("setting_groups", &dsgd::setting_groups, "The groups of TrainerConfig's fields: step, comm, ...");
   m.def("tune", &tune, py::arg("operator"), py::arg("settings"), py::arg("space"), py::arg("options"));
   py::class_<PyTrainer>(m, "Trainer")
       .def(py::init<const std::string&, const std::string&>(), py::arg("operator"), py::arg("settings"))

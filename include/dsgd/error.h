@@ -67,4 +67,11 @@ class TimeoutError : public CommError {
   using CommError::CommError;
 };
 
+// A rule the settings' validation enforces (dsgd::validate_config), asserted where the code relies
+// on it: a break is a bug of dsgd's, never a user's mistake, and says which rule it relied on.
+//   require_checked(ring_ == 0 || !strategy_->error_feedback(), "ZeRO without compression (validate_zero)");
+inline void require_checked(bool holds, const char* rule) {
+  if (!holds) throw Error(std::string("dsgd bug: a rule validate_config checks does not hold here: ") + rule);
+}
+
 }  // namespace dsgd

@@ -206,6 +206,13 @@ using OperatorConfigCheck = std::function<void(const nlohmann::json& config)>;
 void register_operator_config_check(const std::string& name, OperatorConfigCheck check);
 // Runs `name`'s config check, if it registered one.
 void check_operator_config(const std::string& name, const nlohmann::json& config);
+// An operator's metrics computed from others over a whole split (the language model's perplexity,
+// exp of its mean loss per token), which averaging per-replica values would get wrong: run on a
+// split's metrics once they are whole (dsgd::Evaluator's). Optional.
+using OperatorMetricsDerivation = std::function<void(Metrics& whole)>;
+void register_operator_derived_metrics(const std::string& name, OperatorMetricsDerivation derive);
+// Adds `name`'s derived metrics to `whole`, if it registered any.
+void derive_operator_metrics(const std::string& name, Metrics& whole);
 
 // The name DSGD_REGISTER_OPERATOR(T) registered T under ("T"). ConfigError if T was not registered.
 std::string operator_name(const std::type_info& type);

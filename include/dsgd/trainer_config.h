@@ -8,12 +8,13 @@
 //   c.checkpoints.dir = "ckpts";            // where snapshots go
 //   c.launch.launcher = "ssh";              // who starts the workers
 //
-// A field is the one home of its setting: the CLI binds its flag to the field (tools/dsgd), the
-// Trainer's constructor checks every field once (dsgd::validate_config; a ConfigError names the
-// field by its path, e.g. "ps.shards"), and the driver hands the job's part of it to every worker
-// (runtime/worker/job_spec.h). StepConfig travels whole (JSON of its field table), so a new step
-// setting is its field here, its line in the table and its rule (driver/trainer_config.cpp), its
-// flag, and its use. docs/SETTINGS.md has the long story of each group. Torch-free.
+// A field is the one home of its setting, and its row in the settings table (dsgd/settings.h)
+// its one description: path, type, default, flag, help, whether it can be tuned, its range. The
+// CLI's flags, the Python keywords, the tuner, the summary and the job spec the workers get are
+// all read from that table; the Trainer's constructor checks every field once
+// (dsgd::validate_config; a ConfigError names the field by its path, e.g. "ps.shards"). A new
+// setting is its field here, its row (with its rule), and its use. docs/SETTINGS.md has the long
+// story of each group. Torch-free.
 #pragma once
 
 #include <chrono>
@@ -234,14 +235,7 @@ struct TrainerConfig {
 // (register_operator_config_check). For front ends that check many configs up front (dsgd tune).
 void validate_config(const std::string& operator_name, const TrainerConfig& config);
 
-// Sets the fields `settings` names, by their paths as in C++, nested or dotted alike:
-//   {"num_workers": 2, "step": {"max_grad_norm": 1.0}, "recovery.standby_workers": 1}
-// Durations (comm.timeout, recovery.heartbeat_timeout, ...) in milliseconds; choices by the
-// names the command line uses ("ps", "bf16"); "config" merges into config key by key. A name
-// that is no field, or a value of the wrong type, is a ConfigError naming it (ranges are
-// validate_config's). For front ends that take settings as data (the Python module).
-void apply_settings(TrainerConfig& config, const nlohmann::json& settings);
-std::vector<std::string> setting_names();  // every field's path, "batch_size" to "step.zero_stage"
+// Settings by name, as data (apply_settings, settings_of) and each one's description: dsgd/settings.h.
 
 // Values derived from a TrainerConfig, one function each (nothing keeps a copy of them).
 // Worker processes the job keeps running: num_workers plus recovery.standby_workers.
@@ -252,12 +246,6 @@ int ps_shard_processes(const TrainerConfig& config);
 // The loss scaling the job runs with: 0 (off), or the initial scale (step.loss_scale 0 resolved
 // to 65536 under precision fp16, off otherwise; -1 off).
 double loss_scale_of(const TrainerConfig& config);
-
-// StepConfig as it travels to the workers: JSON of its field table (enums as their numbers).
-// from_json keeps the default of a field the JSON lacks (a driver of an older dsgd), and throws
-// ConfigError for an enum number this build does not know.
-void to_json(nlohmann::json& j, const StepConfig& step);
-void from_json(const nlohmann::json& j, StepConfig& step);
 
 // A hosts file for LaunchConfig::hosts: one "host" or "host:slots" a line; blank lines and text
 // from '#' on are ignored. ConfigError if it cannot be read or names no host (the entries

@@ -10,7 +10,8 @@
 //   dsgd::TuneResult r = tuner.run();          // r.trials[r.best].params, its checkpoint
 //
 // A trial is one Trainer job (with its own workers) on `base_config` with the trial's sampled
-// values: a key naming a TrainerConfig field (trainer_fields()) sets that field, any other key
+// values: a key naming a tunable setting (trainer_fields(): its path, "comm.compression", or
+// its last part where that is unambiguous, "compression") sets that field, any other key
 // the operator's config (TrainerConfig::config). An iteration is one train() call (an epoch, or
 // steps_per_iteration steps) and one validate(); the trial reports the validation's metrics
 // as "test_<name>" and the training's as "train_<name>" (the image classifier: test_accuracy,
@@ -74,10 +75,10 @@ class SearchSpace {
   nlohmann::json source_;
 };
 
-// The TrainerConfig fields a search may set (batch_size, num_workers, threads_per_worker, ...).
+// The settings a search may vary: the rows of dsgd/settings.h marked tunable, by path.
 const std::vector<std::string>& trainer_fields();
-// `base` with `values` applied (trainer fields, else operator config keys). ConfigError for a
-// value of the wrong type for its field.
+// `base` with `values` applied (settings by path or a tunable one's last part, else operator
+// config keys). ConfigError for a value of the wrong type for its field.
 TrainerConfig apply_values(TrainerConfig base, const nlohmann::json& values);
 
 struct TuneOptions {

@@ -28,7 +28,7 @@ from . import _core
 
 __all__ = ["Trainer", "tune", "Error", "ConfigError", "TimeoutError", "setting_names"]
 
-_GROUPS = ("step", "comm", "ps", "launch", "recovery", "checkpoints", "monitor")
+_GROUPS = tuple(_core.setting_groups())  # step, comm, ps, ...: from the one settings table
 _live = weakref.WeakSet()
 
 

@@ -161,6 +161,10 @@ void register_language_model() {
   static const bool once = [] {
     register_operator(kLanguageModel, [] { return std::unique_ptr<TrainingOperator>(new LanguageModel()); });
     register_operator_config_check(kLanguageModel, [](const nlohmann::json& c) { (void)language_model_options(c); });
+    // The mean loss per token over a whole split: its exp is the perplexity, exact.
+    register_operator_derived_metrics(kLanguageModel, [](Metrics& m) {
+      if (m.count("loss")) m["perplexity"] = std::exp(m.at("loss"));
+    });
     return true;
   }();
   (void)once;

@@ -76,11 +76,13 @@ GradSync::GradSync(std::vector<torch::Tensor> params, size_t grad_shard_bytes,
       bucket_ok_(plan_.buckets().size(), true),
       ring_(std::min(ring, plan_.buckets().size())) {
   if (ring_ > 0) {
-    if (staged_ || deferred > 0 || !strategy_ || strategy_->server_updates() || strategy_->error_feedback()) {
-      throw ConfigError("step.zero_stage 2 runs on the CPU over a strategy that averages (allreduce), without "
-                        "compression or comm.forward_overlap_buckets",
+    if (staged_) {  // device auto found a GPU here (device cuda is refused by validate_zero)
+      throw ConfigError("step.zero_stage 2 runs on the CPU only for now, and device auto found a GPU: use stage 1, "
+                        "or device cpu",
                         "step.zero_stage");
     }
+    require_checked(deferred == 0 && strategy_ && !strategy_->server_updates() && !strategy_->error_feedback(),
+                    "ZeRO over allreduce, without compression or comm.forward_overlap_buckets (validate_zero)");
     ring_offsets_ = ring_offsets(plan_, ring_);
     ring_holder_.assign(ring_, -1);
     consumed_.assign(plan_.buckets().size(), 0);

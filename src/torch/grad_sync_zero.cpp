@@ -30,11 +30,7 @@ size_t GradSync::ring_elements(const std::vector<size_t>& counts, size_t grad_sh
 
 void GradSync::set_owned(std::vector<bool> owned) {
   if (owned.size() != params_.size()) throw Error("GradSync::set_owned: one flag per parameter expected");
-  if (strategy_->sharing() == nullptr) {
-    throw ConfigError("step.zero_stage needs a strategy whose replicas can share parameters (allreduce), not " +
-                          strategy_->name(),
-                      "step.zero_stage");
-  }
+  require_checked(strategy_->sharing() != nullptr, "ZeRO over strategy allreduce only (validate_zero)");
   owned_ = std::move(owned);
 }
 

@@ -45,6 +45,7 @@ struct Registry {
   std::mutex mutex;
   std::map<std::string, OperatorFactory> factories;
   std::map<std::string, OperatorConfigCheck> config_checks;
+  std::map<std::string, OperatorMetricsDerivation> derived_metrics;
   std::unordered_map<std::type_index, std::string> names;
 };
 
@@ -300,6 +301,24 @@ void register_operator_config_check(const std::string& name, OperatorConfigCheck
   auto& r = registry();
   std::lock_guard<std::mutex> lock(r.mutex);
   r.config_checks[name] = std::move(check);
+}
+
+void register_operator_derived_metrics(const std::string& name, OperatorMetricsDerivation derive) {
+  auto& r = registry();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  r.derived_metrics[name] = std::move(derive);
+}
+
+void derive_operator_metrics(const std::string& name, Metrics& whole) {
+  OperatorMetricsDerivation derive;
+  {
+    auto& r = registry();
+    std::lock_guard<std::mutex> lock(r.mutex);
+    const auto it = r.derived_metrics.find(name);
+    if (it == r.derived_metrics.end()) return;
+    derive = it->second;
+  }
+  derive(whole);
 }
 
 void check_operator_config(const std::string& name, const nlohmann::json& config) {

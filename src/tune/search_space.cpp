@@ -6,6 +6,7 @@
 #include <type_traits>
 
 #include "dsgd/error.h"
+#include "dsgd/settings.h"
 #include "dsgd/tune.h"
 
 namespace dsgd {
@@ -82,6 +83,31 @@ json draw(const Domain& d, std::mt19937_64& gen) {
 
 }  // namespace
 
+namespace {
+
+// The tunable row `key` names: by its path ("comm.compression"), or by its last part where that
+// names one tunable setting alone ("compression", as space files wrote it before paths).
+const SettingDescription* tunable(const std::string& key) {
+  if (const SettingDescription* d = find_setting(key)) return d->tunable ? d : nullptr;
+  const SettingDescription* found = nullptr;
+  for (const auto& d : setting_descriptions()) {
+    const auto dot = d.path.rfind('.');
+    if (d.tunable && dot != std::string::npos && d.path.substr(dot + 1) == key) {
+      if (found != nullptr) return nullptr;
+      found = &d;
+    }
+  }
+  return found;
+}
+
+std::string fields_text() {
+  std::string f;
+  for (const auto& k : trainer_fields()) f += (f.empty() ? "" : ", ") + k;
+  return f;
+}
+
+}  // namespace
+
 SearchSpace SearchSpace::parse(const std::string& json_text, const std::string& what) {
   json j;
   try {
@@ -97,7 +123,15 @@ SearchSpace SearchSpace::from_json(const json& space, const std::string& what) {
   if (space.empty()) throw ConfigError(what + " is empty: name at least one key to search over");
   SearchSpace s;
   s.source_ = space;
-  for (const auto& [key, spec] : space.items()) s.domains_.emplace_back(key, parse_domain(key, spec, what));
+  for (const auto& [key, spec] : space.items()) {
+    if (tunable(key) == nullptr && find_setting(key) != nullptr) {
+      throw ConfigError(what + ": '" + key +
+                        "' is a setting a search does not vary (it changes what a trial measures "
+                        "or how it runs): set it in \"base\" or with the command's flags; the tunable ones are " +
+                        fields_text());
+    }
+    s.domains_.emplace_back(key, parse_domain(key, spec, what));
+  }
   return s;
 }
 
@@ -139,8 +173,7 @@ json SearchSpace::perturb(const json& values, double resample_probability, std::
         out[key] = std::clamp(values[key].get<double>() * factor, d.lo, d.hi);
         break;
       case Domain::Kind::kRandInt:
-        out[key] = static_cast<int64_t>(
-            std::clamp(std::round(values[key].get<double>() * factor), d.lo, d.hi));
+        out[key] = static_cast<int64_t>(std::clamp(std::round(values[key].get<double>() * factor), d.lo, d.hi));
         break;
       case Domain::Kind::kChoice:
       case Domain::Kind::kGrid: {  // a neighbour in the list
@@ -157,61 +190,12 @@ json SearchSpace::perturb(const json& values, double resample_probability, std::
   return out;
 }
 
-namespace {
-
-template <typename T>
-void set_number(const json& v, const std::string& key, T* field) {
-  if (!v.is_number()) throw ConfigError("trial value '" + key + "' must be a number, got " + v.dump());
-  if constexpr (std::is_integral_v<T>) {
-    const double x = v.get<double>();
-    if (x != std::floor(x)) throw ConfigError("trial value '" + key + "' must be a whole number, got " + v.dump());
-    *field = static_cast<T>(x);
-  } else {
-    *field = v.get<T>();
-  }
-}
-
-template <typename E>
-void set_choice(const json& v, const std::string& key, Choice<E>* field) {
-  if (!v.is_string()) throw ConfigError("trial value '" + key + "' must be a string, got " + v.dump());
-  *field = v.get<std::string>();
-}
-
-using Setter = std::function<void(TrainerConfig&, const json&, const std::string&)>;
-
-const std::map<std::string, Setter>& setters() {
-  static const std::map<std::string, Setter> s = {
-      {"batch_size", [](TrainerConfig& c, const json& v, const std::string& k) { set_number(v, k, &c.batch_size); }},
-      {"num_workers", [](TrainerConfig& c, const json& v, const std::string& k) { set_number(v, k, &c.num_workers); }},
-      {"threads_per_worker",
-       [](TrainerConfig& c, const json& v, const std::string& k) { set_number(v, k, &c.threads_per_worker); }},
-      {"grad_shard_bytes",
-       [](TrainerConfig& c, const json& v, const std::string& k) { set_number(v, k, &c.comm.grad_shard_bytes); }},
-      {"seed", [](TrainerConfig& c, const json& v, const std::string& k) { set_number(v, k, &c.seed); }},
-      {"powersgd_rank",
-       [](TrainerConfig& c, const json& v, const std::string& k) { set_number(v, k, &c.comm.powersgd_rank); }},
-      {"forward_overlap_buckets", [](TrainerConfig& c, const json& v,
-                                     const std::string& k) { set_number(v, k, &c.comm.forward_overlap_buckets); }},
-      {"loss_scale",
-       [](TrainerConfig& c, const json& v, const std::string& k) { set_number(v, k, &c.step.loss_scale); }},
-      {"local_hosts",
-       [](TrainerConfig& c, const json& v, const std::string& k) { set_number(v, k, &c.launch.local_hosts); }},
-      {"strategy", [](TrainerConfig& c, const json& v, const std::string& k) { set_choice(v, k, &c.strategy); }},
-      {"compression",
-       [](TrainerConfig& c, const json& v, const std::string& k) { set_choice(v, k, &c.comm.compression); }},
-      {"precision", [](TrainerConfig& c, const json& v, const std::string& k) { set_choice(v, k, &c.step.precision); }},
-      {"allreduce_algo",
-       [](TrainerConfig& c, const json& v, const std::string& k) { set_choice(v, k, &c.comm.allreduce_algo); }},
-  };
-  return s;
-}
-
-}  // namespace
-
 const std::vector<std::string>& trainer_fields() {
   static const std::vector<std::string> names = [] {
     std::vector<std::string> n;
-    for (const auto& [k, s] : setters()) n.push_back(k);
+    for (const auto& d : setting_descriptions()) {
+      if (d.tunable) n.push_back(d.path);
+    }
     return n;
   }();
   return names;
@@ -219,9 +203,10 @@ const std::vector<std::string>& trainer_fields() {
 
 TrainerConfig apply_values(TrainerConfig base, const json& values) {
   for (const auto& [key, v] : values.items()) {
-    const auto it = setters().find(key);
-    if (it != setters().end()) {
-      it->second(base, v, key);
+    if (const SettingDescription* d = tunable(key)) {
+      d->set(base, v);
+    } else if (const SettingDescription* any = find_setting(key)) {
+      any->set(base, v);  // "base" sets any setting; a space only the tunable ones (from_json)
     } else {
       base.config[key] = v;
     }

@@ -98,6 +98,29 @@ TEST(Cli, TrainHelpShowsTheDefaultsOfADefaultTrainerConfig) {
   EXPECT_EQ(help_default(train.output, "--checkpoint-overhead"), overhead.str());
 }
 
+// docs/SETTINGS.md's reference table is the settings' one description, printed: not a copy kept by hand.
+TEST(Cli, TheSettingsPageHoldsTheTableDsgdSettingsPrints) {
+  const CliRun r = dsgd::testing::run_command(std::string(DSGD_BINARY) + " settings --markdown");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const std::string page = dsgd::testing::read_file(DSGD_SOURCE_DIR "/docs/SETTINGS.md");
+  const std::string begin = "<!-- settings table: begin -->\n", end = "<!-- settings table: end -->";
+  const auto from = page.find(begin), to = page.find(end);
+  ASSERT_NE(from, std::string::npos) << "docs/SETTINGS.md has no settings table";
+  ASSERT_NE(to, std::string::npos);
+  EXPECT_EQ(page.substr(from + begin.size(), to - from - begin.size()), r.output)
+      << "docs/SETTINGS.md's table is not what `dsgd settings --markdown` prints: paste its output in";
+  EXPECT_NE(r.output.find("| `step.max_grad_norm` | number | `0.0` | `--max-grad-norm` | yes |"), std::string::npos);
+}
+
+// A setting's flag takes what its description's setter takes: a duration with its unit, "auto".
+TEST(Cli, AFlagTakesWhatItsSettingTakes) {
+  expect_usage_error("train --comm-timeout-ms soon", "--comm-timeout-ms: comm.timeout must be milliseconds or a "
+                                                     "duration (250ms, 30s, 5m, 2h), got 'soon'");
+  expect_usage_error("train --compression powersgd:x", "--compression: comm.compression 'powersgd:x': only powersgd "
+                                                       "takes a rank");
+  expect_usage_error("train --workers many", "--workers: 'num_workers' must be a number, got \"many\"");
+}
+
 TEST(Cli, FlagErrorsExitWithUsageStatusAndSayWhatIsWrong) {
   expect_usage_error("", "subcommand");
   expect_usage_error("fly", "fly");

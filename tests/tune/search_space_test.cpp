@@ -7,6 +7,7 @@
 #include <set>
 
 #include "dsgd/error.h"
+#include "dsgd/settings.h"
 #include "dsgd/tune.h"
 
 namespace dsgd {
@@ -91,6 +92,23 @@ TEST(SearchSpace, ValuesSetTrainerFieldsOrTheOperatorsConfig) {
   EXPECT_EQ(c.config["model"], "mlp");
   EXPECT_THROW(apply_values(base, {{"batch_size", 1.5}}), ConfigError);
   EXPECT_THROW(apply_values(base, {{"strategy", 3}}), ConfigError);
+}
+
+// The tuner sets exactly the rows marked tunable, by path or by an unambiguous last part.
+TEST(SearchSpace, TheTunerSetsTheTunableSettingRowsByTheirPaths) {
+  std::vector<std::string> tunable;
+  for (const auto& d : setting_descriptions()) {
+    if (d.tunable) tunable.push_back(d.path);
+  }
+  EXPECT_EQ(trainer_fields(), tunable);
+  const TrainerConfig c = apply_values(TrainerConfig{}, {{"comm.compression", "bf16"}, {"precision", "bf16"},
+                                                         {"step.max_grad_norm", 2.0}, {"lr", 0.3}});
+  EXPECT_EQ(c.comm.compression, Compression::kBf16);
+  EXPECT_EQ(c.step.precision, Precision::kBf16);
+  EXPECT_EQ(c.step.max_grad_norm, 2.0);
+  EXPECT_EQ(c.config["lr"], 0.3) << "a key that is no setting is the operator's";
+  EXPECT_THROW(SearchSpace::parse(R"({"checkpoints.dir": {"choice": ["a", "b"]}})", "space"), ConfigError)
+      << "a setting that is not tunable is refused in a space";
 }
 
 }  // namespace

@@ -37,6 +37,9 @@ void add_prepare_text_command(CLI::App& app, int* exit_code);
 // `dsgd generate`: text from a language model's checkpoint.
 void add_generate_command(CLI::App& app, int* exit_code);
 
+// `dsgd settings`: every setting of a job, its default, flag and help (dsgd/settings.h).
+void add_settings_command(CLI::App& app, int* exit_code);
+
 // `dsgd bench allreduce`: communication benchmarks.
 void add_bench_command(CLI::App& app, int* exit_code);
 

@@ -20,6 +20,7 @@
 #include "dsgd/image_classifier.h"
 #include "dsgd/language_model.h"
 #include "dsgd/local_job.h"
+#include "dsgd/settings.h"
 #include "dsgd/trainer.h"
 #include "progress.h"
 #include "train_flags.h"
@@ -68,9 +69,8 @@ nlohmann::json to_json(const TrainFlags& f, const dsgd::FitResult& r) {
   if (f.trainer.checkpoints.dir.empty()) j.erase("checkpoint_failures");
   if (is_language_model(f)) add_language_model_figures(f, &j);
   if (!f.in_process) {
-    j["compression"] = f.trainer.comm.compression == Compression::kPowerSgd
-                           ? "powersgd:" + std::to_string(f.trainer.comm.powersgd_rank)
-                           : f.trainer.comm.compression.name();
+    j["compression"] = find_setting("comm.compression")->get(f.trainer);
+    j["settings"] = changed_settings(trainer_config_of(f));  // what this run set, by path
   }
   return j;
 }

@@ -18,9 +18,11 @@
 
 namespace dsgd::cli {
 
-// The flags. Those of the Trainer are bound straight to a TrainerConfig's fields (--help shows
-// its defaults); the Trainer's validation checks them (dsgd::validate_config) and its errors name
-// the field, which `flag_of` turns back into the flag that set it.
+// The flags. Those of the Trainer's settings are bound from each setting's description
+// (dsgd/settings.h: flag, help, default, grouped in --help as TrainerConfig groups them) to
+// `trainer`, through the setting's own setter; the Trainer's validation checks them
+// (dsgd::validate_config) and its errors name the field, which `flag_of` turns back into the flag
+// that set it.
 struct TrainFlags {
   dsgd::LocalJobOptions job;                   // the model, data and optimizer; also --in-process's job
   TrainerConfig trainer;                       // the rest of the Trainer's settings
@@ -39,8 +41,8 @@ struct TrainFlags {
   CLI::Option* lr_option = nullptr;  // --lr: given, or the image classifier's default
 };
 
-// Binds every flag of `dsgd train` to `f`: the model and data, strategy, recovery, precision,
-// launch and run groups, in that order in --help.
+// Binds every flag of `dsgd train` to `f`: the model and data, every setting with a flag, and
+// this run's outputs.
 void add_train_flags(CLI::App* cmd, TrainFlags& f);
 
 }  // namespace dsgd::cli

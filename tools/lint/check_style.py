@@ -1,7 +1,11 @@
 #!/usr/bin/env python3
-"""dsgd's size rules, checked by ctest (Lint.FunctionsAndLines):
+"""dsgd's size and layer rules, checked by ctest (Lint.FunctionsAndLines):
   - no function in src/ or tools/ longer than 80 lines (signature to closing brace);
-  - no line of C++ in src/, tools/, include/, tests/ or bench/ longer than 120 columns (.clang-format's limit).
+  - no line of C++ in src/, tools/, include/, tests/ or bench/ longer than 120 columns (.clang-format's limit);
+  - no class in src/ or include/ with more than 30 members (fields and methods; LARGE_CLASSES lists
+    the ones still being taken apart, each held to the count it has);
+  - no code of a library, and no public header, includes a public header of a library above it
+    (PUBLIC_HEADERS says which library each header of include/dsgd belongs to, LAYERS what each sees).
 
   tools/lint/check_style.py [--root DIR]      prints each offence; exit 1 if any
 
@@ -16,6 +20,54 @@ import sys
 
 MAX_FUNCTION_LINES = 80
 MAX_COLUMNS = 120
+MAX_CLASS_MEMBERS = 30
+
+# The classes still over MAX_CLASS_MEMBERS, each held to its count until it is made of parts
+# (a class that shrinks is held to its new count: lower the figure here).
+LARGE_CLASSES = {
+    "Trainer::Impl": 122,
+    "GradSync": 116,
+    "ReplicaRuntime": 90,
+    "WorkerPool": 58,
+    "Worker": 52,
+    "GlooGroup": 51,
+    "PsStrategy": 48,
+    "DriverServerImpl": 46,
+    "ShmGroupImpl": 43,
+    "PsAsyncStrategy": 39,
+    "NcclGroup": 35,
+    # Interfaces, whose members are the hooks a user or a transport implements.
+    "TrainingOperator": 51,
+    "HierarchicalGroup": 43,
+    "Group": 41,
+}
+
+# include/dsgd's headers by the library whose contract they are; a library sees its own and those
+# of the libraries in LAYERS[it]. base: torch-free vocabulary every layer shares.
+PUBLIC_HEADERS = {
+    "base": ["error.h", "choice.h", "json_fields.h", "log.h", "trainer_config.h"],
+    "comm": ["comm/"],
+    "torch": ["operator.h", "dataset.h", "metrics.h", "parameter_gate.h", "sgd.h", "sync_batchnorm.h",
+              "self_contained_model.h"],
+    "data": ["data.h", "text.h"],
+    "models": ["models.h", "model_names.h", "gpt.h"],
+    "runtime": ["trainer.h", "settings.h", "evaluator.h", "fit.h", "loaded_operator.h", "cluster.h", "remote.h",
+                "dashboard.h"],
+    "apps": ["image_classifier.h", "language_model.h", "local_job.h"],
+    "tune": ["tune.h"],
+}
+LAYERS = {
+    "base": ["base"],
+    "comm": ["base", "comm"],
+    "strategy": ["base", "comm"],
+    "torch": ["base", "comm", "torch"],
+    "runtime/control": ["base", "comm"],
+    "data": ["base", "torch", "data"],
+    "models": ["base", "torch", "models"],
+    "runtime": ["base", "comm", "torch", "runtime"],
+    "apps": ["base", "comm", "torch", "data", "models", "runtime", "apps"],
+    "tune": ["base", "comm", "torch", "runtime", "tune"],
+}
 
 
 def strip(src):
@@ -67,6 +119,80 @@ def functions(text):
     return result
 
 
+MEMBER_SKIP = re.compile(r"(using|friend|typedef|static_assert|template\s*<[^;]*>\s*(class|struct))\b")
+
+
+def class_members(text):
+    """(members, line, name) of each class or struct body: declarations and inline definitions
+    directly inside it (nested classes and enums are their own)."""
+    src = strip(text)
+    stack = []; result = []; line = 1; last = 0
+    for i, c in enumerate(src):
+        if c == '\n': line += 1
+        if c not in ';{}':
+            continue
+        header = re.sub(r'\b(public|private|protected)\s*:', ' ', src[last:i]).strip()
+        top = stack[-1] if stack else None
+        in_class = top is not None and top[0] == 'class'
+        if c == '{':
+            first = header.split('(')[0]
+            m = re.search(r'\b(class|struct|union)\s+(\w+(::\w+)*)', first)
+            if re.search(r'\benum\b', first):
+                kind, name = 'enum', ''
+            elif m and not header.rstrip().endswith(')'):
+                outer = [f[1] for f in stack if f[0] == 'class']
+                kind, name = 'class', '::'.join(outer[-1:] + [m.group(2)]) if outer and '::' not in m.group(2) else m.group(2)
+            else:
+                kind, name = 'other', ''
+                if in_class and header and not MEMBER_SKIP.match(header): top[2][0] += 1
+            stack.append((kind, name, [0], line))
+        elif c == '}' and stack:
+            kind, name, count, start = stack.pop()
+            if kind == 'class': result.append((count[0], start, name))
+        elif c == ';' and in_class and header and not MEMBER_SKIP.match(header):
+            top[2][0] += 1
+        last = i + 1
+    return result
+
+
+def public_header_layer(include):
+    for layer, names in PUBLIC_HEADERS.items():
+        if any(include == n or (n.endswith('/') and include.startswith(n)) for n in names):
+            return layer
+    return None
+
+
+def layer_of(root, path):
+    rel = os.path.relpath(path, root).split(os.sep)
+    if rel[0] == "include":
+        return public_header_layer('/'.join(rel[2:]))
+    if rel[0] == "src":
+        return "runtime/control" if rel[1:3] == ["runtime", "control"] else rel[1]
+    return None
+
+
+def layer_offences(root):
+    offences = []
+    for path in cpp_files(root, ["src", "include"]):
+        layer = layer_of(root, path)
+        if layer is None:
+            if os.path.relpath(path, root).startswith("include"):
+                offences.append(f"{os.path.relpath(path, root)}: not in PUBLIC_HEADERS: say which library it belongs to")
+            continue
+        with open(path, encoding="utf-8") as f:
+            for n, text in enumerate(f, 1):
+                m = re.match(r'\s*#include "dsgd/([\w/]+\.h)"', text)
+                if not m or m.group(1).endswith(".pb.h"):
+                    continue
+                owner = public_header_layer(m.group(1))
+                if owner is None:
+                    offences.append(f"{os.path.relpath(path, root)}:{n}: dsgd/{m.group(1)} is not in PUBLIC_HEADERS")
+                elif owner not in LAYERS[layer]:
+                    offences.append(f"{os.path.relpath(path, root)}:{n}: {layer} includes dsgd/{m.group(1)}, a header "
+                                    f"of {owner}, a layer above it (it sees {', '.join(LAYERS[layer])})")
+    return offences
+
+
 def cpp_files(root, folders):
     for folder in folders:
         for dirpath, _, names in os.walk(os.path.join(root, folder)):
@@ -94,6 +220,17 @@ def main():
                 if len(line.rstrip("\n")) > MAX_COLUMNS:
                     offences += 1
                     print(f"{os.path.relpath(path, root)}:{i}: {len(line.rstrip())} columns (at most {MAX_COLUMNS})")
+    for path in cpp_files(root, ["src", "include"]):
+        with open(path, encoding="utf-8") as f:
+            for n, start, name in class_members(f.read()):
+                limit = max(MAX_CLASS_MEMBERS, LARGE_CLASSES.get(name, 0))
+                if n > limit:
+                    offences += 1
+                    print(f"{os.path.relpath(path, root)}:{start}: class {name} has {n} members (at most {limit}): "
+                          "give its concerns classes of their own")
+    for offence in layer_offences(root):
+        offences += 1
+        print(offence)
     print(f"check_style: {offences} offence(s)")
     return 1 if offences else 0
 

@@ -39,8 +39,8 @@ namespace dsgd::control {
 // 1: JSON job and commands; 2: JobSpec, typed commands; 3: JobSpec.device, .precision;
 // 4: long-poll heartbeats, Placement.hosts; 5: JobSpec.step (the step settings as one JSON);
 // 6: states in pieces only (StateChunk, ReadStateRequest); 7: Store.GetMany; 8: JobSpec.driver_grace_ms;
-// 9: ShareStateRequest.
-inline constexpr uint32_t kControlProtocol = 9;
+// 9: ShareStateRequest; 10: JobSpec.settings (every setting as one JSON, dsgd/settings.h).
+inline constexpr uint32_t kControlProtocol = 10;
 
 struct WorkerInfo {
   int64_t index = -1;

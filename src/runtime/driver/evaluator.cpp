@@ -2,13 +2,11 @@
 
 #include <spdlog/fmt/fmt.h>
 
-#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <thread>
 
 #include "dsgd/error.h"
-#include "dsgd/language_model.h"
 #include "dsgd/operator.h"
 #include "runtime/control/log.h"
 #include "runtime/driver/checkpoint.h"
@@ -36,9 +34,7 @@ class CheckpointModel {
     }
     runtime_->load_state(c.state);
     Metrics m = runtime_->validate();
-    // The language model's loss is the mean negative log-likelihood per token: its exp is the
-    // perplexity (here, over the whole validation split, exact).
-    if (op == kLanguageModel && m.count("loss")) m["perplexity"] = std::exp(m.at("loss"));
+    derive_operator_metrics(op, m);  // over the whole validation split: the language model's perplexity
     return m;
   }
 

@@ -162,6 +162,7 @@ Trainer::Trainer(const std::string& operator_name, TrainerConfig config) : impl_
   d.op_name = operator_name;
   d.config = std::move(config);
   auto& c = d.config;
+  d.failures = runtime::FailureBudget(c.recovery);
   control::DriverServerOptions so;
   so.job = runtime::make_job_spec(operator_name, c);
   const std::optional<runtime::DriverState> previous = d.open_driver_state(so.job);  // a lost driver's job
@@ -302,15 +303,8 @@ void Trainer::Impl::check_same_model(int worker, const std::string& sig) const {
 
 void Trainer::Impl::restart_every_worker(const std::string& failure) {
   const auto detected = Clock::now();
-  failure_log.push_back(failure + " (during start-up)");
-  if (++failures > config.recovery.max_failures) {
-    std::string all;
-    for (size_t i = 0; i < failure_log.size(); ++i) all += "\n  " + std::to_string(i + 1) + ". " + failure_log[i];
-    fail("giving up after " + std::to_string(failures) + " failures (max_failures " +
-         std::to_string(config.recovery.max_failures) + "):" + all);
-  }
-  control::log().warn("trainer: {} during start-up; starting every worker again (failure {} of at most {})", failure,
-                      failures, config.recovery.max_failures);
+  if (!failures.admit(failure + " (during start-up)", detected)) fail(failures.exhausted());
+  control::log().warn("trainer: {} during start-up; starting every worker again ({})", failure, failures.position());
   RecoveryEvent ev;
   ev.kind = "restart";
   ev.failure = failure + " (during start-up)";

@@ -20,6 +20,7 @@
 #include "runtime/control/driver_service.h"
 #include "runtime/driver/checkpoint_writer.h"
 #include "runtime/driver/driver_state.h"
+#include "runtime/driver/failure_budget.h"
 #include "runtime/driver/overlap_tuner.h"
 #include "runtime/driver/snapshot_policy.h"
 #include "runtime/driver/stragglers.h"
@@ -65,8 +66,7 @@ struct Trainer::Impl {
   Feedback snapshot_feedback;          // every replica's error feedback at that point
   std::unique_ptr<runtime::SnapshotPolicy> snapshots;  // when to take it; the steps since
   runtime::OverlapTuner overlap_tuner;                   // forward_overlap_buckets -1: T's choice
-  int failures = 0;
-  std::vector<std::string> failure_log;
+  runtime::FailureBudget failures;     // every lost worker, against recovery.max_failures
   std::vector<RecoveryEvent> events;   // of the current call
   // Recoveries from the snapshot during the chunk in flight: (index in events, steps of the chunk
   // redone), whose caught_up_s the chunk's end settles (note_caught_up).

@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "dsgd/fit.h"
+#include "dsgd/settings.h"
 #include "runtime/control/log.h"
 #include "runtime/driver/trainer_impl.h"
 #include "runtime/worker/trace_file.h"
@@ -13,15 +14,14 @@ namespace dsgd {
 void Trainer::Impl::start_metrics() {
   const auto& m = config.monitor;
   if (m.metrics_port < 0 && m.metrics_dir.empty()) return;
-  history = std::make_unique<runtime::JobHistory>(json{{"operator", op_name},
-                                                       {"strategy", config.strategy.name()},
-                                                       {"num_workers", config.num_workers},
-                                                       {"standby_workers", config.recovery.standby_workers},
-                                                       {"batch_size", config.batch_size},
-                                                       {"launcher", config.launch.launcher.name()},
-                                                       {"control_plane", tls ? "tls" : "plaintext"},
-                                                       {"on_straggler", config.recovery.on_straggler.name()},
-                                                       {"config", config.config}});
+  // The settings table: every top-level setting, and each group's that differ from the default.
+  json settings = changed_settings(config);
+  const json all = settings_of(config);
+  for (const auto& [path, value] : all.items()) {
+    if (path.find('.') == std::string::npos) settings[path] = value;
+  }
+  settings.update({{"operator", op_name}, {"control_plane", tls ? "tls" : "plaintext"}, {"config", config.config}});
+  history = std::make_unique<runtime::JobHistory>(std::move(settings));
   if (m.metrics_port < 0) return;
   metrics = runtime::MetricsServer::start(
       m.metrics_host, m.metrics_port, [this] { return gauges_now(); },
@@ -38,7 +38,7 @@ void Trainer::Impl::publish_gauges(double samples_per_s) {
     g.steps = steps_done;
     g.samples = steps_done * config.batch_size;
     if (samples_per_s >= 0) g.samples_per_s = samples_per_s;
-    g.recoveries = failures;
+    g.recoveries = failures.total();
     g.checkpoint_failures = checkpoint_failures_total;
     published_members = pool ? pool->members() : std::vector<int>{};
   }

@@ -34,15 +34,8 @@ void Trainer::Impl::recover(std::string failure) {
   bool from_peer = true;
   const int64_t replayed = snapshots->pending();  // steps of calls that returned: replay()'s
   while (true) {
-    failure_log.push_back(failure);
-    if (++failures > config.recovery.max_failures) {
-      std::string all;
-      for (size_t i = 0; i < failure_log.size(); ++i) all += "\n  " + std::to_string(i + 1) + ". " + failure_log[i];
-      fail("giving up after " + std::to_string(failures) + " failures (max_failures " +
-           std::to_string(config.recovery.max_failures) + "):" + all);
-    }
-    control::log().warn("trainer: {}; recovering (failure {} of at most {})", failure, failures,
-                        config.recovery.max_failures);
+    if (!failures.admit(failure)) fail(failures.exhausted());
+    control::log().warn("trainer: {}; recovering ({})", failure, failures.position());
     if (config.on_recovery) {
       RecoveryEvent start;
       start.failure = failure;

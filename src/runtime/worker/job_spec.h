@@ -1,18 +1,20 @@
 // The job contract: what every worker and parameter-server shard process of a job runs,
 // as one typed message (proto::JobSpec, proto/dsgd/control.proto). The driver builds it once
 // from a validated TrainerConfig and hands it, as it is, to each process at registration; a
-// worker turns it into its replicas' options with one function.
+// worker reads the settings back into a TrainerConfig and turns that into its replicas' and its
+// strategy's options, one function each.
 //
 //   proto::JobSpec spec = runtime::make_job_spec("image_classifier", config);  // driver
-//   torch_glue::ReplicaOptions o = runtime::replica_options(spec, info, threads);  // worker
+//   TrainerConfig job = runtime::job_settings(spec);                            // worker
+//   torch_glue::ReplicaOptions o = runtime::replica_options(job, info, threads);
 //
-// The path of one setting, grad_shard_bytes: TrainerConfig (default, CLI flag or --config) ->
-// make_job_spec -> JobSpec.grad_shard_bytes -> replica_options -> GradSync -> BucketPlan.
+// The path of one setting, comm.grad_shard_bytes: its row in dsgd/settings.h (default, flag,
+// rule) -> TrainerConfig -> settings_of in JobSpec.settings -> job_settings -> replica_options
+// -> GradSync -> BucketPlan. The settings travel by the rows' paths, so nothing here names one.
 #pragma once
 
 #include <string>
 
-#include "dsgd/choice.h"
 #include "dsgd/control.pb.h"
 #include "dsgd/trainer_config.h"
 
@@ -27,32 +29,25 @@ struct StrategyOptions;
 
 namespace runtime {
 
-// The job of operator `op` under `config` (its fixed-set fields known: dsgd::validate_config
-// checks them before it calls this). Resolves what
-// the driver knows best: threads_per_worker 0 becomes cores / workers in local mode, and the
-// number of shard processes of ps_placement "processes".
+// `config` as its job runs it, with what the driver knows best resolved: threads_per_worker 0
+// becomes cores / workers in local mode, and ps.shards the number of shard processes of
+// ps.placement "processes".
+TrainerConfig resolved(const TrainerConfig& config);
+
+// The job of operator `op` under `config` (validated: dsgd::validate_config), resolved. The
+// launch, checkpoints and monitor groups stay with the driver.
 proto::JobSpec make_job_spec(const std::string& op, const TrainerConfig& config);
 
-// A replica's options under `spec`: `info` places it, `threads` are its intra-op threads.
-torch_glue::ReplicaOptions replica_options(const proto::JobSpec& spec, const ReplicaInfo& info, int threads);
+// The settings `spec` carries, as a TrainerConfig (config: the operator's). ConfigError where
+// they do not read (a driver and a worker from different dsgd versions).
+TrainerConfig job_settings(const proto::JobSpec& spec);
 
-// The strategy's options under `spec` (the driver checks them with strategy::validate before
+// A replica's options under `job`: `info` places it, `threads` are its intra-op threads.
+torch_glue::ReplicaOptions replica_options(const TrainerConfig& job, const ReplicaInfo& info, int threads);
+
+// The strategy's options under `job` (the driver checks them with strategy::validate before
 // any process starts; a worker adds the central average or the shard processes' group).
-strategy::StrategyOptions strategy_options(const proto::JobSpec& spec);
-
-// The enums of include/dsgd/choice.h as the job contract spells them, and back. Choices must be
-// known (validated); from_proto of 0 or a number this build does not know throws ConfigError
-// (a driver and a worker from different dsgd versions).
-proto::Strategy to_proto(Strategy s);
-proto::PsPlacement to_proto(PsPlacement p);
-proto::AllreduceAlgo to_proto(AllreduceAlgo a);
-Strategy from_proto(proto::Strategy s);
-PsPlacement from_proto(proto::PsPlacement p);
-AllreduceAlgo from_proto(proto::AllreduceAlgo a);
-proto::Device to_proto(Device d);
-Device from_proto(proto::Device d);
-proto::Compression to_proto(Compression c);
-Compression from_proto(proto::Compression c);
+strategy::StrategyOptions strategy_options(const TrainerConfig& job);
 
 }  // namespace runtime
 }  // namespace dsgd

@@ -42,21 +42,19 @@ class Worker {
  public:
   Worker(control::DriverClient& client, std::string token, int64_t index, proto::JobSpec job, std::string address,
          std::string host_id)
-      : client_(client), token_(std::move(token)), index_(index), job_(std::move(job)), address_(std::move(address)),
-        host_id_(std::move(host_id)) {
-    dpw_ = job_.devices_per_worker();
-    world_ = job_.num_workers() * dpw_;
-    heartbeat_timeout_ = milliseconds(job_.heartbeat_timeout_ms());
-    comm_timeout_ = milliseconds(job_.comm_timeout_ms());
-    int threads = job_.threads_per_worker();
+      : client_(client), token_(std::move(token)), index_(index), job_(std::move(job)),
+        settings_(job_settings(job_)), address_(std::move(address)), host_id_(std::move(host_id)) {
+    dpw_ = settings_.devices_per_worker;
+    world_ = settings_.num_workers * dpw_;
+    int threads = settings_.threads_per_worker;
     if (threads <= 0) threads = std::max(1u, std::thread::hardware_concurrency());
     threads_per_replica_ = std::max(1, threads / dpw_);
     at::set_num_threads(threads_per_replica_);
     // A driver that restarts in place (recovery.driver_state_dir) finds its workers alive: they
     // outlive the process that started them, and their calls wait for the next one.
-    if (job_.driver_grace_ms() > 0) {
+    if (!settings_.recovery.driver_state_dir.empty()) {
       ::prctl(PR_SET_PDEATHSIG, 0);
-      client_.set_driver_grace(milliseconds(job_.driver_grace_ms()));
+      client_.set_driver_grace(settings_.recovery.driver_grace);
     }
   }
 
@@ -112,7 +110,7 @@ class Worker {
   // Long-polls the driver: a beat at least every `interval` (the driver's liveness check), and
   // an abort of the group heard within moments of the driver's decision.
   void heartbeat_loop() {
-    const auto interval = std::clamp(heartbeat_timeout_ / 4, milliseconds(100), milliseconds(1000));
+    const auto interval = std::clamp(settings_.recovery.heartbeat_timeout / 4, milliseconds(100), milliseconds(1000));
     int64_t known_abort = 0;
     while (!stop_) {
       try {
@@ -129,7 +127,7 @@ class Worker {
           p["wait_s"] = r->progress().wait_s.load();
         }
         const auto beat = client_.heartbeat(index_, p.is_null() ? std::string() : p.dump(), known_abort, interval,
-                                            std::max(heartbeat_timeout_ / 2, milliseconds(500)));
+                                            std::max(settings_.recovery.heartbeat_timeout / 2, milliseconds(500)));
         known_abort = std::max(known_abort, beat.abort_generation);
         if (beat.abort_generation > 0 && beat.abort_generation >= generation_)
           abort_communication(beat.abort_generation);
@@ -141,9 +139,9 @@ class Worker {
           stop_ = true;
         }
       } catch (const std::exception& e) {
-        if (client_.since_answered() > heartbeat_timeout_) {
+        if (client_.since_answered() > settings_.recovery.heartbeat_timeout) {
           control::log().error("worker {}: no answer from the driver at {} for {} ms ({}); exiting", index_,
-                        client_.address(), heartbeat_timeout_.count(), e.what());
+                        client_.address(), settings_.recovery.heartbeat_timeout.count(), e.what());
           std::_Exit(4);
         }
         std::this_thread::sleep_for(interval);
@@ -365,7 +363,7 @@ class Worker {
     progress_chunk_ = train != nullptr ? train->chunk() : 0;  // after the reset: see heartbeat_loop
     // forward_overlap_buckets chosen by the driver (-1 in the job): T for this call, 0 when the
     // call names none (a replay), the same on every worker.
-    const bool chosen_overlap = train != nullptr && job_.forward_overlap_buckets() < 0;
+    const bool chosen_overlap = train != nullptr && settings_.comm.forward_overlap_buckets < 0;
     const bool trace = train != nullptr && train->trace();
     if (trace) comm::timeline::start();
     try {
@@ -410,15 +408,15 @@ class Worker {
   }
 
   void setup() {
-    const json config = json::parse(job_.operator_config());
-    const std::string& hook = job_.initialization_hook();
+    const json& config = settings_.config;
+    const std::string& hook = settings_.initialization_hook;
     if (!hook.empty()) find_worker_function(hook)(nullptr, config);
     progress_source_ = nullptr;
     replicas_.clear();
     for (int i = 0; i < dpw_; ++i) {
-      const ReplicaInfo info{rank_base_ + i, world_, position_, i, job_.seed()};
+      const ReplicaInfo info{rank_base_ + i, world_, position_, i, settings_.seed};
       replicas_.push_back(std::make_unique<torch_glue::ReplicaRuntime>(
-          make_operator(job_.operator_name()), replica_options(job_, info, threads_per_replica_)));
+          make_operator(job_.operator_name()), replica_options(settings_, info, threads_per_replica_)));
     }
     // One after the other: setup draws from LibTorch's global generator (seeded per replica).
     for (auto& r : replicas_) r->setup(config);
@@ -460,7 +458,7 @@ class Worker {
 
   // Joins the placement's generation of the group.
   void connect(const proto::Placement& placement) {
-    const Strategy strategy = from_proto(job_.strategy());
+    const Strategy strategy = settings_.strategy.value();
     const int64_t generation = placement.generation();
     const auto t0 = Clock::now();
     place(placement);
@@ -475,13 +473,13 @@ class Worker {
         moved != placement.hosts().end() ? moved->second : host_id_;  // one replica: nothing to average, no hooks
     std::vector<std::shared_ptr<strategy::GradientStrategy>> strategies(static_cast<size_t>(dpw_));
     groups_.assign(static_cast<size_t>(dpw_), nullptr);
-    const strategy::StrategyOptions so = strategy_options(job_);
+    const strategy::StrategyOptions so = strategy_options(settings_);
     if (strategy == Strategy::kSimple) {  // the driver averages: no group
       for (int i = 0; i < dpw_; ++i) {
         const int64_t rank = rank_base_ + i;
         auto o = so;
-        o.central_average = [&client = client_, generation, rank, timeout = comm_timeout_](uint64_t seq, float* data,
-                                                                                            size_t count) {
+        o.central_average = [&client = client_, generation, rank, timeout = settings_.comm.timeout](
+                                uint64_t seq, float* data, size_t count) {
           client.average(generation, rank, seq, data, count, timeout);
         };
         strategies[static_cast<size_t>(i)] = strategy::make_strategy(o, nullptr);
@@ -499,9 +497,9 @@ class Worker {
         comm::GroupOptions go;
         go.bind_address = address_;
         go.host = host;
-        go.timeout = comm_timeout_;
+        go.timeout = settings_.comm.timeout;
         comm::ShmOptions sho;
-        sho.timeout = comm_timeout_;
+        sho.timeout = settings_.comm.timeout;
         sho.shared_bytes = replicas_[static_cast<size_t>(i)]->gradient_bytes(world_);  // gradients live there
         const int rank = rank_base_ + i;
         auto group =
@@ -538,13 +536,12 @@ class Worker {
   const std::string token_;
   const int64_t index_;
   const proto::JobSpec job_;
+  const TrainerConfig settings_;  // job_'s settings, read once
   const std::string address_;
   const std::string host_id_;
   int dpw_ = 1;
   int world_ = 1;
   int threads_per_replica_ = 1;
-  milliseconds heartbeat_timeout_{10000};
-  milliseconds comm_timeout_{60000};
   std::atomic<bool> stop_{false};
   std::atomic<bool> busy_{false};
   std::atomic<torch_glue::ReplicaRuntime*> progress_source_{nullptr};
