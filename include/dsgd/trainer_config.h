@@ -121,7 +121,11 @@ struct LaunchConfig {
 struct RecoveryConfig {
   // A worker silent this long is lost. Workers beat every heartbeat_timeout / 4.
   std::chrono::milliseconds heartbeat_timeout{3000};
-  int max_failures = 3;  // beyond this, train() fails listing the failures
+  // Lost workers survived within any failure_window; one more and train() fails, listing the
+  // failures. failure_window 0: counted over the whole job. A job of weeks on a large cluster
+  // (a loss every few hours) lives; a worker that dies again and again does not.
+  int max_failures = 3;
+  std::chrono::milliseconds failure_window{std::chrono::hours(1)};
   // Workers set up but outside the group, each ready to take a lost worker's place in well under
   // a second. Local mode spawns them; in remote mode, workers beyond num_workers.
   int standby_workers = 0;

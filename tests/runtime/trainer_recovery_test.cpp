@@ -533,7 +533,7 @@ TEST(TrainerRecovery, WorkersThatKeepDyingAtStartUpFailTheJobNamingEveryFailure)
   } catch (const std::exception& e) {
     ::unsetenv("DSGD_TEST_DIE_ALWAYS");
     const std::string what = e.what();
-    EXPECT_NE(what.find("giving up after 2 failures (max_failures 1)"), std::string::npos) << what;
+    EXPECT_NE(what.find("giving up after 2 failures (max_failures 1 within 1h)"), std::string::npos) << what;
     EXPECT_NE(what.find("1. "), std::string::npos) << what;
     EXPECT_NE(what.find("2. "), std::string::npos) << what;
     EXPECT_NE(what.find("during start-up"), std::string::npos) << what;

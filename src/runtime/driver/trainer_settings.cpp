@@ -398,8 +398,10 @@ std::vector<SettingDescription> recovery_rows() {
   return {
       row(DSGD_FIELD(recovery.heartbeat_timeout), "--heartbeat-timeout-ms", kFixed,
           "A worker silent this long (hung, or its network cut) is evicted", at_least(100, " ms")),
-      row(DSGD_FIELD(recovery.max_failures), "--max-failures", kFixed, "Lost workers survived before the job fails",
-          at_least(0)),
+      row(DSGD_FIELD(recovery.max_failures), "--max-failures", kFixed,
+          "Lost workers survived within any --failure-window; one more and the job fails", at_least(0)),
+      row(DSGD_FIELD(recovery.failure_window), "--failure-window", kFixed,
+          "The window --max-failures counts losses in (30s, 10m, 1h; 0: the whole job)", at_least(0, " ms")),
       row(DSGD_FIELD(recovery.standby_workers), "--standby", kFixed,
           "Standby workers: set up outside the group, each takes a lost worker's place in well under a second",
           in(0, 64)),
