@@ -54,6 +54,16 @@ Registry& registry() {
   return r;
 }
 
+// A copy of what `name` registered in `table` (empty where it registered nothing), taken under
+// the lock and called outside it.
+template <typename F>
+F registered(std::map<std::string, F> Registry::*table, const std::string& name) {
+  auto& r = registry();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  const auto it = (r.*table).find(name);
+  return it == (r.*table).end() ? F() : it->second;
+}
+
 }  // namespace
 
 LossFn cross_entropy_loss() {
@@ -310,27 +320,11 @@ void register_operator_derived_metrics(const std::string& name, OperatorMetricsD
 }
 
 void derive_operator_metrics(const std::string& name, Metrics& whole) {
-  OperatorMetricsDerivation derive;
-  {
-    auto& r = registry();
-    std::lock_guard<std::mutex> lock(r.mutex);
-    const auto it = r.derived_metrics.find(name);
-    if (it == r.derived_metrics.end()) return;
-    derive = it->second;
-  }
-  derive(whole);
+  if (const auto derive = registered(&Registry::derived_metrics, name)) derive(whole);
 }
 
 void check_operator_config(const std::string& name, const nlohmann::json& config) {
-  OperatorConfigCheck check;
-  {
-    auto& r = registry();
-    std::lock_guard<std::mutex> lock(r.mutex);
-    const auto it = r.config_checks.find(name);
-    if (it == r.config_checks.end()) return;
-    check = it->second;
-  }
-  check(config);
+  if (const auto check = registered(&Registry::config_checks, name)) check(config);
 }
 
 bool has_operator(const std::string& name) {
