@@ -1,5 +1,7 @@
 #include "train_flags.h"
 
+#include <algorithm>
+#include <cctype>
 #include <cstdlib>
 #include <string>
 

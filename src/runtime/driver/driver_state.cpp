@@ -10,6 +10,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
@@ -102,9 +103,20 @@ DriverState from_json(const json& j) {
 }  // namespace
 
 std::string job_fingerprint(const proto::JobSpec& spec) {
-  // FNV-1a over the serialised spec (no maps in it: the bytes are the same for the same spec).
+  // What the job computes: the operator, its config and every setting but the recovery group's
+  // (how many losses it survives, how fast it notices them: a restart may change those). FNV-1a
+  // over that JSON (its keys sorted: the same bytes for the same job).
+  nlohmann::json settings = nlohmann::json::parse(spec.settings(), nullptr, false);
+  if (settings.is_object()) {
+    for (auto it = settings.begin(); it != settings.end();) {
+      it = it.key().rfind("recovery.", 0) == 0 ? settings.erase(it) : std::next(it);
+    }
+  }
+  const std::string job =
+      nlohmann::json{{"operator", spec.operator_name()}, {"config", spec.operator_config()}, {"settings", settings}}
+          .dump();
   uint64_t h = 1469598103934665603ull;
-  for (const unsigned char c : spec.SerializeAsString()) {
+  for (const unsigned char c : job) {
     h ^= c;
     h *= 1099511628211ull;
   }

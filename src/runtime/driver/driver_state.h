@@ -57,7 +57,8 @@ struct DriverState {
   std::chrono::system_clock::time_point last_alive{};
 };
 
-// A fingerprint of what a job computes (its spec), to tell a restart of the same job.
+// A fingerprint of what a job computes (its spec less the recovery settings, which a restart
+// may change), to tell a restart of the same job.
 std::string job_fingerprint(const proto::JobSpec& spec);
 
 class DriverStateFile {
