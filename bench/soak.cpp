@@ -35,10 +35,10 @@
 #include <random>
 #include <sstream>
 
-#include "dsgd/error.h"
-#include "dsgd/operator.h"
-#include "dsgd/trainer.h"
-#include "dsgd/image_classifier.h"
+#include "dsgd/common/error.h"
+#include "dsgd/torch/operator.h"
+#include "dsgd/runtime/trainer.h"
+#include "dsgd/apps/image_classifier.h"
 
 namespace {
 

@@ -30,8 +30,8 @@
 #include <unistd.h>
 #include <vector>
 
-#include "dsgd/operator.h"
-#include "dsgd/trainer.h"
+#include "dsgd/torch/operator.h"
+#include "dsgd/runtime/trainer.h"
 
 namespace {
 

@@ -20,14 +20,14 @@
 #include <memory>
 #include <string>
 
-#include "dsgd/error.h"
-#include "dsgd/fit.h"
-#include "dsgd/image_classifier.h"
-#include "dsgd/language_model.h"
-#include "dsgd/self_contained_model.h"
-#include "dsgd/settings.h"
-#include "dsgd/trainer.h"
-#include "dsgd/tune.h"
+#include "dsgd/common/error.h"
+#include "dsgd/runtime/fit.h"
+#include "dsgd/apps/image_classifier.h"
+#include "dsgd/apps/language_model.h"
+#include "dsgd/torch/self_contained_model.h"
+#include "dsgd/runtime/settings.h"
+#include "dsgd/runtime/trainer.h"
+#include "dsgd/tune/tuner.h"
 
 #if !defined(DSGD_WORKER_BINARY) || !defined(DSGD_INSTALLED_BINARY)
 #error "DSGD_WORKER_BINARY and DSGD_INSTALLED_BINARY must name the dsgd executables (CMakeLists.txt)"
@@ -101,7 +101,7 @@ dsgd::TrainerConfig config_of(const std::string& settings) {
   return c;
 }
 
-// dsgd.tune: a search over `space` (dsgd/tune.h) from the base settings; `options` names
+// dsgd.tune: a search over `space` (dsgd/tune/tuner.h) from the base settings; `options` names
 // TuneOptions' fields. Returns TuneResult::to_json. (Ctrl-C is seen when the search returns: its
 // trials run on threads of their own.)
 std::string tune(const std::string& op, const std::string& settings, const std::string& space,
@@ -135,7 +135,7 @@ std::string tune(const std::string& op, const std::string& settings, const std::
 
 class PyTrainer {
  public:
-  // `settings`: apply_settings' JSON (dsgd/trainer_config.h); `op`: "image_classifier" or
+  // `settings`: apply_settings' JSON (dsgd/common/trainer_config.h); `op`: "image_classifier" or
   // "language_model".
   PyTrainer(const std::string& op, const std::string& settings) {
     dsgd::TrainerConfig c = config_of(settings);

@@ -11,9 +11,9 @@
 #include <chrono>
 #include <iostream>
 
-#include "dsgd/image_classifier.h"
-#include "dsgd/language_model.h"
-#include "dsgd/trainer.h"
+#include "dsgd/apps/image_classifier.h"
+#include "dsgd/apps/language_model.h"
+#include "dsgd/runtime/trainer.h"
 
 int main(int argc, char** argv) {
   dsgd::register_builtin_operators();  // before init: a spawned worker constructs the operator

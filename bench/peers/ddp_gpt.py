@@ -10,7 +10,7 @@ The model is src/models/gpt.cpp's (GPT-2's layout, tied output layer, tanh GELU,
 initialisation); the optimizer dsgd.LanguageModel's (AdamW, decay on tensors of 2+ dimensions,
 betas 0.9/0.95, linear warmup then cosine). --batch-size is sequences per worker; each worker reads
 its share of each global batch of windows (sample i = tokens [i T, (i + 1) T]) from the token file,
-memory-mapped. The windows come in dsgd's order (src/torch/replica.cpp: epoch 1's permutation,
+memory-mapped. The windows come in dsgd's order (src/torch/replica/replica.cpp: epoch 1's permutation,
 drawn by a generator seeded seed x 0x9E3779B97F4A7C15 + 1; global batch s its elements [s B, (s + 1) B),
 rank r the r-th part), and the model is built in dsgd's order after torch.manual_seed(seed): given
 the same seed both start from the same weights and read the same sequences, so their losses can

@@ -5,8 +5,7 @@
 // The operator fits y = sin(3x) + noise with a small MLP. Everything dsgd needs is in setup():
 // the model, optimizer, loss, a learning-rate schedule and the data. The defaults of train_batch
 // and validate do the rest; gradients are averaged across the workers inside backward().
-#include <dsgd/operator.h>
-#include <dsgd/trainer.h>
+#include <dsgd/dsgd.h>  // everything (dsgd::dsgd); or dsgd/torch/operator.h and dsgd/runtime/trainer.h
 #include <torch/torch.h>
 
 #include <cmath>

@@ -4,8 +4,8 @@
 //
 // Each backward averages the gradients of the models it reaches, across the workers, so the
 // alternating discriminator and generator steps stay in lockstep on every replica.
-#include <dsgd/operator.h>
-#include <dsgd/trainer.h>
+#include <dsgd/torch/operator.h>
+#include <dsgd/runtime/trainer.h>
 #include <torch/torch.h>
 
 #include <iostream>

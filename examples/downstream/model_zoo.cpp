@@ -2,8 +2,8 @@
 //   cnn       1199882 parameters, logits [8, 10]
 //   ...
 // Build: see CMakeLists.txt beside this file. Exits 1 if any model gives the wrong shape.
-#include <dsgd/data.h>
-#include <dsgd/models.h>
+#include <dsgd/data/datasets.h>
+#include <dsgd/models/registry.h>
 
 #include <cstdio>
 

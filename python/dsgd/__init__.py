@@ -216,7 +216,7 @@ def _optimizer_name(optimizer):
 
 def _saved_tensors(data, path):
     """(x, y), a TensorDataset or {"train": (x, y), "validation": (x, y)} saved where every
-    worker reads it (dsgd/data.h: load_tensors_file)."""
+    worker reads it (dsgd/data/datasets.h: load_tensors_file)."""
     import torch
 
     def pair(value, what):

@@ -8,9 +8,9 @@
 #include <algorithm>
 #include <sstream>
 
-#include "dsgd/error.h"
-#include "dsgd/models.h"
-#include "dsgd/sgd.h"
+#include "dsgd/common/error.h"
+#include "dsgd/models/registry.h"
+#include "dsgd/torch/sgd.h"
 
 namespace dsgd::apps {
 

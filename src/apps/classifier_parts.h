@@ -9,10 +9,10 @@
 #include <string>
 #include <vector>
 
-#include "dsgd/data.h"
-#include "dsgd/local_job.h"
-#include "dsgd/models.h"
-#include "dsgd/operator.h"
+#include "dsgd/data/datasets.h"
+#include "dsgd/apps/local_job.h"
+#include "dsgd/models/registry.h"
+#include "dsgd/torch/operator.h"
 
 namespace dsgd::apps {
 

@@ -1,15 +1,15 @@
-#include "dsgd/image_classifier.h"
+#include "dsgd/apps/image_classifier.h"
 
 #include <ATen/Context.h>
 
 #include <cmath>
 
 #include "apps/classifier_parts.h"
-#include "dsgd/data.h"
-#include "dsgd/error.h"
-#include "dsgd/language_model.h"
-#include "dsgd/models.h"
-#include "dsgd/operator.h"
+#include "dsgd/data/datasets.h"
+#include "dsgd/common/error.h"
+#include "dsgd/apps/language_model.h"
+#include "dsgd/models/registry.h"
+#include "dsgd/torch/operator.h"
 
 namespace dsgd {
 namespace {

@@ -1,4 +1,4 @@
-#include "dsgd/image_classifier.h"
+#include "dsgd/apps/image_classifier.h"
 
 #include <algorithm>
 #include <cmath>
@@ -6,9 +6,9 @@
 #include <stdexcept>
 #include <vector>
 
-#include "dsgd/error.h"
-#include "dsgd/json_fields.h"
-#include "dsgd/model_names.h"
+#include "dsgd/common/error.h"
+#include "dsgd/common/json_fields.h"
+#include "dsgd/models/model_names.h"
 
 namespace dsgd {
 namespace {

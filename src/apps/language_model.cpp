@@ -1,4 +1,4 @@
-#include "dsgd/language_model.h"
+#include "dsgd/apps/language_model.h"
 
 #include <torch/optim/adamw.h>
 
@@ -9,14 +9,14 @@
 #include <stdexcept>
 #include <vector>
 
-#include "dsgd/error.h"
-#include "dsgd/gpt.h"
-#include "dsgd/image_classifier.h"
-#include "dsgd/json_fields.h"
-#include "dsgd/model_names.h"
-#include "dsgd/models.h"
-#include "dsgd/operator.h"
-#include "dsgd/text.h"
+#include "dsgd/common/error.h"
+#include "dsgd/models/gpt.h"
+#include "dsgd/apps/image_classifier.h"
+#include "dsgd/common/json_fields.h"
+#include "dsgd/models/model_names.h"
+#include "dsgd/models/registry.h"
+#include "dsgd/torch/operator.h"
+#include "dsgd/data/text.h"
 
 namespace dsgd {
 namespace {

@@ -1,4 +1,4 @@
-#include "dsgd/local_job.h"
+#include "dsgd/apps/local_job.h"
 
 #include <ATen/Parallel.h>
 #include <torch/utils.h>
@@ -9,9 +9,9 @@
 #include <optional>
 
 #include "apps/classifier_parts.h"
-#include "dsgd/data.h"
-#include "dsgd/error.h"
-#include "dsgd/models.h"
+#include "dsgd/data/datasets.h"
+#include "dsgd/common/error.h"
+#include "dsgd/models/registry.h"
 
 namespace dsgd {
 namespace {

@@ -15,7 +15,7 @@
 
 #include "comm/store_util.h"
 #include "dsgd/comm/store.h"
-#include "dsgd/error.h"
+#include "dsgd/common/error.h"
 
 namespace dsgd::comm {
 namespace {

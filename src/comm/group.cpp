@@ -3,7 +3,7 @@
 // a timer here would fire spuriously on a call queued behind long (but healthy) operations.
 #include "dsgd/comm/group.h"
 
-#include "dsgd/error.h"
+#include "dsgd/common/error.h"
 
 namespace dsgd::comm {
 

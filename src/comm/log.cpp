@@ -1,4 +1,4 @@
-#include "dsgd/log.h"
+#include "dsgd/common/log.h"
 
 #include <spdlog/sinks/stdout_color_sinks.h>
 

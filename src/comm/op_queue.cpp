@@ -1,7 +1,7 @@
 #include "comm/op_queue.h"
 
 #include "comm/timeline.h"
-#include "dsgd/error.h"
+#include "dsgd/common/error.h"
 
 namespace dsgd::comm {
 

@@ -8,7 +8,7 @@
 #include <cstring>
 #include <limits>
 
-#include "dsgd/error.h"
+#include "dsgd/common/error.h"
 
 namespace dsgd::comm {
 namespace {

@@ -3,7 +3,7 @@
 #include <charconv>
 
 #include "dsgd/comm/store.h"
-#include "dsgd/error.h"
+#include "dsgd/common/error.h"
 
 namespace dsgd::comm {
 

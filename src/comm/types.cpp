@@ -2,7 +2,7 @@
 
 #include <algorithm>
 
-#include "dsgd/error.h"
+#include "dsgd/common/error.h"
 
 namespace dsgd::comm {
 

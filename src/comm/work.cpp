@@ -1,6 +1,6 @@
 #include "dsgd/comm/work.h"
 
-#include "dsgd/error.h"
+#include "dsgd/common/error.h"
 
 namespace dsgd::comm {
 

@@ -4,8 +4,8 @@
 #include <filesystem>
 
 #include "data/idx.h"
-#include "dsgd/data.h"
-#include "dsgd/error.h"
+#include "dsgd/data/datasets.h"
+#include "dsgd/common/error.h"
 
 namespace dsgd::data {
 namespace {

@@ -6,7 +6,7 @@
 #include <cstring>
 #include <filesystem>
 
-#include "dsgd/error.h"
+#include "dsgd/common/error.h"
 
 namespace dsgd::data {
 namespace {

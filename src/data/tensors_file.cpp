@@ -1,12 +1,12 @@
-// Tensors handed over in a torch.save file (dsgd/data.h: load_tensors_file).
+// Tensors handed over in a torch.save file (dsgd/data/datasets.h: load_tensors_file).
 #include <torch/serialize.h>
 
 #include <fstream>
 #include <iterator>
 #include <sstream>
 
-#include "dsgd/data.h"
-#include "dsgd/error.h"
+#include "dsgd/data/datasets.h"
+#include "dsgd/common/error.h"
 
 namespace dsgd::data {
 namespace {

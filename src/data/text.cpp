@@ -1,4 +1,4 @@
-#include "dsgd/text.h"
+#include "dsgd/data/text.h"
 
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -12,7 +12,7 @@
 #include <filesystem>
 #include <fstream>
 
-#include "dsgd/error.h"
+#include "dsgd/common/error.h"
 
 namespace dsgd::data {
 namespace {

@@ -5,7 +5,7 @@
 #include <torch/nn/modules/dropout.h>
 #include <torch/nn/modules/linear.h>
 
-#include "dsgd/parameter_gate.h"
+#include "dsgd/torch/parameter_gate.h"
 #include "models/zoo.h"
 
 namespace dsgd::models {

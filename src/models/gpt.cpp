@@ -1,4 +1,4 @@
-#include "dsgd/gpt.h"
+#include "dsgd/models/gpt.h"
 
 #include <torch/autograd.h>
 #include <torch/nn/functional/activation.h>
@@ -19,7 +19,7 @@
 #include <map>
 #include <vector>
 
-#include "dsgd/error.h"
+#include "dsgd/common/error.h"
 
 namespace dsgd::models {
 namespace {

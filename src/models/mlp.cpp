@@ -4,7 +4,7 @@
 #include <torch/nn/modules/container/modulelist.h>
 #include <torch/nn/modules/linear.h>
 
-#include "dsgd/parameter_gate.h"
+#include "dsgd/torch/parameter_gate.h"
 #include "models/zoo.h"
 
 namespace dsgd::models {

@@ -1,4 +1,4 @@
-#include "dsgd/model_names.h"
+#include "dsgd/models/model_names.h"
 
 namespace dsgd::models {
 

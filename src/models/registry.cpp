@@ -1,7 +1,7 @@
 #include <torch/nn/module.h>
 #include <torch/types.h>
 
-#include "dsgd/error.h"
+#include "dsgd/common/error.h"
 #include "models/zoo.h"
 
 namespace dsgd::models {

@@ -8,8 +8,8 @@
 #include <torch/nn/modules/conv.h>
 #include <torch/nn/modules/linear.h>
 
-#include "dsgd/parameter_gate.h"
-#include "dsgd/sync_batchnorm.h"
+#include "dsgd/torch/parameter_gate.h"
+#include "dsgd/torch/sync_batchnorm.h"
 #include "models/zoo.h"
 
 namespace dsgd::models {

@@ -1,4 +1,4 @@
-// A TorchScript module as a Classifier (dsgd/models.h: ScriptedModel). The torch::nn::Module
+// A TorchScript module as a Classifier (dsgd/models/registry.h: ScriptedModel). The torch::nn::Module
 // side is a mirror: one empty Module per script submodule, holding the script's own parameter
 // and buffer tensors under the same names. Everything the runtime does to a model's tensors
 // (copy_ on a restore, set_data on a device move, .grad from backward) therefore reaches the
@@ -7,9 +7,9 @@
 
 #include <sstream>
 
-#include "dsgd/error.h"
-#include "dsgd/models.h"
-#include "dsgd/parameter_gate.h"
+#include "dsgd/common/error.h"
+#include "dsgd/models/registry.h"
+#include "dsgd/torch/parameter_gate.h"
 #include "models/zoo.h"
 
 namespace dsgd::models {

@@ -8,7 +8,7 @@
 
 #include <cmath>
 
-#include "dsgd/parameter_gate.h"
+#include "dsgd/torch/parameter_gate.h"
 #include "models/paced_sleep.h"
 #include "models/zoo.h"
 

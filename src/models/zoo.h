@@ -4,7 +4,7 @@
 
 #include <torch/types.h>
 
-#include "dsgd/models.h"
+#include "dsgd/models/registry.h"
 
 namespace dsgd::models {
 

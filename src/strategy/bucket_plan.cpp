@@ -2,7 +2,7 @@
 
 #include <string>
 
-#include "dsgd/error.h"
+#include "dsgd/common/error.h"
 
 namespace dsgd::strategy {
 

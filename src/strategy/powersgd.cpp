@@ -5,7 +5,7 @@
 #include <random>
 
 #include "comm/reduce_kernels.h"
-#include "dsgd/error.h"
+#include "dsgd/common/error.h"
 
 namespace dsgd::strategy {
 namespace {

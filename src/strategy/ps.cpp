@@ -10,7 +10,7 @@
 
 #include "comm/op_queue.h"
 #include "comm/reduce_kernels.h"
-#include "dsgd/error.h"
+#include "dsgd/common/error.h"
 #include "strategy/ps_wire.h"
 #include "strategy/sgd.h"
 #include "strategy/strategy.h"

@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "comm/op_queue.h"
-#include "dsgd/error.h"
+#include "dsgd/common/error.h"
 #include "strategy/sgd.h"
 #include "strategy/strategy.h"
 

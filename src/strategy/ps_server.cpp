@@ -4,7 +4,7 @@
 #include <string>
 #include <vector>
 
-#include "dsgd/error.h"
+#include "dsgd/common/error.h"
 #include "strategy/ps_wire.h"
 
 namespace dsgd::strategy {

@@ -3,7 +3,7 @@
 #include <atomic>
 
 #include "comm/op_queue.h"
-#include "dsgd/error.h"
+#include "dsgd/common/error.h"
 
 namespace dsgd::strategy {
 

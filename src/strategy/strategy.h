@@ -6,7 +6,7 @@
 //   w->wait();                                                        // bucket_data holds the average
 //
 // A strategy works on flat float32 buckets and knows nothing of tensors (torch-free). Every
-// replica must start the same averages in the same order (src/torch/grad_sync.h launches
+// replica must start the same averages in the same order (src/torch/sync/grad_sync.h launches
 // buckets in one fixed order for that). Results are identical on every replica, so replicas stay
 // bit-identical. Thread-safe. The parameter-server strategies implement this same interface;
 // those that apply the optimizer on their servers (ps with update on shards, ps_async) take
@@ -20,7 +20,7 @@
 #include <memory>
 #include <string>
 
-#include "dsgd/choice.h"
+#include "dsgd/common/choice.h"
 #include "dsgd/comm/hierarchical.h"
 #include "dsgd/comm/work.h"
 #include "strategy/powersgd.h"

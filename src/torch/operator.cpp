@@ -1,5 +1,5 @@
 // TrainingOperator's defaults (the usual supervised loop) and the operator registry.
-#include "dsgd/operator.h"
+#include "dsgd/torch/operator.h"
 
 #include <torch/nn/functional/loss.h>
 #include <torch/types.h>
@@ -9,8 +9,8 @@
 #include <unordered_map>
 
 #include "comm/timeline.h"
-#include "dsgd/error.h"
-#include "torch/replica_host.h"
+#include "dsgd/common/error.h"
+#include "torch/replica/host.h"
 
 namespace dsgd {
 namespace {

@@ -4,7 +4,7 @@
 #include <cmath>
 #include <numeric>
 
-#include "dsgd/error.h"
+#include "dsgd/common/error.h"
 
 namespace dsgd::tune {
 

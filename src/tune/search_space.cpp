@@ -5,9 +5,9 @@
 #include <map>
 #include <type_traits>
 
-#include "dsgd/error.h"
-#include "dsgd/settings.h"
-#include "dsgd/tune.h"
+#include "dsgd/common/error.h"
+#include "dsgd/runtime/settings.h"
+#include "dsgd/tune/tuner.h"
 
 namespace dsgd {
 namespace {

@@ -15,9 +15,9 @@
 #include <sstream>
 #include <thread>
 
-#include "dsgd/error.h"
-#include "dsgd/log.h"
-#include "dsgd/tune.h"
+#include "dsgd/common/error.h"
+#include "dsgd/common/log.h"
+#include "dsgd/tune/tuner.h"
 #include "tune/schedulers.h"
 
 namespace dsgd {

@@ -9,7 +9,7 @@
 #include <thread>
 
 #include "testing/allreduce_check.h"
-#include "dsgd/error.h"
+#include "dsgd/common/error.h"
 #include "testing/ranks.h"
 
 namespace dsgd::comm {

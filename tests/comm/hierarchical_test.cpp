@@ -13,7 +13,7 @@
 #include <thread>
 
 #include "comm/reduce_kernels.h"
-#include "dsgd/error.h"
+#include "dsgd/common/error.h"
 #include "testing/ranks.h"
 
 namespace dsgd::comm {

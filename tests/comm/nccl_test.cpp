@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "dsgd/comm/nccl_group.h"
-#include "dsgd/error.h"
+#include "dsgd/common/error.h"
 
 namespace dsgd::comm {
 namespace {

@@ -6,7 +6,7 @@
 #include <atomic>
 #include <stdexcept>
 
-#include "dsgd/error.h"
+#include "dsgd/common/error.h"
 
 namespace dsgd::comm {
 namespace {

@@ -7,7 +7,7 @@
 #include <cmath>
 #include <vector>
 
-#include "dsgd/error.h"
+#include "dsgd/common/error.h"
 
 namespace dsgd::comm {
 namespace {

@@ -17,7 +17,7 @@
 #include <thread>
 
 #include "testing/allreduce_check.h"
-#include "dsgd/error.h"
+#include "dsgd/common/error.h"
 #include "testing/ranks.h"
 #include "testing/temp_dir.h"
 

@@ -8,7 +8,7 @@
 
 #include <thread>
 
-#include "dsgd/error.h"
+#include "dsgd/common/error.h"
 #include "testing/temp_dir.h"
 
 namespace dsgd::comm {

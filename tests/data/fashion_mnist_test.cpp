@@ -4,8 +4,8 @@
 
 #include <filesystem>
 
-#include "dsgd/data.h"
-#include "dsgd/error.h"
+#include "dsgd/data/datasets.h"
+#include "dsgd/common/error.h"
 #include "testing/idx_writer.h"
 #include "testing/temp_dir.h"
 

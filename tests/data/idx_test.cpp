@@ -5,7 +5,7 @@
 
 #include <filesystem>
 
-#include "dsgd/error.h"
+#include "dsgd/common/error.h"
 #include "testing/idx_writer.h"
 #include "testing/temp_dir.h"
 

@@ -7,8 +7,8 @@
 #include <numeric>
 #include <random>
 
-#include "dsgd/error.h"
-#include "dsgd/text.h"
+#include "dsgd/common/error.h"
+#include "dsgd/data/text.h"
 #include "testing/temp_dir.h"
 
 namespace dsgd::data {

@@ -3,13 +3,13 @@
 // The only acceptable outcomes are valid options or a dsgd::ConfigError; anything else (a crash,
 // another exception, a sanitizer report) is a bug. It found two: '{"lr": 1e400}' escaped the
 // CLI as nlohmann's out_of_range and aborted `dsgd train`, and '{"synthetic_samples": 10000E020}'
-// was an unchecked float-to-integer cast (dsgd/json_fields.h). Run with tests/fuzz/run.sh.
+// was an unchecked float-to-integer cast (dsgd/common/json_fields.h). Run with tests/fuzz/run.sh.
 #include <cstddef>
 #include <cstdint>
 #include <string_view>
 
-#include "dsgd/error.h"
-#include "dsgd/image_classifier.h"
+#include "dsgd/common/error.h"
+#include "dsgd/apps/image_classifier.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string_view text(reinterpret_cast<const char*>(data), size);

@@ -10,7 +10,7 @@
 #include <string_view>
 
 #include "data/idx.h"
-#include "dsgd/error.h"
+#include "dsgd/common/error.h"
 
 namespace {
 

@@ -10,10 +10,10 @@
 #include <cmath>
 #include <map>
 
-#include "dsgd/error.h"
-#include "dsgd/gpt.h"
-#include "dsgd/language_model.h"
-#include "dsgd/models.h"
+#include "dsgd/common/error.h"
+#include "dsgd/models/gpt.h"
+#include "dsgd/apps/language_model.h"
+#include "dsgd/models/registry.h"
 
 namespace dsgd::models {
 namespace {

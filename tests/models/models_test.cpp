@@ -5,9 +5,9 @@
 #include <chrono>
 #include <set>
 
-#include "dsgd/error.h"
-#include "dsgd/models.h"
-#include "dsgd/parameter_gate.h"
+#include "dsgd/common/error.h"
+#include "dsgd/models/registry.h"
+#include "dsgd/torch/parameter_gate.h"
 #include "models/paced_sleep.h"
 
 namespace dsgd::models {
@@ -159,7 +159,7 @@ TEST(Models, PacedSleepTakesLatenessOffTheNextSleeps) {
   EXPECT_DOUBLE_EQ(early.debt_ms(), 0.0);
 }
 
-// The forward overlap (dsgd/parameter_gate.h) needs a model to wait for each parameter before
+// The forward overlap (dsgd/torch/parameter_gate.h) needs a model to wait for each parameter before
 // using it; a model that missed one would be trained without the overlap.
 class RecordingGate : public ParameterGate {
  public:

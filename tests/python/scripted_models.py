@@ -3,7 +3,7 @@
     python3 scripted_models.py cnn OUT.pt [--no-dropout] [--trace] [--classes N]
     python3 scripted_models.py bn-cnn OUT.pt [--trace] [--classes N]
 
-cnn:    the reference CNN (dsgd/models.h: pytorch/examples' MNIST network), layer for layer and
+cnn:    the reference CNN (dsgd/models/registry.h: pytorch/examples' MNIST network), layer for layer and
         under the same parameter names as dsgd's C++ one (conv1, conv2, fc1, fc2).
 bn-cnn: a small CNN with BatchNorm and Dropout (buffers, and a train/eval difference).
 """

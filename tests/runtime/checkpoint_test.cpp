@@ -12,7 +12,7 @@
 #include <utility>
 #include <vector>
 
-#include "dsgd/error.h"
+#include "dsgd/common/error.h"
 #include "testing/temp_dir.h"
 
 namespace dsgd::runtime {

@@ -5,11 +5,11 @@
 #include <thread>
 
 #include "dsgd/comm/group.h"
-#include "dsgd/error.h"
+#include "dsgd/common/error.h"
 #include "dsgd/control.grpc.pb.h"
-#include "runtime/control/driver_service.h"
-#include "runtime/control/grpc_util.h"
-#include "runtime/control/store_service.h"
+#include "control/driver_service.h"
+#include "control/grpc_util.h"
+#include "control/store_service.h"
 #include "testing/ranks.h"
 
 namespace dsgd::control {

@@ -8,10 +8,10 @@
 #include <fstream>
 #include <iostream>
 
-#include "dsgd/error.h"
-#include "runtime/control/driver_service.h"
-#include "runtime/control/store_service.h"
-#include "runtime/control/tls.h"
+#include "dsgd/common/error.h"
+#include "control/driver_service.h"
+#include "control/store_service.h"
+#include "control/tls.h"
 
 namespace dsgd::control {
 namespace {

@@ -11,7 +11,7 @@
 #include <filesystem>
 #include <fstream>
 
-#include "dsgd/error.h"
+#include "dsgd/common/error.h"
 #include "testing/temp_dir.h"
 
 namespace {

@@ -1,5 +1,5 @@
 // integer_field: JSON integers from users and files, range-checked instead of cast unchecked.
-#include "dsgd/json_fields.h"
+#include "dsgd/common/json_fields.h"
 
 #include <gtest/gtest.h>
 

@@ -18,9 +18,9 @@
 #include <optional>
 #include <thread>
 
-#include "dsgd/cluster.h"
-#include "dsgd/error.h"
-#include "dsgd/image_classifier.h"
+#include "dsgd/runtime/cluster.h"
+#include "dsgd/common/error.h"
+#include "dsgd/apps/image_classifier.h"
 #include "testing/temp_dir.h"
 
 namespace dsgd::runtime {
@@ -366,7 +366,7 @@ TEST(Launcher, SshScriptGetsTheTokenOnStandardInputAndEndsTheWorkerWithIt) {
   if (!gone) ::kill(worker_pid, SIGKILL);
 }
 
-// ---- cluster specs (dsgd/cluster.h) ----
+// ---- cluster specs (dsgd/runtime/cluster.h) ----
 
 std::string spec(const std::string& cluster, const std::string& task) {
   return "{\"cluster\": " + cluster + ", \"task\": " + task + "}";

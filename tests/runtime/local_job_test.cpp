@@ -1,10 +1,10 @@
 // The in-process training job: loss falls, results are consistent and reproducible, bad options
 // are rejected before any work.
-#include "dsgd/local_job.h"
+#include "dsgd/apps/local_job.h"
 
 #include <gtest/gtest.h>
 
-#include "dsgd/error.h"
+#include "dsgd/common/error.h"
 
 namespace dsgd::runtime {
 namespace {

@@ -13,9 +13,9 @@
 #include <thread>
 #include <vector>
 
-#include "dsgd/data.h"
-#include "dsgd/trainer.h"
-#include "dsgd/image_classifier.h"
+#include "dsgd/data/datasets.h"
+#include "dsgd/runtime/trainer.h"
+#include "dsgd/apps/image_classifier.h"
 #include "testing/port_attacker.h"
 
 namespace dsgd {

@@ -3,8 +3,8 @@
 
 #include <filesystem>
 
-#include "dsgd/data.h"
-#include "dsgd/local_job.h"
+#include "dsgd/data/datasets.h"
+#include "dsgd/apps/local_job.h"
 
 namespace dsgd::runtime {
 namespace {

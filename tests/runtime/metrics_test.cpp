@@ -9,8 +9,8 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
-#include "dsgd/dashboard.h"
-#include "dsgd/error.h"
+#include "dsgd/runtime/dashboard.h"
+#include "dsgd/common/error.h"
 #include "runtime/monitor/job_history.h"
 
 namespace dsgd::runtime {

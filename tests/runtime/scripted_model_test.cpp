@@ -8,10 +8,10 @@
 #include <fstream>
 #include <string>
 
-#include "dsgd/error.h"
-#include "dsgd/image_classifier.h"
-#include "dsgd/models.h"
-#include "dsgd/trainer.h"
+#include "dsgd/common/error.h"
+#include "dsgd/apps/image_classifier.h"
+#include "dsgd/models/registry.h"
+#include "dsgd/runtime/trainer.h"
 #include "testing/params.h"
 #include "testing/temp_dir.h"
 

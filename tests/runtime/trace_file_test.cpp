@@ -5,7 +5,7 @@
 
 #include <fstream>
 
-#include "dsgd/error.h"
+#include "dsgd/common/error.h"
 #include "testing/temp_dir.h"
 
 namespace dsgd::runtime {

@@ -102,7 +102,7 @@ TEST(TrainerEquivalence, BatchNormStatisticsAreTheSameOnEveryReplicaAfterEverySt
   EXPECT_EQ(running_stats(*t.get_model()), stats) << "the snapshot's statistics are not the replicas'";
 }
 
-// sync_batchnorm (dsgd/sync_batchnorm.h): each BatchNorm layer normalises with the statistics of
+// sync_batchnorm (dsgd/torch/sync_batchnorm.h): each BatchNorm layer normalises with the statistics of
 // every replica's samples together, so 2 workers train what one process with the global batch
 // trains, parameters and running statistics alike, and their checkpoint (get_model reads the
 // state a checkpoint holds) is that process's. Without it each replica normalises its own half,

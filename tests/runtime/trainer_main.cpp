@@ -8,8 +8,8 @@
 #include <cstring>
 #include <iostream>
 
-#include "dsgd/image_classifier.h"
-#include "dsgd/trainer.h"
+#include "dsgd/apps/image_classifier.h"
+#include "dsgd/runtime/trainer.h"
 
 int main(int argc, char** argv) {
   // A test's way to make replacement workers fail to start: while the file named by

@@ -7,10 +7,10 @@
 
 #include <iostream>
 
-#include "dsgd/trainer.h"
-#include "dsgd/error.h"
-#include "dsgd/image_classifier.h"
-#include "runtime/control/driver_service.h"
+#include "dsgd/runtime/trainer.h"
+#include "dsgd/common/error.h"
+#include "dsgd/apps/image_classifier.h"
+#include "control/driver_service.h"
 #include "testing/port_attacker.h"
 
 namespace dsgd {

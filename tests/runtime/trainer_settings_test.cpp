@@ -1,4 +1,4 @@
-// Every setting's one description (dsgd/settings.h): set by name from JSON (apply_settings, the
+// Every setting's one description (dsgd/runtime/settings.h): set by name from JSON (apply_settings, the
 // Python module's way in), printed back (settings_of), and each row's rule.
 #include <gtest/gtest.h>
 
@@ -8,8 +8,8 @@
 #include <utility>
 #include <vector>
 
-#include "dsgd/error.h"
-#include "dsgd/settings.h"
+#include "dsgd/common/error.h"
+#include "dsgd/runtime/settings.h"
 
 namespace dsgd {
 namespace {

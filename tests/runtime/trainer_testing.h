@@ -30,21 +30,21 @@
 #include <sstream>
 #include <thread>
 
-#include "dsgd/error.h"
-#include "dsgd/fit.h"
-#include "dsgd/image_classifier.h"
-#include "dsgd/language_model.h"
-#include "dsgd/operator.h"
-#include "dsgd/text.h"
-#include "dsgd/trainer.h"
+#include "dsgd/common/error.h"
+#include "dsgd/runtime/fit.h"
+#include "dsgd/apps/image_classifier.h"
+#include "dsgd/apps/language_model.h"
+#include "dsgd/torch/operator.h"
+#include "dsgd/data/text.h"
+#include "dsgd/runtime/trainer.h"
 #include "runtime/driver/checkpoint.h"
 #include "runtime/launch/spawn.h"
 #include "runtime/worker/cpu_kernels.h"
 #include "testing/params.h"
 #include "testing/proc.h"
 #include "testing/temp_dir.h"
-#include "torch/grad_sync.h"
-#include "torch/replica.h"
+#include "torch/sync/grad_sync.h"
+#include "torch/replica/replica.h"
 
 namespace dsgd::trainer_testing {
 

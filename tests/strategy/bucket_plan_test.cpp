@@ -8,7 +8,7 @@
 #include <random>
 #include <thread>
 
-#include "dsgd/error.h"
+#include "dsgd/common/error.h"
 
 namespace dsgd::strategy {
 namespace {

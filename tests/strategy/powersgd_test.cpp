@@ -11,7 +11,7 @@
 
 #include "dsgd/comm/group.h"
 #include "dsgd/comm/store.h"
-#include "dsgd/error.h"
+#include "dsgd/common/error.h"
 #include "testing/ranks.h"
 
 namespace dsgd::strategy {

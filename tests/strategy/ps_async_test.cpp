@@ -8,7 +8,7 @@
 #include <thread>
 #include <vector>
 
-#include "dsgd/error.h"
+#include "dsgd/common/error.h"
 #include "strategy/strategy.h"
 #include "testing/ranks.h"
 

@@ -14,7 +14,7 @@
 #include <limits>
 #include <vector>
 
-#include "dsgd/error.h"
+#include "dsgd/common/error.h"
 #include "strategy/ps_server.h"
 #include "strategy/strategy.h"
 #include "testing/ranks.h"

@@ -20,7 +20,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
-#include "dsgd/trainer.h"
+#include "dsgd/runtime/trainer.h"
 #include "run_dsgd.h"
 #include "testing/temp_dir.h"
 

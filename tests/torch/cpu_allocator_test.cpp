@@ -1,7 +1,7 @@
-// The CPU tensor cache (torch/cpu_allocator.h): a freed block serves the next tensor of its size
+// The CPU tensor cache (torch/memory/cpu_allocator.h): a freed block serves the next tensor of its size
 // class, so tensors of one size come and go without the process growing; the limit and the idle
 // time give blocks back; small tensors, fork and the environment's settings.
-#include "torch/cpu_allocator.h"
+#include "torch/memory/cpu_allocator.h"
 
 #include <gtest/gtest.h>
 #include <sys/wait.h>

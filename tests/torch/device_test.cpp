@@ -8,10 +8,10 @@
 
 #include <thread>
 
-#include "dsgd/error.h"
-#include "dsgd/sgd.h"
-#include "torch/device.h"
-#include "torch/grad_sync.h"
+#include "dsgd/common/error.h"
+#include "dsgd/torch/sgd.h"
+#include "torch/replica/device.h"
+#include "torch/sync/grad_sync.h"
 
 namespace dsgd::torch_glue {
 namespace {

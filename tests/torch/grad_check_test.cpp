@@ -1,7 +1,7 @@
 // GradCheck: .grad ends as LibTorch alone would leave it (zeroed and accumulated, set to none,
 // accumulated over backwards), in the same storage where LibTorch keeps it, and every NaN or
 // infinity is found, whichever backward since the last take() made it.
-#include "torch/grad_check.h"
+#include "torch/replica/grad_check.h"
 
 #include <gtest/gtest.h>
 #include <torch/torch.h>

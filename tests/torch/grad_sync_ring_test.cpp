@@ -9,7 +9,7 @@
 
 #include <thread>
 
-#include "torch/grad_sync.h"
+#include "torch/sync/grad_sync.h"
 
 namespace dsgd::torch_glue {
 namespace {

@@ -3,7 +3,7 @@
 // second backward on, .grad is the bucket slot and zero_grad() zeroes it in place), with
 // weights, with .grad cleared by the caller or not zeroed, and after Module::load (which set_()s
 // the parameters and gives them new AccumulateGrad nodes).
-#include "torch/grad_sync.h"
+#include "torch/sync/grad_sync.h"
 
 #include <gtest/gtest.h>
 #include <torch/torch.h>
@@ -12,7 +12,7 @@
 #include <cmath>
 #include <thread>
 
-#include "dsgd/error.h"
+#include "dsgd/common/error.h"
 
 namespace dsgd::torch_glue {
 namespace {

@@ -1,6 +1,6 @@
 // LossScaler: GradScaler's rules (back off on overflow, grow after N good steps), powers of two
 // only, bounded, restorable.
-#include "torch/loss_scaler.h"
+#include "torch/replica/loss_scaler.h"
 
 #include <gtest/gtest.h>
 

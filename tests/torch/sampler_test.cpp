@@ -1,6 +1,6 @@
 // The distributed sampler's arithmetic: every sample of a batch to exactly one replica, parts as
 // even as possible, weights that make the average the whole batch's mean.
-#include "torch/sampler.h"
+#include "torch/replica/sampler.h"
 
 #include <gtest/gtest.h>
 

@@ -2,7 +2,7 @@
 // allreduce strategy's Sharing): a receiver ends with root's parameters, buffers and optimizer
 // state bit for bit (so its next step is root's), a replica that only takes part keeps its own,
 // and an optimizer of a kind not known here goes as the archive, with the same result.
-#include "torch/state_broadcast.h"
+#include "torch/state/broadcast.h"
 
 #include <gtest/gtest.h>
 #include <torch/torch.h>
@@ -14,7 +14,7 @@
 #include "dsgd/comm/hierarchical.h"
 #include "dsgd/comm/store.h"
 #include "testing/ranks.h"
-#include "torch/optimizer_state.h"
+#include "torch/state/optimizer_state.h"
 
 namespace dsgd::torch_glue {
 namespace {

@@ -1,11 +1,11 @@
-// SyncBatchNorm2d (dsgd/sync_batchnorm.h) against one BatchNorm2d over the whole batch: two
+// SyncBatchNorm2d (dsgd/torch/sync_batchnorm.h) against one BatchNorm2d over the whole batch: two
 // replicas as threads, each with half the batch, their sums met in memory.
-#include "dsgd/sync_batchnorm.h"
+#include "dsgd/torch/sync_batchnorm.h"
 
 #include <gtest/gtest.h>
 #include <torch/nn/modules/batchnorm.h>
 
-#include "dsgd/error.h"
+#include "dsgd/common/error.h"
 
 #include <barrier>
 #include <mutex>

@@ -1,4 +1,4 @@
-#include "torch/zero.h"
+#include "torch/sync/zero.h"
 
 #include <gtest/gtest.h>
 

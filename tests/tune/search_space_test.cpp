@@ -6,9 +6,9 @@
 #include <cmath>
 #include <set>
 
-#include "dsgd/error.h"
-#include "dsgd/settings.h"
-#include "dsgd/tune.h"
+#include "dsgd/common/error.h"
+#include "dsgd/runtime/settings.h"
+#include "dsgd/tune/tuner.h"
 
 namespace dsgd {
 namespace {

@@ -9,9 +9,9 @@
 #include <filesystem>
 #include <fstream>
 
-#include "dsgd/error.h"
-#include "dsgd/image_classifier.h"
-#include "dsgd/tune.h"
+#include "dsgd/common/error.h"
+#include "dsgd/apps/image_classifier.h"
+#include "dsgd/tune/tuner.h"
 #include "testing/temp_dir.h"
 
 namespace dsgd {

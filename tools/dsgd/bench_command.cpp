@@ -17,7 +17,7 @@
 #include "dsgd/comm/group.h"
 #include "dsgd/comm/hierarchical.h"
 #include "dsgd/comm/shm_group.h"
-#include "dsgd/error.h"
+#include "dsgd/common/error.h"
 
 namespace dsgd::cli {
 namespace {

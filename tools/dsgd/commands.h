@@ -28,16 +28,16 @@ void add_tls_keys_command(CLI::App& app, int* exit_code);
 // `dsgd evaluate`: the evaluator role, evaluating a job's checkpoints as they appear.
 void add_evaluate_command(CLI::App& app, int* exit_code);
 
-// `dsgd tune`: hyper-parameter search (dsgd/tune.h).
+// `dsgd tune`: hyper-parameter search (dsgd/tune/tuner.h).
 void add_tune_command(CLI::App& app, int* exit_code);
 
-// `dsgd prepare-text`: a text file into a language model's token files (dsgd/text.h).
+// `dsgd prepare-text`: a text file into a language model's token files (dsgd/data/text.h).
 void add_prepare_text_command(CLI::App& app, int* exit_code);
 
 // `dsgd generate`: text from a language model's checkpoint.
 void add_generate_command(CLI::App& app, int* exit_code);
 
-// `dsgd settings`: every setting of a job, its default, flag and help (dsgd/settings.h).
+// `dsgd settings`: every setting of a job, its default, flag and help (dsgd/runtime/settings.h).
 void add_settings_command(CLI::App& app, int* exit_code);
 
 // `dsgd bench allreduce`: communication benchmarks.

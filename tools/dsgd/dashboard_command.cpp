@@ -6,8 +6,8 @@
 #include <memory>
 
 #include "commands.h"
-#include "dsgd/dashboard.h"
-#include "dsgd/error.h"
+#include "dsgd/runtime/dashboard.h"
+#include "dsgd/common/error.h"
 
 namespace dsgd::cli {
 

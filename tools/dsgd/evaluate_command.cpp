@@ -1,13 +1,13 @@
-// `dsgd evaluate`: the evaluator role (dsgd/evaluator.h): evaluates each checkpoint a job writes
+// `dsgd evaluate`: the evaluator role (dsgd/runtime/evaluator.h): evaluates each checkpoint a job writes
 // to its --checkpoint-dir as it appears, on its own process (and host), until the job ends.
 #include <iostream>
 #include <memory>
 #include <optional>
 
 #include "commands.h"
-#include "dsgd/cluster.h"
-#include "dsgd/error.h"
-#include "dsgd/evaluator.h"
+#include "dsgd/runtime/cluster.h"
+#include "dsgd/common/error.h"
+#include "dsgd/runtime/evaluator.h"
 
 namespace dsgd::cli {
 

@@ -1,4 +1,4 @@
-// `dsgd generate`: text from a trained language model (dsgd/language_model.h): the checkpoint's
+// `dsgd generate`: text from a trained language model (dsgd/apps/language_model.h): the checkpoint's
 // GPT continues a prompt, a byte at a time, sampled with a temperature from the top k.
 #include <ATen/CPUGeneratorImpl.h>
 #include <torch/types.h>
@@ -8,11 +8,11 @@
 #include <memory>
 
 #include "commands.h"
-#include "dsgd/error.h"
-#include "dsgd/gpt.h"
-#include "dsgd/loaded_operator.h"
-#include "dsgd/operator.h"
-#include "dsgd/text.h"
+#include "dsgd/common/error.h"
+#include "dsgd/models/gpt.h"
+#include "dsgd/runtime/loaded_operator.h"
+#include "dsgd/torch/operator.h"
+#include "dsgd/data/text.h"
 
 namespace dsgd::cli {
 namespace {

@@ -4,8 +4,8 @@
 #include <string>
 
 #include "commands.h"
-#include "dsgd/trainer.h"
-#include "dsgd/image_classifier.h"
+#include "dsgd/runtime/trainer.h"
+#include "dsgd/apps/image_classifier.h"
 
 int main(int argc, char** argv) {
   // Spawned by a driver (`dsgd train --workers N`): serve as its worker and exit.

@@ -1,12 +1,12 @@
 // `dsgd prepare-text`: a text file (dict-gcide's dictionary by default) into the token files a
-// language model trains on (dsgd/text.h), with a held-out validation part.
+// language model trains on (dsgd/data/text.h), with a held-out validation part.
 #include <iostream>
 #include <memory>
 #include <nlohmann/json.hpp>
 
 #include "commands.h"
-#include "dsgd/error.h"
-#include "dsgd/text.h"
+#include "dsgd/common/error.h"
+#include "dsgd/data/text.h"
 
 namespace dsgd::cli {
 

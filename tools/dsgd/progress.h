@@ -7,7 +7,7 @@
 #include <map>
 #include <string>
 
-#include "dsgd/fit.h"
+#include "dsgd/runtime/fit.h"
 
 namespace dsgd::cli {
 

@@ -1,9 +1,9 @@
-// `dsgd settings`: every setting of a job, from its one description (dsgd/settings.h).
+// `dsgd settings`: every setting of a job, from its one description (dsgd/runtime/settings.h).
 #include <iostream>
 #include <string>
 
 #include "commands.h"
-#include "dsgd/settings.h"
+#include "dsgd/runtime/settings.h"
 
 namespace dsgd::cli {
 namespace {

@@ -14,21 +14,21 @@
 #include <thread>
 
 #include "commands.h"
-#include "dsgd/cluster.h"
-#include "dsgd/error.h"
-#include "dsgd/fit.h"
-#include "dsgd/image_classifier.h"
-#include "dsgd/language_model.h"
-#include "dsgd/local_job.h"
-#include "dsgd/settings.h"
-#include "dsgd/trainer.h"
+#include "dsgd/runtime/cluster.h"
+#include "dsgd/common/error.h"
+#include "dsgd/runtime/fit.h"
+#include "dsgd/apps/image_classifier.h"
+#include "dsgd/apps/language_model.h"
+#include "dsgd/apps/local_job.h"
+#include "dsgd/runtime/settings.h"
+#include "dsgd/runtime/trainer.h"
 #include "progress.h"
 #include "train_flags.h"
 
 namespace dsgd::cli {
 namespace {
 
-// --model gpt-*: the language model (dsgd/language_model.h) on --dataset text:DIR.
+// --model gpt-*: the language model (dsgd/apps/language_model.h) on --dataset text:DIR.
 bool is_language_model(const TrainFlags& f) {
   return f.job.model.rfind("gpt-", 0) == 0 || f.job.dataset.rfind("text:", 0) == 0;
 }

@@ -5,7 +5,7 @@
 #include <cstdlib>
 #include <string>
 
-#include "dsgd/settings.h"
+#include "dsgd/runtime/settings.h"
 
 namespace dsgd::cli {
 namespace {
@@ -51,7 +51,7 @@ std::string heading(const std::string& path) {
   return g + " settings";
 }
 
-// Binds the flag of setting `d` (dsgd/settings.h) to f.trainer: its text set through the
+// Binds the flag of setting `d` (dsgd/runtime/settings.h) to f.trainer: its text set through the
 // setting's own setter, so the flag takes what apply_settings and Python take.
 void bind_setting(CLI::App* cmd, TrainFlags& f, const SettingDescription& d) {
   const bool negated = d.flag[0] == '!';

@@ -13,13 +13,13 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
-#include "dsgd/local_job.h"
-#include "dsgd/trainer_config.h"
+#include "dsgd/apps/local_job.h"
+#include "dsgd/common/trainer_config.h"
 
 namespace dsgd::cli {
 
 // The flags. Those of the Trainer's settings are bound from each setting's description
-// (dsgd/settings.h: flag, help, default, grouped in --help as TrainerConfig groups them) to
+// (dsgd/runtime/settings.h: flag, help, default, grouped in --help as TrainerConfig groups them) to
 // `trainer`, through the setting's own setter; the Trainer's validation checks them
 // (dsgd::validate_config) and its errors name the field, which `flag_of` turns back into the flag
 // that set it.
@@ -28,7 +28,7 @@ struct TrainFlags {
   TrainerConfig trainer;                       // the rest of the Trainer's settings
   std::map<std::string, std::string> flag_of;  // TrainerConfig field -> the flag bound to it
   std::string hosts_file;                      // launcher ssh: one "host[:slots]" a line
-  std::string cluster;                         // a cluster spec file (dsgd/cluster.h); "" = $DSGD_CLUSTER, if set
+  std::string cluster;                         // a cluster spec (dsgd/runtime/cluster.h); "" = $DSGD_CLUSTER, if set
   std::string save;
   std::string load;
   std::string config;  // JSON merged into the operator's config

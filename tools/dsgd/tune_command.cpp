@@ -1,4 +1,4 @@
-// `dsgd tune`: hyper-parameter search over the built-in image classifier's jobs (dsgd/tune.h):
+// `dsgd tune`: hyper-parameter search over the built-in image classifier's jobs (dsgd/tune/tuner.h):
 // a table of the trials on stdout, every trial's history in JSON, a plot of the metric per trial.
 #include <algorithm>
 #include <cmath>
@@ -10,9 +10,9 @@
 #include <sstream>
 
 #include "commands.h"
-#include "dsgd/error.h"
-#include "dsgd/image_classifier.h"
-#include "dsgd/tune.h"
+#include "dsgd/common/error.h"
+#include "dsgd/apps/image_classifier.h"
+#include "dsgd/tune/tuner.h"
 
 namespace dsgd::cli {
 namespace {

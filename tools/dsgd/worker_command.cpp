@@ -7,10 +7,10 @@
 #include <string>
 
 #include "commands.h"
-#include "dsgd/cluster.h"
-#include "dsgd/error.h"
-#include "dsgd/image_classifier.h"
-#include "dsgd/remote.h"
+#include "dsgd/runtime/cluster.h"
+#include "dsgd/common/error.h"
+#include "dsgd/apps/image_classifier.h"
+#include "dsgd/runtime/remote.h"
 
 namespace dsgd::cli {
 namespace {

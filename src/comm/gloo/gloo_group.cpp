@@ -31,7 +31,7 @@
 #include "comm/process.h"
 #include "comm/reduce_kernels.h"
 #include "dsgd/comm/group.h"
-#include "dsgd/error.h"
+#include "dsgd/common/error.h"
 
 namespace dsgd::comm {
 namespace {

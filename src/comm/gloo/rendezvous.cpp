@@ -8,7 +8,7 @@
 #include "comm/gloo/gloo_calls.h"
 #include "comm/gloo/guarded_transport.h"
 #include "comm/gloo/store_adapter.h"
-#include "dsgd/error.h"
+#include "dsgd/common/error.h"
 
 namespace dsgd::comm {
 namespace {

@@ -18,7 +18,7 @@
 
 #include "dsgd/comm/nccl_group.h"
 #include "comm/process.h"
-#include "dsgd/error.h"
+#include "dsgd/common/error.h"
 
 namespace dsgd::comm {
 namespace {

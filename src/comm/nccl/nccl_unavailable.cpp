@@ -1,7 +1,7 @@
 // A build without CUDA and NCCL (DSGD_CUDA=OFF, or neither found): the NCCL group's entry
 // points say so instead of failing to link.
 #include "dsgd/comm/nccl_group.h"
-#include "dsgd/error.h"
+#include "dsgd/common/error.h"
 
 namespace dsgd::comm {
 

@@ -22,7 +22,7 @@
 #include "comm/op_queue.h"
 #include "comm/process.h"
 #include "comm/reduce_kernels.h"
-#include "dsgd/error.h"
+#include "dsgd/common/error.h"
 
 namespace dsgd::comm {
 namespace {

@@ -14,8 +14,8 @@
 #include <sstream>
 #include <stdexcept>
 
-#include "dsgd/error.h"
-#include "dsgd/json_fields.h"
+#include "dsgd/common/error.h"
+#include "dsgd/common/json_fields.h"
 
 namespace dsgd::runtime {
 namespace {

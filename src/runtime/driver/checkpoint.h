@@ -45,7 +45,7 @@ std::vector<std::string> list_checkpoints(const std::string& root);
 // The step a checkpoint directory of a root is named for (".../step-000000000150": 150); -1 for
 // another name.
 int64_t checkpoint_step(const std::string& dir);
-// The job's end, marked in its checkpoint root for an evaluator (dsgd/evaluator.h): the driver
+// The job's end, marked in its checkpoint root for an evaluator (dsgd/runtime/evaluator.h): the driver
 // clears the mark when it starts and sets it when it shuts down.
 void mark_job_ended(const std::string& root, bool ended);
 bool job_ended(const std::string& root);

@@ -4,7 +4,7 @@
 #include <exception>
 #include <utility>
 
-#include "dsgd/error.h"
+#include "dsgd/common/error.h"
 
 namespace dsgd::runtime {
 

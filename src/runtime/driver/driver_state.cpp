@@ -15,7 +15,7 @@
 #include <sstream>
 
 #include "dsgd/control.pb.h"
-#include "dsgd/error.h"
+#include "dsgd/common/error.h"
 
 namespace dsgd::runtime {
 

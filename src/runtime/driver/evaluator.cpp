@@ -1,4 +1,4 @@
-#include "dsgd/evaluator.h"
+#include "dsgd/runtime/evaluator.h"
 
 #include <spdlog/fmt/fmt.h>
 
@@ -6,12 +6,12 @@
 #include <fstream>
 #include <thread>
 
-#include "dsgd/error.h"
-#include "dsgd/operator.h"
-#include "runtime/control/log.h"
+#include "dsgd/common/error.h"
+#include "dsgd/torch/operator.h"
+#include "control/log.h"
 #include "runtime/driver/checkpoint.h"
 #include "runtime/driver/operator_runtime.h"
-#include "torch/replica.h"
+#include "torch/replica/replica.h"
 
 namespace dsgd {
 

@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "dsgd/trainer_config.h"
+#include "dsgd/common/trainer_config.h"
 
 namespace dsgd::runtime {
 

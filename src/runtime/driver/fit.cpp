@@ -1,5 +1,5 @@
-// dsgd::fit: the epoch loop over a Trainer (dsgd/fit.h).
-#include "dsgd/fit.h"
+// dsgd::fit: the epoch loop over a Trainer (dsgd/runtime/fit.h).
+#include "dsgd/runtime/fit.h"
 
 #include <algorithm>
 #include <chrono>

@@ -1,12 +1,12 @@
-#include "dsgd/loaded_operator.h"
+#include "dsgd/runtime/loaded_operator.h"
 
 #include <filesystem>
 
-#include "dsgd/error.h"
-#include "dsgd/operator.h"
+#include "dsgd/common/error.h"
+#include "dsgd/torch/operator.h"
 #include "runtime/driver/checkpoint.h"
 #include "runtime/driver/operator_runtime.h"
-#include "torch/replica.h"
+#include "torch/replica/replica.h"
 
 namespace dsgd {
 namespace {

@@ -1,5 +1,5 @@
 // The operator a checkpoint names, set up in this process from the config the checkpoint carries:
-// one replica of one, on the CPU. The evaluator and load_operator (dsgd/loaded_operator.h) start
+// one replica of one, on the CPU. The evaluator and load_operator (dsgd/runtime/loaded_operator.h) start
 // from it.
 #pragma once
 
@@ -7,7 +7,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
-#include "torch/replica.h"
+#include "torch/replica/replica.h"
 
 namespace dsgd::runtime {
 

@@ -7,8 +7,8 @@
 
 #include <vector>
 
-#include "dsgd/trainer.h"
-#include "runtime/control/driver_service.h"
+#include "dsgd/runtime/trainer.h"
+#include "control/driver_service.h"
 
 namespace dsgd::runtime {
 

@@ -19,7 +19,7 @@
 #include <cstdint>
 #include <utility>
 
-#include "dsgd/trainer.h"
+#include "dsgd/runtime/trainer.h"
 
 namespace dsgd::runtime {
 

@@ -1,7 +1,7 @@
 // The driver: Trainer's engine. Validates, serves the control plane, spawns or awaits workers,
 // and turns each Trainer call into commands to every worker. Snapshots and the recovery from a
 // lost worker are in runtime/driver/trainer_recovery.cpp; the state both share, runtime/driver/trainer_impl.h.
-#include "dsgd/trainer.h"
+#include "dsgd/runtime/trainer.h"
 
 #include <chrono>
 #include <cmath>
@@ -14,10 +14,10 @@
 #include <utility>
 
 #include "dsgd/comm/shm_group.h"
-#include "dsgd/error.h"
-#include "dsgd/operator.h"
-#include "runtime/control/driver_service.h"
-#include "runtime/control/log.h"
+#include "dsgd/common/error.h"
+#include "dsgd/torch/operator.h"
+#include "control/driver_service.h"
+#include "control/log.h"
 #include "runtime/driver/checkpoint.h"
 #include "runtime/driver/overlap_tuner.h"
 #include "runtime/driver/results.h"
@@ -32,7 +32,7 @@
 #include "runtime/worker/trace_file.h"
 #include "runtime/worker/worker.h"
 #include "runtime/worker/worker_functions.h"
-#include "torch/replica.h"
+#include "torch/replica/replica.h"
 
 namespace dsgd {
 
@@ -144,7 +144,7 @@ std::vector<proto::CommandResult> Trainer::Impl::call(const proto::Command& requ
 }
 
 json Trainer::Impl::checkpoint_header(int64_t epoch, int64_t batch) const {
-  // The operator's config and the seed: an evaluator (dsgd/evaluator.h) builds the same models.
+  // The operator's config and the seed: an evaluator (dsgd/runtime/evaluator.h) builds the same models.
   return {{"epoch", epoch},
           {"batch", batch},
           {"operator", op_name},

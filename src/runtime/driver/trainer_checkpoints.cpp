@@ -1,12 +1,12 @@
 // Trainer's save and load: a checkpoint directory written from the members' state, and one read
-// back into them (dsgd/trainer.h; the files: runtime/driver/checkpoint.h).
+// back into them (dsgd/runtime/trainer.h; the files: runtime/driver/checkpoint.h).
 #include <chrono>
 #include <string>
 #include <vector>
 
-#include "dsgd/error.h"
-#include "dsgd/trainer.h"
-#include "runtime/control/log.h"
+#include "dsgd/common/error.h"
+#include "dsgd/runtime/trainer.h"
+#include "control/log.h"
 #include "runtime/driver/checkpoint.h"
 #include "runtime/driver/trainer_impl.h"
 

@@ -7,15 +7,15 @@
 // the TrainerConfig field (ConfigError::field()), so a front end can name its own spelling of it.
 #include <cstdlib>
 
-#include "dsgd/error.h"
-#include "dsgd/operator.h"
-#include "dsgd/settings.h"
-#include "dsgd/trainer.h"
+#include "dsgd/common/error.h"
+#include "dsgd/torch/operator.h"
+#include "dsgd/runtime/settings.h"
+#include "dsgd/runtime/trainer.h"
 #include "runtime/launch/launcher.h"
 #include "runtime/worker/job_spec.h"
 #include "runtime/worker/worker_functions.h"
 #include "strategy/strategy.h"
-#include "torch/loss_scaler.h"
+#include "torch/replica/loss_scaler.h"
 
 namespace dsgd {
 namespace {

@@ -16,8 +16,8 @@
 #include <string>
 #include <vector>
 
-#include "dsgd/trainer.h"
-#include "runtime/control/driver_service.h"
+#include "dsgd/runtime/trainer.h"
+#include "control/driver_service.h"
 #include "runtime/driver/checkpoint_writer.h"
 #include "runtime/driver/driver_state.h"
 #include "runtime/driver/failure_budget.h"
@@ -30,7 +30,7 @@
 
 namespace dsgd {
 namespace torch_glue {
-class ReplicaRuntime;  // torch/replica.h; only trainer.cpp, which destroys Impl, needs it whole
+class ReplicaRuntime;  // torch/replica/replica.h; only trainer.cpp, which destroys Impl, needs it whole
 }  // namespace torch_glue
 namespace runtime {
 class TraceFile;  // runtime/worker/trace_file.h

@@ -3,9 +3,9 @@
 #include <algorithm>
 #include <utility>
 
-#include "dsgd/fit.h"
-#include "dsgd/settings.h"
-#include "runtime/control/log.h"
+#include "dsgd/runtime/fit.h"
+#include "dsgd/runtime/settings.h"
+#include "control/log.h"
 #include "runtime/driver/trainer_impl.h"
 #include "runtime/worker/trace_file.h"
 

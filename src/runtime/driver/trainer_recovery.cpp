@@ -6,8 +6,8 @@
 #include <filesystem>
 #include <thread>
 
-#include "dsgd/error.h"
-#include "runtime/control/log.h"
+#include "dsgd/common/error.h"
+#include "control/log.h"
 #include "runtime/driver/checkpoint.h"
 #include "runtime/driver/trainer_impl.h"
 

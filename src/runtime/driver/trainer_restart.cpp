@@ -8,8 +8,8 @@
 
 #include <algorithm>
 
-#include "dsgd/error.h"
-#include "runtime/control/log.h"
+#include "dsgd/common/error.h"
+#include "control/log.h"
 #include "runtime/driver/checkpoint.h"
 #include "runtime/driver/trainer_impl.h"
 

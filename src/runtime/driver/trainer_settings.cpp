@@ -1,4 +1,4 @@
-// Every TrainerConfig setting described once (dsgd/settings.h): one row per field, with its
+// Every TrainerConfig setting described once (dsgd/runtime/settings.h): one row per field, with its
 // flag, help, whether it can be tuned and its own range. The front ends (CLI, Python, tuner,
 // summary, job spec) read this table; none keeps a list of its own.
 #include <algorithm>
@@ -10,9 +10,9 @@
 #include <type_traits>
 #include <vector>
 
-#include "dsgd/error.h"
-#include "dsgd/json_fields.h"
-#include "dsgd/settings.h"
+#include "dsgd/common/error.h"
+#include "dsgd/common/json_fields.h"
+#include "dsgd/runtime/settings.h"
 
 namespace dsgd {
 namespace {

@@ -8,8 +8,8 @@
 #include <limits>
 #include <thread>
 
-#include "dsgd/error.h"
-#include "runtime/control/log.h"
+#include "dsgd/common/error.h"
+#include "control/log.h"
 
 namespace dsgd::runtime {
 

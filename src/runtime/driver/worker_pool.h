@@ -25,8 +25,8 @@
 #include <string>
 #include <vector>
 
-#include "dsgd/trainer.h"
-#include "runtime/control/driver_service.h"
+#include "dsgd/runtime/trainer.h"
+#include "control/driver_service.h"
 #include "runtime/launch/launcher.h"
 #include "runtime/launch/spawn.h"
 

@@ -1,4 +1,4 @@
-#include "dsgd/cluster.h"
+#include "dsgd/runtime/cluster.h"
 
 #include <algorithm>
 #include <cctype>
@@ -8,7 +8,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
-#include "dsgd/error.h"
+#include "dsgd/common/error.h"
 
 namespace dsgd {
 

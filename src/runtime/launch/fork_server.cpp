@@ -17,7 +17,7 @@
 #include <cstring>
 #include <mutex>
 
-#include "runtime/control/log.h"
+#include "control/log.h"
 
 namespace dsgd::runtime {
 namespace {

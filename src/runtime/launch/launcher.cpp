@@ -12,8 +12,8 @@
 #include <sstream>
 #include <thread>
 
-#include "dsgd/error.h"
-#include "runtime/control/log.h"
+#include "dsgd/common/error.h"
+#include "control/log.h"
 
 namespace dsgd::runtime {
 

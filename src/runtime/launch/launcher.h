@@ -18,8 +18,8 @@
 #include <string>
 #include <vector>
 
-#include "dsgd/trainer.h"
-#include "runtime/control/tls.h"
+#include "dsgd/runtime/trainer.h"
+#include "control/tls.h"
 #include "runtime/launch/spawn.h"
 
 namespace dsgd::runtime {

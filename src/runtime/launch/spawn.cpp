@@ -15,8 +15,8 @@
 #include <thread>
 #include <utility>
 
-#include "dsgd/error.h"
-#include "runtime/control/log.h"
+#include "dsgd/common/error.h"
+#include "control/log.h"
 
 extern char** environ;
 

@@ -5,8 +5,8 @@
 #include <fstream>
 #include <sstream>
 
-#include "dsgd/dashboard.h"
-#include "dsgd/error.h"
+#include "dsgd/runtime/dashboard.h"
+#include "dsgd/common/error.h"
 
 namespace dsgd::runtime {
 namespace {

@@ -10,7 +10,7 @@
 #include <sstream>
 #include <thread>
 
-#include "dsgd/error.h"
+#include "dsgd/common/error.h"
 #include "runtime/monitor/job_history.h"
 
 namespace dsgd::runtime {

@@ -3,11 +3,11 @@
 #include <algorithm>
 #include <thread>
 
-#include "dsgd/error.h"
-#include "dsgd/settings.h"
+#include "dsgd/common/error.h"
+#include "dsgd/runtime/settings.h"
 #include "strategy/strategy.h"
-#include "torch/device.h"
-#include "torch/replica.h"
+#include "torch/replica/device.h"
+#include "torch/replica/replica.h"
 
 namespace dsgd::runtime {
 namespace {

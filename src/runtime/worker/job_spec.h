@@ -8,7 +8,7 @@
 //   TrainerConfig job = runtime::job_settings(spec);                            // worker
 //   torch_glue::ReplicaOptions o = runtime::replica_options(job, info, threads);
 //
-// The path of one setting, comm.grad_shard_bytes: its row in dsgd/settings.h (default, flag,
+// The path of one setting, comm.grad_shard_bytes: its row in dsgd/runtime/settings.h (default, flag,
 // rule) -> TrainerConfig -> settings_of in JobSpec.settings -> job_settings -> replica_options
 // -> GradSync -> BucketPlan. The settings travel by the rows' paths, so nothing here names one.
 #pragma once
@@ -16,7 +16,7 @@
 #include <string>
 
 #include "dsgd/control.pb.h"
-#include "dsgd/trainer_config.h"
+#include "dsgd/common/trainer_config.h"
 
 namespace dsgd {
 struct ReplicaInfo;

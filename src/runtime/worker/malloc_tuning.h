@@ -12,7 +12,7 @@
 // near the process's peak, as with the caching allocators PyTorch recommends (jemalloc,
 // tcmalloc). It does nothing where GLIBC_TUNABLES names a malloc setting (the user's choice wins)
 // or DSGD_MALLOC_TUNING=0. LibTorch tensors of 1 MiB and more do not come here: dsgd::init gives
-// them a cache of their own (torch/cpu_allocator.h), since freed tensor blocks in this heap
+// them a cache of their own (torch/memory/cpu_allocator.h), since freed tensor blocks in this heap
 // could not serve the next tensor of their size. Torch-free.
 #pragma once
 

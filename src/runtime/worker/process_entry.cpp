@@ -1,18 +1,18 @@
-// dsgd::init (dsgd/trainer.h): where every process of a job enters. A process the driver (or a
+// dsgd::init (dsgd/runtime/trainer.h): where every process of a job enters. A process the driver (or a
 // launcher) started as a worker, a ps shard or the fork server runs as one and exits; any other
 // returns and goes on to be a driver.
 #include <cstdlib>
 #include <optional>
 
-#include "dsgd/remote.h"
-#include "dsgd/trainer.h"
-#include "runtime/control/log.h"
+#include "dsgd/runtime/remote.h"
+#include "dsgd/runtime/trainer.h"
+#include "control/log.h"
 #include "runtime/launch/fork_server.h"
 #include "runtime/worker/cpu_kernels.h"
 #include "runtime/worker/malloc_tuning.h"
 #include "runtime/worker/ps_server_process.h"
 #include "runtime/worker/worker.h"
-#include "torch/cpu_allocator.h"
+#include "torch/memory/cpu_allocator.h"
 
 namespace dsgd {
 

@@ -7,9 +7,9 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
-#include "dsgd/error.h"
-#include "runtime/control/log.h"
-#include "runtime/control/store_service.h"
+#include "dsgd/common/error.h"
+#include "control/log.h"
+#include "control/store_service.h"
 #include "runtime/worker/worker.h"
 #include "strategy/ps_server.h"
 

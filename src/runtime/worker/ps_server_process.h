@@ -23,7 +23,7 @@
 #include "dsgd/comm/group.h"
 #include "dsgd/comm/hierarchical.h"
 #include "dsgd/comm/store.h"
-#include "dsgd/remote.h"
+#include "dsgd/runtime/remote.h"
 
 namespace dsgd::runtime {
 

@@ -3,7 +3,7 @@
 #include <filesystem>
 #include <fstream>
 
-#include "dsgd/error.h"
+#include "dsgd/common/error.h"
 
 namespace dsgd::runtime {
 

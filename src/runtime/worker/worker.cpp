@@ -2,7 +2,7 @@
 
 #include <signal.h>
 #include <sys/prctl.h>
-#include "runtime/control/log.h"
+#include "control/log.h"
 #include <unistd.h>
 
 #include <ATen/Parallel.h>
@@ -16,11 +16,11 @@
 #include <thread>
 
 #include "dsgd/comm/hierarchical.h"
-#include "dsgd/error.h"
-#include "dsgd/operator.h"
-#include "dsgd/self_contained_model.h"
-#include "runtime/control/driver_service.h"
-#include "runtime/control/store_service.h"
+#include "dsgd/common/error.h"
+#include "dsgd/torch/operator.h"
+#include "dsgd/torch/self_contained_model.h"
+#include "control/driver_service.h"
+#include "control/store_service.h"
 #include "runtime/worker/crash_stack.h"
 #include "runtime/worker/job_spec.h"
 #include "runtime/worker/malloc_tuning.h"
@@ -28,7 +28,7 @@
 #include "runtime/worker/trace_file.h"
 #include "runtime/worker/worker_functions.h"
 #include "strategy/strategy.h"
-#include "torch/replica.h"
+#include "torch/replica/replica.h"
 
 namespace dsgd::runtime {
 

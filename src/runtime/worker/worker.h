@@ -15,8 +15,8 @@
 #include <optional>
 #include <string>
 
-#include "dsgd/remote.h"
-#include "runtime/control/tls.h"
+#include "dsgd/runtime/remote.h"
+#include "control/tls.h"
 
 namespace dsgd::runtime {
 

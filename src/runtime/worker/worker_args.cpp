@@ -7,7 +7,7 @@
 
 #include <cstdlib>
 
-#include "dsgd/error.h"
+#include "dsgd/common/error.h"
 #include "runtime/worker/worker.h"
 
 namespace dsgd::runtime {

@@ -3,7 +3,7 @@
 #include <map>
 #include <mutex>
 
-#include "dsgd/error.h"
+#include "dsgd/common/error.h"
 
 namespace dsgd {
 namespace {

@@ -1,4 +1,4 @@
-// The worker functions a binary registers by name (DSGD_REGISTER_WORKER_FUNCTION, dsgd/trainer.h):
+// The worker functions a binary registers by name (DSGD_REGISTER_WORKER_FUNCTION, dsgd/runtime/trainer.h):
 // what Trainer::foreach_worker and TrainerConfig::initialization_hook run on the workers.
 //
 //   if (!runtime::has_worker_function(name)) ...        // the driver, validating a config
@@ -9,7 +9,7 @@
 
 #include <string>
 
-#include "dsgd/trainer.h"
+#include "dsgd/runtime/trainer.h"
 
 namespace dsgd::runtime {
 

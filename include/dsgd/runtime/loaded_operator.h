@@ -1,0 +1,32 @@
+// dsgd/runtime/loaded_operator.h — a trained job's operator in this process, from a checkpoint: its
+// models as training left them, for inference (`dsgd generate`) or inspection.
+//
+//   auto loaded = dsgd::load_operator("ckpts");      // a checkpoint directory, or a checkpoints.dir root
+//   torch::nn::Module& model = loaded->op().model(0);
+//
+// The checkpoint names its operator and carries the config its job ran with: the operator (one
+// this binary registers) is set up from that config on the CPU, as one replica of one, and its
+// state (models, optimizers, schedules, its own) loaded. Setting up may read what the config
+// names (data files). Throws dsgd::DataError for a missing or damaged checkpoint and
+// dsgd::ConfigError for an operator this binary does not know. Torch-free header.
+#pragma once
+
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+
+namespace dsgd {
+
+class TrainingOperator;
+
+class LoadedOperator {
+ public:
+  virtual ~LoadedOperator() = default;
+  virtual TrainingOperator& op() = 0;
+  virtual const std::string& operator_name() const = 0;
+  virtual const nlohmann::json& operator_config() const = 0;
+};
+
+std::unique_ptr<LoadedOperator> load_operator(const std::string& path, int threads = 1);
+
+}  // namespace dsgd

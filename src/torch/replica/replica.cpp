@@ -1,0 +1,528 @@
+#include "torch/replica/replica.h"
+
+#include "dsgd/common/log.h"
+
+#include <ATen/Parallel.h>
+#include <torch/nn/utils/clip_grad.h>
+#include <torch/utils.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "comm/timeline.h"
+#include "dsgd/comm/cuda.h"
+#include "dsgd/common/error.h"
+#include "torch/replica/device.h"
+#include "torch/sync/server_optimizer.h"
+
+namespace dsgd::torch_glue {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// The seed's epoch permutation; apps/local_job.cpp draws the same one.
+torch::Tensor epoch_order(int64_t n, uint64_t seed, int64_t epoch) {
+  auto gen = at::detail::createCPUGenerator(seed * 0x9E3779B97F4A7C15ULL + static_cast<uint64_t>(epoch + 1));
+  return torch::randperm(n, gen);
+}
+
+
+// clip_grad_norm_ over every model's gradients: scales them so that their global L2 norm is at
+// most max_norm. Returns the norm before.
+double clip_gradients(TrainingOperator& op, double max_norm) {
+  std::vector<torch::Tensor> params;
+  for (auto& m : op.models()) {
+    for (auto& p : m->parameters()) {
+      if (p.grad().defined()) params.push_back(p);
+    }
+  }
+  return torch::nn::utils::clip_grad_norm_(params, max_norm);
+}
+
+}  // namespace
+
+ReplicaRuntime::ReplicaRuntime(std::unique_ptr<TrainingOperator> op, const ReplicaOptions& options)
+    : op_(std::move(op)), options_(options),
+      deferred_(*op_, options.step.nonfinite_policy.value(), /*warn=*/options.info.rank == 0) {
+  OperatorAccess::attach(*op_, this, options.info);
+  if (options_.step.loss_scale > 0) {
+    scaler_.emplace(LossScaler::Options{.init_scale = options_.step.loss_scale,
+                                        .growth_interval = options_.step.loss_scale_growth_interval});
+  }
+}
+
+ReplicaRuntime::~ReplicaRuntime() {
+  syncs_.clear();  // hooks off before the models go
+  check_.reset();
+}
+
+void ReplicaRuntime::setup(const nlohmann::json& config) {
+  at::set_num_threads(options_.threads);
+  torch::manual_seed(options_.seed);
+  op_->setup(config);
+  if (op_->models().empty()) {
+    throw ConfigError("the operator's setup() registered no model; call register_model() in setup()");
+  }
+  for (auto& s : OperatorAccess::schedules(*op_)) {
+    if (s.optimizer >= op_->num_optimizers()) {
+      throw ConfigError("a scheduler was registered for optimizer " + std::to_string(s.optimizer) + " but only " +
+                        std::to_string(op_->num_optimizers()) + " optimizer(s) exist");
+    }
+    for (auto& g : op_->optimizer(s.optimizer).param_groups()) s.base_lrs.push_back(g.options().get_lr());
+  }
+  if (op_->num_train_samples() > 0 && op_->num_train_samples() < options_.info.world_size) {
+    throw ConfigError("the training data has " + std::to_string(op_->num_train_samples()) +
+                      " samples, fewer than the " + std::to_string(options_.info.world_size) + " replicas");
+  }
+  to_device();
+  if (options_.step.precision == Precision::kFp16 && !options_.info.device.is_cuda()) {
+    throw ConfigError("precision fp16 needs CUDA, and this replica computes on " + options_.info.device.str() +
+                      ": LibTorch's CPU autocast runs bfloat16 only. Use precision bf16 on the CPU");
+  }
+  step_schedules_to(0);
+}
+
+void ReplicaRuntime::to_device() {
+  const torch::Device device = options_.info.device;
+  if (device.is_cpu()) return;
+  for (auto& m : op_->models()) m->to(device);  // in place: the optimizers keep their parameters
+  auto data = OperatorAccess::data(*op_);
+  size_t bytes = 0;
+  for (auto* t : data) bytes += t->defined() ? static_cast<size_t>(t->nbytes()) : 0;
+  size_t free = 0, total = 0;
+  const bool resident = device.is_cuda() && comm::cuda_memory_info(device.index(), &free, &total) && bytes <= free / 4;
+  for (auto* t : data) {
+    if (t->defined()) *t = resident ? t->to(device) : t->pin_memory();
+  }
+  if (options_.info.rank == 0) {
+    dsgd::log().info("replicas on {}: {:.1f} MB of data {}", device.str(), static_cast<double>(bytes) / 1e6,
+                     resident ? "held on the device" : "pinned in host memory, copied per batch");
+  }
+}
+
+std::string ReplicaRuntime::signature() const { return model_signature(*op_); }
+
+void ReplicaRuntime::set_info(int rank, int world_size, int worker) {
+  options_.info.rank = rank;
+  options_.info.world_size = world_size;
+  options_.info.worker = worker;
+  OperatorAccess::set_info(*op_, options_.info);
+  deferred_.set_warn(rank == 0);
+}
+
+void ReplicaRuntime::attach(std::shared_ptr<strategy::GradientStrategy> strategy) {
+  syncs_.clear();
+  check_.reset();
+  gate_index_.clear();
+  if (!strategy) {
+    deferred_.reset(0);
+    std::vector<torch::Tensor> params;
+    for (auto& m : op_->models()) {
+      for (auto& p : m->parameters()) params.push_back(p);
+    }
+    // On a GPU the hooks' per-gradient checks would each wait for the device: check_gradients
+    // checks them all at once instead.
+    if (options_.info.device.is_cpu()) check_ = std::make_unique<GradCheck>(std::move(params));
+    return;
+  }
+  // The servers take the step themselves under these: nothing to defer. Chosen per call (-1):
+  // gated from the start, T 0 until set_forward_overlap_buckets.
+  const bool gated = !strategy->server_updates() && options_.forward_overlap_buckets != 0;
+  const size_t deferred = gated ? static_cast<size_t>(std::max<int64_t>(0, options_.forward_overlap_buckets)) : 0;
+  for (size_t m = 0; m < op_->models().size(); ++m) {
+    std::vector<torch::Tensor> params;
+    for (auto& p : op_->models()[m]->parameters()) {
+      if (p.requires_grad()) params.push_back(p);
+    }
+    if (params.empty()) continue;
+    const size_t s = syncs_.size();
+    syncs_.push_back(std::make_unique<GradSync>(params, options_.grad_shard_bytes, strategy, options_.overlap,
+                                                deferred, ring_buckets(options_.info.world_size)));
+    if (auto* servers = syncs_.back()->servers()) {
+      servers->set_optimizer(static_cast<uint32_t>(m), server_optimizer(*op_, m, params));
+    }
+    if (gated) {
+      for (size_t i = 0; i < params.size(); ++i) gate_index_[params[i].unsafeGetTensorImpl()] = {s, i};
+      syncs_.back()->set_deferred_step(
+          {[this, s] { deferred_.begin(s, where()); },
+           [this, s](const std::vector<size_t>& idx, bool finite) {
+             std::vector<torch::Tensor> bucket;
+             for (size_t i : idx) bucket.push_back(syncs_[s]->param(i));
+             if (deferred_.apply(s, bucket, finite)) ++skipped_this_call_;
+           }});
+    }
+  }
+  deferred_.reset(syncs_.size());
+  partition_parameters();
+}
+
+double ReplicaRuntime::steady_step_seconds() const {
+  std::vector<double> gaps;
+  for (size_t i = 1; i < batch_ends_.size(); ++i) {
+    gaps.push_back(std::chrono::duration<double>(batch_ends_[i] - batch_ends_[i - 1]).count());
+  }
+  if (gaps.empty()) return 0;
+  std::nth_element(gaps.begin(), gaps.begin() + static_cast<std::ptrdiff_t>(gaps.size() / 2), gaps.end());
+  return gaps[gaps.size() / 2];
+}
+
+void ReplicaRuntime::set_forward_overlap_buckets(size_t buckets) {
+  if (gate_index_.empty()) return;  // not gated: the strategy steps on its servers, or T is fixed at 0
+  for (auto& s : syncs_) s->set_deferred_buckets(buckets);
+}
+
+void ReplicaRuntime::wait(const torch::Tensor& parameter) {
+  const auto it = gate_index_.find(parameter.unsafeGetTensorImpl());
+  if (it == gate_index_.end()) return;
+  const auto t0 = profiling_ ? Clock::now() : Clock::time_point{};
+  syncs_[it->second.first]->wait_for(it->second.second);
+  if (profiling_) gate_s_ += std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+std::string ReplicaRuntime::where() const {
+  return "epoch " + std::to_string(position_.epoch + 1) + ", batch " + std::to_string(position_.batch + 1);
+}
+
+EpochSampler ReplicaRuntime::sampler() const {  // of micro-batches, with accumulation
+  return {op_->num_train_samples(), options_.global_batch / accumulate(), options_.info.world_size,
+          options_.info.rank};
+}
+
+int64_t ReplicaRuntime::batches_per_epoch() const {
+  const int64_t n = accumulate();
+  return (sampler().batches_per_epoch() + n - 1) / n;
+}
+
+int64_t ReplicaRuntime::micro_batches_in_step() const {
+  const int64_t n = accumulate();
+  return std::min(n, sampler().batches_per_epoch() - position_.batch * n);
+}
+
+void ReplicaRuntime::start_epoch_order() {
+  if (order_epoch_ == position_.epoch) return;
+  order_ = epoch_order(op_->num_train_samples(), options_.seed, position_.epoch);
+  const auto& data = op_->train_data();
+  if (data.defined() && !data.device().is_cpu()) order_ = order_.to(data.device());  // batches cut there
+  order_epoch_ = position_.epoch;
+}
+
+bool ReplicaRuntime::next_batch(Batch& batch, int64_t max_batches) {
+  const auto& dataset = op_->train_dataset();
+  if (!op_->train_data().defined() && dataset == nullptr) {
+    throw ConfigError("train_epoch needs training data: call register_data() or register_dataset() in setup(), or "
+                      "override train_epoch");
+  }
+  if (position_.batch >= batches_per_epoch()) return false;
+  if (micro_ == 0 && max_batches > 0 && taken_this_call_ >= max_batches) return false;
+  start_epoch_order();
+  comm::timeline::Span span("next batch");
+  const EpochSampler s = sampler();
+  const int64_t n = accumulate(), micro_batch = position_.batch * n + micro_;
+  const auto [begin, end] = s.part(micro_batch);
+  auto idx = order_.slice(0, begin, end);
+  if (dataset != nullptr) {  // read now, this replica's samples only
+    batch = dataset->get_batch(idx);
+    const torch::Device device = options_.info.device;
+    batch.data = batch.data.to(device);
+    if (batch.target.defined()) batch.target = batch.target.to(device);
+  } else {
+    batch.data = gather(op_->train_data(), idx);
+    batch.target = op_->train_targets().defined() ? gather(op_->train_targets(), idx) : torch::Tensor();
+  }
+  batch_weight_ = s.weight(micro_batch);
+  if (n > 1) {  // each micro-batch's mean loss weighs its share of the step's samples
+    const int64_t count = micro_batches_in_step();
+    int64_t step_samples = 0;
+    for (int64_t j = 0; j < count; ++j) step_samples += s.batch_size(position_.batch * n + j);
+    loss_factor_ = static_cast<double>(s.batch_size(micro_batch)) / static_cast<double>(step_samples);
+    for (auto& sync : syncs_) sync->set_micro_batch(micro_ == 0, micro_ == count - 1);
+  }
+  set_weights();
+  if (micro_ == 0) ++taken_this_call_;
+  return true;
+}
+
+torch::Tensor ReplicaRuntime::gather(const torch::Tensor& data, const torch::Tensor& idx) const {
+  const torch::Device device = options_.info.device;
+  if (data.device() == device) return data.index_select(0, data.device().is_cpu() ? idx : idx.to(device));
+  // Pinned data for a GPU: gathered into pinned memory, whose copy is asynchronous (LibTorch's
+  // pinned allocator keeps the block until the copy is done).
+  auto sizes = data.sizes().vec();
+  sizes[0] = idx.size(0);
+  auto staged = torch::empty(sizes, data.options().pinned_memory(true));
+  torch::index_select_out(staged, data, 0, idx);
+  return staged.to(device, /*non_blocking=*/true);
+}
+
+void ReplicaRuntime::set_weights() {
+  // The loss scale is a power of two: dividing by it is exact.
+  const double w = scaler_ ? batch_weight_ / scaler_->scale() : batch_weight_;
+  for (auto& sync : syncs_) sync->set_weight(w);
+}
+
+torch::Tensor ReplicaRuntime::scale_loss(const torch::Tensor& loss) {
+  const double factor = scaler_ ? loss_factor_ * scaler_->scale() : loss_factor_;
+  return factor != 1.0 ? loss * factor : loss;
+}
+
+void ReplicaRuntime::after_batch() {
+  if (check_) check_->take();  // a batch that did not ask leaves nothing for the next
+  if (++micro_ < micro_batches_in_step()) return;  // the step goes on with its next micro-batch
+  micro_ = 0;
+  stepping_ = true;  // what follows shares the step's result
+  if (share_after_step_) {
+    for (auto& s : syncs_) s->share_parameters();
+    share_after_step_ = false;
+  }
+  sync_statistics();
+  if (options_.step.precision != Precision::kFp32) AutocastScope::clear_cache();  // the step changed the weights
+  batch_ends_.push_back(Clock::now());
+  double waited = 0;
+  for (const auto& sync : syncs_) waited += sync->total_wait_s();
+  if (batch_ends_.size() >= 2) {  // the step's time, averaged over the last ~5 steps
+    const double s = std::chrono::duration<double>(batch_ends_.back() - batch_ends_[batch_ends_.size() - 2]).count();
+    const double old = progress_.step_s.load();
+    progress_.step_s = old > 0 ? 0.8 * old + 0.2 * s : s;
+    const double wait = std::clamp(waited - waited_at_last_step_, 0.0, s);
+    progress_.wait_s = progress_.wait_s.load() + wait;
+    progress_.compute_s = progress_.compute_s.load() + (s - wait);
+    ++progress_.timed_steps;
+  }
+  waited_at_last_step_ = waited;
+  ++position_.batch;
+  ++progress_.batches;
+  progress_.step = position_.epoch * batches_per_epoch() + position_.batch;
+  if (options_.step.scheduler_step_freq == SchedulerStepFreq::kBatch) step_schedules();
+  stepping_ = false;
+  remember_step_rng();
+}
+
+bool ReplicaRuntime::hold_lone_gradients() {
+  const bool last = micro_ + 1 >= micro_batches_in_step();
+  torch::NoGradGuard no_grad;
+  size_t i = 0;
+  for (auto& m : op_->models()) {
+    for (auto& p : m->parameters()) {
+      if (held_grads_.size() <= i) held_grads_.resize(i + 1);
+      auto& held = held_grads_[i++];
+      const auto& g = p.grad();
+      if (last) {
+        if (held.defined() && g.defined()) p.mutable_grad().add_(held);
+        if (held.defined() && !g.defined()) p.mutable_grad() = held;
+        held = torch::Tensor();
+      } else if (g.defined()) {
+        held = held.defined() ? held.add_(g) : g.clone();
+      }
+    }
+  }
+  return last;
+}
+
+void ReplicaRuntime::step_schedules() { step_schedules_to(schedule_t_ + 1); }
+
+void ReplicaRuntime::step_schedules_to(int64_t t) {
+  schedule_t_ = t;
+  for (auto& s : OperatorAccess::schedules(*op_)) {
+    auto& groups = op_->optimizer(s.optimizer).param_groups();
+    const double f = s.factor(t);
+    for (size_t g = 0; g < groups.size() && g < s.base_lrs.size(); ++g) groups[g].options().set_lr(s.base_lrs[g] * f);
+  }
+}
+
+bool ReplicaRuntime::check_gradients() {
+  const auto take_step = [this] {  // the gradients are finite: clip them, if asked
+    stepping_ = true;
+    if (options_.step.max_grad_norm > 0) {
+      auto& [sum, steps] = step_values_["grad_norm"];
+      sum += ring_buckets(options_.info.world_size) > 0 ? clip_sharded_gradients(options_.step.max_grad_norm)
+                                                        : clip_gradients(*op_, options_.step.max_grad_norm);
+      ++steps;
+    }
+    if (!owned_.empty()) {  // zero: the optimizer steps this replica's share only
+      for (auto& s : syncs_) s->release_unowned_grads();
+      share_after_step_ = true;
+    }
+    return true;
+  };
+  // Accumulating: before the step's last micro-batch nothing is checked and nothing steps (a
+  // lone replica sums its gradients aside; the last one gets the sum back, checked whole).
+  if (accumulate() > 1 && micro_ + 1 < micro_batches_in_step()) {
+    if (syncs_.empty()) hold_lone_gradients();
+    return false;
+  }
+  const bool summed = syncs_.empty() && accumulate() > 1 && hold_lone_gradients();
+  bool finite = true;
+  if (!syncs_.empty()) {
+    for (auto& s : syncs_) finite = finite && s->last_finite();  // unscaled by their weight
+  } else {
+    std::vector<torch::Tensor> grads;
+    if (scaler_ || !check_ || summed) {
+      for (auto& m : op_->models()) {
+        for (auto& p : m->parameters()) {
+          if (p.grad().defined()) grads.push_back(p.grad());
+        }
+      }
+    }
+    if (scaler_) {
+      torch::NoGradGuard no_grad;
+      for (auto& g : grads) g.mul_(1.0 / scaler_->scale());
+    }
+    // Checked as backward made them; or, a lone replica on a GPU (or after the hooks were
+    // detached), all gradients at once, one host sync (isfinite().all() per parameter cost the
+    // MLP ~20% of its step).
+    finite = check_ && !summed ? check_->take() : all_finite(grads);
+  }
+  if (scaler_ && (finite || !scaler_->at_minimum())) {
+    const double was = scaler_->scale();
+    scaler_->update(finite);
+    set_weights();
+    if (finite) return take_step();
+    ++skipped_this_call_;
+    if (options_.info.rank == 0) {
+      dsgd::log().debug("gradient overflow at {}: step skipped on every replica, loss scale {} -> {}", where(), was,
+                        scaler_->scale());
+    }
+    return false;
+  }
+  if (finite) return take_step();
+  if (options_.step.nonfinite_policy == NonfinitePolicy::kError) {
+    throw Error("non-finite gradient at " + where() + " (a NaN or infinite loss on some replica); lower the learning "
+                "rate, check the data, or set nonfinite_policy \"skip\"");
+  }
+  ++skipped_this_call_;
+  if (options_.info.rank == 0) {
+    const bool on_servers = !syncs_.empty() && syncs_[0]->updates_on_servers();
+    dsgd::log().warn("non-finite gradient at {}: {}", where(),
+                     on_servers ? "the ps shards it reached skipped the step (the others took it)"
+                                : "step skipped on every replica");
+  }
+  return false;
+}
+
+namespace {
+
+// Installs a parameter gate and replica sums for the calling thread; the ones before come back
+// when it goes.
+class ThreadHooks {
+ public:
+  ThreadHooks(ParameterGate* gate, ReplicaSums* sums)
+      : gate_(set_thread_parameter_gate(gate)), sums_(set_thread_replica_sums(sums)) {}
+  ~ThreadHooks() {
+    set_thread_parameter_gate(gate_);
+    set_thread_replica_sums(sums_);
+  }
+  ThreadHooks(const ThreadHooks&) = delete;
+  ThreadHooks& operator=(const ThreadHooks&) = delete;
+
+ private:
+  ParameterGate* gate_;
+  ReplicaSums* sums_;
+};
+
+}  // namespace
+
+Metrics ReplicaRuntime::train(int64_t max_batches, bool profile) {
+  profiling_ = profile;
+  phase_s_.clear();
+  taken_this_call_ = 0;
+  skipped_this_call_ = 0;
+  progress_.batches_per_epoch = batches_per_epoch();
+  step_values_.clear();
+  for (auto& s : syncs_) s->take_times();
+  gate_s_ = 0;
+  batch_ends_.clear();
+  const int64_t bytes0 = syncs_.empty() ? -1 : syncs_[0]->strategy().cross_host_bytes();
+  const auto t0 = Clock::now();
+  comm::timeline::set_thread_name("replica " + std::to_string(options_.info.rank));
+  Metrics m;
+  {
+    // The forward overlap's gate and SyncBatchNorm's sums (over the replicas, where there are
+    // others), for this thread, while the operator trains; the steps still pending at the end are
+    // taken before train() returns.
+    AutocastScope autocast(options_.info.device, options_.step.precision.value());
+    torn_ = false;
+    remember_step_rng();
+    try {
+      const ThreadHooks hooks(gate_index_.empty() ? nullptr : this,
+                              syncs_.empty() || options_.info.world_size == 1 ? nullptr : this);
+      m = op_->train_epoch(max_batches);
+      for (auto& s : syncs_) s->flush();
+    } catch (...) {  // the hooks gone, as before the call
+      interrupted();
+      throw;
+    }
+  }
+  const double epoch_s = std::chrono::duration<double>(Clock::now() - t0).count();
+  const int64_t batches = taken_this_call_;
+  if (position_.batch >= batches_per_epoch()) {
+    ++position_.epoch;
+    position_.batch = 0;
+    if (options_.step.scheduler_step_freq == SchedulerStepFreq::kEpoch) step_schedules();
+  }
+  if (profile) {
+    GradSync::Times t;
+    for (auto& s : syncs_) {
+      const auto x = s->take_times();
+      t.wait_s += x.wait_s;
+      t.deferred_wait_s += x.deferred_wait_s;
+      t.deferred_step_s += x.deferred_step_s;
+    }
+    const double n = static_cast<double>(std::max<int64_t>(1, batches));
+    for (const auto& [k, v] : phase_s_) m[k] = v / n;
+    m["comm_wait_s"] = t.wait_s / n;
+    // Each phase its own work only: backward without its wait for communication; with a forward
+    // overlap, forward without the parameter gate's waits and steps, and the deferred steps
+    // counted as the optimizer's.
+    auto less = [&m](const char* phase, double s) {
+      if (m.count(phase)) m[phase] = std::max(0.0, m[phase] - s);
+    };
+    less("backward_s", (t.wait_s - t.deferred_wait_s) / n);
+    less("forward_s", gate_s_ / n);
+    if (m.count("optimizer_s")) m["optimizer_s"] += t.deferred_step_s / n;
+    m["epoch_s"] = epoch_s;
+  }
+  m["batches"] = static_cast<double>(batches);
+  m["skipped_steps"] = static_cast<double>(skipped_this_call_);
+  for (const auto& [name, v] : step_values_) m[name] = v.first / static_cast<double>(v.second);
+  if (scaler_) m["loss_scale"] = scaler_->scale();
+  m["optimizer_state_bytes"] = static_cast<double>(optimizer_state_bytes(*op_));
+  if (!syncs_.empty()) m["gradient_bytes"] = gradient_bytes_held();
+  if (bytes0 >= 0 && batches > 0) {  // what this replica sent to other hosts, per step
+    m["comm_bytes_per_step"] =
+        static_cast<double>(syncs_[0]->strategy().cross_host_bytes() - bytes0) / static_cast<double>(batches);
+  }
+  auto* servers = syncs_.empty() ? nullptr : syncs_[0]->strategy().server_updates();
+  if (servers != nullptr && servers->starts_servers_eagerly()) {  // asynchronous: how stale
+    const auto st = servers->take_staleness();
+    m["staleness_mean"] = st.updates > 0 ? static_cast<double>(st.sum) / static_cast<double>(st.updates) : 0.0;
+    m["staleness_max"] = static_cast<double>(st.max);
+  }
+  profiling_ = false;
+  return m;
+}
+
+Metrics ReplicaRuntime::validate() {
+  AutocastScope autocast(options_.info.device, options_.step.precision.value());
+  return op_->validate();
+}
+
+double ReplicaRuntime::gradient_bytes_held() const {
+  double bytes = 0;
+  for (const auto& s : syncs_) bytes += static_cast<double>(s->gradient_bytes());
+  return bytes;
+}
+
+size_t ReplicaRuntime::ring_buckets(int world_size) const {
+  return options_.step.zero_stage == 2 && world_size >= 2 ? GradSync::kRingBuckets : 0;
+}
+
+size_t ReplicaRuntime::gradient_bytes(int world_size) const {
+  return torch_glue::gradient_bytes(*op_, options_.grad_shard_bytes, ring_buckets(world_size));
+}
+
+std::vector<std::pair<std::string, torch::Tensor>> ReplicaRuntime::named_tensors() const {
+  return torch_glue::named_tensors(*op_);
+}
+
+}  // namespace dsgd::torch_glue

@@ -1,0 +1,265 @@
+// One replica: a TrainingOperator plus what dsgd adds around it, on one training thread. Worker
+// processes hold devices_per_worker of these. The parts live in their own files:
+//   torch/replica/sampler.h         which samples are this replica's (the distributed sampler)
+//   torch/sync/grad_sync.h       the gradient hooks, one GradSync per model, into the strategy
+//   torch/replica/deferred_steps.h  the forward overlap's held-back optimizer steps
+//   torch/state/replica_state.h   the state as bytes (checkpoints, snapshots), named tensors
+//                           (ReplicaRuntime's side: replica_saved_state.cpp)
+//   torch/state/broadcast.h the state from one replica into others over their group (recoveries)
+//   torch/sync/server_optimizer.h  SGD on the parameter servers
+//   torch/sync/zero.h            ZeRO stage 1: which parameters this replica steps (replica_sharded_state.cpp)
+// ReplicaRuntime ties them together, schedules the learning rates, profiles, and is the
+// operator's ReplicaHost (torch/replica/host.h).
+//
+//   ReplicaRuntime r(make_operator("image_classifier"), options);
+//   r.setup(config);
+//   r.attach(strategy);               // gradient hooks (null: a lone replica)
+//   Metrics m = r.train(0, false);    // to the end of the epoch
+//
+// The position (epoch, next batch) is saved in checkpoints and does not depend on the number of
+// replicas, so a job saved with 2 workers resumes with 3 at the same sample.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "dsgd/common/choice.h"
+#include "dsgd/torch/operator.h"
+#include "dsgd/torch/parameter_gate.h"
+#include "dsgd/torch/sync_batchnorm.h"
+#include "dsgd/common/trainer_config.h"
+#include "strategy/strategy.h"
+#include "torch/replica/grad_check.h"
+#include "torch/replica/deferred_steps.h"
+#include "torch/sync/grad_sync.h"
+#include "torch/replica/loss_scaler.h"
+#include "torch/replica/host.h"
+#include "torch/state/replica_state.h"
+#include "torch/replica/sampler.h"
+#include "torch/state/broadcast.h"
+#include "torch/sync/zero.h"
+
+namespace dsgd::torch_glue {
+
+struct ReplicaOptions {
+  ReplicaInfo info;
+  int64_t global_batch = 64;
+  uint64_t seed = 1;
+  size_t grad_shard_bytes = 10u << 20;
+  // What the step does (TrainerConfig::step, as the job spec carries it): precision, loss
+  // scaling (loss_scale resolved: > 0 = LossScaler from this scale), the non-finite policy,
+  // when schedules step, clipping.
+  StepConfig step;
+  int threads = 1;                             // intra-op threads of this replica
+  bool overlap = true;                         // launch buckets during backward
+  // > 0: this many buckets (spread over the layers) travel after backward and each bucket's
+  // step is taken as the next forward reaches it (dsgd/torch/parameter_gate.h; GradSync's deferred
+  // buckets).
+  // -1: chosen per train() call (set_forward_overlap_buckets; 0 until then).
+  int64_t forward_overlap_buckets = 0;
+};
+
+class ReplicaRuntime : private ParameterGate, private ReplicaSums, private ReplicaHost {
+ public:
+  ReplicaRuntime(std::unique_ptr<TrainingOperator> op, const ReplicaOptions& options);
+  ~ReplicaRuntime();
+
+  // Seeds LibTorch, runs the operator's setup; throws ConfigError if it registered no model.
+  // Then moves the models and the registered data to info.device. On CUDA the data goes to the
+  // GPU whole when it takes at most a quarter of the GPU's free memory (batches are then cut
+  // there); else it is pinned, and each batch is gathered into pinned memory and copied over
+  // asynchronously.
+  void setup(const nlohmann::json& config);
+  // "name shape dtype" per parameter and buffer of every model, one per line.
+  std::string signature() const;
+  // A new place in a re-formed job (after a worker was lost): rank, world size, worker.
+  void set_info(int rank, int world_size, int worker);
+  // Installs gradient hooks averaging through `strategy` (null: a lone replica, or the driver's
+  // copy; then the hooks only check each gradient for NaN, see grad_check.h).
+  // A strategy that updates on its servers takes each model's SGD from its optimizers (throws
+  // ConfigError where a model's parameters are not all in one torch::optim::SGD param group).
+  void attach(std::shared_ptr<strategy::GradientStrategy> strategy);
+  // Collective, on every replica: the optimizer state the strategy's servers hold comes back
+  // into the optimizers, so save_state() is whole (nothing to do for other strategies). Under
+  // step.zero_stage, every replica's share of the optimizer state goes to all, and those that
+  // `keep` merge it into their optimizers (the others only send theirs).
+  void gather_server_state(bool keep = true);
+  // After the gathered state was saved (or where it is not needed): the optimizers let go of the
+  // servers' momentum again, which lives on the servers only, and of the state of parameters
+  // another replica owns under step.zero_stage.
+  void drop_server_state_copy();
+
+  // Runs the operator's train_epoch from the current position for at most max_batches batches
+  // (0 = to the end of the epoch); the epoch advances when finished. With step.accumulate_steps
+  // N, a batch (a step) is N micro-batches: the operator's train_batch runs N times per step,
+  // and positions, batches_per_epoch and the "batches" metric count steps. Adds profile times when
+  // asked: forward_s, backward_s, comm_wait_s, optimizer_s (means per batch; as
+  // TrainOptions::profile says), epoch_s.
+  Metrics train(int64_t max_batches, bool profile);
+  // Seconds per step of the last train() call in its steady state: the median time between the
+  // ends of consecutive batches, so neither the call's start and end nor one slow step count
+  // (0 with fewer than 2 batches).
+  double steady_step_seconds() const;
+  // With forward_overlap_buckets -1: T for the next train() calls (0 = off). Every replica must
+  // set the same T before the same step.
+  void set_forward_overlap_buckets(size_t buckets);
+  size_t num_buckets() const { return syncs_.empty() ? 0 : syncs_[0]->num_buckets(); }
+  Metrics validate();
+
+  // Models, optimizers, schedules, position and the operator's extra state, as bytes.
+  std::string save_state() const;
+  // save_state().size(), without keeping the bytes (a serialisation all the same). The driver's
+  // snapshot schedule asks once the first steps have given the optimizers their state.
+  size_t state_bytes() const;
+  // The shared memory its GradSyncs will ask the strategy for in a group of `world_size`
+  // replicas: each model's trainable float32 parameters, 64-byte aligned, or under ZeRO stage 2
+  // its ring of buckets (comm::ShmOptions::shared_bytes for the replica's group).
+  size_t gradient_bytes(int world_size) const;
+  // Drops steps still pending (forward overlap). `feedback`: this replica's save_feedback() from
+  // the same point, or "" (the error feedback then starts from zero).
+  void load_state(const std::string& bytes, const std::string& feedback = {});
+  // Collective over `sharing`'s replicas (the group's broadcast, torch/state/broadcast.h):
+  // replica `root`'s state, as save_state() would write it, into every replica with `load`, with
+  // no archive in between; the others take part and keep theirs. A loaded replica is where
+  // load_state would leave it (error feedback from zero). Returns the bytes that crossed.
+  size_t share_state(strategy::Sharing& sharing, int root, bool load);
+  // A standby's: its optimizers' state tensors made now (make_spare_state), which share_state
+  // then fills instead of allocating; let go of at the next load.
+  void make_spare_state();
+  // This replica's error feedback (compression: GradSync's residuals and PowerSGD states), "" when
+  // it keeps none. Per replica: each host leader's differs. load_state takes it back; bytes of
+  // another layout (bucket sizes, models) are dropped with a notice and feedback starts at zero.
+  std::string save_feedback() const;
+  // The models' named parameters and buffers ("model<i>.<name>" for i > 0).
+  std::vector<std::pair<std::string, torch::Tensor>> named_tensors() const;
+
+  const Position& position() const { return position_; }
+  // Whether the last train() call threw after a step's update began and before the step ended
+  // (the optimizer stepped, or the parameters or statistics were being shared): the state is at
+  // no step's boundary. One that threw elsewhere is back where its last step ended (the CPU
+  // generator too), so its state may be given to other replicas as it is.
+  bool torn() const { return torn_; }
+  void step_schedules() override;  // one scheduler step (manual mode, or per the frequency)
+  TrainingOperator& op() { return *op_; }
+  const ReplicaOptions& options() const { return options_; }
+
+  int64_t batches_per_epoch() const override;
+
+  // Live progress, read by the worker's heartbeat thread.
+  struct Progress {
+    std::atomic<int64_t> batches{0};
+    std::atomic<double> loss{0};
+    std::atomic<int64_t> batches_per_epoch{0};  // set as each train() starts
+    std::atomic<double> step_s{0};  // recent seconds per step (a moving average; 0: not yet known)
+    std::atomic<int64_t> step{0};   // the steps its position in the epochs stands for (epoch x per epoch + batch)
+    // Over the replica's life, the steps timed (each but a call's first) and their seconds split
+    // into computing (all but the waits) and waiting for communication: the driver compares
+    // ranks' compute per step to find stragglers.
+    std::atomic<int64_t> timed_steps{0};
+    std::atomic<double> compute_s{0};
+    std::atomic<double> wait_s{0};
+  };
+  Progress& progress() { return progress_; }
+
+ private:
+  // ReplicaHost: what the operator calls.
+  bool next_batch(Batch& batch, int64_t max_batches) override;
+  void after_batch() override;
+  // After backward: true if the (averaged) gradients are finite. Otherwise, per the policy,
+  // counts a skipped step and warns (skip) or throws dsgd::Error naming the step (error).
+  // With loss scaling: unscales a lone replica's gradients first; a non-finite gradient
+  // (above the minimum scale) skips the step and backs the scale off whatever the policy.
+  bool check_gradients() override;
+  torch::Tensor scale_loss(const torch::Tensor& loss) override;
+  bool profiling() const override { return profiling_; }
+  void add_phase(const char* name, double seconds) override { phase_s_[name] += seconds; }
+  void report_loss(double loss) override { progress_.loss = loss; }
+
+  // The forward overlap: wait_for_parameters lands here during train(); GradSync's held-back
+  // buckets are applied by deferred_.
+  void wait(const torch::Tensor& parameter) override;
+  // SyncBatchNorm's sums over the replicas (dsgd/torch/sync_batchnorm.h) land here during train(): the
+  // strategy's average of the floats, times the replicas.
+  void sum(float* data, size_t count) override;
+  double weight() const override { return batch_weight_; }
+  std::string where() const;  // "epoch E, batch B" of the step in progress (1-based)
+  EpochSampler sampler() const;
+  void to_device();  // after setup: models and data to info.device
+  // Rows `idx` of registered data, on the replica's device.
+  torch::Tensor gather(const torch::Tensor& data, const torch::Tensor& idx) const;
+  void start_epoch_order();
+  void step_schedules_to(int64_t t);
+  void set_weights();  // batch_weight_ / the loss scale, into every GradSync
+  int64_t accumulate() const { return options_.step.accumulate_steps; }
+  // After each step, with a strategy that averages: every model's float running statistics
+  // (buffers named *running_mean, *running_var: BatchNorm's) averaged over the replicas, so
+  // every replica holds the same buffers (and snapshots, checkpoints and get_model agree).
+  void sync_statistics();
+  // step.zero_stage over a strategy that averages: each trainable parameter's owner among the
+  // replicas (partition_by_size over all models), into every GradSync and owned_.
+  void partition_parameters();
+  // Stage 2's ring buffers per GradSync in a group of `world_size` (0: stage 0 or 1, or alone).
+  size_t ring_buckets(int world_size) const;
+  double gradient_bytes_held() const;  // what the GradSyncs keep (the train metrics' gradient_bytes)
+  // clip_grad_norm_ under stage 2, where each replica holds only its share's gradients: the
+  // global norm from every replica's sum of squares (a collective). Returns the norm before.
+  double clip_sharded_gradients(double max_norm);
+  // Micro-batches of the step at position_ (accumulate(), or fewer in an epoch's last step).
+  int64_t micro_batches_in_step() const;
+  // train()'s ends: the generator kept at a step's end; after a throw, back to that step's end
+  // (replica_interrupt.cpp).
+  void remember_step_rng();
+  void interrupted();
+  // A lone replica accumulating: before the step's last micro-batch, adds .grad into
+  // held_grads_; at the last, adds held_grads_ into .grad (and forgets them). True at the last.
+  bool hold_lone_gradients();
+  ReplicaState state() const;  // what save_state writes besides the operator's
+  void restored(const ReplicaState& state);  // load_state's and share_state's bookkeeping after the load
+  void load_feedback(const std::string& feedback);  // load_state's: save_feedback()'s bytes, or from zero
+
+  std::unique_ptr<TrainingOperator> op_;
+  ReplicaOptions options_;
+  std::vector<std::unique_ptr<GradSync>> syncs_;
+  std::unique_ptr<GradCheck> check_;                                    // with no strategy
+  DeferredSteps deferred_;
+  std::unordered_map<const void*, std::pair<size_t, size_t>> gate_index_;  // TensorImpl -> (sync, param)
+  Position position_;
+  torch::Tensor order_;              // the current epoch's permutation
+  int64_t order_epoch_ = -1;
+  int64_t taken_this_call_ = 0;
+  int64_t schedule_t_ = 0;
+  int64_t skipped_this_call_ = 0;
+  std::optional<LossScaler> scaler_;  // loss scaling, if on
+  double batch_weight_ = 1.0;          // this batch's share (EpochSampler::weight)
+  // Accumulation: the micro-batch of the step in progress (0 between steps), its loss's weight
+  // in the step (its samples over the step's), and a lone replica's gradients summed so far.
+  int64_t micro_ = 0;
+  double loss_factor_ = 1.0;
+  std::vector<torch::Tensor> held_grads_;
+  torch::Tensor stats_flat_;  // sync_statistics's buffer
+  OwnedSet owned_;            // step.zero_stage: the parameters this replica steps (empty: all)
+  SpareTensors spares_;       // make_spare_state's, until a load
+  bool share_after_step_ = false;  // zero: a step was taken; after_batch shares the parameters
+  bool stepping_ = false;          // from a step's update to its end (torn())
+  bool torn_ = false;
+  torch::Tensor step_rng_;         // the CPU generator's state where the last step ended
+  bool profiling_ = false;
+  std::map<std::string, double> phase_s_;
+  // Values the step's mechanics report once a step (e.g. grad_norm): their sum and count over
+  // this call; train() reports each one's mean.
+  std::map<std::string, std::pair<double, int64_t>> step_values_;
+  double gate_s_ = 0;                // profiling: seconds in wait() (the forward overlap's gate)
+  std::vector<std::chrono::steady_clock::time_point> batch_ends_;  // this call's
+  double waited_at_last_step_ = 0;  // the GradSyncs' total_wait_s when the last step ended
+  Progress progress_;
+};
+
+}  // namespace dsgd::torch_glue

@@ -1,0 +1,108 @@
+// ReplicaRuntime's state in and out (replica.h): as bytes for snapshots and checkpoints
+// (save_state, load_state, with each replica's error feedback beside), and from a survivor
+// straight into a standby over the group (share_state, torch/state/broadcast.h).
+#include <algorithm>
+#include <cstring>
+
+#include "dsgd/common/log.h"
+#include "torch/replica/replica.h"
+#include "torch/state/broadcast.h"
+
+namespace dsgd::torch_glue {
+
+ReplicaState ReplicaRuntime::state() const {
+  ReplicaState s{position_, schedule_t_};
+  if (scaler_) {
+    s.loss_scale = scaler_->scale();
+    s.loss_scale_good_steps = scaler_->good_steps();
+  }
+  return s;
+}
+
+std::string ReplicaRuntime::save_state() const { return save_replica_state(*op_, state()); }
+
+size_t ReplicaRuntime::state_bytes() const { return replica_state_bytes(*op_, state()); }
+
+namespace {
+constexpr char kFeedbackMagic[8] = {'d', 's', 'g', 'd', 'f', 'b', '0', '1'};
+}  // namespace
+
+void ReplicaRuntime::load_state(const std::string& bytes, const std::string& feedback) {
+  for (auto& s : syncs_) s->discard_pending();
+  restored(load_replica_state(*op_, bytes, options_.info.device));
+  const bool keeps = std::any_of(syncs_.begin(), syncs_.end(), [](const auto& s) { return s->feedback() != nullptr; });
+  if (!keeps) return;
+  load_feedback(feedback);
+}
+
+size_t ReplicaRuntime::share_state(strategy::Sharing& sharing, int root, bool load) {
+  if (load) {
+    for (auto& s : syncs_) s->discard_pending();
+  }
+  const SharedState shared = broadcast_replica_state(*op_, state(), sharing, root, load, &spares_);
+  if (load && sharing.rank() != root) {
+    restored(shared.state);
+    for (auto& s : syncs_) {
+      if (auto* feedback = s->feedback()) feedback->clear();
+    }
+  }
+  return shared.bytes;
+}
+
+void ReplicaRuntime::make_spare_state() { spares_ = torch_glue::make_spare_state(*op_); }
+
+void ReplicaRuntime::restored(const ReplicaState& state) {
+  spares_.clear();  // what share_state did not take
+  position_ = state.position;
+  progress_.step = position_.epoch * batches_per_epoch() + position_.batch;
+  micro_ = 0;  // a step interrupted part-way starts again
+  held_grads_.clear();
+  stepping_ = torn_ = false;
+  step_schedules_to(state.schedule_t);
+  // A state saved without loss scaling leaves the scale where it is.
+  if (scaler_ && state.loss_scale > 0) scaler_->restore(state.loss_scale, state.loss_scale_good_steps);
+  for (auto& s : syncs_) {
+    if (auto* servers = s->servers()) servers->restart();
+  }
+  drop_unowned_state(*op_, owned_);  // zero: the state loaded is whole; this replica keeps its share
+  share_after_step_ = false;
+}
+
+void ReplicaRuntime::load_feedback(const std::string& feedback) {
+  const char* p = feedback.data();
+  const char* const end = p + feedback.size();
+  bool ok = feedback.size() >= sizeof kFeedbackMagic && std::memcmp(p, kFeedbackMagic, sizeof kFeedbackMagic) == 0;
+  uint64_t syncs = 0;
+  if (ok) {
+    p += sizeof kFeedbackMagic;
+    ok = static_cast<size_t>(end - p) >= sizeof syncs && (std::memcpy(&syncs, p, sizeof syncs), syncs == syncs_.size());
+    p += ok ? sizeof syncs : 0;
+  }
+  for (auto& s : syncs_) {
+    auto* feedback = s->feedback();
+    if (!feedback) continue;
+    if (ok) ok = feedback->load(&p, end);
+    if (!ok) feedback->clear();
+  }
+  if (!ok && options_.info.rank == 0) {
+    dsgd::log().info(feedback.empty() ? "error feedback starts from zero: the state loaded holds none for this replica "
+                                        "(saved without compression, or by a job of another size)"
+                                      : "error feedback starts from zero: the state loaded holds it for another layout "
+                                        "(bucket sizes or models differ)");
+  }
+}
+
+std::string ReplicaRuntime::save_feedback() const {
+  std::string out;
+  const bool keeps = std::any_of(syncs_.begin(), syncs_.end(), [](const auto& s) { return s->feedback() != nullptr; });
+  if (!keeps) return out;
+  out.append(kFeedbackMagic, sizeof kFeedbackMagic);
+  const uint64_t syncs = syncs_.size();
+  out.append(reinterpret_cast<const char*>(&syncs), sizeof syncs);
+  for (const auto& s : syncs_) {
+    if (auto* feedback = s->feedback()) feedback->save(&out);
+  }
+  return out;
+}
+
+}  // namespace dsgd::torch_glue

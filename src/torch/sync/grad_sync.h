@@ -1,0 +1,279 @@
+// Gradient averaging inside backward: the LibTorch side of a strategy.
+//
+//   GradSync sync(model.parameters(), 10 << 20, strategy);
+//   loss.backward();          // hooks launch buckets as they fill; returns with averaged .grad
+//
+// Each parameter's gradient hook copies the gradient (times weight(), for uneven batch splits)
+// into its slot of a flat float32 buffer packed by strategy::BucketPlan (reverse registration
+// order), checking it in the same pass, clears .grad and hands AccumulateGrad the slot, which it
+// takes as the .grad with no copy: autograd's gradient is freed at once, so a backward holds one
+// model's gradients (the flat buffer), not two. The check: NaN, infinity, or a magnitude of
+// 2^111 or more (below that a sum over up to 2^16 replicas cannot leave the float range). A
+// replica whose bucket fails it
+// sets the bucket's first element to NaN before sending it, so the average's first element is
+// NaN on every replica: last_finite() reads one float per bucket, no second pass over the
+// gradients, and every replica gets the same answer. When a bucket's
+// last gradient arrives, the bucket goes to the strategy at once, so communication of later
+// layers overlaps backward of earlier ones. Buckets are launched in one order, the same on every
+// replica (the strategy's ordering contract): strategy::overlap_schedule's (index order, the
+// deferred ones last). A final autograd callback launches what is left
+// (parameters that got no gradient in this backward contribute zeros), waits for every bucket,
+// and makes each slot, now holding the average, its parameter's .grad: a tensor sharing the flat
+// buffer (c10d's gradient_as_bucket_view), so nothing is copied back. That .grad is overwritten
+// by the next backward; keep a clone to hold on to it. The gradient of one backward is
+// averaged, whatever .grad held before it; to accumulate over several backwards (micro-batches),
+// hold the earlier ones: see set_hold. One GradSync per model; a backward that gives none of its parameters a gradient
+// launches nothing. Parameters must be float32, all on the CPU or all on one CUDA device. The flat buffer is the
+// strategy's gradient_buffer where it offers one (a host's shared memory, which the allreduce then reads in place); a
+// .grad still sharing it when the GradSync goes is replaced by a copy.
+//
+// On a CUDA device the flat buffer lives on the device and the strategy averages a host copy
+// (staging, HostStager): each full bucket is copied to pinned host memory (or the strategy's
+// shared memory) in the device's queue, and a staging thread hands it to the strategy once the
+// copy is done, checked, so backward goes on meanwhile; after the waits the averages go back to the device in
+// one copy, queued before the optimizer's kernels. Not with strategies that update on their
+// servers, nor with deferred buckets (ConfigError).
+//
+// With a strategy that updates on its servers (ps with update on shards, ps_async; after
+// servers()->set_optimizer), each bucket's gradient goes to the servers instead (ServerSteps),
+// and after backward the parameters hold the servers' new values and .grad is left undefined,
+// so the operator's optimizer.step() skips them (the step was taken on the servers).
+//
+// With a strategy that compresses with error feedback, each bucket is averaged with its share
+// of feedback() (FeedbackState), which the replica saves and loads with its state.
+//
+// With deferred buckets (Trainer's forward_overlap_buckets), communication also overlaps the
+// next forward: see set_deferred_step.
+#pragma once
+
+#include <torch/types.h>
+
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "strategy/bucket_plan.h"
+#include "strategy/strategy.h"
+#include "torch/sync/feedback_state.h"
+#include "torch/sync/host_stager.h"
+#include "torch/sync/server_steps.h"
+
+namespace dsgd::torch_glue {
+
+class GradSync {
+ public:
+  // overlap false: buckets launch only after backward (for measuring what overlap buys).
+  // deferred: see set_deferred_step (0: off). ring > 0: ZeRO stage 2 (see set_owned): the
+  // gradients pass through `ring` bucket-sized buffers instead of a flat buffer for all of them.
+  GradSync(std::vector<torch::Tensor> params, size_t grad_shard_bytes,
+           std::shared_ptr<strategy::GradientStrategy> strategy, bool overlap = true, size_t deferred = 0,
+           size_t ring = 0);
+  ~GradSync();
+  GradSync(const GradSync&) = delete;
+  GradSync& operator=(const GradSync&) = delete;
+
+  // This replica's share of the global batch times the number of replicas (1 when even).
+  void set_weight(double weight) { weight_ = weight; }
+  // Gradient accumulation (DDP's no_sync), said before each backward: which micro-batch of the
+  // step comes. Before the last, a backward's gradients (times the weight) are added into the
+  // flat buffer (the first's copied) and nothing is sent (under stage 2 each is averaged: see
+  // set_owned), nor is .grad set (it stays undefined); the last adds its own and averages the
+  // sum, checked as a whole. (true, true),
+  // the default, is a step of one backward. Holding needs neither deferred buckets nor server
+  // updates (throws dsgd::Error).
+  void set_micro_batch(bool first, bool last);
+  // Whether every replica's gradient of the last backward passed the check (header comment);
+  // the same answer on every replica. Where it did not, .grad holds the average with a NaN put
+  // in: skip the step.
+  bool last_finite() const { return last_finite_; }
+  // Where time went since the last call, for profiles. `wait_s`: every wait for communication
+  // (at backward's end, and for deferred steps); `deferred_wait_s`: the part of it spent on
+  // deferred steps (in forward's wait_for, flush); `deferred_step_s`: applying them (the
+  // optimizer's work, done outside optimizer.step() with deferred buckets).
+  struct Times {
+    double wait_s = 0, deferred_wait_s = 0, deferred_step_s = 0;
+  };
+  Times take_times();
+  // Every wait for communication since construction (Times::wait_s, never reset): stragglers.
+  double total_wait_s() const;
+  size_t num_buckets() const { return plan_.buckets().size(); }
+  const torch::Tensor& param(size_t i) const { return params_[i]; }
+  size_t num_params() const { return params_.size(); }
+  // Fails communication in flight (from any thread).
+  void abort(const std::string& reason) { strategy_->abort(reason); }
+  // The error feedback of a strategy that compresses (strategy::GradientStrategy::error_feedback),
+  // in the flat buffer's layout; null otherwise.
+  FeedbackState* feedback() { return feedback_.get(); }
+
+  // ---- the deferred step: communication overlapped with the next forward ----
+  // With T > 0 deferred buckets, T buckets spread over the layers (strategy::overlap_schedule)
+  // are launched after backward, first layer first, the others as they fill. A backward whose
+  // forward called wait_for for every parameter that then got a gradient returns without
+  // waiting: .grad stays undefined (so the operator's optimizer.step() skips them), and each
+  // bucket's step (every bucket's, deferred or not) is taken by `apply` when the next forward
+  // asks for one of its parameters (wait_for), or at the latest at flush() or at the next
+  // backward's end. Any other backward waits, as with T = 0. A forward that uses a parameter whose update is still
+  // pending, without wait_for, makes the next backward throw (its result would be stale).
+  struct DeferredStep {
+    std::function<void()> begin;  // at a deferred backward's end: capture what its steps need
+    // The parameters' .grad hold their bucket's average; `finite`: no NaN or infinity in it.
+    std::function<void(const std::vector<size_t>& params, bool finite)> apply;
+  };
+  void set_deferred_step(DeferredStep step) { deferred_ = std::move(step); }
+  // Before forward uses parameter `param`: applies its bucket's pending step, waiting for it.
+  void wait_for(size_t param);
+  // Applies every pending step (in launch order).
+  void flush();
+  // Changes T between backwards (the forward overlap's automatic choice tries several); every
+  // replica must change it before the same backward. Capped at the number of buckets. Throws
+  // dsgd::Error during a backward.
+  void set_deferred_buckets(size_t count);
+  size_t deferred_buckets() const { return deferred_count_; }
+  // Forgets pending steps after waiting for their communication (errors ignored): the
+  // parameters are about to be replaced (snapshot, checkpoint).
+  void discard_pending();
+
+  // ---- ZeRO (strategy->sharing()): each parameter stepped by one replica ----
+  // owned[i]: this replica steps parameter i, so its optimizer keeps state for it alone. CPU
+  // only (throws ConfigError on CUDA, or without the strategy's Sharing facet). Said before the
+  // first backward.
+  //
+  // Stage 2 (constructed with ring > 0): no buffer holds every gradient. Bucket b is filled in
+  // ring buffer b % ring (shared memory where the strategy offers it), averaged, and as soon as a
+  // later bucket needs that buffer (or at backward's end) the averages of this replica's own
+  // parameters are copied out into gradients of their own; the others' are dropped. After
+  // backward only the owned parameters have a .grad, so a replica holds 4 bytes a parameter of
+  // gradients for its share and `ring` buckets for the rest. Buckets launch as they fill whatever
+  // `overlap` says (a ring buffer is reused only once its bucket is averaged). A gradient whose
+  // ring buffer still holds an earlier bucket that is not yet launched waits aside, in a copy;
+  // one whose buffer holds a later bucket takes it back (the later bucket's gradients go aside).
+  // Accumulation averages every micro-batch (DeepSpeed's way) and sums the owned averages: the
+  // traffic of a step per micro-batch, for no buffer of every gradient. last_finite() says
+  // whether every micro-batch's averages were finite.
+  static constexpr size_t kRingBuckets = 8;
+  // The floats of shared memory a stage-2 GradSync over parameters of these sizes asks for.
+  static size_t ring_elements(const std::vector<size_t>& counts, size_t grad_shard_bytes, size_t ring = kRingBuckets);
+  // Where each ring buffer starts (and, last, the ring's size), in floats: buffer r is as large
+  // as the largest of the buckets it takes (r, r + ring, ...), so one large parameter costs once.
+  static std::vector<size_t> ring_offsets(const strategy::BucketPlan& plan, size_t ring);
+  void set_owned(std::vector<bool> owned);
+  bool ring() const { return ring_ > 0; }
+  // Bytes this GradSync keeps for gradients: its flat buffer (or ring), and under stage 2 the
+  // owned parameters' averages.
+  size_t gradient_bytes() const;
+  bool sharded() const { return !owned_.empty(); }
+  bool owns(size_t param) const { return owned_.empty() || owned_[param]; }
+  // After the averaged gradients were checked (and clipped): .grad of the parameters this replica
+  // does not own is cleared, so the operator's optimizer.step() skips them and makes no state.
+  void release_unowned_grads();
+  // Collective, after the step: every replica's owned parameters to every replica. Through the
+  // flat buffer, bucket by bucket: the owned parameters' values in their slots, zeros in the
+  // others, an exact sum over the replicas (Sharing::sum_async), then the others' slots into
+  // their parameters. The gradients in the buffer are gone afterwards.
+  void share_parameters();
+
+  // ---- update on the servers (strategy->server_updates()) ----
+  // Null unless the strategy updates on its servers; then its set_optimizer is required before
+  // the first backward.
+  ServerSteps* servers() { return servers_.get(); }
+  bool updates_on_servers() const { return servers_ != nullptr; }
+  strategy::GradientStrategy& strategy() { return *strategy_; }
+
+ private:
+  // Gradient values at or above this magnitude count as non-finite: below it, a sum over up to
+  // 2^16 replicas stays below 2^127, inside the float range, so an average can only be
+  // non-finite where some replica's part failed this check.
+  static constexpr float kGradLimit = 0x1p111f;
+
+  torch::Tensor on_grad(size_t param, const torch::Tensor& grad);  // what AccumulateGrad takes: the slot
+  // dst = grad times the weight, checked against kGradLimit: one pass over memory where grad is
+  // a contiguous float tensor on the CPU (the usual case), else LibTorch's copy, then the check.
+  // Returns whether every value passed.
+  bool fill_checked(torch::Tensor& dst, const torch::Tensor& grad) const;
+  size_t bucket_base(size_t bucket) const;  // where its floats start in host_ (and flat_)
+  // Stage 2 (grad_sync_zero.cpp): the hook's work, the ring's claims and what backward's end does.
+  torch::Tensor on_grad_ring_locked(std::unique_lock<std::mutex>& lock, size_t param, const torch::Tensor& grad);
+  // Makes `bucket` its ring buffer's holder: waits for an earlier holder launched, evicts a later
+  // one; false while an earlier one still fills it.
+  bool claim_ring_locked(std::unique_lock<std::mutex>& lock, size_t bucket);
+  void consume_locked(std::unique_lock<std::mutex>& lock, size_t bucket);  // waits; owned averages out
+  void evict_locked(size_t bucket);   // its gradients aside, its ring buffer free
+  void unstash_locked(size_t bucket);  // its gradients set aside into its (claimed) ring buffer
+  void finalize_ring();
+  // An average of this backward already failed (a peer lost, the group aborted): the step is
+  // over, and the rest of backward (seconds at gpt-base) would only delay the recovery. Throws
+  // its error (its type kept: CommError); autograd then runs none of the graph's remaining nodes.
+  void throw_if_an_average_failed_locked();
+  void launch_ready_locked(bool after_backward);
+  void apply_pending(size_t bucket);
+  void finalize();
+  std::shared_ptr<comm::Work> average_async(size_t bucket, float* data);  // with its feedback, if kept
+  void on_staged(size_t bucket);         // CUDA, on the stager's thread: its host copy is done
+  void wait_staged(std::unique_lock<std::mutex>& lock);  // every staged bucket handed on (unlocks meanwhile)
+  void reset_backward_locked();          // after a backward's end, for the next one; .grad cleared
+  bool average_ok(size_t bucket) const;  // after its wait: no replica's part failed the check
+
+  std::vector<torch::Tensor> params_;
+  strategy::BucketPlan plan_;
+  std::shared_ptr<strategy::GradientStrategy> strategy_;
+  const torch::Device device_;                  // the parameters'
+  const bool staged_;                           // on CUDA: the strategy averages host_, a copy of flat_
+  bool flat_shared_ = false;                    // host_ is the strategy's gradient_buffer
+  torch::Tensor host_;                          // plan_.total_elements() floats the strategy averages
+  torch::Tensor flat_;                          // the gradients on device_ (host_ itself on the CPU)
+  std::unique_ptr<FeedbackState> feedback_;     // if the strategy keeps error feedback
+  std::unique_ptr<ServerSteps> servers_;        // if it updates on its servers
+  std::vector<torch::Tensor> slots_;            // flat_'s storage, one per parameter, shaped like it
+  double weight_ = 1.0;
+  const bool overlap_;
+  size_t deferred_count_ = 0;                   // T
+  strategy::OverlapSchedule schedule_;          // which are deferred, and the launch order
+
+  mutable std::mutex mutex_;
+  std::string failed_;                          // why a backward threw (every later one throws it too)
+  bool torn_ = false;  // the last backward's averages failed: its gradients are nobody's
+  // This backward's progress (guarded by mutex_), reset at its end.
+  struct Backward {
+    bool running = false;                        // a finalize callback is queued
+    std::vector<bool> got_grad;                  // per parameter
+    std::vector<size_t> missing;                 // per bucket: gradients still to come
+    std::vector<char> ok;                        // per bucket: its gradients passed the check
+    size_t next_launch = 0;                      // position in schedule_.launch_order
+    size_t checked = 0;  // launched buckets seen done, in launch order (throw_if_an_average_failed_locked)
+    std::vector<std::shared_ptr<comm::Work>> works;  // per bucket
+  } bw_;
+  std::vector<bool> gated_;                     // per parameter: wait_for called since the last backward
+  DeferredStep deferred_;
+  std::vector<std::shared_ptr<comm::Work>> pending_;  // per bucket: a deferred step not yet applied
+  // Waits for communication (guarded by mutex_): the profile's since take_times, and the total.
+  struct Waits {
+    Times times;
+    double total_s = 0;
+    void count(double s) {
+      times.wait_s += s;
+      total_s += s;
+    }
+  } waits_;
+  bool last_finite_ = true;
+  // Accumulation (set_micro_batch).
+  struct Accumulation {
+    bool hold = false;  // this backward's gradients are only summed
+    bool held = false;  // the flat buffer holds earlier backwards' sum
+  } acc_;
+  std::vector<std::pair<torch::Tensor, unsigned>> hooks_;  // (param, hook id) to remove
+  std::unique_ptr<HostStager> stager_;          // CUDA: copies buckets to the host while backward goes on
+
+  std::vector<bool> owned_;                     // ZeRO: per parameter (empty: not sharded)
+  // Stage 2 (guarded by mutex_).
+  const size_t ring_;                           // ring buffers (0: one flat buffer for all)
+  std::vector<size_t> ring_offsets_;            // where each starts in host_ (ring_offsets)
+  std::vector<int64_t> ring_holder_;            // per ring buffer: the bucket in it, -1 for none
+  std::vector<char> consumed_;                  // per bucket: averaged and copied out this backward
+  bool ring_finite_ = true;                     // every bucket consumed this backward was finite
+  std::vector<torch::Tensor> owned_grads_;      // per parameter: its averaged gradient (owned ones)
+  std::vector<torch::Tensor> stash_;            // per parameter: its gradient kept aside, if any
+};
+
+}  // namespace dsgd::torch_glue

@@ -1,0 +1,227 @@
+// GradSync's part in ZeRO (grad_sync.h, torch/sync/zero.h): which parameters this replica steps, the
+// parameters shared after the step through the flat buffer (stage 1) or the ring (stage 2), and
+// stage 2's ring: gradients averaged bucket by bucket, only the owned ones kept.
+#include <torch/utils.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "comm/reduce_kernels.h"
+#include "comm/timeline.h"
+#include "dsgd/common/error.h"
+#include "torch/sync/grad_sync.h"
+
+namespace dsgd::torch_glue {
+
+std::vector<size_t> GradSync::ring_offsets(const strategy::BucketPlan& plan, size_t ring) {
+  ring = std::min(ring, plan.buckets().size());
+  std::vector<size_t> largest(ring, 0);  // buffer r holds buckets r, r + ring, ...: sized for the largest
+  for (size_t b = 0; b < plan.buckets().size(); ++b) {
+    largest[b % ring] = std::max(largest[b % ring], plan.buckets()[b].count);
+  }
+  std::vector<size_t> offsets(ring + 1, 0);
+  for (size_t r = 0; r < ring; ++r) offsets[r + 1] = offsets[r] + largest[r];
+  return offsets;
+}
+
+size_t GradSync::ring_elements(const std::vector<size_t>& counts, size_t grad_shard_bytes, size_t ring) {
+  return ring_offsets(strategy::BucketPlan(counts, sizeof(float), grad_shard_bytes), ring).back();
+}
+
+void GradSync::set_owned(std::vector<bool> owned) {
+  if (owned.size() != params_.size()) throw Error("GradSync::set_owned: one flag per parameter expected");
+  require_checked(strategy_->sharing() != nullptr, "ZeRO over strategy allreduce only (validate_zero)");
+  owned_ = std::move(owned);
+}
+
+void GradSync::release_unowned_grads() {
+  for (size_t i = 0; i < params_.size(); ++i) {
+    if (!owns(i)) params_[i].mutable_grad() = torch::Tensor();
+  }
+}
+
+size_t GradSync::gradient_bytes() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto bytes = static_cast<size_t>(host_.nbytes()) + (staged_ ? static_cast<size_t>(flat_.nbytes()) : 0);
+  for (const auto& g : owned_grads_) bytes += g.defined() ? static_cast<size_t>(g.nbytes()) : 0;
+  return bytes;
+}
+
+void GradSync::share_parameters() {
+  if (owned_.empty()) return;
+  comm::timeline::Span span("share parameters");
+  torch::NoGradGuard no_grad;
+  auto* sharing = strategy_->sharing();
+  const auto& buckets = plan_.buckets();
+  // Stage 1: every bucket has its own place in the flat buffer, all in flight at once. Stage 2:
+  // bucket b waits for bucket b - ring, whose ring buffer it takes.
+  const size_t window = ring_ > 0 ? ring_ : buckets.size();
+  std::vector<std::shared_ptr<comm::Work>> works(buckets.size());
+  const auto unpack = [&](size_t k) {
+    works[k]->wait();
+    const auto& b = buckets[k];
+    // In the device's queue, before the copies out of the slots below.
+    if (staged_) flat_.narrow(0, b.offset, b.count).copy_(host_.narrow(0, b.offset, b.count), /*non_blocking=*/true);
+    for (size_t i : b.params) {
+      if (!owned_[i]) params_[i].copy_(slots_[i]);
+    }
+  };
+  for (size_t k = 0; k < buckets.size(); ++k) {  // packed and launched one by one: packing overlaps the sums in flight
+    if (k >= window) unpack(k - window);
+    const auto& b = buckets[k];
+    for (size_t i : b.params) {
+      if (owned_[i]) {
+        slots_[i].copy_(params_[i]);
+      } else {
+        slots_[i].zero_();
+      }
+    }
+    // On CUDA the sum runs on the host copy: a blocking copy (the packing kernels done first).
+    if (staged_) host_.narrow(0, b.offset, b.count).copy_(flat_.narrow(0, b.offset, b.count));
+    works[k] = sharing->sum_async(host_.data_ptr<float>() + bucket_base(k), b.count);
+  }
+  for (size_t k = buckets.size() > window ? buckets.size() - window : 0; k < buckets.size(); ++k) unpack(k);
+}
+
+// ---- stage 2: the ring ----
+
+torch::Tensor GradSync::on_grad_ring_locked(std::unique_lock<std::mutex>& lock, size_t param,
+                                            const torch::Tensor& grad) {
+  const size_t bucket = plan_.slot(param).bucket;
+  params_[param].mutable_grad() = torch::Tensor();  // AccumulateGrad takes what this returns
+  // The gradient times the weight where it goes; checked there. Every micro-batch is averaged.
+  const auto fill = [&](torch::Tensor& dst) {
+    if (!fill_checked(dst, grad)) bw_.ok[bucket] = false;
+  };
+  if (!claim_ring_locked(lock, bucket)) {  // an earlier bucket, not yet launched, holds it
+    auto& aside = stash_[param];
+    aside = torch::empty_like(slots_[param]);
+    fill(aside);
+    return aside.detach();
+  }
+  unstash_locked(bucket);
+  fill(slots_[param]);
+  --bw_.missing[bucket];
+  launch_ready_locked(false);
+  return slots_[param].detach();
+}
+
+bool GradSync::claim_ring_locked(std::unique_lock<std::mutex>& lock, size_t bucket) {
+  auto& holder = ring_holder_[bucket % ring_];
+  while (holder != static_cast<int64_t>(bucket)) {
+    if (holder < 0) {
+      holder = static_cast<int64_t>(bucket);
+    } else if (static_cast<size_t>(holder) > bucket) {  // launched only after this one: never waited for
+      evict_locked(static_cast<size_t>(holder));
+    } else if (bw_.works[static_cast<size_t>(holder)]) {
+      consume_locked(lock, static_cast<size_t>(holder));  // launched: its averages out, the buffer free
+    } else {
+      return false;  // an earlier bucket still filling
+    }
+  }
+  return true;
+}
+
+void GradSync::consume_locked(std::unique_lock<std::mutex>& lock, size_t bucket) {
+  auto work = std::move(bw_.works[bucket]);
+  const auto t0 = std::chrono::steady_clock::now();
+  lock.unlock();
+  try {
+    comm::timeline::Span span("wait", static_cast<int64_t>(bucket));
+    work->wait();
+  } catch (...) {
+    lock.lock();
+    throw;
+  }
+  lock.lock();
+  waits_.count(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  torch::NoGradGuard no_grad;
+  ring_finite_ = ring_finite_ && average_ok(bucket);
+  for (size_t i : plan_.buckets()[bucket].params) {
+    if (!owns(i)) continue;
+    auto& g = owned_grads_[i];
+    if (!g.defined()) g = torch::empty_like(slots_[i]);
+    if (acc_.held) {  // the step's earlier micro-batches' averages are in it
+      g.add_(slots_[i]);
+    } else {
+      g.copy_(slots_[i]);
+    }
+  }
+  consumed_[bucket] = 1;
+  ring_holder_[bucket % ring_] = -1;
+}
+
+void GradSync::evict_locked(size_t bucket) {
+  torch::NoGradGuard no_grad;
+  for (size_t i : plan_.buckets()[bucket].params) {
+    if (!bw_.got_grad[i] || stash_[i].defined()) continue;
+    stash_[i] = slots_[i].clone();
+    ++bw_.missing[bucket];
+  }
+  ring_holder_[bucket % ring_] = -1;
+}
+
+void GradSync::unstash_locked(size_t bucket) {
+  torch::NoGradGuard no_grad;
+  for (size_t i : plan_.buckets()[bucket].params) {
+    if (!stash_[i].defined()) continue;
+    slots_[i].copy_(stash_[i]);
+    stash_[i] = torch::Tensor();
+    --bw_.missing[bucket];
+  }
+}
+
+void GradSync::finalize_ring() {
+  std::unique_lock<std::mutex> lock(mutex_);
+  torch::NoGradGuard no_grad;
+  const auto& buckets = plan_.buckets();
+  std::exception_ptr error;
+  try {
+    for (size_t b = 0; b < buckets.size(); ++b) {  // the rest in launch order (index order here)
+      if (b < bw_.next_launch) continue;               // launched already
+      // Every earlier bucket is launched by now: its ring buffer can be waited for.
+      if (!claim_ring_locked(lock, b)) {
+        throw Error("GradSync: bucket " + std::to_string(b) + " found no ring buffer");
+      }
+      unstash_locked(b);
+      for (size_t i : buckets[b].params) {  // parameters without a gradient give zeros
+        if (bw_.got_grad[i]) continue;
+        slots_[i].zero_();
+        --bw_.missing[b];
+      }
+      launch_ready_locked(true);
+    }
+    for (size_t b = 0; b < buckets.size(); ++b) {
+      if (!consumed_[b]) consume_locked(lock, b);
+    }
+  } catch (...) {
+    error = std::current_exception();
+    for (auto& w : bw_.works) {  // nothing may still write into the ring
+      if (!w) continue;
+      lock.unlock();
+      try {
+        w->wait();
+      } catch (...) {
+      }
+      lock.lock();
+      w.reset();
+    }
+  }
+  std::fill(consumed_.begin(), consumed_.end(), 0);
+  std::fill(ring_holder_.begin(), ring_holder_.end(), -1);
+  for (auto& s : stash_) s = torch::Tensor();
+  reset_backward_locked();
+  const bool held = acc_.hold && !error;
+  acc_.held = held;  // a micro-batch before the step's last: the owned gradients keep the sum so far
+  if (!held) {
+    last_finite_ = ring_finite_;
+    ring_finite_ = true;
+  }
+  if (error) std::rethrow_exception(error);
+  for (size_t i = 0; i < params_.size(); ++i) {
+    params_[i].mutable_grad() = owns(i) && !held ? owned_grads_[i] : torch::Tensor();
+  }
+  if (held) last_finite_ = true;  // said at the step's last micro-batch
+}
+
+}  // namespace dsgd::torch_glue
