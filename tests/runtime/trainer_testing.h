@@ -399,7 +399,7 @@ inline void expect_zero_equals_plain(TrainerConfig c, const std::string& op, int
     Trainer t(op, c);
     std::vector<size_t> counts;
     for (const auto& p : t.get_model()->parameters()) counts.push_back(static_cast<size_t>(p.numel()));
-    return 4.0 * static_cast<double>(torch_glue::GradSync::ring_elements(counts, c.comm.grad_shard_bytes));
+    return 4.0 * static_cast<double>(torch_glue::ring_elements(counts, c.comm.grad_shard_bytes));
   }();
   const Run plain = run(0);
   const double n = c.num_workers;

@@ -88,7 +88,7 @@ TEST(GradSyncRing, OwnedGradientsAreTheAveragesAndTheOthersAreGoneWhateverTheRin
     GradSync sync(m.params(), /*grad_shard_bytes=*/8, strategy, true, 0, ring);
     EXPECT_TRUE(sync.ring());
     sync.set_owned(kOwned);
-    EXPECT_EQ(strategy->requested, GradSync::ring_elements({6, 2, 12, 3}, 8, ring));
+    EXPECT_EQ(strategy->requested, ring_elements({6, 2, 12, 3}, 8, ring));
     EXPECT_LT(strategy->requested, 6u + 2 + 12 + 3);
     sync.set_weight(3.0);
     for (int step = 0; step < 3; ++step) {
@@ -106,7 +106,7 @@ TEST(GradSyncRing, OwnedGradientsAreTheAveragesAndTheOthersAreGoneWhateverTheRin
       }
       EXPECT_EQ(strategy->calls, 4 * (step + 1)) << "one average per bucket and backward";
     }
-    EXPECT_EQ(sync.gradient_bytes(), (GradSync::ring_elements({6, 2, 12, 3}, 8, ring) + 6 + 3) * sizeof(float));
+    EXPECT_EQ(sync.gradient_bytes(), (ring_elements({6, 2, 12, 3}, 8, ring) + 6 + 3) * sizeof(float));
   }
 }
 

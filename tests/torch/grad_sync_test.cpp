@@ -251,7 +251,7 @@ struct DeferredFixture : Fixture {
   std::vector<std::vector<torch::Tensor>> applied_grads;
   int begins = 0;
   void attach(GradSync& sync) {
-    sync.set_deferred_step({[this] { ++begins; },
+    sync.deferred().set_step({[this] { ++begins; },
                             [this](const std::vector<size_t>& idx, bool finite) {
                               EXPECT_TRUE(finite);
                               applied.push_back(idx);
@@ -261,7 +261,7 @@ struct DeferredFixture : Fixture {
                             }});
   }
   void wait_all(GradSync& sync) {
-    for (size_t i = 0; i < params().size(); ++i) sync.wait_for(i);
+    for (size_t i = 0; i < params().size(); ++i) sync.deferred().wait_for(i);
   }
 };
 
@@ -289,7 +289,7 @@ TEST(GradSyncDeferred, TheOthersGoInOrderThenTheDeferredFirstLayerFirst) {
     }
   }
   EXPECT_EQ(order, (std::vector<size_t>{0, 2, 1}));
-  sync.flush();
+  sync.deferred().flush();
 }
 
 // The automatic choice changes T between backwards: the launch order follows.
@@ -318,18 +318,18 @@ TEST(GradSyncDeferred, ChangingTheDeferredBetweenBackwardsChangesTheOrder) {
   EXPECT_EQ(order_of_last_backward(), (std::vector<size_t>{0, 1, 2}));
   EXPECT_TRUE(f.applied.empty());  // T = 0: nothing deferred, though forward waited
   sync.set_deferred_buckets(2);
-  EXPECT_EQ(sync.deferred_buckets(), 2u);
+  EXPECT_EQ(sync.deferred().count(), 2u);
   f.wait_all(sync);
   f.loss(torch::randn({5, 4})).backward();
   EXPECT_EQ(order_of_last_backward(), (std::vector<size_t>{0, 2, 1}));
   EXPECT_EQ(f.begins, 1);  // deferred
   sync.set_deferred_buckets(99);  // capped at the number of buckets; pending steps stay pending
-  EXPECT_EQ(sync.deferred_buckets(), 3u);
+  EXPECT_EQ(sync.deferred().count(), 3u);
   f.wait_all(sync);  // takes the pending steps
   EXPECT_EQ(f.applied.size(), 3u);
   f.loss(torch::randn({5, 4})).backward();
   EXPECT_EQ(order_of_last_backward(), (std::vector<size_t>{2, 1, 0}));
-  sync.flush();
+  sync.deferred().flush();
 }
 
 TEST(GradSyncDeferred, AGatedForwardDefersEachBucketsStepToItsWait) {
@@ -356,10 +356,10 @@ TEST(GradSyncDeferred, AGatedForwardDefersEachBucketsStepToItsWait) {
     EXPECT_TRUE(f.applied.empty()) << "a step was taken before forward asked for it";
     EXPECT_EQ(f.begins, step + 1);
     // Waiting for parameter 0 applies its bucket only, with the strategy's result as .grad.
-    sync.wait_for(0);
+    sync.deferred().wait_for(0);
     ASSERT_EQ(f.applied.size(), 1u);
     EXPECT_EQ(f.applied[0], plan.buckets()[plan.slot(0).bucket].params);
-    sync.flush();
+    sync.deferred().flush();
     EXPECT_EQ(f.applied.size(), plan.buckets().size());
     for (size_t k = 0; k < f.applied.size(); ++k) {
       for (size_t j = 0; j < f.applied[k].size(); ++j) {
@@ -379,7 +379,7 @@ TEST(GradSyncDeferred, AForwardThatDoesNotWaitForEveryParameterIsNotDeferred) {
   const auto expected = plain_grads(f, x);
   GradSync sync(f.params(), DeferredFixture::kShardBytes, f.strategy, true, 2);
   f.attach(sync);
-  for (size_t i = 1; i < f.params().size(); ++i) sync.wait_for(i);  // parameter 0 left out
+  for (size_t i = 1; i < f.params().size(); ++i) sync.deferred().wait_for(i);  // parameter 0 left out
   f.loss(x).backward();
   EXPECT_EQ(f.begins, 0);
   EXPECT_TRUE(f.applied.empty());
@@ -412,7 +412,7 @@ TEST(GradSyncDeferred, TimesSplitDeferredStepsFromBackwardsWait) {
   torch::manual_seed(9);
   DeferredFixture f;
   GradSync sync(f.params(), DeferredFixture::kShardBytes, f.strategy, true, 2);
-  sync.set_deferred_step({[] {}, [](const std::vector<size_t>&, bool) {
+  sync.deferred().set_step({[] {}, [](const std::vector<size_t>&, bool) {
                             std::this_thread::sleep_for(std::chrono::milliseconds(10));
                           }});
   sync.take_times();
@@ -427,7 +427,7 @@ TEST(GradSyncDeferred, TimesSplitDeferredStepsFromBackwardsWait) {
   f.loss(torch::randn({5, 4})).backward();
   t = sync.take_times();
   EXPECT_EQ(t.wait_s, 0.0);
-  sync.flush();
+  sync.deferred().flush();
   t = sync.take_times();
   EXPECT_GE(t.deferred_step_s, 0.03);
   EXPECT_EQ(t.wait_s, t.deferred_wait_s);  // all of it for deferred steps
@@ -526,7 +526,7 @@ TEST(GradSyncCheck, EachDeferredStepGetsItsOwnBucketsAnswer) {
   DeferredFixture f;
   GradSync sync(f.params(), DeferredFixture::kShardBytes, f.strategy, true, /*deferred=*/1);
   std::vector<std::pair<std::vector<size_t>, bool>> applied;
-  sync.set_deferred_step(
+  sync.deferred().set_step(
       {[] {}, [&](const std::vector<size_t>& idx, bool finite) { applied.emplace_back(idx, finite); }});
   const auto nan = torch::full({3, 4}, std::nanf(""));
   for (int step = 0; step < 2; ++step) {
@@ -535,7 +535,7 @@ TEST(GradSyncCheck, EachDeferredStepGetsItsOwnBucketsAnswer) {
     if (step == 0) loss = loss + (f.a->weight * nan).sum();
     loss.backward();
   }
-  sync.flush();
+  sync.deferred().flush();
   ASSERT_EQ(applied.size(), 6u);  // 3 buckets, 2 steps
   for (size_t k = 0; k < applied.size(); ++k) {
     const auto& idx = applied[k].first;

@@ -26,7 +26,7 @@ MAX_CLASS_MEMBERS = 30
 # (a class that shrinks is held to its new count: lower the figure here).
 LARGE_CLASSES = {
     "Trainer::Impl": 122,
-    "GradSync": 87,
+    "GradSync": 63,
     "ReplicaRuntime": 90,
     "WorkerPool": 58,
     "Worker": 52,

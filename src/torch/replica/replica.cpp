@@ -144,7 +144,7 @@ void ReplicaRuntime::attach(std::shared_ptr<strategy::GradientStrategy> strategy
     }
     if (gated) {
       for (size_t i = 0; i < params.size(); ++i) gate_index_[params[i].unsafeGetTensorImpl()] = {s, i};
-      syncs_.back()->set_deferred_step(
+      syncs_.back()->deferred().set_step(
           {[this, s] { deferred_.begin(s, where()); },
            [this, s](const std::vector<size_t>& idx, bool finite) {
              std::vector<torch::Tensor> bucket;
@@ -176,7 +176,7 @@ void ReplicaRuntime::wait(const torch::Tensor& parameter) {
   const auto it = gate_index_.find(parameter.unsafeGetTensorImpl());
   if (it == gate_index_.end()) return;
   const auto t0 = profiling_ ? Clock::now() : Clock::time_point{};
-  syncs_[it->second.first]->wait_for(it->second.second);
+  syncs_[it->second.first]->deferred().wait_for(it->second.second);
   if (profiling_) gate_s_ += std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
@@ -447,7 +447,7 @@ Metrics ReplicaRuntime::train(int64_t max_batches, bool profile) {
       const ThreadHooks hooks(gate_index_.empty() ? nullptr : this,
                               syncs_.empty() || options_.info.world_size == 1 ? nullptr : this);
       m = op_->train_epoch(max_batches);
-      for (auto& s : syncs_) s->flush();
+      for (auto& s : syncs_) s->deferred().flush();
     } catch (...) {  // the hooks gone, as before the call
       interrupted();
       throw;
@@ -514,7 +514,7 @@ double ReplicaRuntime::gradient_bytes_held() const {
 }
 
 size_t ReplicaRuntime::ring_buckets(int world_size) const {
-  return options_.step.zero_stage == 2 && world_size >= 2 ? GradSync::kRingBuckets : 0;
+  return options_.step.zero_stage == 2 && world_size >= 2 ? kRingBuckets : 0;
 }
 
 size_t ReplicaRuntime::gradient_bytes(int world_size) const {

@@ -28,7 +28,7 @@ constexpr char kFeedbackMagic[8] = {'d', 's', 'g', 'd', 'f', 'b', '0', '1'};
 }  // namespace
 
 void ReplicaRuntime::load_state(const std::string& bytes, const std::string& feedback) {
-  for (auto& s : syncs_) s->discard_pending();
+  for (auto& s : syncs_) s->deferred().discard();
   restored(load_replica_state(*op_, bytes, options_.info.device));
   const bool keeps = std::any_of(syncs_.begin(), syncs_.end(), [](const auto& s) { return s->feedback() != nullptr; });
   if (!keeps) return;
@@ -37,7 +37,7 @@ void ReplicaRuntime::load_state(const std::string& bytes, const std::string& fee
 
 size_t ReplicaRuntime::share_state(strategy::Sharing& sharing, int root, bool load) {
   if (load) {
-    for (auto& s : syncs_) s->discard_pending();
+    for (auto& s : syncs_) s->deferred().discard();
   }
   const SharedState shared = broadcast_replica_state(*op_, state(), sharing, root, load, &spares_);
   if (load && sharing.rank() != root) {

@@ -198,7 +198,7 @@ size_t gradient_bytes(const TrainingOperator& op, size_t grad_shard_bytes, size_
     if (counts.empty()) continue;
     size_t floats = 0;
     for (size_t n : counts) floats += n;
-    if (ring > 0) floats = GradSync::ring_elements(counts, grad_shard_bytes, ring);
+    if (ring > 0) floats = ring_elements(counts, grad_shard_bytes, ring);
     bytes += (floats * sizeof(float) + 63) / 64 * 64;
   }
   return bytes;

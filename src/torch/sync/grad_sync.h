@@ -3,6 +3,12 @@
 //   GradSync sync(model.parameters(), 10 << 20, strategy);
 //   loss.backward();          // hooks launch buckets as they fill; returns with averaged .grad
 //
+// GradSync runs the backward: the hooks, the launch order, the waits at its end. Its parts own
+// the rest, each in its own file of this folder: GradientBuffer (the flat buffer, its slots, the
+// check), DeferredBuckets (steps held back into the next forward), FeedbackState (compression's
+// error feedback), ServerSteps (strategies that update on their servers), HostStager (CUDA's
+// copies to the host); grad_sync_zero.cpp is its part in ZeRO.
+//
 // Each parameter's gradient hook copies the gradient (times weight(), for uneven batch splits)
 // into its slot of a flat float32 buffer packed by strategy::BucketPlan (reverse registration
 // order), checking it in the same pass, clears .grad and hands AccumulateGrad the slot, which it
@@ -56,7 +62,9 @@
 
 #include "strategy/bucket_plan.h"
 #include "strategy/strategy.h"
+#include "torch/sync/deferred_buckets.h"
 #include "torch/sync/feedback_state.h"
+#include "torch/sync/gradient_buffer.h"
 #include "torch/sync/host_stager.h"
 #include "torch/sync/server_steps.h"
 
@@ -98,7 +106,7 @@ class GradSync {
   Times take_times();
   // Every wait for communication since construction (Times::wait_s, never reset): stragglers.
   double total_wait_s() const;
-  size_t num_buckets() const { return plan_.buckets().size(); }
+  size_t num_buckets() const { return buffer_.plan().buckets().size(); }
   const torch::Tensor& param(size_t i) const { return params_[i]; }
   size_t num_params() const { return params_.size(); }
   // Fails communication in flight (from any thread).
@@ -110,30 +118,18 @@ class GradSync {
   // ---- the deferred step: communication overlapped with the next forward ----
   // With T > 0 deferred buckets, T buckets spread over the layers (strategy::overlap_schedule)
   // are launched after backward, first layer first, the others as they fill. A backward whose
-  // forward called wait_for for every parameter that then got a gradient returns without
-  // waiting: .grad stays undefined (so the operator's optimizer.step() skips them), and each
-  // bucket's step (every bucket's, deferred or not) is taken by `apply` when the next forward
-  // asks for one of its parameters (wait_for), or at the latest at flush() or at the next
-  // backward's end. Any other backward waits, as with T = 0. A forward that uses a parameter whose update is still
-  // pending, without wait_for, makes the next backward throw (its result would be stale).
-  struct DeferredStep {
-    std::function<void()> begin;  // at a deferred backward's end: capture what its steps need
-    // The parameters' .grad hold their bucket's average; `finite`: no NaN or infinity in it.
-    std::function<void(const std::vector<size_t>& params, bool finite)> apply;
-  };
-  void set_deferred_step(DeferredStep step) { deferred_ = std::move(step); }
-  // Before forward uses parameter `param`: applies its bucket's pending step, waiting for it.
-  void wait_for(size_t param);
-  // Applies every pending step (in launch order).
-  void flush();
+  // forward called deferred().wait_for for every parameter that then got a gradient returns
+  // without waiting: .grad stays undefined (so the operator's optimizer.step() skips them), and
+  // each bucket's step (every bucket's, deferred or not) is taken by the step's `apply` when the
+  // next forward asks for one of its parameters (wait_for), or at the latest at flush() or at
+  // the next backward's end. Any other backward waits, as with T = 0. A forward that uses a
+  // parameter whose update is still pending, without wait_for, makes the next backward throw
+  // (its result would be stale). See DeferredBuckets.
+  DeferredBuckets& deferred() { return *deferred_; }
   // Changes T between backwards (the forward overlap's automatic choice tries several); every
   // replica must change it before the same backward. Capped at the number of buckets. Throws
   // dsgd::Error during a backward.
   void set_deferred_buckets(size_t count);
-  size_t deferred_buckets() const { return deferred_count_; }
-  // Forgets pending steps after waiting for their communication (errors ignored): the
-  // parameters are about to be replaced (snapshot, checkpoint).
-  void discard_pending();
 
   // ---- ZeRO (strategy->sharing()): each parameter stepped by one replica ----
   // owned[i]: this replica steps parameter i, so its optimizer keeps state for it alone. CPU
@@ -152,14 +148,9 @@ class GradSync {
   // Accumulation averages every micro-batch (DeepSpeed's way) and sums the owned averages: the
   // traffic of a step per micro-batch, for no buffer of every gradient. last_finite() says
   // whether every micro-batch's averages were finite.
-  static constexpr size_t kRingBuckets = 8;
-  // The floats of shared memory a stage-2 GradSync over parameters of these sizes asks for.
-  static size_t ring_elements(const std::vector<size_t>& counts, size_t grad_shard_bytes, size_t ring = kRingBuckets);
-  // Where each ring buffer starts (and, last, the ring's size), in floats: buffer r is as large
-  // as the largest of the buckets it takes (r, r + ring, ...), so one large parameter costs once.
-  static std::vector<size_t> ring_offsets(const strategy::BucketPlan& plan, size_t ring);
+  // (The ring's layout: ring_offsets, kRingBuckets buffers unless told.)
   void set_owned(std::vector<bool> owned);
-  bool ring() const { return ring_ > 0; }
+  bool ring() const { return buffer_.ring() > 0; }
   // Bytes this GradSync keeps for gradients: its flat buffer (or ring), and under stage 2 the
   // owned parameters' averages.
   size_t gradient_bytes() const;
@@ -182,17 +173,7 @@ class GradSync {
   strategy::GradientStrategy& strategy() { return *strategy_; }
 
  private:
-  // Gradient values at or above this magnitude count as non-finite: below it, a sum over up to
-  // 2^16 replicas stays below 2^127, inside the float range, so an average can only be
-  // non-finite where some replica's part failed this check.
-  static constexpr float kGradLimit = 0x1p111f;
-
   torch::Tensor on_grad(size_t param, const torch::Tensor& grad);  // what AccumulateGrad takes: the slot
-  // dst = grad times the weight, checked against kGradLimit: one pass over memory where grad is
-  // a contiguous float tensor on the CPU (the usual case), else LibTorch's copy, then the check.
-  // Returns whether every value passed.
-  bool fill_checked(torch::Tensor& dst, const torch::Tensor& grad) const;
-  size_t bucket_base(size_t bucket) const;  // where its floats start in host_ (and flat_)
   // Stage 2 (grad_sync_zero.cpp): the hook's work, the ring's claims and what backward's end does.
   torch::Tensor on_grad_ring_locked(std::unique_lock<std::mutex>& lock, size_t param, const torch::Tensor& grad);
   // Makes `bucket` its ring buffer's holder: waits for an earlier holder launched, evicts a later
@@ -207,29 +188,20 @@ class GradSync {
   // its error (its type kept: CommError); autograd then runs none of the graph's remaining nodes.
   void throw_if_an_average_failed_locked();
   void launch_ready_locked(bool after_backward);
-  void apply_pending(size_t bucket);
   void finalize();
   std::shared_ptr<comm::Work> average_async(size_t bucket, float* data);  // with its feedback, if kept
   void on_staged(size_t bucket);         // CUDA, on the stager's thread: its host copy is done
   void wait_staged(std::unique_lock<std::mutex>& lock);  // every staged bucket handed on (unlocks meanwhile)
   void reset_backward_locked();          // after a backward's end, for the next one; .grad cleared
-  bool average_ok(size_t bucket) const;  // after its wait: no replica's part failed the check
 
   std::vector<torch::Tensor> params_;
-  strategy::BucketPlan plan_;
   std::shared_ptr<strategy::GradientStrategy> strategy_;
-  const torch::Device device_;                  // the parameters'
-  const bool staged_;                           // on CUDA: the strategy averages host_, a copy of flat_
-  bool flat_shared_ = false;                    // host_ is the strategy's gradient_buffer
-  torch::Tensor host_;                          // plan_.total_elements() floats the strategy averages
-  torch::Tensor flat_;                          // the gradients on device_ (host_ itself on the CPU)
+  GradientBuffer buffer_;
   std::unique_ptr<FeedbackState> feedback_;     // if the strategy keeps error feedback
   std::unique_ptr<ServerSteps> servers_;        // if it updates on its servers
-  std::vector<torch::Tensor> slots_;            // flat_'s storage, one per parameter, shaped like it
+  std::unique_ptr<DeferredBuckets> deferred_;   // launch order; steps held back past backward
   double weight_ = 1.0;
   const bool overlap_;
-  size_t deferred_count_ = 0;                   // T
-  strategy::OverlapSchedule schedule_;          // which are deferred, and the launch order
 
   mutable std::mutex mutex_;
   std::string failed_;                          // why a backward threw (every later one throws it too)
@@ -240,13 +212,10 @@ class GradSync {
     std::vector<bool> got_grad;                  // per parameter
     std::vector<size_t> missing;                 // per bucket: gradients still to come
     std::vector<char> ok;                        // per bucket: its gradients passed the check
-    size_t next_launch = 0;                      // position in schedule_.launch_order
+    size_t next_launch = 0;                      // position in the launch order (DeferredBuckets::schedule)
     size_t checked = 0;  // launched buckets seen done, in launch order (throw_if_an_average_failed_locked)
     std::vector<std::shared_ptr<comm::Work>> works;  // per bucket
   } bw_;
-  std::vector<bool> gated_;                     // per parameter: wait_for called since the last backward
-  DeferredStep deferred_;
-  std::vector<std::shared_ptr<comm::Work>> pending_;  // per bucket: a deferred step not yet applied
   // Waits for communication (guarded by mutex_): the profile's since take_times, and the total.
   struct Waits {
     Times times;
@@ -267,8 +236,6 @@ class GradSync {
 
   std::vector<bool> owned_;                     // ZeRO: per parameter (empty: not sharded)
   // Stage 2 (guarded by mutex_).
-  const size_t ring_;                           // ring buffers (0: one flat buffer for all)
-  std::vector<size_t> ring_offsets_;            // where each starts in host_ (ring_offsets)
   std::vector<int64_t> ring_holder_;            // per ring buffer: the bucket in it, -1 for none
   std::vector<char> consumed_;                  // per bucket: averaged and copied out this backward
   bool ring_finite_ = true;                     // every bucket consumed this backward was finite

@@ -13,21 +13,6 @@
 
 namespace dsgd::torch_glue {
 
-std::vector<size_t> GradSync::ring_offsets(const strategy::BucketPlan& plan, size_t ring) {
-  ring = std::min(ring, plan.buckets().size());
-  std::vector<size_t> largest(ring, 0);  // buffer r holds buckets r, r + ring, ...: sized for the largest
-  for (size_t b = 0; b < plan.buckets().size(); ++b) {
-    largest[b % ring] = std::max(largest[b % ring], plan.buckets()[b].count);
-  }
-  std::vector<size_t> offsets(ring + 1, 0);
-  for (size_t r = 0; r < ring; ++r) offsets[r + 1] = offsets[r] + largest[r];
-  return offsets;
-}
-
-size_t GradSync::ring_elements(const std::vector<size_t>& counts, size_t grad_shard_bytes, size_t ring) {
-  return ring_offsets(strategy::BucketPlan(counts, sizeof(float), grad_shard_bytes), ring).back();
-}
-
 void GradSync::set_owned(std::vector<bool> owned) {
   if (owned.size() != params_.size()) throw Error("GradSync::set_owned: one flag per parameter expected");
   require_checked(strategy_->sharing() != nullptr, "ZeRO over strategy allreduce only (validate_zero)");
@@ -42,7 +27,7 @@ void GradSync::release_unowned_grads() {
 
 size_t GradSync::gradient_bytes() const {
   std::lock_guard<std::mutex> lock(mutex_);
-  auto bytes = static_cast<size_t>(host_.nbytes()) + (staged_ ? static_cast<size_t>(flat_.nbytes()) : 0);
+  auto bytes = buffer_.bytes();
   for (const auto& g : owned_grads_) bytes += g.defined() ? static_cast<size_t>(g.nbytes()) : 0;
   return bytes;
 }
@@ -52,18 +37,17 @@ void GradSync::share_parameters() {
   comm::timeline::Span span("share parameters");
   torch::NoGradGuard no_grad;
   auto* sharing = strategy_->sharing();
-  const auto& buckets = plan_.buckets();
+  const auto& buckets = buffer_.plan().buckets();
   // Stage 1: every bucket has its own place in the flat buffer, all in flight at once. Stage 2:
   // bucket b waits for bucket b - ring, whose ring buffer it takes.
-  const size_t window = ring_ > 0 ? ring_ : buckets.size();
+  const size_t window = buffer_.ring() > 0 ? buffer_.ring() : buckets.size();
   std::vector<std::shared_ptr<comm::Work>> works(buckets.size());
   const auto unpack = [&](size_t k) {
     works[k]->wait();
-    const auto& b = buckets[k];
     // In the device's queue, before the copies out of the slots below.
-    if (staged_) flat_.narrow(0, b.offset, b.count).copy_(host_.narrow(0, b.offset, b.count), /*non_blocking=*/true);
-    for (size_t i : b.params) {
-      if (!owned_[i]) params_[i].copy_(slots_[i]);
+    if (buffer_.staged()) buffer_.device_part(k).copy_(buffer_.host_part(k), /*non_blocking=*/true);
+    for (size_t i : buckets[k].params) {
+      if (!owned_[i]) params_[i].copy_(buffer_.slot(i));
     }
   };
   for (size_t k = 0; k < buckets.size(); ++k) {  // packed and launched one by one: packing overlaps the sums in flight
@@ -71,14 +55,14 @@ void GradSync::share_parameters() {
     const auto& b = buckets[k];
     for (size_t i : b.params) {
       if (owned_[i]) {
-        slots_[i].copy_(params_[i]);
+        buffer_.slot(i).copy_(params_[i]);
       } else {
-        slots_[i].zero_();
+        buffer_.slot(i).zero_();
       }
     }
     // On CUDA the sum runs on the host copy: a blocking copy (the packing kernels done first).
-    if (staged_) host_.narrow(0, b.offset, b.count).copy_(flat_.narrow(0, b.offset, b.count));
-    works[k] = sharing->sum_async(host_.data_ptr<float>() + bucket_base(k), b.count);
+    if (buffer_.staged()) buffer_.host_part(k).copy_(buffer_.device_part(k));
+    works[k] = sharing->sum_async(buffer_.host_data(k), b.count);
   }
   for (size_t k = buckets.size() > window ? buckets.size() - window : 0; k < buckets.size(); ++k) unpack(k);
 }
@@ -87,27 +71,27 @@ void GradSync::share_parameters() {
 
 torch::Tensor GradSync::on_grad_ring_locked(std::unique_lock<std::mutex>& lock, size_t param,
                                             const torch::Tensor& grad) {
-  const size_t bucket = plan_.slot(param).bucket;
+  const size_t bucket = buffer_.plan().slot(param).bucket;
   params_[param].mutable_grad() = torch::Tensor();  // AccumulateGrad takes what this returns
   // The gradient times the weight where it goes; checked there. Every micro-batch is averaged.
   const auto fill = [&](torch::Tensor& dst) {
-    if (!fill_checked(dst, grad)) bw_.ok[bucket] = false;
+    if (!GradientBuffer::fill_checked(dst, grad, weight_)) bw_.ok[bucket] = false;
   };
   if (!claim_ring_locked(lock, bucket)) {  // an earlier bucket, not yet launched, holds it
     auto& aside = stash_[param];
-    aside = torch::empty_like(slots_[param]);
+    aside = torch::empty_like(buffer_.slot(param));
     fill(aside);
     return aside.detach();
   }
   unstash_locked(bucket);
-  fill(slots_[param]);
+  fill(buffer_.slot(param));
   --bw_.missing[bucket];
   launch_ready_locked(false);
-  return slots_[param].detach();
+  return buffer_.slot(param).detach();
 }
 
 bool GradSync::claim_ring_locked(std::unique_lock<std::mutex>& lock, size_t bucket) {
-  auto& holder = ring_holder_[bucket % ring_];
+  auto& holder = ring_holder_[bucket % buffer_.ring()];
   while (holder != static_cast<int64_t>(bucket)) {
     if (holder < 0) {
       holder = static_cast<int64_t>(bucket);
@@ -136,36 +120,36 @@ void GradSync::consume_locked(std::unique_lock<std::mutex>& lock, size_t bucket)
   lock.lock();
   waits_.count(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   torch::NoGradGuard no_grad;
-  ring_finite_ = ring_finite_ && average_ok(bucket);
-  for (size_t i : plan_.buckets()[bucket].params) {
+  ring_finite_ = ring_finite_ && buffer_.average_ok(bucket);
+  for (size_t i : buffer_.plan().buckets()[bucket].params) {
     if (!owns(i)) continue;
     auto& g = owned_grads_[i];
-    if (!g.defined()) g = torch::empty_like(slots_[i]);
+    if (!g.defined()) g = torch::empty_like(buffer_.slot(i));
     if (acc_.held) {  // the step's earlier micro-batches' averages are in it
-      g.add_(slots_[i]);
+      g.add_(buffer_.slot(i));
     } else {
-      g.copy_(slots_[i]);
+      g.copy_(buffer_.slot(i));
     }
   }
   consumed_[bucket] = 1;
-  ring_holder_[bucket % ring_] = -1;
+  ring_holder_[bucket % buffer_.ring()] = -1;
 }
 
 void GradSync::evict_locked(size_t bucket) {
   torch::NoGradGuard no_grad;
-  for (size_t i : plan_.buckets()[bucket].params) {
+  for (size_t i : buffer_.plan().buckets()[bucket].params) {
     if (!bw_.got_grad[i] || stash_[i].defined()) continue;
-    stash_[i] = slots_[i].clone();
+    stash_[i] = buffer_.slot(i).clone();
     ++bw_.missing[bucket];
   }
-  ring_holder_[bucket % ring_] = -1;
+  ring_holder_[bucket % buffer_.ring()] = -1;
 }
 
 void GradSync::unstash_locked(size_t bucket) {
   torch::NoGradGuard no_grad;
-  for (size_t i : plan_.buckets()[bucket].params) {
+  for (size_t i : buffer_.plan().buckets()[bucket].params) {
     if (!stash_[i].defined()) continue;
-    slots_[i].copy_(stash_[i]);
+    buffer_.slot(i).copy_(stash_[i]);
     stash_[i] = torch::Tensor();
     --bw_.missing[bucket];
   }
@@ -174,7 +158,7 @@ void GradSync::unstash_locked(size_t bucket) {
 void GradSync::finalize_ring() {
   std::unique_lock<std::mutex> lock(mutex_);
   torch::NoGradGuard no_grad;
-  const auto& buckets = plan_.buckets();
+  const auto& buckets = buffer_.plan().buckets();
   std::exception_ptr error;
   try {
     for (size_t b = 0; b < buckets.size(); ++b) {  // the rest in launch order (index order here)
@@ -186,7 +170,7 @@ void GradSync::finalize_ring() {
       unstash_locked(b);
       for (size_t i : buckets[b].params) {  // parameters without a gradient give zeros
         if (bw_.got_grad[i]) continue;
-        slots_[i].zero_();
+        buffer_.slot(i).zero_();
         --bw_.missing[b];
       }
       launch_ready_locked(true);
