@@ -173,6 +173,14 @@ class PyTrainer {
     }
     return dsgd::to_json(r).dump();
   }
+  // A registered worker function on each worker's first replica, or on every replica: the
+  // results as a JSON array (Trainer::foreach_worker, foreach_model).
+  std::string foreach(const std::string& name, const std::string& arg_json, bool every_replica) {
+    const auto arg = nlohmann::json::parse(arg_json);
+    py::gil_scoped_release release;
+    const auto out = every_replica ? trainer().foreach_model(name, arg) : trainer().foreach_worker(name, arg);
+    return nlohmann::json(out).dump();
+  }
   void save(const std::string& path) {
     py::gil_scoped_release release;
     trainer().save(path);
@@ -255,6 +263,7 @@ PYBIND11_MODULE(_core, m) {
       .def("validate", &PyTrainer::validate)
       .def("fit", &PyTrainer::fit, py::arg("epochs"), py::arg("max_steps"), py::arg("evaluate"), py::arg("profile"),
            py::arg("on_epoch"))
+      .def("foreach", &PyTrainer::foreach, py::arg("name"), py::arg("arg_json"), py::arg("every_replica"))
       .def("save", &PyTrainer::save, py::arg("path"))
       .def("load", &PyTrainer::load, py::arg("path"))
       .def("model_bytes", &PyTrainer::model_bytes)

@@ -98,6 +98,15 @@ class Trainer:
         exception it raises stops the job, as Ctrl-C does."""
         return json.loads(self._trainer().fit(epochs, max_steps, evaluate, profile, on_epoch))
 
+    def foreach_worker(self, name, arg=None):
+        """Runs the worker function `name` (registered in the workers' binary; built in:
+        "dsgd.replica") with `arg` on each worker's first replica: a result per worker."""
+        return json.loads(self._trainer().foreach(name, json.dumps(arg), False))
+
+    def foreach_model(self, name, arg=None):
+        """The same on every replica of every worker, in rank order (devices_per_worker of each)."""
+        return json.loads(self._trainer().foreach(name, json.dumps(arg), True))
+
     def save(self, path):
         self._trainer().save(os.fspath(path))
 

@@ -40,7 +40,7 @@ namespace dsgd::control {
 // 4: long-poll heartbeats, Placement.hosts; 5: JobSpec.step (the step settings as one JSON);
 // 6: states in pieces only (StateChunk, ReadStateRequest); 7: Store.GetMany; 8: JobSpec.driver_grace_ms;
 // 9: ShareStateRequest; 10: JobSpec.settings (every setting as one JSON, dsgd/runtime/settings.h).
-inline constexpr uint32_t kControlProtocol = 10;
+inline constexpr uint32_t kControlProtocol = 11;
 
 struct WorkerInfo {
   int64_t index = -1;

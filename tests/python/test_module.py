@@ -37,6 +37,18 @@ def test_a_python_model_trains_and_comes_back_as_a_script_module():
         assert moved > 1e-4, "training moved the weights"
 
 
+def test_foreach_model_visits_every_replica_of_every_worker_and_foreach_worker_the_first():
+    with dsgd.Trainer(model="cnn", num_workers=2, devices_per_worker=2, **SMALL) as t:
+        t.train(num_steps=2)
+        models = t.foreach_model("dsgd.replica")
+        assert [(m["rank"], m["worker"], m["local_replica"]) for m in models] == \
+            [(0, 0, 0), (1, 0, 1), (2, 1, 0), (3, 1, 1)]
+        assert len({m["checksum"] for m in models}) == 1, "the replicas hold one set of parameters"
+        assert [w["rank"] for w in t.foreach_worker("dsgd.replica")] == [0, 2]
+        with pytest.raises(Exception, match="no worker function 'nothing'"):
+            t.foreach_model("nothing")
+
+
 def test_settings_are_trainer_config_fields_by_their_cpp_names():
     with dsgd.Trainer(model="cnn", num_workers=1, step={"max_grad_norm": 0.5},
                       recovery_heartbeat_timeout=5000, **SMALL) as t:

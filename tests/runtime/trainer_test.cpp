@@ -166,6 +166,35 @@ TEST(Trainer, ResultsAverageOverWorkersAndForeachWorkerReachesEveryWorker) {
 // register_dataset: the same samples read by index as each replica needs them train exactly as
 // the same tensors registered whole, and validate the same; each replica reads its own share of
 // each global batch and nothing else (no sample read twice, none loaded up front).
+// DistributedSGD's foreach_model: every replica of every worker, in rank order, with the
+// built-in "dsgd.replica"; foreach_worker reaches each worker's first replica only.
+TEST(Trainer, ForeachModelVisitsEveryReplicaOfEveryWorkerInRankOrder) {
+  auto c = base_config(2, "allreduce", 64);
+  c.devices_per_worker = 2;
+  Trainer t(dsgd::kImageClassifier, c);
+  t.train({.num_steps = 2});
+  const auto models = t.foreach_model("dsgd.replica");
+  ASSERT_EQ(models.size(), 4u);
+  for (int i = 0; i < 4; ++i) {
+    EXPECT_EQ(models[i]["rank"], i);
+    EXPECT_EQ(models[i]["worker"], i / 2);
+    EXPECT_EQ(models[i]["local_replica"], i % 2);
+    EXPECT_EQ(models[i]["world_size"], 4);
+    EXPECT_EQ(models[i]["parameters"], t.parameter_count());
+    EXPECT_EQ(models[i]["checksum"], models[0]["checksum"]) << "replica " << i << " holds other parameters";
+  }
+  const auto workers = t.foreach_worker("dsgd.replica");
+  ASSERT_EQ(workers.size(), 2u);
+  EXPECT_EQ(workers[0]["rank"], 0);
+  EXPECT_EQ(workers[1]["rank"], 2);
+  // The checksum follows the parameters: another seed trains other ones.
+  c.seed = 8;
+  Trainer other(dsgd::kImageClassifier, c);
+  other.train({.num_steps = 2});
+  EXPECT_NE(other.foreach_model("dsgd.replica")[0]["checksum"], models[0]["checksum"]);
+  EXPECT_THROW(t.foreach_model("no_such_function"), ConfigError);
+}
+
 TEST(TrainerData, ADatasetReadByIndexTrainsExactlyAsTheSameTensorsInMemory) {
   constexpr int64_t kSteps = 4, kBatch = 64;  // the epoch's 256 samples
   auto c = base_config(2, "allreduce", kBatch);

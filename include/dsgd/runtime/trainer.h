@@ -151,9 +151,14 @@ class Trainer {
   Results validate();
   // One synchronous step (one global batch): DistributedSGD.step.
   Results step();
-  // Runs the registered worker function `name` once per worker, on its first replica; returns
-  // each worker's result, in worker order.
+  // Runs the registered worker function `name` (with `arg`) once per worker, on its first
+  // replica; returns each worker's result, in worker order. Built in: "dsgd.replica", a
+  // replica's rank, worker, local index, device, parameter count and a checksum of its models'
+  // parameters (equal on every replica of a synchronous job).
   std::vector<nlohmann::json> foreach_worker(const std::string& name, const nlohmann::json& arg = {});
+  // The same on every replica of every worker (devices_per_worker of each): worker by worker,
+  // replicas in order within each, so result i is replica rank i's (DistributedSGD.foreach_model).
+  std::vector<nlohmann::json> foreach_model(const std::string& name, const nlohmann::json& arg = {});
   // Checkpoint directory `path`: checkpoint.dsgd (models, optimizers, schedules, operator state,
   // epoch and sampler position; checksummed, written atomically) and model.pt (every model's
   // parameters and buffers as one name -> tensor dict for Python's torch.load: model 0's under

@@ -466,15 +466,44 @@ Results Trainer::validate() {
 
 Results Trainer::step() { return train({.num_steps = 1}); }
 
-std::vector<json> Trainer::foreach_worker(const std::string& name, const json& arg) {
+namespace {
+
+// foreach_worker's (each worker's first replica) and foreach_model's (every replica) command.
+proto::Command foreach_command(const std::string& name, const json& arg, bool every_replica) {
   if (!runtime::has_worker_function(name)) runtime::find_worker_function(name);  // throws, naming it
-  std::vector<json> out;
-  impl_->flush_snapshot();  // a replay of training would not redo what the function does
   proto::Command run;
   run.mutable_run()->set_name(name);
   run.mutable_run()->set_arg_json(arg.dump());
-  for (const auto& o : impl_->call(run)) out.push_back(json::parse(o.run().result_json()));
+  run.mutable_run()->set_every_replica(every_replica);
+  return run;
+}
+
+std::vector<json> foreach_results(const std::vector<proto::CommandResult>& outs, bool every_replica) {
+  std::vector<json> out;
+  for (const auto& o : outs) {
+    json result = json::parse(o.run().result_json());
+    if (!every_replica) {
+      out.push_back(std::move(result));
+      continue;
+    }
+    for (auto& r : result) out.push_back(std::move(r));
+  }
   return out;
+}
+
+}  // namespace
+
+// A replay of training would not redo what the function does: the snapshot first.
+std::vector<json> Trainer::foreach_worker(const std::string& name, const json& arg) {
+  const auto run = foreach_command(name, arg, false);
+  impl_->flush_snapshot();
+  return foreach_results(impl_->call(run), false);
+}
+
+std::vector<json> Trainer::foreach_model(const std::string& name, const json& arg) {
+  const auto run = foreach_command(name, arg, true);
+  impl_->flush_snapshot();
+  return foreach_results(impl_->call(run), true);
 }
 
 std::shared_ptr<torch::nn::Module> Trainer::get_model(size_t index) {

@@ -403,7 +403,13 @@ class Worker {
     auto fn = find_worker_function(in.name());
     const json arg = in.arg_json().empty() ? json() : json::parse(in.arg_json());
     proto::RunReply out;
-    out.set_result_json(fn(replicas_.empty() ? nullptr : &replicas_[0]->op(), arg).dump());
+    if (!in.every_replica()) {
+      out.set_result_json(fn(replicas_.empty() ? nullptr : &replicas_[0]->op(), arg).dump());
+      return out;
+    }
+    json results = json::array();
+    for (auto& r : replicas_) results.push_back(fn(&r->op(), arg));
+    out.set_result_json(results.dump());
     return out;
   }
 

@@ -1,9 +1,13 @@
 #include "runtime/worker/worker_functions.h"
 
+#include <torch/nn/module.h>
+
+#include <cstdio>
 #include <map>
 #include <mutex>
 
 #include "dsgd/common/error.h"
+#include "dsgd/torch/operator.h"
 
 namespace dsgd {
 namespace {
@@ -13,8 +17,35 @@ struct FunctionRegistry {
   std::map<std::string, WorkerFunction> functions;  // guarded by mutex
 };
 
+// "dsgd.replica": where a replica stands and what its models hold. The checksum is FNV-1a over
+// the bytes of every model's parameters in order: replicas of a synchronous job agree on it.
+nlohmann::json replica_summary(TrainingOperator* op, const nlohmann::json&) {
+  if (op == nullptr) throw ConfigError("dsgd.replica needs a replica: not as the initialization hook");
+  const ReplicaInfo& info = op->replica();
+  uint64_t hash = 14695981039346656037ull;
+  int64_t parameters = 0;
+  for (const auto& model : op->models()) {
+    for (const auto& p : model->parameters()) {
+      const auto t = p.detach().to(torch::kCPU).contiguous();
+      const auto* bytes = static_cast<const unsigned char*>(t.data_ptr());
+      for (size_t i = 0; i < t.nbytes(); ++i) hash = (hash ^ bytes[i]) * 1099511628211ull;
+      parameters += p.numel();
+    }
+  }
+  char checksum[17];
+  std::snprintf(checksum, sizeof checksum, "%016llx", static_cast<unsigned long long>(hash));
+  return {{"rank", info.rank},          {"world_size", info.world_size}, {"worker", info.worker},
+          {"local_replica", info.local_replica}, {"device", info.device.str()}, {"models", op->models().size()},
+          {"parameters", parameters},   {"checksum", checksum}};
+}
+
 FunctionRegistry& functions() {
   static FunctionRegistry r;
+  static const bool builtins = [] {  // in the registry itself: no static initialiser a linker could drop
+    r.functions["dsgd.replica"] = replica_summary;
+    return true;
+  }();
+  (void)builtins;
   return r;
 }
 
