@@ -115,9 +115,8 @@ void ServerSteps::gather_state() {
   if (with_params) {
     for (size_t i = 0; i < params_.size(); ++i) {
       const auto& s = plan_.slot(i);
-      // params_ holds handles: copying into one changes the model's parameter.
-      auto p = params_[i];
-      p.copy_(params.narrow(0, static_cast<int64_t>(s.offset), static_cast<int64_t>(s.count)).view(p.sizes()));
+      params_[i].copy_(params.narrow(0, static_cast<int64_t>(s.offset), static_cast<int64_t>(s.count))
+                           .view(params_[i].sizes()));
     }
   }
   for (size_t i = 0; i < params_.size(); ++i) {
