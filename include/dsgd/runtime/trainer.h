@@ -40,6 +40,9 @@ class Module;
 }
 
 namespace dsgd {
+namespace runtime {
+class Job;
+}  // namespace runtime
 
 // Makes this process a worker when the driver spawned it (or a launcher started it with
 // --dsgd-worker), or a parameter-server shard (--dsgd-ps-server, ps_placement "processes"):
@@ -200,8 +203,7 @@ class Trainer {
   std::optional<JobPosition> restarted_at() const;
 
  private:
-  struct Impl;
-  std::unique_ptr<Impl> impl_;
+  std::unique_ptr<runtime::Job> job_;  // the driver's engine (its parts: src/runtime/driver/job.h)
 };
 
 // ---- worker functions (foreach_worker, initialization_hook), registered by name ----

@@ -8,7 +8,7 @@
 #include "dsgd/runtime/trainer.h"
 #include "control/log.h"
 #include "runtime/driver/checkpoint.h"
-#include "runtime/driver/trainer_impl.h"
+#include "runtime/driver/job.h"
 
 namespace dsgd {
 namespace {
@@ -27,19 +27,16 @@ void log_timed(const char* what, const std::string& path, size_t bytes, Clock::t
 }  // namespace
 
 void Trainer::save(const std::string& path) {
-  auto& d = *impl_;
+  auto& d = *job_;
   const auto t0 = Clock::now();
-  Feedback feedback;
-  std::string state = d.recovering([&] { return d.read_state(&feedback); });
-  d.snapshot = state;  // as good as a snapshot: the state now
-  d.snapshot_feedback = feedback;
-  d.snapshots->reset();
-  d.snapshots->resized(state.size());
-  auto pickle = d.call(command(&proto::Command::mutable_get_pickle), true);
-  auto pos = d.call(command(&proto::Command::mutable_position), true);
+  runtime::Feedback feedback;
+  std::string state = d.recovering([&] { return d.state.read(&feedback); });
+  d.state.set(state, feedback);  // as good as a snapshot: the state now
+  auto pickle = d.call(runtime::command(&proto::Command::mutable_get_pickle), true);
+  auto pos = d.call(runtime::command(&proto::Command::mutable_position), true);
   const proto::Position& p = pos[0].position();
   const auto t1 = Clock::now();
-  runtime::Checkpoint c{d.checkpoint_header(p.epoch(), p.batch()), std::move(state), std::move(feedback)};
+  runtime::Checkpoint c{d.checkpoints.header(p.epoch(), p.batch()), std::move(state), std::move(feedback)};
   runtime::write_checkpoint(path, c, pickle[0].pickle().pickle());
   log_timed("saved", path, c.state.size(), t0, t1, "written");
 }
@@ -52,22 +49,15 @@ void Trainer::load(const std::string& path) {
   for (const auto& s : skipped) control::log().warn("trainer: passed over a damaged checkpoint: {}", s);
   const auto field = c.header.find("operator");
   const std::string op = field != c.header.end() && field->is_string() ? field->get<std::string>() : "";
-  if (op != impl_->op_name) {
-    throw ConfigError(path + ": the checkpoint is of operator '" + op + "', this trainer runs '" + impl_->op_name +
-                      "'");
+  auto& d = *job_;
+  if (op != d.op_name) {
+    throw ConfigError(path + ": the checkpoint is of operator '" + op + "', this trainer runs '" + d.op_name + "'");
   }
-  impl_->recovering([&] { impl_->send_state(c.state, c.feedback); });
+  d.recovering([&] { d.state.send(c.state, c.feedback); });
   log_timed("loaded", path, c.state.size(), t0, t1, "sent to the workers");
-  impl_->snapshot = c.state;
-  impl_->snapshot_feedback = c.feedback;
-  impl_->snapshots->reset();
-  impl_->snapshots->resized(c.state.size());
-  if (impl_->driver_state) {  // a driver's restart goes on from here, until the next checkpoint
-    impl_->first_epoch = c.header.value("epoch", int64_t{0});
-    impl_->restart_checkpoint = path;
-    impl_->checkpoint_steps = impl_->steps_done;
-    impl_->save_driver_state();
-  }
+  d.state.set(std::move(c.state), std::move(c.feedback));
+  // A driver's restart goes on from here, until the next checkpoint.
+  d.restart.loaded(path, c.header.value("epoch", int64_t{0}));
 }
 
 }  // namespace dsgd

@@ -5,7 +5,7 @@
 // workers (local: spread over pseudo-hosts), standbys, and new processes after a loss, started
 // with exponential back-off. Each started worker gets a spawn index, which it reports when it
 // registers: that ties a registered worker to the local process standing for it (itself, or
-// its ssh client). Trainer's recovery protocol (trainer_recovery.cpp) decides when; this
+// its ssh client). The recovery protocol (recovery.cpp) decides when; this
 // decides who and where. Torch-free.
 //
 //   WorkerPool pool(config, server, binary, {token, tls});

@@ -1,9 +1,6 @@
-// A driver that restarts in place (TrainerConfig::recovery.driver_state_dir): what a driver keeps
-// on disk as the job goes (runtime/driver/driver_state.h), and how a driver started again with
-// it takes the job up: the old driver's workers, which waited for it (recovery.driver_grace),
-// are adopted under their old ids, those that did not wait are evicted and replaced as after any
-// loss, and the group is re-formed under a new generation: the workers go on from where they
-// stand where every one came back at one step's end, else from the newest checkpoint.
+// A driver that restarts in place (runtime/driver/driver_restart.h).
+#include "runtime/driver/driver_restart.h"
+
 #include <unistd.h>
 
 #include <algorithm>
@@ -11,21 +8,21 @@
 #include "dsgd/common/error.h"
 #include "control/log.h"
 #include "runtime/driver/checkpoint.h"
-#include "runtime/driver/trainer_impl.h"
+#include "runtime/driver/job.h"
 
-namespace dsgd {
+namespace dsgd::runtime {
 
-std::optional<runtime::DriverState> Trainer::Impl::open_driver_state(const proto::JobSpec& job) {
+std::optional<DriverState> DriverRestart::open(const proto::JobSpec& job) {
+  auto& config = job_.config;
   if (config.recovery.driver_state_dir.empty()) return std::nullopt;
   // Its snapshots go to disk: what a driver started again in its place goes on from.
   if (config.checkpoints.dir.empty()) config.checkpoints.dir = config.recovery.driver_state_dir + "/checkpoints";
-  driver_state = std::make_unique<runtime::DriverStateFile>(config.recovery.driver_state_dir);
-  job_fingerprint = runtime::job_fingerprint(job);
-  return driver_state->resumable(job_fingerprint);
+  file_ = std::make_unique<DriverStateFile>(config.recovery.driver_state_dir);
+  fingerprint_ = job_fingerprint(job);
+  return file_->resumable(fingerprint_);
 }
 
-void Trainer::Impl::start_server(control::DriverServerOptions* so,
-                                 const std::optional<runtime::DriverState>& previous) {
+void DriverRestart::start_server(control::DriverServerOptions* so, const std::optional<DriverState>& previous) {
   // Beyond any command number the drivers before it used: a worker's late result of theirs is
   // never taken for an answer of this one's.
   if (previous) {
@@ -41,87 +38,115 @@ void Trainer::Impl::start_server(control::DriverServerOptions* so,
     }
   }
   try {
-    server = control::DriverServer::start(*so);
+    job_.server = control::DriverServer::start(*so);
   } catch (const CommError& e) {
     if (!previous) throw;
     throw CommError(std::string(e.what()) + ": the job's workers call its driver at " + previous->address +
-                        " (recorded in " + driver_state->path() + "); free that port and start this driver again",
+                        " (recorded in " + file_->path() + "); free that port and start this driver again",
                     e.op());
   }
 }
 
-void Trainer::Impl::save_driver_state() {
-  if (!driver_state) return;
-  runtime::DriverState s;
-  s.job = job_fingerprint;
+void DriverRestart::save() {
+  if (!file_) return;
+  DriverState s;
+  s.job = fingerprint_;
   s.driver_pid = ::getpid();
-  s.address = listen_address;
-  s.token = token;
-  s.tls_keys = tls_line;
-  s.generation = generation;
-  s.restarts = driver_restarts;
-  s.next_spawn_index = pool->next_spawn_index();
-  s.signature = signature;
-  s.parameters = parameters;
-  const auto workers = server->workers();
-  for (const auto& k : pool->kept()) {
+  s.address = job_.address;
+  s.token = job_.secrets.token;
+  s.tls_keys = job_.secrets.tls;
+  s.generation = job_.generation;
+  s.restarts = restarts_;
+  s.next_spawn_index = job_.pool->next_spawn_index();
+  s.signature = job_.signature;
+  s.parameters = job_.parameters;
+  const auto workers = job_.server->workers();
+  for (const auto& k : job_.pool->kept()) {
     const auto& w = workers.at(static_cast<size_t>(k.id));
     s.workers.push_back({k.id, k.spawn_index, w.pid, k.pid > 0, w.host, w.address, k.pseudo_host, k.member});
   }
-  s.checkpoint = restart_checkpoint;
-  s.checkpoint_steps = checkpoint_steps;
-  s.first_epoch = first_epoch;
-  s.batches_per_epoch = checkpoint_bpe;
+  s.checkpoint = checkpoint_;
+  s.checkpoint_steps = checkpoint_steps_;
+  s.first_epoch = first_epoch_;
+  s.batches_per_epoch = checkpoint_bpe_;
   try {
-    driver_state->write(s);
+    file_->write(s);
   } catch (const DataError& e) {
     control::log().warn("trainer: {}; the job goes on, but a driver started again with {} would find the state "
                         "of an earlier point (or none)",
-                        e.what(), config.recovery.driver_state_dir);
+                        e.what(), job_.config.recovery.driver_state_dir);
   }
+}
+
+void DriverRestart::touch() const {
+  if (file_) file_->touch();
+}
+
+void DriverRestart::ended() {
+  if (!file_) return;
+  try {
+    file_->write_ended();
+  } catch (const std::exception& e) {
+    control::log().warn("trainer: {}", e.what());
+  }
+}
+
+void DriverRestart::checkpoint_written(const std::string& path, int64_t steps, int64_t batches_per_epoch) {
+  checkpoint_ = path;
+  checkpoint_steps_ = steps;
+  if (batches_per_epoch > 0) checkpoint_bpe_ = batches_per_epoch;
+  save();
+}
+
+void DriverRestart::loaded(const std::string& path, int64_t epoch) {
+  if (!file_) return;
+  first_epoch_ = epoch;
+  checkpoint_ = path;
+  checkpoint_steps_ = job_.steps_done;
+  save();
 }
 
 namespace {
 
 // The checkpoint a restart goes on from: the one the state names, else (gone, damaged) the newest
 // intact one in the job's checkpoint root.
-runtime::Checkpoint checkpoint_to_resume(const runtime::DriverState& prev, const std::string& root,
+Checkpoint checkpoint_to_resume(const DriverState& prev, const std::string& root,
                                          std::string* path) {
   std::vector<std::string> skipped;
   try {
     if (prev.checkpoint.empty()) throw DataError(root, "the driver's state names no checkpoint");
     *path = prev.checkpoint;
-    return runtime::read_checkpoint_at(prev.checkpoint, &skipped);
+    return read_checkpoint_at(prev.checkpoint, &skipped);
   } catch (const DataError& e) {
     control::log().warn("trainer: cannot go on from the checkpoint the driver's state names ({}); trying the newest "
                         "in {}",
                         e.what(), root);
   }
   *path = root;
-  auto c = runtime::read_latest_checkpoint(root, &skipped);
+  auto c = read_latest_checkpoint(root, &skipped);
   for (const auto& s : skipped) control::log().warn("trainer: passed over a damaged checkpoint: {}", s);
   return c;
 }
 
 }  // namespace
 
-void Trainer::Impl::adopt_workers(const runtime::DriverState& prev) {
-  std::vector<runtime::WorkerPool::Kept> kept;  // the server knows them already (start_server)
+void DriverRestart::adopt_workers(const DriverState& prev) {
+  std::vector<WorkerPool::Kept> kept;  // the server knows them already (start_server)
   for (const auto& w : prev.workers) {
     kept.push_back({static_cast<int>(w.id), w.spawn_index, w.started ? static_cast<pid_t>(w.pid) : 0, w.pseudo_host,
                     w.member});
   }
-  pool->adopt(kept, prev.next_spawn_index);
+  job_.pool->adopt(kept, prev.next_spawn_index);
 }
 
-Trainer::Impl::Survivors Trainer::Impl::survivors_past(const std::vector<int>& lost, int64_t epoch, int64_t batch) {
+DriverRestart::Survivors DriverRestart::survivors_past(const std::vector<int>& lost, int64_t epoch, int64_t batch) {
   std::vector<int> ids;
-  for (int id : pool->members()) {
+  for (int id : job_.pool->members()) {
     if (std::find(lost.begin(), lost.end(), id) == lost.end()) ids.push_back(id);
   }
   Survivors out;
-  const int64_t per_epoch = std::max<int64_t>(1, checkpoint_bpe);
-  const auto replies = raw_call(command(&proto::Command::mutable_position), ids);
+  const int64_t per_epoch = std::max<int64_t>(1, checkpoint_bpe_);
+  const auto replies = job_.raw_call(command(&proto::Command::mutable_position), ids);
   for (size_t i = 0; i < replies.size(); ++i) {
     const proto::Position& p = replies[i].position();
     out.steps = std::max(out.steps, (p.epoch() - epoch) * per_epoch + p.batch() - batch);
@@ -132,16 +157,16 @@ Trainer::Impl::Survivors Trainer::Impl::survivors_past(const std::vector<int>& l
   return out;
 }
 
-void Trainer::Impl::go_on_from_members(const Survivors& members, PhaseClock* clock) {
+void DriverRestart::go_on_from_members(const Survivors& members, PhaseClock* clock) {
   Donor all;  // every member holds the state to go on with: nobody is sent one
-  all.id = pool->members().at(0);
+  all.id = job_.pool->members().at(0);
   all.at = members.at;
-  all.current = pool->members();
-  form_group({}, clock, &all);
-  steps_done += members.steps;
+  all.current = job_.pool->members();
+  job_.group.form({}, clock, &all);
+  job_.steps_done += members.steps;
   // The point they stand at is the snapshot now, and on disk what a later restart goes on from.
-  take_snapshot();
-  persist_snapshot(members.at.first, members.at.second, checkpoint_bpe);
+  job_.state.take();
+  job_.checkpoints.persist(members.at.first, members.at.second, checkpoint_bpe_);
   clock->mark("snapshot");
 }
 
@@ -149,7 +174,7 @@ namespace {
 
 // What a driver's restart records: the lost one's pid, and since its last sign of life (its
 // last touch of its state) as detect_s.
-RecoveryEvent restart_event(const runtime::DriverState& prev, std::chrono::steady_clock::time_point started) {
+RecoveryEvent restart_event(const DriverState& prev, std::chrono::steady_clock::time_point started) {
   RecoveryEvent ev;
   ev.kind = "driver_restart";
   ev.failure = "the job's driver (pid " + std::to_string(prev.driver_pid) + ") was lost; driver pid " +
@@ -164,78 +189,77 @@ RecoveryEvent restart_event(const runtime::DriverState& prev, std::chrono::stead
 
 }  // namespace
 
-bool Trainer::Impl::resume(const runtime::DriverState& prev, Clock::time_point started) {
-  runtime::Checkpoint c;
+bool DriverRestart::resume(const DriverState& prev, Clock::time_point started) {
+  auto& server = *job_.server;
+  auto& pool = *job_.pool;
+  Checkpoint c;
   try {
-    c = checkpoint_to_resume(prev, config.checkpoints.dir, &restart_checkpoint);
+    c = checkpoint_to_resume(prev, job_.config.checkpoints.dir, &checkpoint_);
   } catch (const DataError& e) {
     if (!prev.checkpoint.empty()) throw;  // it wrote one, now gone or damaged: not to be passed over
     control::log().warn("trainer: the job's lost driver (pid {}) had written no checkpoint yet ({}): nothing to go on "
                         "from, so the job starts anew (its old workers, refused, exit)",
                         prev.driver_pid, e.what());
-    for (int id : server->alive()) server->evict(id, "the job starts anew");
-    restart_checkpoint.clear();
+    for (int id : server.alive()) server.evict(id, "the job starts anew");
+    checkpoint_.clear();
     return false;
   }
   RecoveryEvent ev = restart_event(prev, started);
-  driver_restarts = prev.restarts + 1;
-  signature = prev.signature;
-  parameters = prev.parameters;
-  first_epoch = prev.first_epoch;
-  checkpoint_steps = steps_done = prev.checkpoint_steps;
-  checkpoint_bpe = prev.batches_per_epoch;
+  restarts_ = prev.restarts + 1;
+  job_.signature = prev.signature;
+  job_.parameters = prev.parameters;
+  first_epoch_ = prev.first_epoch;
+  checkpoint_steps_ = job_.steps_done = prev.checkpoint_steps;
+  checkpoint_bpe_ = prev.batches_per_epoch;
   const int64_t epoch = c.header.value("epoch", int64_t{0}), batch = c.header.value("batch", int64_t{0});
-  restarted_at = JobPosition{epoch, batch, steps_done, first_epoch};
+  restarted_at_ = JobPosition{epoch, batch, job_.steps_done, first_epoch_};
   control::log().warn("trainer: taking up the job of driver pid {} ({} worker(s) to adopt) from {} (epoch {}, batch "
                       "{}, step {})",
-                      prev.driver_pid, prev.workers.size(), restart_checkpoint, epoch, batch, steps_done);
+                      prev.driver_pid, prev.workers.size(), checkpoint_, epoch, batch, job_.steps_done);
   adopt_workers(prev);
   // Beyond any generation the old driver may have formed without saying so; whatever the workers
   // still do in theirs ends.
-  generation = prev.generation + 1;
-  server->abort_generation(generation);
+  job_.generation = prev.generation + 1;
+  server.abort_generation(job_.generation);
   Phases phases = {{"start", std::chrono::duration<double>(Clock::now() - started).count()}};
   PhaseClock clock(&phases);
   std::vector<int> lost;
   std::string gone = "did not wait for the driver's restart";
   try {
     const double detect_s = ev.detect_s;
-    lost = drain(started, &ev);  // those that call in answer; the others fall silent
+    lost = job_.recovery.drain(started, &ev);  // those that call in answer; the others fall silent
     ev.detect_s = detect_s;
   } catch (const std::exception& e) {  // nobody answered at all
     gone = e.what();
-    lost = pool->members();
+    lost = pool.members();
   }
   clock.mark("drain");
   ev.lost.clear();
   for (int id : lost) {
-    const auto w = server->workers().at(static_cast<size_t>(id));
+    const auto w = server.workers().at(static_cast<size_t>(id));
     ev.lost += (ev.lost.empty() ? "" : ", ") + fmt::format("worker {} (host {}, pid {})", id, w.host, w.pid);
   }
-  const bool none_back = lost.size() == pool->members().size();
+  const bool none_back = lost.size() == pool.members().size();
   const Survivors past = none_back ? Survivors{} : survivors_past(lost, epoch, batch);  // unknown without them
   ev.rolled_back_steps = past.steps;
-  ev.at_step = steps_done + past.steps;
-  snapshot = std::move(c.state);
-  snapshot_feedback = std::move(c.feedback);
-  snapshots->reset();
-  snapshots->resized(snapshot.size());
+  ev.at_step = job_.steps_done + past.steps;
+  job_.state.set(std::move(c.state), std::move(c.feedback));
   // Every member back, at one step's end, their whole state in them: they go on from there, and
   // nothing is trained again (recovery.from_peer's rule; the checkpoint's steps per epoch known,
   // to name the new one).
-  if (lost.empty() && past.together && config.recovery.from_peer && replicas_hold_whole_state() &&
-      checkpoint_bpe > 0) {
-    recovering([&] { go_on_from_members(past, &clock); });
+  if (lost.empty() && past.together && job_.config.recovery.from_peer && job_.recovery.replicas_hold_whole_state() &&
+      checkpoint_bpe_ > 0) {
+    job_.recovering([&] { go_on_from_members(past, &clock); });
     ev.from_peer = true;
     ev.rolled_back_steps = 0;
-    restarted_at = JobPosition{past.at.first, past.at.second, steps_done, first_epoch};
-  } else if (none_back && pool->ready().empty()) {
+    restarted_at_ = JobPosition{past.at.first, past.at.second, job_.steps_done, first_epoch_};
+  } else if (none_back && pool.ready().empty()) {
     restart_without_workers("none of the old driver's workers answered (" + gone + ")");
   } else {
-    recovering([&] {
-      replace_lost(lost, gone, &ev);
+    job_.recovering([&] {
+      job_.recovery.replace_lost(lost, gone, &ev);
       clock.mark("replace");
-      form_group({}, &clock);
+      job_.group.form({}, &clock);
     });
   }
   ev.phases = std::move(phases);
@@ -243,45 +267,44 @@ bool Trainer::Impl::resume(const runtime::DriverState& prev, Clock::time_point s
   return true;
 }
 
-void Trainer::Impl::resumed(RecoveryEvent ev, Clock::time_point started, bool none_back) {
+void DriverRestart::resumed(RecoveryEvent ev, Clock::time_point started, bool none_back) {
   ev.resumed_at = Clock::now();
   ev.recovery_s = ev.detect_s + std::chrono::duration<double>(ev.resumed_at - started).count();
   ev.caught_up_s = ev.recovery_s;
-  ev.workers_after = static_cast<int>(pool->members().size());
+  ev.workers_after = static_cast<int>(job_.pool->members().size());
   control::log().warn(
       "trainer: the job goes on with {} worker(s) {:.2f} s after this driver's start ({:.2f} s since the old one was "
       "last seen), from step {}: {}{}",
-      ev.workers_after, ev.recovery_s - ev.detect_s, ev.recovery_s, steps_done,
+      ev.workers_after, ev.recovery_s - ev.detect_s, ev.recovery_s, job_.steps_done,
       none_back ? std::string("the steps the lost workers had trained past it are trained again")
                 : fmt::format("{} step(s) trained again", ev.rolled_back_steps),
       ev.lost.empty() ? std::string() : "; lost " + ev.lost);
-  record_event("driver_restart", ev.failure);
-  if (config.on_recovery) config.on_recovery(ev);
-  start_events.push_back(std::move(ev));
-  save_driver_state();
+  job_.monitor.record_event("driver_restart", ev.failure);
+  if (job_.config.on_recovery) job_.config.on_recovery(ev);
+  job_.recovery.add_start_event(std::move(ev));
+  save();
 }
 
-void Trainer::Impl::restart_without_workers(const std::string& why) {
+void DriverRestart::restart_without_workers(const std::string& why) {
   control::log().warn("trainer: {}; starting the job's workers again", why);
-  std::string state = snapshot;
-  Feedback feedback = snapshot_feedback;
-  for (int id : server->alive()) server->evict(id, why);
-  ++generation;  // the adopted workers' was aborted
-  const std::string sig = signature;
-  if (pool->spawns()) {
-    pool->restart();
+  std::string state = job_.state.snapshot();
+  Feedback feedback = job_.state.feedback();
+  for (int id : job_.server->alive()) job_.server->evict(id, why);
+  ++job_.generation;  // the adopted workers' was aborted
+  const std::string sig = job_.signature;
+  if (job_.pool->spawns()) {
+    job_.pool->restart();
   } else {
     control::log().info("driver: waiting for {} worker(s): start each with --dsgd-worker --driver {} --token ...",
-                        config.num_workers, listen_address);
+                        job_.config.num_workers, job_.address);
   }
-  start_up();
-  if (signature != sig) {
+  job_.group.start_up();
+  if (job_.signature != sig) {
     throw ConfigError("the restarted workers built another model than the job's (its checkpoint's): start the "
                       "same build and settings");
   }
-  snapshot = std::move(state);
-  snapshot_feedback = std::move(feedback);
-  recovering([&] { send_state(snapshot, snapshot_feedback); });
+  job_.state.set(std::move(state), std::move(feedback));
+  job_.recovering([&] { job_.state.restore(); });
 }
 
-}  // namespace dsgd
+}  // namespace dsgd::runtime
