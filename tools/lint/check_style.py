@@ -25,7 +25,7 @@ MAX_CLASS_MEMBERS = 30
 # The classes still over MAX_CLASS_MEMBERS, each held to its count until it is made of parts
 # (a class that shrinks is held to its new count: lower the figure here).
 LARGE_CLASSES = {
-    "ReplicaRuntime": 89,
+    "ReplicaRuntime": 65,
     "GradSync": 63,
     "WorkerPool": 58,
     "Worker": 52,

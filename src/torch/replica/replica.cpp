@@ -21,13 +21,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// The seed's epoch permutation; apps/local_job.cpp draws the same one.
-torch::Tensor epoch_order(int64_t n, uint64_t seed, int64_t epoch) {
-  auto gen = at::detail::createCPUGenerator(seed * 0x9E3779B97F4A7C15ULL + static_cast<uint64_t>(epoch + 1));
-  return torch::randperm(n, gen);
-}
-
-
 // clip_grad_norm_ over every model's gradients: scales them so that their global L2 norm is at
 // most max_norm. Returns the norm before.
 double clip_gradients(TrainingOperator& op, double max_norm) {
@@ -138,14 +131,14 @@ void ReplicaRuntime::attach(std::shared_ptr<strategy::GradientStrategy> strategy
     if (params.empty()) continue;
     const size_t s = syncs_.size();
     syncs_.push_back(std::make_unique<GradSync>(params, options_.grad_shard_bytes, strategy, options_.overlap,
-                                                deferred, ring_buckets(options_.info.world_size)));
+                                                deferred, zero_.ring_buckets(options_.info.world_size)));
     if (auto* servers = syncs_.back()->servers()) {
       servers->set_optimizer(static_cast<uint32_t>(m), server_optimizer(*op_, m, params));
     }
     if (gated) {
       for (size_t i = 0; i < params.size(); ++i) gate_index_[params[i].unsafeGetTensorImpl()] = {s, i};
       syncs_.back()->deferred().set_step(
-          {[this, s] { deferred_.begin(s, where()); },
+          {[this, s] { deferred_.begin(s, cursor_.where()); },
            [this, s](const std::vector<size_t>& idx, bool finite) {
              std::vector<torch::Tensor> bucket;
              for (size_t i : idx) bucket.push_back(syncs_[s]->param(i));
@@ -154,17 +147,7 @@ void ReplicaRuntime::attach(std::shared_ptr<strategy::GradientStrategy> strategy
     }
   }
   deferred_.reset(syncs_.size());
-  partition_parameters();
-}
-
-double ReplicaRuntime::steady_step_seconds() const {
-  std::vector<double> gaps;
-  for (size_t i = 1; i < batch_ends_.size(); ++i) {
-    gaps.push_back(std::chrono::duration<double>(batch_ends_[i] - batch_ends_[i - 1]).count());
-  }
-  if (gaps.empty()) return 0;
-  std::nth_element(gaps.begin(), gaps.begin() + static_cast<std::ptrdiff_t>(gaps.size() / 2), gaps.end());
-  return gaps[gaps.size() / 2];
+  zero_.partition();
 }
 
 void ReplicaRuntime::set_forward_overlap_buckets(size_t buckets) {
@@ -175,148 +158,46 @@ void ReplicaRuntime::set_forward_overlap_buckets(size_t buckets) {
 void ReplicaRuntime::wait(const torch::Tensor& parameter) {
   const auto it = gate_index_.find(parameter.unsafeGetTensorImpl());
   if (it == gate_index_.end()) return;
-  const auto t0 = profiling_ ? Clock::now() : Clock::time_point{};
+  const bool profiling = times_.profiling();
+  const auto t0 = profiling ? Clock::now() : Clock::time_point{};
   syncs_[it->second.first]->deferred().wait_for(it->second.second);
-  if (profiling_) gate_s_ += std::chrono::duration<double>(Clock::now() - t0).count();
-}
-
-std::string ReplicaRuntime::where() const {
-  return "epoch " + std::to_string(position_.epoch + 1) + ", batch " + std::to_string(position_.batch + 1);
-}
-
-EpochSampler ReplicaRuntime::sampler() const {  // of micro-batches, with accumulation
-  return {op_->num_train_samples(), options_.global_batch / accumulate(), options_.info.world_size,
-          options_.info.rank};
-}
-
-int64_t ReplicaRuntime::batches_per_epoch() const {
-  const int64_t n = accumulate();
-  return (sampler().batches_per_epoch() + n - 1) / n;
-}
-
-int64_t ReplicaRuntime::micro_batches_in_step() const {
-  const int64_t n = accumulate();
-  return std::min(n, sampler().batches_per_epoch() - position_.batch * n);
-}
-
-void ReplicaRuntime::start_epoch_order() {
-  if (order_epoch_ == position_.epoch) return;
-  order_ = epoch_order(op_->num_train_samples(), options_.seed, position_.epoch);
-  const auto& data = op_->train_data();
-  if (data.defined() && !data.device().is_cpu()) order_ = order_.to(data.device());  // batches cut there
-  order_epoch_ = position_.epoch;
+  if (profiling) times_.add_gate_wait(std::chrono::duration<double>(Clock::now() - t0).count());
 }
 
 bool ReplicaRuntime::next_batch(Batch& batch, int64_t max_batches) {
-  const auto& dataset = op_->train_dataset();
-  if (!op_->train_data().defined() && dataset == nullptr) {
-    throw ConfigError("train_epoch needs training data: call register_data() or register_dataset() in setup(), or "
-                      "override train_epoch");
-  }
-  if (position_.batch >= batches_per_epoch()) return false;
-  if (micro_ == 0 && max_batches > 0 && taken_this_call_ >= max_batches) return false;
-  start_epoch_order();
-  comm::timeline::Span span("next batch");
-  const EpochSampler s = sampler();
-  const int64_t n = accumulate(), micro_batch = position_.batch * n + micro_;
-  const auto [begin, end] = s.part(micro_batch);
-  auto idx = order_.slice(0, begin, end);
-  if (dataset != nullptr) {  // read now, this replica's samples only
-    batch = dataset->get_batch(idx);
-    const torch::Device device = options_.info.device;
-    batch.data = batch.data.to(device);
-    if (batch.target.defined()) batch.target = batch.target.to(device);
-  } else {
-    batch.data = gather(op_->train_data(), idx);
-    batch.target = op_->train_targets().defined() ? gather(op_->train_targets(), idx) : torch::Tensor();
-  }
-  batch_weight_ = s.weight(micro_batch);
-  if (n > 1) {  // each micro-batch's mean loss weighs its share of the step's samples
-    const int64_t count = micro_batches_in_step();
-    int64_t step_samples = 0;
-    for (int64_t j = 0; j < count; ++j) step_samples += s.batch_size(position_.batch * n + j);
-    loss_factor_ = static_cast<double>(s.batch_size(micro_batch)) / static_cast<double>(step_samples);
-    for (auto& sync : syncs_) sync->set_micro_batch(micro_ == 0, micro_ == count - 1);
+  if (!cursor_.next(batch, max_batches)) return false;
+  if (options_.step.accumulate_steps > 1) {
+    for (auto& sync : syncs_) sync->set_micro_batch(cursor_.micro() == 0, cursor_.last_micro_batch());
   }
   set_weights();
-  if (micro_ == 0) ++taken_this_call_;
   return true;
-}
-
-torch::Tensor ReplicaRuntime::gather(const torch::Tensor& data, const torch::Tensor& idx) const {
-  const torch::Device device = options_.info.device;
-  if (data.device() == device) return data.index_select(0, data.device().is_cpu() ? idx : idx.to(device));
-  // Pinned data for a GPU: gathered into pinned memory, whose copy is asynchronous (LibTorch's
-  // pinned allocator keeps the block until the copy is done).
-  auto sizes = data.sizes().vec();
-  sizes[0] = idx.size(0);
-  auto staged = torch::empty(sizes, data.options().pinned_memory(true));
-  torch::index_select_out(staged, data, 0, idx);
-  return staged.to(device, /*non_blocking=*/true);
 }
 
 void ReplicaRuntime::set_weights() {
   // The loss scale is a power of two: dividing by it is exact.
-  const double w = scaler_ ? batch_weight_ / scaler_->scale() : batch_weight_;
+  const double w = scaler_ ? cursor_.weight() / scaler_->scale() : cursor_.weight();
   for (auto& sync : syncs_) sync->set_weight(w);
 }
 
 torch::Tensor ReplicaRuntime::scale_loss(const torch::Tensor& loss) {
-  const double factor = scaler_ ? loss_factor_ * scaler_->scale() : loss_factor_;
+  const double factor = scaler_ ? cursor_.loss_factor() * scaler_->scale() : cursor_.loss_factor();
   return factor != 1.0 ? loss * factor : loss;
 }
 
 void ReplicaRuntime::after_batch() {
   if (check_) check_->take();  // a batch that did not ask leaves nothing for the next
-  if (++micro_ < micro_batches_in_step()) return;  // the step goes on with its next micro-batch
-  micro_ = 0;
-  stepping_ = true;  // what follows shares the step's result
-  if (share_after_step_) {
-    for (auto& s : syncs_) s->share_parameters();
-    share_after_step_ = false;
-  }
+  if (cursor_.end_micro_batch()) return;  // the step goes on with its next micro-batch
+  boundary_.begin_update();  // what follows shares the step's result
+  zero_.after_step();
   sync_statistics();
   if (options_.step.precision != Precision::kFp32) AutocastScope::clear_cache();  // the step changed the weights
-  batch_ends_.push_back(Clock::now());
   double waited = 0;
   for (const auto& sync : syncs_) waited += sync->total_wait_s();
-  if (batch_ends_.size() >= 2) {  // the step's time, averaged over the last ~5 steps
-    const double s = std::chrono::duration<double>(batch_ends_.back() - batch_ends_[batch_ends_.size() - 2]).count();
-    const double old = progress_.step_s.load();
-    progress_.step_s = old > 0 ? 0.8 * old + 0.2 * s : s;
-    const double wait = std::clamp(waited - waited_at_last_step_, 0.0, s);
-    progress_.wait_s = progress_.wait_s.load() + wait;
-    progress_.compute_s = progress_.compute_s.load() + (s - wait);
-    ++progress_.timed_steps;
-  }
-  waited_at_last_step_ = waited;
-  ++position_.batch;
-  ++progress_.batches;
-  progress_.step = position_.epoch * batches_per_epoch() + position_.batch;
+  cursor_.end_step();
+  times_.step_ended(waited, cursor_.step());
   if (options_.step.scheduler_step_freq == SchedulerStepFreq::kBatch) step_schedules();
-  stepping_ = false;
-  remember_step_rng();
-}
-
-bool ReplicaRuntime::hold_lone_gradients() {
-  const bool last = micro_ + 1 >= micro_batches_in_step();
-  torch::NoGradGuard no_grad;
-  size_t i = 0;
-  for (auto& m : op_->models()) {
-    for (auto& p : m->parameters()) {
-      if (held_grads_.size() <= i) held_grads_.resize(i + 1);
-      auto& held = held_grads_[i++];
-      const auto& g = p.grad();
-      if (last) {
-        if (held.defined() && g.defined()) p.mutable_grad().add_(held);
-        if (held.defined() && !g.defined()) p.mutable_grad() = held;
-        held = torch::Tensor();
-      } else if (g.defined()) {
-        held = held.defined() ? held.add_(g) : g.clone();
-      }
-    }
-  }
-  return last;
+  boundary_.end_update();
+  boundary_.remember();
 }
 
 void ReplicaRuntime::step_schedules() { step_schedules_to(schedule_t_ + 1); }
@@ -330,49 +211,51 @@ void ReplicaRuntime::step_schedules_to(int64_t t) {
   }
 }
 
+bool ReplicaRuntime::take_step() {
+  boundary_.begin_update();
+  if (const double max_norm = options_.step.max_grad_norm; max_norm > 0) {
+    times_.add_value("grad_norm", zero_.ring_buckets(options_.info.world_size) > 0 ? zero_.clip(max_norm)
+                                                                                  : clip_gradients(*op_, max_norm));
+  }
+  zero_.before_step();  // zero: the optimizer steps this replica's share only
+  return true;
+}
+
+bool ReplicaRuntime::lone_gradients_finite(bool summed) {
+  std::vector<torch::Tensor> grads;
+  if (scaler_ || !check_ || summed) {
+    for (auto& m : op_->models()) {
+      for (auto& p : m->parameters()) {
+        if (p.grad().defined()) grads.push_back(p.grad());
+      }
+    }
+  }
+  if (scaler_) {
+    torch::NoGradGuard no_grad;
+    for (auto& g : grads) g.mul_(1.0 / scaler_->scale());
+  }
+  // Checked as backward made them; or, a lone replica on a GPU (or after the hooks were
+  // detached), all gradients at once, one host sync (isfinite().all() per parameter cost the
+  // MLP ~20% of its step).
+  return check_ && !summed ? check_->take() : all_finite(grads);
+}
+
 bool ReplicaRuntime::check_gradients() {
-  const auto take_step = [this] {  // the gradients are finite: clip them, if asked
-    stepping_ = true;
-    if (options_.step.max_grad_norm > 0) {
-      auto& [sum, steps] = step_values_["grad_norm"];
-      sum += ring_buckets(options_.info.world_size) > 0 ? clip_sharded_gradients(options_.step.max_grad_norm)
-                                                        : clip_gradients(*op_, options_.step.max_grad_norm);
-      ++steps;
-    }
-    if (!owned_.empty()) {  // zero: the optimizer steps this replica's share only
-      for (auto& s : syncs_) s->release_unowned_grads();
-      share_after_step_ = true;
-    }
-    return true;
-  };
   // Accumulating: before the step's last micro-batch nothing is checked and nothing steps (a
   // lone replica sums its gradients aside; the last one gets the sum back, checked whole).
-  if (accumulate() > 1 && micro_ + 1 < micro_batches_in_step()) {
-    if (syncs_.empty()) hold_lone_gradients();
+  const bool accumulating = options_.step.accumulate_steps > 1;
+  if (accumulating && !cursor_.last_micro_batch()) {
+    if (syncs_.empty()) lone_.hold(*op_, false);
     return false;
   }
-  const bool summed = syncs_.empty() && accumulate() > 1 && hold_lone_gradients();
+  const bool summed = syncs_.empty() && accumulating && lone_.hold(*op_, true);
   bool finite = true;
   if (!syncs_.empty()) {
     for (auto& s : syncs_) finite = finite && s->last_finite();  // unscaled by their weight
   } else {
-    std::vector<torch::Tensor> grads;
-    if (scaler_ || !check_ || summed) {
-      for (auto& m : op_->models()) {
-        for (auto& p : m->parameters()) {
-          if (p.grad().defined()) grads.push_back(p.grad());
-        }
-      }
-    }
-    if (scaler_) {
-      torch::NoGradGuard no_grad;
-      for (auto& g : grads) g.mul_(1.0 / scaler_->scale());
-    }
-    // Checked as backward made them; or, a lone replica on a GPU (or after the hooks were
-    // detached), all gradients at once, one host sync (isfinite().all() per parameter cost the
-    // MLP ~20% of its step).
-    finite = check_ && !summed ? check_->take() : all_finite(grads);
+    finite = lone_gradients_finite(summed);
   }
+  const std::string where = cursor_.where();
   if (scaler_ && (finite || !scaler_->at_minimum())) {
     const double was = scaler_->scale();
     scaler_->update(finite);
@@ -380,20 +263,20 @@ bool ReplicaRuntime::check_gradients() {
     if (finite) return take_step();
     ++skipped_this_call_;
     if (options_.info.rank == 0) {
-      dsgd::log().debug("gradient overflow at {}: step skipped on every replica, loss scale {} -> {}", where(), was,
+      dsgd::log().debug("gradient overflow at {}: step skipped on every replica, loss scale {} -> {}", where, was,
                         scaler_->scale());
     }
     return false;
   }
   if (finite) return take_step();
   if (options_.step.nonfinite_policy == NonfinitePolicy::kError) {
-    throw Error("non-finite gradient at " + where() + " (a NaN or infinite loss on some replica); lower the learning "
+    throw Error("non-finite gradient at " + where + " (a NaN or infinite loss on some replica); lower the learning "
                 "rate, check the data, or set nonfinite_policy \"skip\"");
   }
   ++skipped_this_call_;
   if (options_.info.rank == 0) {
     const bool on_servers = !syncs_.empty() && syncs_[0]->updates_on_servers();
-    dsgd::log().warn("non-finite gradient at {}: {}", where(),
+    dsgd::log().warn("non-finite gradient at {}: {}", where,
                      on_servers ? "the ps shards it reached skipped the step (the others took it)"
                                 : "step skipped on every replica");
   }
@@ -423,15 +306,10 @@ class ThreadHooks {
 }  // namespace
 
 Metrics ReplicaRuntime::train(int64_t max_batches, bool profile) {
-  profiling_ = profile;
-  phase_s_.clear();
-  taken_this_call_ = 0;
+  times_.begin_call(profile, cursor_.batches_per_epoch());
+  cursor_.begin_call();
   skipped_this_call_ = 0;
-  progress_.batches_per_epoch = batches_per_epoch();
-  step_values_.clear();
   for (auto& s : syncs_) s->take_times();
-  gate_s_ = 0;
-  batch_ends_.clear();
   const int64_t bytes0 = syncs_.empty() ? -1 : syncs_[0]->strategy().cross_host_bytes();
   const auto t0 = Clock::now();
   comm::timeline::set_thread_name("replica " + std::to_string(options_.info.rank));
@@ -441,8 +319,8 @@ Metrics ReplicaRuntime::train(int64_t max_batches, bool profile) {
     // others), for this thread, while the operator trains; the steps still pending at the end are
     // taken before train() returns.
     AutocastScope autocast(options_.info.device, options_.step.precision.value());
-    torn_ = false;
-    remember_step_rng();
+    boundary_.clear();
+    boundary_.remember();
     try {
       const ThreadHooks hooks(gate_index_.empty() ? nullptr : this,
                               syncs_.empty() || options_.info.world_size == 1 ? nullptr : this);
@@ -454,13 +332,15 @@ Metrics ReplicaRuntime::train(int64_t max_batches, bool profile) {
     }
   }
   const double epoch_s = std::chrono::duration<double>(Clock::now() - t0).count();
-  const int64_t batches = taken_this_call_;
-  if (position_.batch >= batches_per_epoch()) {
-    ++position_.epoch;
-    position_.batch = 0;
-    if (options_.step.scheduler_step_freq == SchedulerStepFreq::kEpoch) step_schedules();
-  }
-  if (profile) {
+  if (cursor_.end_epoch() && options_.step.scheduler_step_freq == SchedulerStepFreq::kEpoch) step_schedules();
+  add_call_metrics(&m, cursor_.steps_taken(), epoch_s, bytes0);
+  times_.end_call();
+  return m;
+}
+
+void ReplicaRuntime::add_call_metrics(Metrics* out, int64_t batches, double epoch_s, int64_t bytes0) {
+  Metrics& m = *out;
+  if (times_.profiling()) {
     GradSync::Times t;
     for (auto& s : syncs_) {
       const auto x = s->take_times();
@@ -469,7 +349,7 @@ Metrics ReplicaRuntime::train(int64_t max_batches, bool profile) {
       t.deferred_step_s += x.deferred_step_s;
     }
     const double n = static_cast<double>(std::max<int64_t>(1, batches));
-    for (const auto& [k, v] : phase_s_) m[k] = v / n;
+    times_.add_phase_means(&m, n);
     m["comm_wait_s"] = t.wait_s / n;
     // Each phase its own work only: backward without its wait for communication; with a forward
     // overlap, forward without the parameter gate's waits and steps, and the deferred steps
@@ -478,16 +358,20 @@ Metrics ReplicaRuntime::train(int64_t max_batches, bool profile) {
       if (m.count(phase)) m[phase] = std::max(0.0, m[phase] - s);
     };
     less("backward_s", (t.wait_s - t.deferred_wait_s) / n);
-    less("forward_s", gate_s_ / n);
+    less("forward_s", times_.gate_seconds() / n);
     if (m.count("optimizer_s")) m["optimizer_s"] += t.deferred_step_s / n;
     m["epoch_s"] = epoch_s;
   }
   m["batches"] = static_cast<double>(batches);
   m["skipped_steps"] = static_cast<double>(skipped_this_call_);
-  for (const auto& [name, v] : step_values_) m[name] = v.first / static_cast<double>(v.second);
+  times_.add_value_means(&m);
   if (scaler_) m["loss_scale"] = scaler_->scale();
   m["optimizer_state_bytes"] = static_cast<double>(optimizer_state_bytes(*op_));
-  if (!syncs_.empty()) m["gradient_bytes"] = gradient_bytes_held();
+  if (!syncs_.empty()) {  // what the GradSyncs keep
+    double bytes = 0;
+    for (const auto& s : syncs_) bytes += static_cast<double>(s->gradient_bytes());
+    m["gradient_bytes"] = bytes;
+  }
   if (bytes0 >= 0 && batches > 0) {  // what this replica sent to other hosts, per step
     m["comm_bytes_per_step"] =
         static_cast<double>(syncs_[0]->strategy().cross_host_bytes() - bytes0) / static_cast<double>(batches);
@@ -498,8 +382,13 @@ Metrics ReplicaRuntime::train(int64_t max_batches, bool profile) {
     m["staleness_mean"] = st.updates > 0 ? static_cast<double>(st.sum) / static_cast<double>(st.updates) : 0.0;
     m["staleness_max"] = static_cast<double>(st.max);
   }
-  profiling_ = false;
-  return m;
+}
+
+void ReplicaRuntime::interrupted() {
+  boundary_.interrupted();
+  cursor_.restart_step();  // the step starts again from its first micro-batch
+  lone_.clear();
+  zero_.forget_step();
 }
 
 Metrics ReplicaRuntime::validate() {
@@ -507,18 +396,8 @@ Metrics ReplicaRuntime::validate() {
   return op_->validate();
 }
 
-double ReplicaRuntime::gradient_bytes_held() const {
-  double bytes = 0;
-  for (const auto& s : syncs_) bytes += static_cast<double>(s->gradient_bytes());
-  return bytes;
-}
-
-size_t ReplicaRuntime::ring_buckets(int world_size) const {
-  return options_.step.zero_stage == 2 && world_size >= 2 ? kRingBuckets : 0;
-}
-
 size_t ReplicaRuntime::gradient_bytes(int world_size) const {
-  return torch_glue::gradient_bytes(*op_, options_.grad_shard_bytes, ring_buckets(world_size));
+  return torch_glue::gradient_bytes(*op_, options_.grad_shard_bytes, zero_.ring_buckets(world_size));
 }
 
 std::vector<std::pair<std::string, torch::Tensor>> ReplicaRuntime::named_tensors() const {

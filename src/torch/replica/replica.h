@@ -1,15 +1,17 @@
 // One replica: a TrainingOperator plus what dsgd adds around it, on one training thread. Worker
-// processes hold devices_per_worker of these. The parts live in their own files:
-//   torch/replica/sampler.h         which samples are this replica's (the distributed sampler)
-//   torch/sync/grad_sync.h       the gradient hooks, one GradSync per model, into the strategy
+// processes hold devices_per_worker of these. Its parts, each owning its state:
+//   torch/replica/batch_cursor.h    the position, the epoch's order, the next (micro-)batch
+//   torch/replica/step_times.h      live progress for the heartbeat, a call's profile
+//   torch/replica/step_boundary.h   whether a thrown call left the state at a step's end
+//   torch/replica/zero_share.h      step.zero_stage: the share this replica steps
+//   torch/replica/lone_gradients.h  a lone replica's accumulated gradients
 //   torch/replica/deferred_steps.h  the forward overlap's held-back optimizer steps
-//   torch/state/replica_state.h   the state as bytes (checkpoints, snapshots), named tensors
-//                           (ReplicaRuntime's side: replica_saved_state.cpp)
-//   torch/state/broadcast.h the state from one replica into others over their group (recoveries)
-//   torch/sync/server_optimizer.h  SGD on the parameter servers
-//   torch/sync/zero.h            ZeRO stage 1: which parameters this replica steps (replica_sharded_state.cpp)
-// ReplicaRuntime ties them together, schedules the learning rates, profiles, and is the
-// operator's ReplicaHost (torch/replica/host.h).
+//   torch/sync/grad_sync.h          the gradient hooks, one GradSync per model, into the strategy
+// and what it uses: torch/state/ (the state as bytes, named tensors, the broadcast from one
+// replica into others; ReplicaRuntime's side: saved_state.cpp), torch/sync/server_optimizer.h
+// (SGD on the parameter servers; sharded_state.cpp). ReplicaRuntime ties them together, checks
+// and clips the gradients, schedules the learning rates, and is the operator's ReplicaHost
+// (torch/replica/host.h).
 //
 //   ReplicaRuntime r(make_operator("image_classifier"), options);
 //   r.setup(config);
@@ -37,35 +39,22 @@
 #include "dsgd/torch/sync_batchnorm.h"
 #include "dsgd/common/trainer_config.h"
 #include "strategy/strategy.h"
-#include "torch/replica/grad_check.h"
+#include "torch/replica/batch_cursor.h"
 #include "torch/replica/deferred_steps.h"
-#include "torch/sync/grad_sync.h"
-#include "torch/replica/loss_scaler.h"
+#include "torch/replica/grad_check.h"
 #include "torch/replica/host.h"
-#include "torch/state/replica_state.h"
-#include "torch/replica/sampler.h"
+#include "torch/replica/lone_gradients.h"
+#include "torch/replica/loss_scaler.h"
+#include "torch/replica/options.h"
+#include "torch/replica/step_boundary.h"
+#include "torch/replica/step_times.h"
+#include "torch/replica/zero_share.h"
 #include "torch/state/broadcast.h"
-#include "torch/sync/zero.h"
+#include "torch/state/replica_state.h"
+#include "torch/sync/grad_sync.h"
 
 namespace dsgd::torch_glue {
 
-struct ReplicaOptions {
-  ReplicaInfo info;
-  int64_t global_batch = 64;
-  uint64_t seed = 1;
-  size_t grad_shard_bytes = 10u << 20;
-  // What the step does (TrainerConfig::step, as the job spec carries it): precision, loss
-  // scaling (loss_scale resolved: > 0 = LossScaler from this scale), the non-finite policy,
-  // when schedules step, clipping.
-  StepConfig step;
-  int threads = 1;                             // intra-op threads of this replica
-  bool overlap = true;                         // launch buckets during backward
-  // > 0: this many buckets (spread over the layers) travel after backward and each bucket's
-  // step is taken as the next forward reaches it (dsgd/torch/parameter_gate.h; GradSync's deferred
-  // buckets).
-  // -1: chosen per train() call (set_forward_overlap_buckets; 0 until then).
-  int64_t forward_overlap_buckets = 0;
-};
 
 class ReplicaRuntime : private ParameterGate, private ReplicaSums, private ReplicaHost {
  public:
@@ -107,7 +96,7 @@ class ReplicaRuntime : private ParameterGate, private ReplicaSums, private Repli
   // Seconds per step of the last train() call in its steady state: the median time between the
   // ends of consecutive batches, so neither the call's start and end nor one slow step count
   // (0 with fewer than 2 batches).
-  double steady_step_seconds() const;
+  double steady_step_seconds() const { return times_.steady_step_seconds(); }
   // With forward_overlap_buckets -1: T for the next train() calls (0 = off). Every replica must
   // set the same T before the same step.
   void set_forward_overlap_buckets(size_t buckets);
@@ -141,33 +130,20 @@ class ReplicaRuntime : private ParameterGate, private ReplicaSums, private Repli
   // The models' named parameters and buffers ("model<i>.<name>" for i > 0).
   std::vector<std::pair<std::string, torch::Tensor>> named_tensors() const;
 
-  const Position& position() const { return position_; }
+  const Position& position() const { return cursor_.position(); }
   // Whether the last train() call threw after a step's update began and before the step ended
   // (the optimizer stepped, or the parameters or statistics were being shared): the state is at
   // no step's boundary. One that threw elsewhere is back where its last step ended (the CPU
   // generator too), so its state may be given to other replicas as it is.
-  bool torn() const { return torn_; }
+  bool torn() const { return boundary_.torn(); }
   void step_schedules() override;  // one scheduler step (manual mode, or per the frequency)
   TrainingOperator& op() { return *op_; }
   const ReplicaOptions& options() const { return options_; }
 
-  int64_t batches_per_epoch() const override;
+  int64_t batches_per_epoch() const override { return cursor_.batches_per_epoch(); }
 
   // Live progress, read by the worker's heartbeat thread.
-  struct Progress {
-    std::atomic<int64_t> batches{0};
-    std::atomic<double> loss{0};
-    std::atomic<int64_t> batches_per_epoch{0};  // set as each train() starts
-    std::atomic<double> step_s{0};  // recent seconds per step (a moving average; 0: not yet known)
-    std::atomic<int64_t> step{0};   // the steps its position in the epochs stands for (epoch x per epoch + batch)
-    // Over the replica's life, the steps timed (each but a call's first) and their seconds split
-    // into computing (all but the waits) and waiting for communication: the driver compares
-    // ranks' compute per step to find stragglers.
-    std::atomic<int64_t> timed_steps{0};
-    std::atomic<double> compute_s{0};
-    std::atomic<double> wait_s{0};
-  };
-  Progress& progress() { return progress_; }
+  ReplicaProgress& progress() { return times_.progress(); }
 
  private:
   // ReplicaHost: what the operator calls.
@@ -179,9 +155,9 @@ class ReplicaRuntime : private ParameterGate, private ReplicaSums, private Repli
   // (above the minimum scale) skips the step and backs the scale off whatever the policy.
   bool check_gradients() override;
   torch::Tensor scale_loss(const torch::Tensor& loss) override;
-  bool profiling() const override { return profiling_; }
-  void add_phase(const char* name, double seconds) override { phase_s_[name] += seconds; }
-  void report_loss(double loss) override { progress_.loss = loss; }
+  bool profiling() const override { return times_.profiling(); }
+  void add_phase(const char* name, double seconds) override { times_.add_phase(name, seconds); }
+  void report_loss(double loss) override { times_.progress().loss = loss; }
 
   // The forward overlap: wait_for_parameters lands here during train(); GradSync's held-back
   // buckets are applied by deferred_.
@@ -189,38 +165,23 @@ class ReplicaRuntime : private ParameterGate, private ReplicaSums, private Repli
   // SyncBatchNorm's sums over the replicas (dsgd/torch/sync_batchnorm.h) land here during train(): the
   // strategy's average of the floats, times the replicas.
   void sum(float* data, size_t count) override;
-  double weight() const override { return batch_weight_; }
-  std::string where() const;  // "epoch E, batch B" of the step in progress (1-based)
-  EpochSampler sampler() const;
+  double weight() const override { return cursor_.weight(); }
   void to_device();  // after setup: models and data to info.device
-  // Rows `idx` of registered data, on the replica's device.
-  torch::Tensor gather(const torch::Tensor& data, const torch::Tensor& idx) const;
-  void start_epoch_order();
   void step_schedules_to(int64_t t);
-  void set_weights();  // batch_weight_ / the loss scale, into every GradSync
-  int64_t accumulate() const { return options_.step.accumulate_steps; }
+  void set_weights();  // the batch's weight / the loss scale, into every GradSync
+  // check_gradients' end for finite gradients: clipped, if asked; the step begins.
+  bool take_step();
+  // A lone replica's gradients, unscaled, checked: whether all are finite. `summed`: the step's
+  // micro-batches were summed aside (LoneGradients), so the hooks' checks saw parts only.
+  bool lone_gradients_finite(bool summed);
   // After each step, with a strategy that averages: every model's float running statistics
   // (buffers named *running_mean, *running_var: BatchNorm's) averaged over the replicas, so
   // every replica holds the same buffers (and snapshots, checkpoints and get_model agree).
   void sync_statistics();
-  // step.zero_stage over a strategy that averages: each trainable parameter's owner among the
-  // replicas (partition_by_size over all models), into every GradSync and owned_.
-  void partition_parameters();
-  // Stage 2's ring buffers per GradSync in a group of `world_size` (0: stage 0 or 1, or alone).
-  size_t ring_buckets(int world_size) const;
-  double gradient_bytes_held() const;  // what the GradSyncs keep (the train metrics' gradient_bytes)
-  // clip_grad_norm_ under stage 2, where each replica holds only its share's gradients: the
-  // global norm from every replica's sum of squares (a collective). Returns the norm before.
-  double clip_sharded_gradients(double max_norm);
-  // Micro-batches of the step at position_ (accumulate(), or fewer in an epoch's last step).
-  int64_t micro_batches_in_step() const;
-  // train()'s ends: the generator kept at a step's end; after a throw, back to that step's end
-  // (replica_interrupt.cpp).
-  void remember_step_rng();
+  // train()'s profile and figures into its metrics.
+  void add_call_metrics(Metrics* m, int64_t batches, double epoch_s, int64_t bytes0);
+  // train() threw: back to the last step's end (StepBoundary), nothing held for the step.
   void interrupted();
-  // A lone replica accumulating: before the step's last micro-batch, adds .grad into
-  // held_grads_; at the last, adds held_grads_ into .grad (and forgets them). True at the last.
-  bool hold_lone_gradients();
   ReplicaState state() const;  // what save_state writes besides the operator's
   void restored(const ReplicaState& state);  // load_state's and share_state's bookkeeping after the load
   void load_feedback(const std::string& feedback);  // load_state's: save_feedback()'s bytes, or from zero
@@ -231,35 +192,16 @@ class ReplicaRuntime : private ParameterGate, private ReplicaSums, private Repli
   std::unique_ptr<GradCheck> check_;                                    // with no strategy
   DeferredSteps deferred_;
   std::unordered_map<const void*, std::pair<size_t, size_t>> gate_index_;  // TensorImpl -> (sync, param)
-  Position position_;
-  torch::Tensor order_;              // the current epoch's permutation
-  int64_t order_epoch_ = -1;
-  int64_t taken_this_call_ = 0;
+  BatchCursor cursor_{*op_, options_};
+  StepTimes times_;
+  StepBoundary boundary_;
+  ZeroShare zero_{*op_, options_, syncs_};
+  LoneGradients lone_;
+  std::optional<LossScaler> scaler_;  // loss scaling, if on
   int64_t schedule_t_ = 0;
   int64_t skipped_this_call_ = 0;
-  std::optional<LossScaler> scaler_;  // loss scaling, if on
-  double batch_weight_ = 1.0;          // this batch's share (EpochSampler::weight)
-  // Accumulation: the micro-batch of the step in progress (0 between steps), its loss's weight
-  // in the step (its samples over the step's), and a lone replica's gradients summed so far.
-  int64_t micro_ = 0;
-  double loss_factor_ = 1.0;
-  std::vector<torch::Tensor> held_grads_;
   torch::Tensor stats_flat_;  // sync_statistics's buffer
-  OwnedSet owned_;            // step.zero_stage: the parameters this replica steps (empty: all)
   SpareTensors spares_;       // make_spare_state's, until a load
-  bool share_after_step_ = false;  // zero: a step was taken; after_batch shares the parameters
-  bool stepping_ = false;          // from a step's update to its end (torn())
-  bool torn_ = false;
-  torch::Tensor step_rng_;         // the CPU generator's state where the last step ended
-  bool profiling_ = false;
-  std::map<std::string, double> phase_s_;
-  // Values the step's mechanics report once a step (e.g. grad_norm): their sum and count over
-  // this call; train() reports each one's mean.
-  std::map<std::string, std::pair<double, int64_t>> step_values_;
-  double gate_s_ = 0;                // profiling: seconds in wait() (the forward overlap's gate)
-  std::vector<std::chrono::steady_clock::time_point> batch_ends_;  // this call's
-  double waited_at_last_step_ = 0;  // the GradSyncs' total_wait_s when the last step ended
-  Progress progress_;
 };
 
 }  // namespace dsgd::torch_glue

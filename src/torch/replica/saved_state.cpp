@@ -11,7 +11,7 @@
 namespace dsgd::torch_glue {
 
 ReplicaState ReplicaRuntime::state() const {
-  ReplicaState s{position_, schedule_t_};
+  ReplicaState s{cursor_.position(), schedule_t_};
   if (scaler_) {
     s.loss_scale = scaler_->scale();
     s.loss_scale_good_steps = scaler_->good_steps();
@@ -53,19 +53,19 @@ void ReplicaRuntime::make_spare_state() { spares_ = torch_glue::make_spare_state
 
 void ReplicaRuntime::restored(const ReplicaState& state) {
   spares_.clear();  // what share_state did not take
-  position_ = state.position;
-  progress_.step = position_.epoch * batches_per_epoch() + position_.batch;
-  micro_ = 0;  // a step interrupted part-way starts again
-  held_grads_.clear();
-  stepping_ = torn_ = false;
+  cursor_.set_position(state.position);
+  times_.progress().step = cursor_.step();
+  cursor_.restart_step();  // a step interrupted part-way starts again
+  lone_.clear();
+  boundary_.clear();
   step_schedules_to(state.schedule_t);
   // A state saved without loss scaling leaves the scale where it is.
   if (scaler_ && state.loss_scale > 0) scaler_->restore(state.loss_scale, state.loss_scale_good_steps);
   for (auto& s : syncs_) {
     if (auto* servers = s->servers()) servers->restart();
   }
-  drop_unowned_state(*op_, owned_);  // zero: the state loaded is whole; this replica keeps its share
-  share_after_step_ = false;
+  zero_.drop_unowned();  // zero: the state loaded is whole; this replica keeps its share
+  zero_.forget_step();
 }
 
 void ReplicaRuntime::load_feedback(const std::string& feedback) {
