@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstring>
 #include <map>
 #include <string>
 #include <utility>
@@ -38,6 +39,28 @@ class Stages {
   std::string op_;
   std::chrono::steady_clock::time_point deadline_;
 };
+
+// Each host's ranks, ascending, hosts in order of their lowest rank (as create() numbers them).
+std::vector<std::vector<int>> ranks_by_host(const std::vector<std::string>& hosts) {
+  std::vector<std::string> seen;
+  std::vector<std::vector<int>> out;
+  for (int r = 0; r < static_cast<int>(hosts.size()); ++r) {
+    const auto it = std::find(seen.begin(), seen.end(), hosts[static_cast<size_t>(r)]);
+    if (it == seen.end()) {
+      seen.push_back(hosts[static_cast<size_t>(r)]);
+      out.emplace_back();
+    }
+    out[static_cast<size_t>(std::find(seen.begin(), seen.end(), hosts[static_cast<size_t>(r)]) - seen.begin())]
+        .push_back(r);
+  }
+  return out;
+}
+
+size_t most_ranks(const std::vector<std::vector<int>>& by_host) {
+  size_t most = 0;
+  for (const auto& h : by_host) most = std::max(most, h.size());
+  return most;
+}
 
 }  // namespace
 
@@ -194,6 +217,77 @@ void HierarchicalGroup::run_broadcast(void* data, size_t bytes, int root, std::c
     leaders_->broadcast(data, bytes, root_leader, left("across-host"));
   }
   if (!root_side && local_->size() > 1) local_->broadcast(data, bytes, 0, left("within-host"));
+}
+
+std::shared_ptr<Work> HierarchicalGroup::reduce_scatter_async(const void* in, void* out, size_t count, DataType type,
+                                                              ReduceOp op, std::chrono::milliseconds timeout) {
+  const std::string what = "hierarchical reduce_scatter (" + std::to_string(count) + " x " + to_string(type) +
+                           " a rank, " + to_string(op) + ")";
+  return queue_->submit(what, [=, this] {
+    const Stages left(what, timeout.count() > 0 ? timeout : options_.timeout);
+    if (num_hosts_ == 1) {
+      local_->reduce_scatter_async(in, out, count, type, op, left("within-host"))->wait();
+      return;
+    }
+    const size_t es = element_size(type), n = static_cast<size_t>(size());
+    const ReduceOp stage_op = op == ReduceOp::kAverage ? ReduceOp::kSum : op;
+    // Every block summed over this host's ranks, in every one of them.
+    std::vector<char> host_sum(static_cast<const char*>(in), static_cast<const char*>(in) + n * count * es);
+    if (local_->size() > 1) local_->allreduce(host_sum.data(), n * count, type, stage_op, left("within-host sum"));
+    const auto by_host = ranks_by_host(hosts_);
+    const size_t most = most_ranks(by_host), block = most * count * es;  // a host's blocks, padded
+    std::vector<char> mine(block);  // this host's blocks, summed over every host (the leader's)
+    if (leaders_) {
+      std::vector<char> send(block * by_host.size(), 0), got(block * by_host.size());
+      for (size_t h = 0; h < by_host.size(); ++h) {
+        for (size_t k = 0; k < by_host[h].size(); ++k) {
+          std::memcpy(send.data() + h * block + k * count * es,
+                      host_sum.data() + static_cast<size_t>(by_host[h][k]) * count * es, count * es);
+        }
+      }
+      leaders_->alltoall(send.data(), got.data(), block, left("across-host"));
+      std::memcpy(mine.data(), got.data(), block);
+      std::vector<const void*> others;
+      for (size_t h = 1; h < by_host.size(); ++h) others.push_back(got.data() + h * block);
+      reduce_many(mine.data(), others.data(), static_cast<int>(others.size()), most * count, type, stage_op, 1);
+      cross_host_bytes_ += (by_host.size() - 1) * block;
+    }
+    if (local_->size() > 1) local_->broadcast(mine.data(), block, /*root=*/0, left("within-host broadcast"));
+    size_t k = 0;  // this rank's place among its host's
+    for (const auto& h : by_host) {
+      const auto at = std::find(h.begin(), h.end(), rank_);
+      if (at != h.end()) k = static_cast<size_t>(at - h.begin());
+    }
+    std::memcpy(out, mine.data() + k * count * es, count * es);
+    if (op == ReduceOp::kAverage) divide_by(out, count, type, size());
+  });
+}
+
+std::shared_ptr<Work> HierarchicalGroup::allgather_async(const void* in, void* out, size_t bytes,
+                                                         std::chrono::milliseconds timeout) {
+  const std::string what = "hierarchical allgather (" + std::to_string(bytes) + " bytes a rank)";
+  return queue_->submit(what, [=, this] {
+    const Stages left(what, timeout.count() > 0 ? timeout : options_.timeout);
+    if (num_hosts_ == 1) {
+      local_->allgather_async(in, out, bytes, left("within-host"))->wait();
+      return;
+    }
+    const auto by_host = ranks_by_host(hosts_);
+    const size_t most = most_ranks(by_host), block = most * bytes;  // a host's blocks, padded
+    std::vector<char> host(block, 0), all(block * by_host.size());
+    local_->allgather_async(in, host.data(), bytes, left("within-host"))->wait();
+    if (leaders_) {
+      leaders_->allgather(host.data(), all.data(), block, left("across-host"));
+      cross_host_bytes_ += (by_host.size() - 1) * block;
+    }
+    if (local_->size() > 1) local_->broadcast(all.data(), all.size(), /*root=*/0, left("within-host broadcast"));
+    for (size_t h = 0; h < by_host.size(); ++h) {
+      for (size_t k = 0; k < by_host[h].size(); ++k) {
+        std::memcpy(static_cast<char*>(out) + static_cast<size_t>(by_host[h][k]) * bytes,
+                    all.data() + h * block + k * bytes, bytes);
+      }
+    }
+  });
 }
 
 void HierarchicalGroup::count_ring_bytes(int ranks, size_t bytes) {

@@ -143,6 +143,13 @@ TEST_P(GroupSizes, ReduceScatterKeepsThisRanksBlock) {
       std::vector<int64_t> ones(count * static_cast<size_t>(n), 4), avg(count);
       g.reduce_scatter(ones.data(), avg.data(), count, DataType::kInt64, ReduceOp::kAverage);
       for (int64_t x : avg) ASSERT_EQ(x, 4);
+      std::vector<float> f(count * static_cast<size_t>(n)), most(count);
+      for (size_t i = 0; i < f.size(); ++i) f[i] = static_cast<float>((g.rank() + 1) * static_cast<int>(i % 3 + 1));
+      g.reduce_scatter(f.data(), most.data(), count, DataType::kFloat32, ReduceOp::kMax);
+      for (size_t j = 0; j < count; ++j) {
+        const size_t i = static_cast<size_t>(g.rank()) * count + j;
+        ASSERT_EQ(most[j], static_cast<float>(n * static_cast<int>(i % 3 + 1))) << "count " << count;
+      }
     }
   });
 }

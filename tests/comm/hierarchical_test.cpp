@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <cmath>
+#include <mutex>
 #include <thread>
 
 #include "comm/reduce_kernels.h"
@@ -63,6 +64,60 @@ TEST(Hierarchical, OneRank) { check(1, 1); }
 TEST(Hierarchical, OneHostDataInSharedMemory) { check(3, 1, true); }
 TEST(Hierarchical, TwoHostsOfTwoDataInSharedMemory) { check(4, 2, true); }
 TEST(Hierarchical, UnevenHostsDataInSharedMemory) { check(3, 2, true); }
+
+// ZeRO's halves: rank q's block b, element i, is (q + 1) * (b + 1) * (i % 5 + 1); rank r's
+// reduce-scatter gets block r reduced over the ranks, its allgather every rank's bytes in rank
+// order. Leaders count (h-1) hosts' blocks (padded to the largest host) each way.
+void check_halves(int size, int hosts) {
+  auto store = make_memory_store();
+  testing::run_ranks(size, [&](int rank) {
+    GroupOptions o;
+    o.timeout = milliseconds(5000);
+    o.host = "host" + std::to_string(rank * hosts / size);
+    ShmOptions so;
+    so.slot_bytes = 64 << 10;
+    auto h = HierarchicalGroup::create(store, rank, size, o, so);
+    const size_t n = static_cast<size_t>(size), r = static_cast<size_t>(rank);
+    for (auto op : {ReduceOp::kSum, ReduceOp::kAverage, ReduceOp::kMax}) {
+      for (size_t count : {size_t{0}, size_t{1}, size_t{7}, size_t{1000}, size_t{40001}}) {
+        std::vector<double> in(n * count), out(count, -1);
+        for (size_t b = 0; b < n; ++b) {
+          for (size_t i = 0; i < count; ++i) in[b * count + i] = static_cast<double>((r + 1) * (b + 1) * (i % 5 + 1));
+        }
+        const uint64_t sent = h->cross_host_bytes();
+        h->reduce_scatter_async(in.data(), out.data(), count, DataType::kFloat64, op)->wait();
+        if (h->leaders() != nullptr) {
+          const size_t most = (n + static_cast<size_t>(hosts) - 1) / static_cast<size_t>(hosts);
+          EXPECT_EQ(h->cross_host_bytes() - sent, static_cast<uint64_t>(hosts - 1) * most * count * sizeof(double));
+        }
+        for (size_t i = 0; i < count; ++i) {
+          const double base = static_cast<double>((r + 1) * (i % 5 + 1));
+          const double sum = base * static_cast<double>(n * (n + 1) / 2);
+          const double expected = op == ReduceOp::kSum ? sum : op == ReduceOp::kMax ? base * size : sum / size;
+          ASSERT_DOUBLE_EQ(out[i], expected) << "size " << size << " hosts " << hosts << " " << to_string(op)
+                                             << " count " << count << " element " << i;
+        }
+      }
+    }
+    for (size_t bytes : {size_t{0}, size_t{3}, size_t{100003}}) {
+      std::vector<uint8_t> mine(bytes), all(n * bytes, 0xee);
+      for (size_t j = 0; j < bytes; ++j) mine[j] = static_cast<uint8_t>(j * 7 + r * 31);
+      h->allgather_async(mine.data(), all.data(), bytes)->wait();
+      for (size_t q = 0; q < n; ++q) {
+        for (size_t j = 0; j < bytes; ++j) {
+          ASSERT_EQ(all[q * bytes + j], static_cast<uint8_t>(j * 7 + q * 31))
+              << "size " << size << " hosts " << hosts << " rank " << rank << " block " << q << " byte " << j;
+        }
+      }
+    }
+  });
+}
+
+TEST(Hierarchical, ReduceScatterAndAllgatherOnOneHost) { check_halves(3, 1); }
+TEST(Hierarchical, ReduceScatterAndAllgatherOnTwoHostsOfTwo) { check_halves(4, 2); }
+TEST(Hierarchical, ReduceScatterAndAllgatherOnUnevenHosts) { check_halves(3, 2); }  // hosts of 2 and 1
+TEST(Hierarchical, ReduceScatterAndAllgatherOnOneRankPerHost) { check_halves(3, 3); }
+TEST(Hierarchical, ReduceScatterAndAllgatherOnOneRank) { check_halves(1, 1); }
 
 // take_shared hands out the region in call order, 64-byte aligned, the same offsets on every
 // rank of a host, and null once it is used up.
@@ -233,6 +288,57 @@ TEST(Hierarchical, TheSocketsSendHalfTheBytesWithA16BitWireAndAsMuchAsCounted) {
   EXPECT_NEAR(static_cast<double>(counted_fp16[0] + counted_fp16[1]) / static_cast<double>(sent_fp16), 1.0, 0.02);
 }
 
+// ZeRO's halves on the sockets: on 2 hosts of 2 ranks, a reduce-scatter of B bytes a rank and the
+// allgather of its result together send what one allreduce of B sends (each half of it), and
+// cross_host_bytes agrees with the sockets.
+TEST(Hierarchical, TheSocketsSendAsMuchForAReduceScatterAndAnAllgatherAsForOneAllreduce) {
+  constexpr size_t kCount = 1 << 20;  // floats a rank: 4 MB, Gloo's per-message headers are noise
+  constexpr int kCalls = 3, kRanks = 4;
+  auto store = make_memory_store();
+  std::vector<std::unique_ptr<HierarchicalGroup>> groups(kRanks);
+  testing::run_ranks(kRanks, [&](int rank) {
+    GroupOptions o;
+    o.timeout = milliseconds(10000);
+    o.host = "host" + std::to_string(rank / 2);
+    groups[static_cast<size_t>(rank)] = HierarchicalGroup::create(store, rank, kRanks, o);
+  });
+  std::vector<std::vector<float>> data(kRanks, std::vector<float>(kCount, 0.25f));
+  std::vector<std::vector<float>> part(kRanks, std::vector<float>(kCount / kRanks));
+  std::vector<uint64_t> counted(kRanks);
+  const auto run = [&](bool halves) {
+    const uint64_t before = tcp_bytes_sent_by_this_process();
+    uint64_t total = 0;
+    std::mutex m;
+    testing::run_ranks(kRanks, [&](int rank) {
+      auto& h = *groups[static_cast<size_t>(rank)];
+      auto& d = data[static_cast<size_t>(rank)];
+      auto& p = part[static_cast<size_t>(rank)];
+      const uint64_t c0 = h.cross_host_bytes();
+      for (int i = 0; i < kCalls; ++i) {
+        if (halves) {
+          h.reduce_scatter_async(d.data(), p.data(), p.size(), DataType::kFloat32, ReduceOp::kAverage)->wait();
+          h.allgather_async(p.data(), d.data(), p.size() * sizeof(float))->wait();
+        } else {
+          h.allreduce_async(d.data(), d.size(), DataType::kFloat32, ReduceOp::kAverage)->wait();
+        }
+      }
+      for (float x : d) ASSERT_FLOAT_EQ(x, 0.25f);
+      std::lock_guard<std::mutex> lock(m);
+      total += h.cross_host_bytes() - c0;
+    });
+    return std::make_pair(tcp_bytes_sent_by_this_process() - before, total);
+  };
+  const auto [sent_allreduce, counted_allreduce] = run(false);
+  const auto [sent_halves, counted_halves] = run(true);
+  groups.clear();
+  const double payload = 2.0 * kCalls * kCount * sizeof(float);  // 2 leaders, 2 hosts: B each way
+  ASSERT_GT(static_cast<double>(sent_allreduce), payload * 0.99) << "is TCP_INFO counting?";
+  EXPECT_NEAR(static_cast<double>(sent_halves) / static_cast<double>(sent_allreduce), 1.0, 0.04)
+      << sent_halves << " bytes on the sockets for the halves, " << sent_allreduce << " for the allreduce";
+  EXPECT_NEAR(static_cast<double>(counted_halves) / static_cast<double>(sent_halves), 1.0, 0.02);
+  EXPECT_NEAR(static_cast<double>(counted_allreduce) / static_cast<double>(sent_allreduce), 1.0, 0.02);
+}
+
 TEST(Hierarchical, Float16AcrossHostsHalvesTheBytesAndEveryRankGetsTheSameBits) {
   check_compressed(5, 3, DataType::kFloat16);  // hosts of 2, 1 and 2 ranks
 }
@@ -290,6 +396,40 @@ TEST(Hierarchical, AbortFailsTheAllreduceInFlightNamingTheReason) {
     EXPECT_LT(std::chrono::steady_clock::now() - t0, milliseconds(2000));
     EXPECT_THROW(h->allreduce(v.data(), v.size(), DataType::kFloat32, ReduceOp::kSum), CommError);
   });
+}
+
+// A reduce-scatter or an allgather that a peer never joins fails when the group is aborted,
+// naming the reason, and so does every later operation.
+TEST(Hierarchical, AbortFailsAReduceScatterAndAnAllgatherInFlightNamingTheReason) {
+  for (const std::string op : {"reduce_scatter", "allgather"}) {
+    auto store = make_memory_store();
+    testing::run_ranks(4, [&](int rank) {
+      GroupOptions o;
+      o.timeout = milliseconds(20000);
+      o.host = "host" + std::to_string(rank / 2);
+      auto h = HierarchicalGroup::create(store, rank, 4, o);
+      if (rank != 0) {
+        std::this_thread::sleep_for(milliseconds(800));
+        return;
+      }
+      std::vector<float> in(4000, 1.0f), out(4000);
+      auto w = op == "allgather" ? h->allgather_async(in.data(), out.data(), 1000 * sizeof(float))
+                                 : h->reduce_scatter_async(in.data(), out.data(), 1000, DataType::kFloat32,
+                                                           ReduceOp::kSum);
+      std::this_thread::sleep_for(milliseconds(100));
+      const auto t0 = std::chrono::steady_clock::now();
+      h->abort("worker 3 was lost");
+      try {
+        w->wait();
+        ADD_FAILURE() << op << " that nobody else joined succeeded";
+      } catch (const CommError& e) {
+        EXPECT_NE(std::string(e.what()).find("worker 3 was lost"), std::string::npos) << op << ": " << e.what();
+      }
+      EXPECT_LT(std::chrono::steady_clock::now() - t0, milliseconds(2000)) << op;
+      EXPECT_THROW(h->reduce_scatter_async(in.data(), out.data(), 1000, DataType::kFloat32, ReduceOp::kSum)->wait(),
+                   CommError);
+    });
+  }
 }
 
 // broadcast() from every root, on hosts of uneven sizes (3, 1 and 2 ranks; the root's host, its

@@ -113,6 +113,72 @@ TEST_P(ShmSizes, AllreduceEveryDtypeOpAndSizeCopyingAndZeroCopy) {
   EXPECT_EQ(dsgd_segments_in_dev_shm(), 0);
 }
 
+// Rank q's block b, element i: (q + 1) * (b + 1) * (i % 5 + 1). Rank r's reduce-scatter gets
+// block r summed over the ranks; its allgather, every rank's bytes in rank order.
+template <typename T>
+void check_reduce_scatter(ShmGroup& g, DataType type, bool in_place) {
+  const size_t n = static_cast<size_t>(g.size()), r = static_cast<size_t>(g.rank());
+  for (auto op : {ReduceOp::kSum, ReduceOp::kAverage, ReduceOp::kMax}) {
+    for (size_t count : {size_t{0}, size_t{1}, size_t{7}, size_t{13}, size_t{1000}, size_t{65537}}) {
+      std::vector<T> in(n * count), out(count, T{0});
+      for (size_t b = 0; b < n; ++b) {
+        for (size_t i = 0; i < count; ++i) in[b * count + i] = static_cast<T>((r + 1) * (b + 1) * (i % 5 + 1));
+      }
+      T* dst = in_place ? in.data() + r * count : out.data();
+      g.reduce_scatter_async(in.data(), dst, count, type, op)->wait();
+      for (size_t i = 0; i < count; ++i) {
+        const T base = static_cast<T>((r + 1) * (i % 5 + 1));
+        const T sum = base * static_cast<T>(n * (n + 1) / 2);
+        const T expected = op == ReduceOp::kSum   ? sum
+                           : op == ReduceOp::kMax ? base * static_cast<T>(n)
+                                                  : sum / static_cast<T>(n);
+        ASSERT_EQ(dst[i], expected) << "rank " << r << "/" << n << " " << to_string(type) << " " << to_string(op)
+                                    << " count " << count << (in_place ? " in place" : "") << " element " << i;
+      }
+    }
+  }
+}
+
+TEST_P(ShmSizes, ReduceScatterEveryDtypeOpAndSizeAcrossPieces) {
+  auto store = make_memory_store();
+  testing::run_ranks(GetParam(), [&](int rank) {
+    auto g = ShmGroup::create(store, rank, GetParam(), small_slots());
+    for (bool in_place : {false, true}) {
+      check_reduce_scatter<float>(*g, DataType::kFloat32, in_place);
+      check_reduce_scatter<double>(*g, DataType::kFloat64, in_place);
+      check_reduce_scatter<int64_t>(*g, DataType::kInt64, in_place);
+    }
+  });
+  EXPECT_EQ(dsgd_segments_in_dev_shm(), 0);
+}
+
+TEST_P(ShmSizes, AllgatherEveryRanksBytesInRankOrderAcrossPieces) {
+  auto store = make_memory_store();
+  testing::run_ranks(GetParam(), [&](int rank) {
+    auto g = ShmGroup::create(store, rank, GetParam(), small_slots());
+    const size_t n = static_cast<size_t>(g->size());
+    for (bool in_place : {false, true}) {
+      for (size_t bytes : {size_t{0}, size_t{1}, size_t{13}, size_t{4096}, size_t{200003}}) {
+        std::vector<uint8_t> mine(bytes), out(n * bytes, 0xee);
+        for (size_t j = 0; j < bytes; ++j) mine[j] = static_cast<uint8_t>(j * 7 + static_cast<size_t>(rank) * 31);
+        const uint8_t* in = mine.data();
+        if (in_place) {
+          std::copy(mine.begin(), mine.end(), out.begin() + static_cast<ptrdiff_t>(rank * bytes));
+          in = out.data() + rank * bytes;
+        }
+        g->allgather_async(in, out.data(), bytes)->wait();
+        for (size_t q = 0; q < n; ++q) {
+          for (size_t j = 0; j < bytes; ++j) {
+            ASSERT_EQ(out[q * bytes + j], static_cast<uint8_t>(j * 7 + q * 31))
+                << "rank " << rank << " block " << q << " byte " << j << " of " << bytes;
+          }
+        }
+      }
+    }
+  });
+  EXPECT_EQ(dsgd_segments_in_dev_shm(), 0);
+}
+
 TEST_P(ShmSizes, BroadcastFromEveryRootAcrossPieces) {
   auto store = make_memory_store();
   testing::run_ranks(GetParam(), [&](int rank) {

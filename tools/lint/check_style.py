@@ -32,12 +32,12 @@ LARGE_CLASSES = {
     "GlooGroup": 51,
     "PsStrategy": 47,
     "DriverServerImpl": 46,
-    "ShmGroupImpl": 43,
+    "ShmGroupImpl": 45,
     "PsAsyncStrategy": 39,
     "NcclGroup": 35,
     # Interfaces, whose members are the hooks a user or a transport implements.
     "TrainingOperator": 48,
-    "HierarchicalGroup": 36,
+    "HierarchicalGroup": 38,
 }
 
 def strip(src):

@@ -19,6 +19,14 @@
 // more and shares it (Gloo's allgather): 2(h-1)/h * B/2 bytes per leader against the float32
 // ring's 2(h-1)/h * B, every leader ending with the same bits. Within a host all stays float32.
 //
+// ZeRO's two halves of an allreduce, hierarchical the same way. reduce_scatter_async: each host
+// sums every block through shared memory, each leader sends leader j the blocks of host j's
+// ranks (Gloo's alltoall) and sums the ones it gets in leader order, and hands its ranks their
+// blocks; allgather_async: each host gathers its ranks' blocks through shared memory, the leaders
+// gather the hosts' (Gloo's allgather) and hand the whole on. Across hosts each moves
+// (h-1)/h * B per leader (B: the data of every rank; hosts with fewer ranks padded to the
+// largest), half an allreduce's 2(h-1)/h * B: together, one allreduce.
+//
 // With one rank per host (no shared-memory stage), allreduce_async calls alternate between two
 // lanes, each a Gloo group with a thread of its own, so two allreduces are in flight at once and
 // one's transfer fills the other's gaps. Their Works may then complete out of call order, and
@@ -73,6 +81,16 @@ class HierarchicalGroup {
                                         std::chrono::milliseconds timeout = {}, CrossHostWire wire = {});
   void allreduce(void* data, size_t count, DataType type, ReduceOp op, std::chrono::milliseconds timeout = {},
                  CrossHostWire wire = {});
+
+  // `in` holds size() blocks of `count` elements; `out` (count elements) receives the reduction of
+  // block rank() over every rank (kAverage: divided by size()). Queued behind the allreduces on
+  // lane 0, with one deadline for its stages.
+  std::shared_ptr<Work> reduce_scatter_async(const void* in, void* out, size_t count, DataType type, ReduceOp op,
+                                             std::chrono::milliseconds timeout = {});
+  // `out` (size() * bytes) receives every rank's `bytes` at `in`, in rank order (`in` apart from
+  // `out`). Queued as reduce_scatter_async.
+  std::shared_ptr<Work> allgather_async(const void* in, void* out, size_t bytes,
+                                        std::chrono::milliseconds timeout = {});
 
   // Rank `root`'s `bytes` at `data` into every rank's `data`: within root's host through shared
   // memory, across hosts between the leaders (Gloo), then within each other host from its

@@ -14,6 +14,10 @@
 // which, unlike the slot, no other operation touches: gradients can stay there between steps
 // (every rank must then pass the same offset of its region; ranks that do not fail the group).
 //
+// Reduce-scatter and allgather, ZeRO's two halves of an allreduce, go through the slots too: in a
+// reduce-scatter each rank writes its whole input into its slot and reduces only its own block
+// from every slot; in an allgather each rank writes its block and copies every other one out.
+//
 // Synchronisation: a barrier on shared atomics that spins briefly (ShmOptions::spin_us) and then
 // sleeps on a futex, so a waiting rank does not burn a core another worker computes on. Every wait
 // has a deadline; while waiting, peers' processes are checked, and a dead one fails the operation
@@ -66,6 +70,14 @@ class ShmGroup {
   virtual std::shared_ptr<Work> broadcast_async(void* data, size_t bytes, int root,
                                                 std::chrono::milliseconds timeout = {}) = 0;
   virtual std::shared_ptr<Work> barrier_async(std::chrono::milliseconds timeout = {}) = 0;
+  // `in` holds size() blocks of `count` elements; `out` (count elements; it may be block rank() of
+  // `in`) receives the reduction of block rank() over every rank (kAverage: divided by size()).
+  virtual std::shared_ptr<Work> reduce_scatter_async(const void* in, void* out, size_t count, DataType type,
+                                                     ReduceOp op, std::chrono::milliseconds timeout = {}) = 0;
+  // `out` (size() * bytes) receives every rank's `bytes` at `in`, in rank order. `in` is
+  // block rank() of `out` (in place) or memory apart from it.
+  virtual std::shared_ptr<Work> allgather_async(const void* in, void* out, size_t bytes,
+                                                std::chrono::milliseconds timeout = {}) = 0;
 
   // Synchronous forms: in order with the queued ones; run on the caller's thread when nothing
   // is queued (a 4-byte allreduce then costs no thread hand-off).

@@ -166,27 +166,32 @@ class GlooGroup : public Group, public std::enable_shared_from_this<GlooGroup> {
     });
   }
 
-  // Gloo's unbound API has no reduce-scatter: allreduce a copy and keep this rank's block. This
-  // moves 2x the optimal bytes; the shared-memory path does a true reduce-scatter.
+  // Gloo's unbound API has no reduce-scatter: block j of every rank goes to rank j (Gloo's
+  // alltoall), which reduces the blocks it gets in rank order. (n-1)/n of the data each way.
   std::shared_ptr<Work> reduce_scatter_async(const void* in, void* out, size_t count, DataType type, ReduceOp op,
                                              milliseconds timeout) override {
     const size_t es = element_size(type);
-    auto scratch = std::make_shared<std::vector<uint8_t>>(count * es * static_cast<size_t>(size_));
+    auto got = std::make_shared<std::vector<uint8_t>>(count * es * static_cast<size_t>(size_));
     return enqueue("reduce_scatter", std::to_string(count) + " x " + to_string(type) + " per rank, " + to_string(op),
                    timeout, [=, this](uint32_t tag, milliseconds t) {
                      if (count == 0) return;
-                     std::memcpy(scratch->data(), in, scratch->size());
-                     if (size_ > 1) {
-                       gloo::AllreduceOptions o(context_);
-                       o.setTag(tag);
-                       o.setTimeout(t);
-                       o.setAlgorithm(gloo::AllreduceOptions::Algorithm::RING);
-                       configure_allreduce(o, scratch->data(), count * static_cast<size_t>(size_), type, op);
-                       gloo::allreduce(o);
+                     if (size_ == 1) {
+                       std::memmove(out, in, count * es);
+                       return;
                      }
-                     uint8_t* block = scratch->data() + count * es * static_cast<size_t>(rank_);
-                     if (op == ReduceOp::kAverage) divide_by(block, count, type, size_);
-                     std::memcpy(out, block, count * es);
+                     gloo::AlltoallOptions o(context_);
+                     o.setTag(tag);
+                     o.setTimeout(t);
+                     o.setInput<uint8_t>(const_cast<uint8_t*>(static_cast<const uint8_t*>(in)), got->size());
+                     o.setOutput<uint8_t>(got->data(), got->size());
+                     gloo::alltoall(o);
+                     std::memcpy(out, got->data(), count * es);
+                     std::vector<const void*> others;
+                     for (int r = 1; r < size_; ++r) {
+                       others.push_back(got->data() + static_cast<size_t>(r) * count * es);
+                     }
+                     reduce_many(out, others.data(), static_cast<int>(others.size()), count, type, op,
+                                 op == ReduceOp::kAverage ? size_ : 1);
                    });
   }
 

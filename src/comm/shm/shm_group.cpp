@@ -169,6 +169,65 @@ class ShmGroupImpl : public ShmGroup {
     queue_->run("shm broadcast", broadcast_op(data, bytes, root, timeout));
   }
 
+  // In pieces of slot_bytes / size() elements of each block: every rank writes its pieces of all
+  // blocks into its slot, then reduces its own block's piece from every slot into `out`.
+  std::shared_ptr<Work> reduce_scatter_async(const void* in, void* out, size_t count, DataType type, ReduceOp op,
+                                             milliseconds timeout) override {
+    const std::string name = "shm reduce_scatter #" + std::to_string(++ops_) + " (" + std::to_string(count) +
+                             " x " + to_string(type) + " a rank, " + to_string(op) + ")";
+    return queue_->submit("shm reduce_scatter", [=, this] {
+      const Clock::time_point until = deadline(timeout);
+      const size_t es = element_size(type);
+      const auto* src = static_cast<const char*>(in);
+      char* dst = static_cast<char*>(out);
+      if (size_ == 1) {
+        if (count > 0 && dst != src) std::memmove(dst, src, count * es);
+        return;
+      }
+      const size_t n = static_cast<size_t>(size_);
+      const size_t piece = options_.slot_bytes / n / kAlign * kAlign / es;  // elements of each block a round
+      header_->offset[rank_].store(kStaged, std::memory_order_relaxed);
+      for (size_t done = 0; done < count; done += piece) {
+        const size_t m = std::min(piece, count - done);
+        char* mine = slot(rank_);
+        for (size_t b = 0; b < n; ++b) std::memcpy(mine + b * piece * es, src + (b * count + done) * es, m * es);
+        wait_all(name, until);  // every slot holds its rank's pieces
+        const size_t at = static_cast<size_t>(rank_) * piece * es;
+        std::memcpy(dst + done * es, mine + at, m * es);
+        std::vector<const void*> others;
+        for (int r = 0; r < size_; ++r) {
+          if (r != rank_) others.push_back(slot(r) + at);
+        }
+        reduce_many(dst + done * es, others.data(), static_cast<int>(others.size()), m, type, op,
+                    op == ReduceOp::kAverage ? size_ : 1);
+        wait_all(name, until);  // nobody reads the slots any more
+      }
+    });
+  }
+
+  // In pieces of slot_bytes: every rank writes its piece into its slot, then copies the others'.
+  std::shared_ptr<Work> allgather_async(const void* in, void* out, size_t bytes, milliseconds timeout) override {
+    const std::string name =
+        "shm allgather #" + std::to_string(++ops_) + " (" + std::to_string(bytes) + " bytes a rank)";
+    return queue_->submit("shm allgather", [=, this] {
+      const Clock::time_point until = deadline(timeout);
+      const auto* src = static_cast<const char*>(in);
+      char* dst = static_cast<char*>(out);
+      const size_t piece = options_.slot_bytes;
+      for (size_t done = 0; size_ > 1 && done < bytes; done += piece) {
+        const size_t m = std::min(piece, bytes - done);
+        std::memcpy(slot(rank_), src + done, m);
+        wait_all(name, until);  // every slot holds its rank's piece
+        for (int r = 0; r < size_; ++r) {
+          if (r != rank_) std::memcpy(dst + static_cast<size_t>(r) * bytes + done, slot(r), m);
+        }
+        wait_all(name, until);  // nobody reads the slots any more
+      }
+      char* own = dst + static_cast<size_t>(rank_) * bytes;
+      if (bytes > 0 && own != src) std::memcpy(own, src, bytes);
+    });
+  }
+
  private:
   // The operations as closures, numbered in submission order; each deadline counts from the
   // operation's start.
