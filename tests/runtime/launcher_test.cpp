@@ -425,5 +425,58 @@ TEST(ClusterSpec, LoadReadsTheFileElseDsgdCluster) {
   expect_config_error([&] { ClusterSpec::load(dir.file("missing.json")); }, "cannot be read");
 }
 
+// $TF_CONFIG after $DSGD_CLUSTER; then the variables torchrun, PyTorchJob, an Indexed Job and
+// Slurm set: rank 0 the chief at MASTER_ADDR:MASTER_PORT (the next port under torchrun, or
+// $DSGD_DRIVER_PORT), rank r worker r - 1, the node as the host; nothing without MASTER_ADDR.
+TEST(ClusterSpec, LoadReadsTfConfigThenTheEnvironmentAnEngineSets) {
+  const char* const vars[] = {"DSGD_CLUSTER", "TF_CONFIG", "MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE",
+                              "JOB_COMPLETION_INDEX", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_NODEID", "GROUP_RANK",
+                              "TORCHELASTIC_RUN_ID", "DSGD_DRIVER_PORT"};
+  const auto clear = [&] {
+    for (const char* v : vars) ::unsetenv(v);
+  };
+  clear();
+  ::setenv("RANK", "1", 1);
+  ::setenv("WORLD_SIZE", "3", 1);
+  EXPECT_FALSE(ClusterSpec::load("").has_value()) << "no MASTER_ADDR: no engine";
+  ::setenv("MASTER_ADDR", "10.0.0.7", 1);
+  expect_config_error([] { ClusterSpec::load(""); }, "but not $MASTER_PORT");
+  ::setenv("MASTER_PORT", "29500", 1);
+  auto s = ClusterSpec::load("");
+  ASSERT_TRUE(s.has_value());
+  EXPECT_EQ(s->chief, "10.0.0.7:29500");
+  EXPECT_EQ(s->task_name(), "worker 0");
+  EXPECT_EQ(s->workers.size(), 2u);
+  EXPECT_TRUE(s->from_engine);
+  ::setenv("TORCHELASTIC_RUN_ID", "job", 1);
+  ::setenv("GROUP_RANK", "4", 1);
+  s = ClusterSpec::load("");
+  EXPECT_EQ(s->chief, "10.0.0.7:29501") << "torchrun's agent may hold MASTER_PORT";
+  EXPECT_EQ(s->task_host(), "node4");
+  ::setenv("DSGD_DRIVER_PORT", "31000", 1);
+  EXPECT_EQ(ClusterSpec::load("")->chief, "10.0.0.7:31000");
+  clear();
+  ::setenv("MASTER_ADDR", "head", 1);
+  ::setenv("MASTER_PORT", "29500", 1);
+  ::setenv("SLURM_PROCID", "0", 1);
+  ::setenv("SLURM_NTASKS", "4", 1);
+  s = ClusterSpec::load("");
+  EXPECT_EQ(s->task_name(), "chief 0");
+  EXPECT_EQ(s->workers.size(), 3u);
+  ::setenv("SLURM_PROCID", "2", 1);
+  ::setenv("SLURM_NODEID", "1", 1);
+  EXPECT_EQ(ClusterSpec::load("")->task_entry(), "node1");
+  ::setenv("JOB_COMPLETION_INDEX", "3", 1);  // before Slurm's
+  EXPECT_EQ(ClusterSpec::load("")->task_name(), "worker 2");
+  ::setenv("SLURM_NTASKS", "x", 1);
+  expect_config_error([] { ClusterSpec::load(""); }, "$SLURM_NTASKS is 'x'");
+  ::setenv("TF_CONFIG", spec(kCluster, R"({"type": "worker", "index": 1})").c_str(), 1);
+  EXPECT_EQ(ClusterSpec::load("")->source, "$TF_CONFIG");
+  EXPECT_FALSE(ClusterSpec::load("")->from_engine);
+  ::setenv("DSGD_CLUSTER", spec(kCluster, R"({"type": "ps"})").c_str(), 1);
+  EXPECT_EQ(ClusterSpec::load("")->task_name(), "ps 0");  // dsgd's own first
+  clear();
+}
+
 }  // namespace
 }  // namespace dsgd::runtime

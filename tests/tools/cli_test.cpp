@@ -18,6 +18,7 @@
 #include <thread>
 #include <cstdio>
 #include <fstream>
+#include <functional>
 #include <nlohmann/json.hpp>
 
 #include "dsgd/runtime/trainer.h"
@@ -30,6 +31,7 @@ using dsgd::testing::children_of;
 using dsgd::testing::CliRun;
 using dsgd::testing::free_port;
 using dsgd::testing::process_gone;
+using dsgd::testing::run_command;
 using dsgd::testing::run_dsgd;
 using dsgd::testing::start_dsgd;
 using dsgd::testing::start_train;
@@ -435,6 +437,89 @@ TEST(Cli, EveryTaskOfAClusterSpecFindsItsPlace) {
   ASSERT_EQ(r.exit_code, 0) << "a process failed or did not exit\n" << r.output;
   EXPECT_NE(r.output.find("ps shard 0: serving generation 1"), std::string::npos) << r.output;
   expect_two_worker_ps_epoch(dir.file("run.json"), r);
+}
+
+// The same `dsgd train` command in every process, told nothing but what an engine's environment
+// says: torchrun's (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT; its agent holds MASTER_PORT, so
+// the driver takes the next), a Kubernetes Indexed Job's (JOB_COMPLETION_INDEX) and TFJob's
+// TF_CONFIG. Rank 0 (the chief) drives, the others join it; the token comes from the environment
+// or a file. What is missing or contradictory is a usage error; flags that shape the job set the
+// environment aside.
+TEST(Cli, TheSameTrainCommandInEveryProcessFormsAJobFromAnEnginesEnvironment) {
+  dsgd::testing::TempDir dir;
+  const std::string bin = DSGD_BINARY;
+  const std::string train = bin + " train --model mlp --dataset synthetic --synthetic-samples 512 --image-size 8 "
+                                  "--batch-size 32 --threads 1 --epochs 1 --quiet";
+  std::ofstream(dir.file("token")) << "t0ken\n";
+  // Three processes of one job: `env_of(r)` the environment of process r; process 0's summary.
+  const auto job = [&](const std::string& name, const std::function<std::string(int)>& env_of) {
+    std::string script;
+    for (int r = 0; r < 3; ++r) {
+      script += "env " + env_of(r) + " " + train + (r == 0 ? " --json-out " + dir.file(name + ".json") : "") +
+                " > /dev/null 2>" + dir.file(name + std::to_string(r) + ".log") + " & ";
+    }
+    const CliRun run = run_shell(script + "wait", 120);
+    EXPECT_EQ(run.exit_code, 0) << name << "\n" << run.output;
+    std::ifstream f(dir.file(name + ".json"));
+    std::stringstream logs;
+    for (int r = 0; r < 3; ++r) logs << std::ifstream(dir.file(name + std::to_string(r) + ".log")).rdbuf();
+    EXPECT_TRUE(f.good()) << name << ": the chief wrote no summary\n" << logs.str();
+    if (!f.good()) return logs.str();
+    const auto j = nlohmann::json::parse(f);
+    EXPECT_EQ(j["workers"], 2) << name;
+    EXPECT_EQ(j["steps"], 16) << name;
+    EXPECT_GT(j["test_accuracy"].get<double>(), 0.15) << name;  // 10 classes: it learnt
+    return logs.str();
+  };
+  // torchrun, its agent holding MASTER_PORT (a listening socket here); the token from a file.
+  const int held = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(a);
+  ASSERT_EQ(::bind(held, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
+  ASSERT_EQ(::listen(held, 4), 0);
+  ASSERT_EQ(::getsockname(held, reinterpret_cast<sockaddr*>(&a), &len), 0);
+  const int master_port = ntohs(a.sin_port);
+  const std::string logs = job("torchrun", [&](int r) {
+    return "RANK=" + std::to_string(r) + " LOCAL_RANK=" + std::to_string(r) + " GROUP_RANK=0 WORLD_SIZE=3 "
+           "LOCAL_WORLD_SIZE=3 MASTER_ADDR=127.0.0.1 MASTER_PORT=" + std::to_string(master_port) +
+           " TORCHELASTIC_RUN_ID=test DSGD_TOKEN_FILE=" + dir.file("token");
+  });
+  ::close(held);
+  EXPECT_NE(logs.find("--driver 127.0.0.1:" + std::to_string(master_port + 1)), std::string::npos) << logs;
+  // A Kubernetes Indexed Job: each pod's index, the count and the first pod's address set in its manifest.
+  const int port = free_port();
+  job("indexed", [&](int r) {
+    return "JOB_COMPLETION_INDEX=" + std::to_string(r) + " WORLD_SIZE=3 MASTER_ADDR=127.0.0.1 MASTER_PORT=" +
+           std::to_string(port) + " DSGD_TOKEN=t0ken";
+  });
+  // TFJob: TF_CONFIG alone.
+  const std::string chief = "127.0.0.1:" + std::to_string(free_port());
+  job("tfjob", [&](int r) {
+    const std::string task = r == 0 ? R"({"type": "chief"})"
+                                    : R"({"type": "worker", "index": )" + std::to_string(r - 1) + "}";
+    const std::string file = dir.file("tf_config" + std::to_string(r));
+    std::ofstream(file) << R"({"cluster": {"chief": [")" + chief + R"("], "worker": ["host-a", "host-b"]}, "task": )"
+                        << task << "}";
+    return "DSGD_TOKEN=t0ken TF_CONFIG=\"$(cat " + file + ")\"";
+  });
+  const std::string engine = "MASTER_ADDR=127.0.0.1 MASTER_PORT=" + std::to_string(free_port()) + " ";
+  const auto usage = [&](const std::string& env, const std::string& needle) {
+    const CliRun r = run_command("env " + env + " " + train + " 2>&1");
+    EXPECT_EQ(r.exit_code, 2) << env << "\n" << r.output;
+    EXPECT_NE(r.output.find(needle), std::string::npos) << env << "\n" << r.output;
+  };
+  usage(engine + "WORLD_SIZE=3", "but not this process's rank ($RANK, $JOB_COMPLETION_INDEX or $SLURM_PROCID)");
+  usage(engine + "RANK=0 WORLD_SIZE=1 DSGD_TOKEN=t", "$WORLD_SIZE is '1': the job's process count");
+  usage(engine + "RANK=3 WORLD_SIZE=3 DSGD_TOKEN=t", "$RANK 3 is not below $WORLD_SIZE 3");
+  usage(engine + "RANK=0 WORLD_SIZE=3", "give every process the same token, $DSGD_TOKEN or $DSGD_TOKEN_FILE");
+  usage(engine + "RANK=1 WORLD_SIZE=3", "it needs the job token the driver has");
+  usage(engine + "RANK=1 WORLD_SIZE=3 DSGD_TOKEN_FILE=" + dir.file("missing"), "cannot be read or holds no token");
+  // --workers shapes the job: the environment is set aside, and the job trains on its own.
+  const CliRun own = run_command("env " + engine + "RANK=1 WORLD_SIZE=3 " + train + " --workers 1 2>&1");
+  EXPECT_EQ(own.exit_code, 0) << own.output;
+  EXPECT_NE(own.output.find("\"workers\": 1"), std::string::npos) << own.output;
 }
 
 // The evaluator role: `dsgd evaluate` beside a training job evaluates its checkpoints as they

@@ -4,11 +4,22 @@
 #pragma once
 
 #include <CLI/CLI.hpp>
+#include <string>
+
+#include "dsgd/runtime/cluster.h"
 
 namespace dsgd::cli {
 
 inline constexpr int kExitFailure = 1;
 inline constexpr int kExitUsage = 2;
+
+// The job token from the environment: $DSGD_TOKEN, else the contents of the file $DSGD_TOKEN_FILE
+// names (a secret mounted as a file; a trailing newline dropped); "" without either.
+std::string token_from_environment();
+
+// The same `dsgd train` in every process of a job an engine started: this process joins the job
+// at spec.chief as its task (a worker or a ps shard; dsgd/runtime/cluster.h). Returns the exit code.
+int join_as_task(const ClusterSpec& spec, const std::string& token);
 
 // `dsgd train`: trains a model and prints a JSON summary. *exit_code receives its status.
 void add_train_command(CLI::App& app, int* exit_code);

@@ -11,6 +11,7 @@
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <thread>
 
 #include "commands.h"
@@ -90,11 +91,29 @@ void check_writable(const std::string& flag, const std::string& path) {
   }
 }
 
+// Flags that give the job its shape themselves: an engine's environment (ClusterSpec::from_engine)
+// is then set aside.
+bool shapes_the_job(const TrainFlags& f) {
+  for (const char* flag : {"--workers", "--listen", "--launcher", "--in-process"}) {
+    if (f.command != nullptr && f.command->count(flag) > 0) return true;
+  }
+  const auto launcher = f.trainer.launch.launcher;
+  return f.in_process || f.trainer.num_workers != TrainerConfig{}.num_workers || !f.trainer.launch.listen.empty() ||
+         !(launcher == Launcher::kAuto || launcher == Launcher::kNone);
+}
+
 // A cluster spec whose task is the chief: the driver binds its address and waits for its
 // workers (and ps shard processes), which a cluster manager starts.
 void apply_cluster(TrainFlags& f) {
   const auto spec = ClusterSpec::load(f.cluster);
   if (!spec) return;
+  if (spec->from_engine && shapes_the_job(f)) {
+    if (!f.quiet) {
+      std::cerr << "dsgd train: " << spec->source << " set aside: --workers, --listen, --launcher or --in-process "
+                << "shape this job\n";
+    }
+    return;
+  }
   if (spec->task_type != "chief") {
     throw ConfigError("this process's task in the cluster spec is " + spec->task_name() + ": run `dsgd " +
                       (spec->task_type == "ps"       ? "ps-server"
@@ -120,6 +139,10 @@ void apply_cluster(TrainFlags& f) {
     throw ConfigError(
         "the cluster spec names an evaluator, which evaluates the job's checkpoints: give "
         "--checkpoint-dir (a directory the evaluator's host sees too)");
+  }
+  if (f.trainer.launch.token.empty()) {
+    throw ConfigError("the job's workers start apart (" + spec->source + "): give every process the same token, "
+                      "$DSGD_TOKEN or $DSGD_TOKEN_FILE (or --token here and in the workers)");
   }
   f.trainer.num_workers = workers;
   f.trainer.launch.listen = spec->chief;
@@ -205,9 +228,7 @@ void check_language_model(const TrainFlags& f) {
 }
 
 void validate_flags(TrainFlags& f) {
-  if (f.trainer.launch.token.empty()) {
-    if (const char* t = std::getenv("DSGD_TOKEN")) f.trainer.launch.token = t;
-  }
+  if (f.trainer.launch.token.empty()) f.trainer.launch.token = token_from_environment();
   apply_cluster(f);
   if (f.in_process) check_in_process(f);
   if (!f.config.empty()) {
@@ -272,8 +293,28 @@ dsgd::FitResult run_with_trainer(const TrainFlags& f, ProgressPrinter* progress)
   return result;
 }
 
+// The same `dsgd train` in every process (a cluster spec from the environment, not --cluster): a
+// task other than the chief joins the job as that task. nullopt: this process is the chief, or no
+// spec says otherwise.
+std::optional<int> join_from_environment(const TrainFlags& f) {
+  if (!f.cluster.empty()) return std::nullopt;
+  const auto spec = ClusterSpec::load("");
+  if (!spec || spec->task_type == "chief" || spec->task_type == "evaluator") return std::nullopt;
+  if (spec->from_engine && shapes_the_job(f)) return std::nullopt;
+  std::string token = f.trainer.launch.token.empty() ? token_from_environment() : f.trainer.launch.token;
+  if (token.empty()) {
+    throw ConfigError("this process is " + spec->task_name() + " of a job (" + spec->source + "): it needs the job "
+                      "token the driver has: $DSGD_TOKEN or $DSGD_TOKEN_FILE in every process (or --token)");
+  }
+  if (!f.quiet) {
+    std::cerr << "dsgd train: " << spec->task_name() << " (" << spec->source << "), driver " << spec->chief << "\n";
+  }
+  return join_as_task(*spec, token);
+}
+
 int run_train(TrainFlags& f) {
   try {
+    if (const auto code = join_from_environment(f)) return *code;
     validate_flags(f);
   } catch (const ConfigError& e) {
     std::cerr << "dsgd train: error: " << describe(e, f) << "\n";

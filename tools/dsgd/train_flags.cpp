@@ -197,6 +197,7 @@ void add_run_flags(CLI::App* cmd, TrainFlags& f) {
 }  // namespace
 
 void add_train_flags(CLI::App* cmd, TrainFlags& f) {
+  f.command = cmd;
   add_job_flags(cmd, f);
   add_setting_flags(cmd, f);
   add_run_flags(cmd, f);

@@ -39,6 +39,7 @@ struct TrainFlags {
   bool profile = false;
   std::string trace;  // Chrome trace of the training, per epoch (trace_path_of)
   CLI::Option* lr_option = nullptr;  // --lr: given, or the image classifier's default
+  const CLI::App* command = nullptr;  // `train` itself: which flags were given
 };
 
 // Binds every flag of `dsgd train` to `f`: the model and data, every setting with a flag, and

@@ -2,6 +2,7 @@
 // (or any program whose Trainer has `listen` set) from another host, as a worker (running the
 // built-in operators) or as a parameter-server shard process (--ps-placement processes).
 #include <cstdlib>
+#include <fstream>
 #include <iostream>
 #include <optional>
 #include <string>
@@ -15,13 +16,17 @@
 namespace dsgd::cli {
 namespace {
 
-// --token, else $DSGD_TOKEN; without either, says so and sets the usage exit code.
+// --token, else $DSGD_TOKEN or $DSGD_TOKEN_FILE; without any, says so and sets the usage exit code.
 bool resolve_token(std::string& token, const char* command, int* exit_code) {
-  if (token.empty()) {
-    if (const char* t = std::getenv("DSGD_TOKEN")) token = t;
+  try {
+    if (token.empty()) token = token_from_environment();
+  } catch (const ConfigError& e) {
+    std::cerr << "dsgd " << command << ": error: " << e.what() << "\n";
+    *exit_code = kExitUsage;
+    return false;
   }
   if (!token.empty()) return true;
-  std::cerr << "dsgd " << command << ": error: the job token is needed: --token T or $DSGD_TOKEN\n";
+  std::cerr << "dsgd " << command << ": error: the job token is needed: --token T, $DSGD_TOKEN or $DSGD_TOKEN_FILE\n";
   *exit_code = kExitUsage;
   return false;
 }
@@ -76,6 +81,35 @@ void add_tls_options(CLI::App* cmd, std::string& ca, std::string& cert, std::str
 }
 
 }  // namespace
+
+std::string token_from_environment() {
+  if (const char* t = std::getenv("DSGD_TOKEN"); t != nullptr && *t != '\0') return t;
+  const char* file = std::getenv("DSGD_TOKEN_FILE");
+  if (file == nullptr || *file == '\0') return "";
+  std::ifstream in(file);
+  std::string token;
+  if (!in || !std::getline(in, token) || token.empty()) {
+    throw ConfigError(std::string("$DSGD_TOKEN_FILE names ") + file + ", which cannot be read or holds no token");
+  }
+  return token;
+}
+
+int join_as_task(const ClusterSpec& spec, const std::string& token) {
+  if (spec.task_type == "worker") {
+    dsgd::WorkerArgs args;
+    args.driver = spec.chief;
+    args.token = token;
+    args.host_id = spec.task_host();
+    dsgd::register_builtin_operators();
+    return dsgd::run_worker(args);
+  }
+  dsgd::PsServerArgs args;
+  args.driver = spec.chief;
+  args.token = token;
+  args.host_id = spec.task_host();
+  args.shard = spec.task_index;
+  return dsgd::run_ps_server(args);
+}
 
 void add_tls_keys_command(CLI::App& app, int* exit_code) {
   auto dir = std::make_shared<std::string>();

@@ -1,5 +1,7 @@
 #include "dsgd/runtime/cluster.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cctype>
 #include <cstdlib>
@@ -7,6 +9,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include <utility>
 
 #include "dsgd/common/error.h"
 
@@ -105,10 +108,93 @@ std::optional<ClusterSpec> ClusterSpec::load(const std::string& file) {
     if (!in) throw ConfigError("cluster spec '" + file + "' cannot be read");
     std::stringstream text;
     text << in.rdbuf();
-    return parse(text.str(), "cluster spec " + file);
+    ClusterSpec s = parse(text.str(), "cluster spec " + file);
+    s.source = "cluster spec " + file;
+    return s;
   }
-  if (const char* env = std::getenv("DSGD_CLUSTER"); env != nullptr && *env != '\0') return parse(env, "$DSGD_CLUSTER");
+  for (const char* name : {"DSGD_CLUSTER", "TF_CONFIG"}) {
+    if (const char* env = std::getenv(name); env != nullptr && *env != '\0') {
+      ClusterSpec s = parse(env, std::string("$") + name);
+      s.source = std::string("$") + name;
+      return s;
+    }
+  }
+  return from_environment();
+}
+
+namespace {
+
+// The first of `names` set in the environment (and which), or nullopt.
+std::optional<std::pair<std::string, std::string>> first_env(std::initializer_list<const char*> names) {
+  for (const char* n : names) {
+    const char* v = std::getenv(n);
+    if (v != nullptr && *v != '\0') return std::make_pair(std::string(n), std::string(v));
+  }
   return std::nullopt;
+}
+
+int64_t env_number(const std::pair<std::string, std::string>& var, int64_t low, const std::string& what) {
+  size_t used = 0;
+  int64_t n = -1;
+  try {
+    n = std::stoll(var.second, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (used != var.second.size() || n < low) {
+    throw ConfigError("$" + var.first + " is '" + var.second + "': " + what + " (a whole number >= " +
+                      std::to_string(low) + ")");
+  }
+  return n;
+}
+
+std::string this_host_name() {
+  char name[256] = {};
+  if (::gethostname(name, sizeof name - 1) != 0 || name[0] == '\0') return "localhost";
+  std::string h(name);
+  for (char& ch : h) {  // a host identity holds letters, digits and . - _
+    if (!std::isalnum(static_cast<unsigned char>(ch)) && ch != '.' && ch != '-' && ch != '_') ch = '_';
+  }
+  return h;
+}
+
+}  // namespace
+
+std::optional<ClusterSpec> ClusterSpec::from_environment() {
+  const auto addr = first_env({"MASTER_ADDR"});
+  if (!addr) return std::nullopt;
+  const auto rank_var = first_env({"RANK", "JOB_COMPLETION_INDEX", "SLURM_PROCID"});
+  const auto world_var = first_env({"WORLD_SIZE", "SLURM_NTASKS"});
+  const auto port_var = first_env({"DSGD_DRIVER_PORT", "MASTER_PORT"});
+  const std::string what = "$MASTER_ADDR is set (" + addr->second + ")";
+  if (!rank_var || !world_var || !port_var) {
+    throw ConfigError(what + " but not " +
+                      std::string(!port_var    ? "$MASTER_PORT (the rank-0 process's port)"
+                                  : !rank_var ? "this process's rank ($RANK, $JOB_COMPLETION_INDEX or $SLURM_PROCID)"
+                                              : "the process count ($WORLD_SIZE or $SLURM_NTASKS)") +
+                      ": set it in every process, as torchrun and Kubeflow's PyTorchJob do, or unset $MASTER_ADDR");
+  }
+  const int64_t world = env_number(*world_var, 2, "the job's process count: rank 0 drives, the others train, so at "
+                                                  "least 2");
+  const int64_t rank = env_number(*rank_var, 0, "this process's rank");
+  if (rank >= world) {
+    throw ConfigError("$" + rank_var->first + " " + std::to_string(rank) + " is not below $" + world_var->first +
+                      " " + std::to_string(world));
+  }
+  int64_t port = env_number(*port_var, 1, "the driver's port");
+  const bool torchrun = std::getenv("TORCHELASTIC_RUN_ID") != nullptr && port_var->first == "MASTER_PORT";
+  if (torchrun) ++port;  // torchrun's agent may hold MASTER_PORT (its store): the driver takes the next
+  if (port > 65535) throw ConfigError("$" + port_var->first + " " + port_var->second + ": not a port");
+  ClusterSpec s;
+  s.chief = addr->second + ":" + std::to_string(port);
+  s.source = "$" + rank_var->first + ", $" + world_var->first + " and $MASTER_ADDR" + (torchrun ? " (torchrun)" : "");
+  s.from_engine = true;
+  std::string host = this_host_name();
+  if (const auto node = first_env({"GROUP_RANK", "SLURM_NODEID"})) host = "node" + node->second;
+  for (int64_t w = 1; w < world; ++w) s.workers.push_back(w == rank ? host : "worker" + std::to_string(w - 1));
+  s.task_type = rank == 0 ? "chief" : "worker";
+  s.task_index = rank == 0 ? 0 : static_cast<int>(rank - 1);
+  return s;
 }
 
 const std::string& ClusterSpec::task_entry() const {
