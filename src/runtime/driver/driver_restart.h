@@ -56,9 +56,9 @@ class DriverRestart {
 
  private:
   struct Survivors {
-    int64_t steps = 0;                // the furthest any trained past the checkpoint
-    std::pair<int64_t, int64_t> at;   // where they stand (epoch, batch), when together
-    bool together = false;            // every one at one step's end, none torn
+    int64_t steps = 0;               // the furthest any trained past the checkpoint
+    std::pair<int64_t, int64_t> at;  // where they stand (epoch, batch), when together
+    bool together = false;           // every one at one step's end, none torn
   };
   // The old driver's members and standbys into the pool (their processes watched by pid where
   // it started them).
@@ -76,12 +76,12 @@ class DriverRestart {
 
   Job& job_;
   std::unique_ptr<DriverStateFile> file_;
-  std::string fingerprint_;          // of the job spec
-  int64_t restarts_ = 0;             // drivers before this one that took the job up
-  int64_t first_epoch_ = 0;          // where the job began (a load()ed checkpoint's epoch)
-  std::string checkpoint_;           // what a restart goes on from: the newest checkpoint, or a load()ed one
-  int64_t checkpoint_steps_ = 0;     // steps_done there
-  int64_t checkpoint_bpe_ = 0;       // batches per epoch, where known (0: not yet)
+  std::string fingerprint_;       // of the job spec
+  int64_t restarts_ = 0;          // drivers before this one that took the job up
+  int64_t first_epoch_ = 0;       // where the job began (a load()ed checkpoint's epoch)
+  std::string checkpoint_;        // what a restart goes on from: the newest checkpoint, or a load()ed one
+  int64_t checkpoint_steps_ = 0;  // steps_done there
+  int64_t checkpoint_bpe_ = 0;    // batches per epoch, where known (0: not yet)
   std::optional<JobPosition> restarted_at_;
 };
 

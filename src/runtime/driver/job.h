@@ -82,14 +82,14 @@ class Job {
 
   const std::string op_name;
   TrainerConfig config;
-  JobSecrets secrets;                  // the token, and control::encode_keys of the TLS keys ("" without)
-  std::string address;                 // HOST:PORT the server listens on (Trainer::address)
+  JobSecrets secrets;   // the token, and control::encode_keys of the TLS keys ("" without)
+  std::string address;  // HOST:PORT the server listens on (Trainer::address)
   std::unique_ptr<control::DriverServer> server;
-  std::unique_ptr<WorkerPool> pool;    // who is in the group; local mode: their processes
-  int64_t parameters = 0;              // of one replica's models
-  std::string signature;               // of the members' models (SetupReply): a newcomer's must match
-  int64_t generation = 1;              // of the communication group; +1 per re-formation
-  int64_t steps_done = 0;              // over the job's train() calls (RecoveryEvent::at_step)
+  std::unique_ptr<WorkerPool> pool;  // who is in the group; local mode: their processes
+  int64_t parameters = 0;            // of one replica's models
+  std::string signature;             // of the members' models (SetupReply): a newcomer's must match
+  int64_t generation = 1;            // of the communication group; +1 per re-formation
+  int64_t steps_done = 0;            // over the job's train() calls (RecoveryEvent::at_step)
   // Whether every member holds what the last command that changed a replica's state (train,
   // set_state, run, step_schedules, share_state) left in all of them: between calls a survivor's
   // state is then the job's (Recovery's donor). raw_call keeps it.

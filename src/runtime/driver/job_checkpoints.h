@@ -28,7 +28,7 @@ class JobCheckpoints {
   void collect(bool wait);
 
   void begin_call() { call_failures_ = 0; }
-  int call_failures() const { return call_failures_; }     // writes that failed in this call
+  int call_failures() const { return call_failures_; }        // writes that failed in this call
   int64_t total_failures() const { return total_failures_; }  // of the job
 
  private:

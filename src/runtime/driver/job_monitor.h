@@ -47,7 +47,7 @@ class JobMonitor {
   const Clock::time_point started_at_ = Clock::now();
   std::unique_ptr<JobHistory> history_;
   std::unique_ptr<MetricsServer> metrics_;
-  mutable std::mutex m_;         // guards the three below: a scrape reads them on the server's thread
+  mutable std::mutex m_;  // guards the three below: a scrape reads them on the server's thread
   JobGauges published_;
   std::vector<int> members_;
   std::vector<int64_t> stragglers_;

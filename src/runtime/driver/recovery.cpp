@@ -93,7 +93,7 @@ void Recovery::recover(std::string failure) {
 }
 
 RecoveryEvent Recovery::reform(const std::string& failure, Phases* phases, Clock::time_point detected,
-                                    bool* from_peer) {
+                               bool* from_peer) {
   PhaseClock clock(phases);
   auto& pool = job_.pool;
   // New processes (local mode) start once the group trains again (header: hold_spawns).
@@ -134,8 +134,7 @@ RecoveryEvent Recovery::reform(const std::string& failure, Phases* phases, Clock
   return ev;
 }
 
-std::optional<Donor> Recovery::find_donor(const std::vector<int>& lost, bool allowed,
-                                                              RecoveryEvent* ev) {
+std::optional<Donor> Recovery::find_donor(const std::vector<int>& lost, bool allowed, RecoveryEvent* ev) {
   const bool eligible = allowed && job_.config.recovery.from_peer && replicas_hold_whole_state();
   const bool between_calls = job_.chunks.in_flight() == 0;
   if ((between_calls && !(eligible && job_.members_settled)) || job_.state.snapshot().empty()) return std::nullopt;

@@ -74,8 +74,8 @@ class Recovery {
   std::optional<RecoveryEvent> scale_up();
 
   Job& job_;
-  FailureBudget failures_;                 // every lost worker, against recovery.max_failures
-  std::vector<RecoveryEvent> events_;      // of the current call
+  FailureBudget failures_;                   // every lost worker, against recovery.max_failures
+  std::vector<RecoveryEvent> events_;        // of the current call
   std::vector<RecoveryEvent> start_events_;  // of the start-up, reported by the first call
 };
 

@@ -43,15 +43,20 @@ void StragglerWatch::watch() {
   for (const Straggler& s : changed) {
     changes_.emplace_back(now, s);
     if (s.to_step < 0) {
-      control::log().warn("trainer: rank {} (host {}, pid {}) is a straggler: it computes {:.2f}x as long a step as "
-                          "the others (since step {})", s.rank, s.host, s.pid, s.slowdown, s.from_step);
+      control::log().warn(
+          "trainer: rank {} (host {}, pid {}) is a straggler: it computes {:.2f}x as long a step as "
+          "the others (since step {})",
+          s.rank, s.host, s.pid, s.slowdown, s.from_step);
       job_.monitor.record_event("straggler", fmt::format("rank {} (pid {}) a straggler: {:.2f}x the others' compute "
-                                                         "per step", s.rank, s.pid, s.slowdown));
-    } else {
-      control::log().info("trainer: rank {} (host {}, pid {}) keeps pace again (slow from step {} to {}, at worst "
-                          "{:.2f}x)", s.rank, s.host, s.pid, s.from_step, s.to_step, s.slowdown);
-      job_.monitor.record_event("straggler", fmt::format("rank {} (pid {}) keeps pace again (at worst {:.2f}x)",
+                                                         "per step",
                                                          s.rank, s.pid, s.slowdown));
+    } else {
+      control::log().info(
+          "trainer: rank {} (host {}, pid {}) keeps pace again (slow from step {} to {}, at worst "
+          "{:.2f}x)",
+          s.rank, s.host, s.pid, s.from_step, s.to_step, s.slowdown);
+      job_.monitor.record_event(
+          "straggler", fmt::format("rank {} (pid {}) keeps pace again (at worst {:.2f}x)", s.rank, s.pid, s.slowdown));
     }
   }
   // Each watch, not only when named: a standby set up later still takes a straggler's place.
@@ -64,15 +69,18 @@ void StragglerWatch::evict(int id, const Straggler& s) {
   if (job_.pool->ready().empty()) {
     if (std::find(kept_.begin(), kept_.end(), s.pid) == kept_.end()) {
       kept_.push_back(s.pid);
-      control::log().warn("trainer: rank {} (pid {}) is not evicted: no standby is ready to take its place "
-                          "(--standby N); a lost worker would cost more than a slow one", s.rank, s.pid);
+      control::log().warn(
+          "trainer: rank {} (pid {}) is not evicted: no standby is ready to take its place "
+          "(--standby N); a lost worker would cost more than a slow one",
+          s.rank, s.pid);
     }
     return;
   }
   detector_.evicted(s.pid);
   evicting_.push_back(id);
   throw CommError(fmt::format("rank {} (host {}, pid {}) evicted as a straggler: it computed {:.2f}x as long a step "
-                              "as the others since step {}", s.rank, s.host, s.pid, s.slowdown, s.from_step),
+                              "as the others since step {}",
+                              s.rank, s.host, s.pid, s.slowdown, s.from_step),
                   "straggler", s.rank, s.host);
 }
 

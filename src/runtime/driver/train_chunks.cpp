@@ -71,8 +71,7 @@ void TrainChunks::count_kept_steps(Results* r, int64_t kept) const {
   }
 }
 
-void TrainChunks::add_traces(const std::vector<proto::CommandResult>& outs, double offset_us,
-                             TraceFile* trace) const {
+void TrainChunks::add_traces(const std::vector<proto::CommandResult>& outs, double offset_us, TraceFile* trace) const {
   for (size_t i = 0; i < outs.size(); ++i) {
     const auto w = job_.server->workers().at(static_cast<size_t>(job_.pool->members().at(i)));
     const std::string name =

@@ -48,8 +48,9 @@ void BatchCursor::start_epoch_order() {
 bool BatchCursor::next(Batch& batch, int64_t max_steps) {
   const auto& dataset = op_.train_dataset();
   if (!op_.train_data().defined() && dataset == nullptr) {
-    throw ConfigError("train_epoch needs training data: call register_data() or register_dataset() in setup(), or "
-                      "override train_epoch");
+    throw ConfigError(
+        "train_epoch needs training data: call register_data() or register_dataset() in setup(), or "
+        "override train_epoch");
   }
   if (position_.batch >= batches_per_epoch()) return false;
   if (micro_ == 0 && max_steps > 0 && taken_ >= max_steps) return false;

@@ -42,8 +42,8 @@ class BatchCursor {
   // The steps the position stands for: epoch x batches_per_epoch() + batch.
   int64_t step() const { return position_.epoch * batches_per_epoch() + position_.batch; }
 
-  int64_t batches_per_epoch() const;  // steps (of step.accumulate_steps micro-batches)
-  int64_t micro_batches_in_step() const;  // accumulate_steps, or fewer in an epoch's last step
+  int64_t batches_per_epoch() const;        // steps (of step.accumulate_steps micro-batches)
+  int64_t micro_batches_in_step() const;    // accumulate_steps, or fewer in an epoch's last step
   int64_t micro() const { return micro_; }  // the micro-batch of the step in progress (0 between steps)
   bool last_micro_batch() const { return micro_ + 1 >= micro_batches_in_step(); }
   // This micro-batch's share of the step (EpochSampler::weight), and its loss's weight in the step
@@ -61,7 +61,7 @@ class BatchCursor {
   const TrainingOperator& op_;
   const ReplicaOptions& options_;
   Position position_;
-  torch::Tensor order_;       // the current epoch's permutation
+  torch::Tensor order_;  // the current epoch's permutation
   int64_t order_epoch_ = -1;
   int64_t micro_ = 0;
   int64_t taken_ = 0;

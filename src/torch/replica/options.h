@@ -19,8 +19,8 @@ struct ReplicaOptions {
   // scaling (loss_scale resolved: > 0 = LossScaler from this scale), the non-finite policy,
   // when schedules step, clipping.
   StepConfig step;
-  int threads = 1;                             // intra-op threads of this replica
-  bool overlap = true;                         // launch buckets during backward
+  int threads = 1;      // intra-op threads of this replica
+  bool overlap = true;  // launch buckets during backward
   // > 0: this many buckets (spread over the layers) travel after backward and each bucket's
   // step is taken as the next forward reaches it (dsgd/torch/parameter_gate.h; GradSync's deferred
   // buckets).

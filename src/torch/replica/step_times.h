@@ -26,8 +26,8 @@ struct ReplicaProgress {
   std::atomic<int64_t> batches{0};
   std::atomic<double> loss{0};
   std::atomic<int64_t> batches_per_epoch{0};  // set as each train() starts
-  std::atomic<double> step_s{0};  // recent seconds per step (a moving average; 0: not yet known)
-  std::atomic<int64_t> step{0};   // the steps its position in the epochs stands for (epoch x per epoch + batch)
+  std::atomic<double> step_s{0};              // recent seconds per step (a moving average; 0: not yet known)
+  std::atomic<int64_t> step{0};  // the steps its position in the epochs stands for (epoch x per epoch + batch)
   // Over the replica's life, the steps timed (each but a call's first) and their seconds split
   // into computing (all but the waits) and waiting for communication: the driver compares
   // ranks' compute per step to find stragglers.
