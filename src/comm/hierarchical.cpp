@@ -46,12 +46,12 @@ std::vector<std::vector<int>> ranks_by_host(const std::vector<std::string>& host
   std::vector<std::vector<int>> out;
   for (int r = 0; r < static_cast<int>(hosts.size()); ++r) {
     const auto it = std::find(seen.begin(), seen.end(), hosts[static_cast<size_t>(r)]);
+    const size_t h = static_cast<size_t>(it - seen.begin());
     if (it == seen.end()) {
       seen.push_back(hosts[static_cast<size_t>(r)]);
       out.emplace_back();
     }
-    out[static_cast<size_t>(std::find(seen.begin(), seen.end(), hosts[static_cast<size_t>(r)]) - seen.begin())]
-        .push_back(r);
+    out[h].push_back(r);
   }
   return out;
 }
@@ -253,11 +253,7 @@ std::shared_ptr<Work> HierarchicalGroup::reduce_scatter_async(const void* in, vo
       cross_host_bytes_ += (by_host.size() - 1) * block;
     }
     if (local_->size() > 1) local_->broadcast(mine.data(), block, /*root=*/0, left("within-host broadcast"));
-    size_t k = 0;  // this rank's place among its host's
-    for (const auto& h : by_host) {
-      const auto at = std::find(h.begin(), h.end(), rank_);
-      if (at != h.end()) k = static_cast<size_t>(at - h.begin());
-    }
+    const size_t k = static_cast<size_t>(local_->rank());  // this rank's place among its host's
     std::memcpy(out, mine.data() + k * count * es, count * es);
     if (op == ReduceOp::kAverage) divide_by(out, count, type, size());
   });

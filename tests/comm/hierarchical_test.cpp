@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <cmath>
+#include <functional>
 #include <mutex>
 #include <thread>
 
@@ -246,22 +247,28 @@ uint64_t tcp_bytes_sent_by_this_process() {
   return total;
 }
 
+// `size` groups made together and kept for calls after, `per_host` consecutive ranks a host.
+std::vector<std::unique_ptr<HierarchicalGroup>> groups_on_hosts(int size, int per_host) {
+  auto store = make_memory_store();
+  std::vector<std::unique_ptr<HierarchicalGroup>> groups(static_cast<size_t>(size));
+  testing::run_ranks(size, [&](int rank) {
+    GroupOptions o;
+    o.timeout = milliseconds(10000);
+    o.host = "host" + std::to_string(rank / per_host);
+    groups[static_cast<size_t>(rank)] = HierarchicalGroup::create(store, rank, size, o);
+  });
+  return groups;
+}
+
 // The compression checks above compare the groups' own counts (cross_host_bytes). Here the
 // kernel counts what the two host leaders' sockets really sent: the 16-bit wire sends half the
 // float32 ring's bytes, and cross_host_bytes agrees with the sockets within Gloo's headers.
 TEST(Hierarchical, TheSocketsSendHalfTheBytesWithA16BitWireAndAsMuchAsCounted) {
   constexpr size_t kCount = 1 << 20;  // 4 MB a call: Gloo's per-message headers are noise
   constexpr int kCalls = 3;
-  auto store = make_memory_store();
   std::vector<uint64_t> counted_fp32(2), counted_fp16(2);
   uint64_t sent_fp32 = 0, sent_fp16 = 0;
-  std::vector<std::unique_ptr<HierarchicalGroup>> groups(2);
-  testing::run_ranks(2, [&](int rank) {
-    GroupOptions o;
-    o.timeout = milliseconds(10000);
-    o.host = "host" + std::to_string(rank);
-    groups[static_cast<size_t>(rank)] = HierarchicalGroup::create(store, rank, 2, o);
-  });
+  auto groups = groups_on_hosts(2, 1);
   std::vector<std::vector<float>> data(2, std::vector<float>(kCount, 0.25f)), residual(2, std::vector<float>(kCount));
   const auto run = [&](DataType wire, std::vector<uint64_t>& counted) {
     const uint64_t before = tcp_bytes_sent_by_this_process();
@@ -294,17 +301,9 @@ TEST(Hierarchical, TheSocketsSendHalfTheBytesWithA16BitWireAndAsMuchAsCounted) {
 TEST(Hierarchical, TheSocketsSendAsMuchForAReduceScatterAndAnAllgatherAsForOneAllreduce) {
   constexpr size_t kCount = 1 << 20;  // floats a rank: 4 MB, Gloo's per-message headers are noise
   constexpr int kCalls = 3, kRanks = 4;
-  auto store = make_memory_store();
-  std::vector<std::unique_ptr<HierarchicalGroup>> groups(kRanks);
-  testing::run_ranks(kRanks, [&](int rank) {
-    GroupOptions o;
-    o.timeout = milliseconds(10000);
-    o.host = "host" + std::to_string(rank / 2);
-    groups[static_cast<size_t>(rank)] = HierarchicalGroup::create(store, rank, kRanks, o);
-  });
+  auto groups = groups_on_hosts(kRanks, 2);
   std::vector<std::vector<float>> data(kRanks, std::vector<float>(kCount, 0.25f));
   std::vector<std::vector<float>> part(kRanks, std::vector<float>(kCount / kRanks));
-  std::vector<uint64_t> counted(kRanks);
   const auto run = [&](bool halves) {
     const uint64_t before = tcp_bytes_sent_by_this_process();
     uint64_t total = 0;
@@ -369,9 +368,10 @@ TEST(Hierarchical, ALeadersResidualIsWhatItsRoundingLeftOut) {
   });
 }
 
-// abort() fails an allreduce the other ranks never join at once, naming the reason, long before
-// its deadline; and stays failed.
-TEST(Hierarchical, AbortFailsTheAllreduceInFlightNamingTheReason) {
+// abort() fails an operation the other ranks never join at once (`op`, started by `start` on rank
+// 0 over 4000-float buffers), naming the reason, long before its deadline; and stays failed.
+void check_abort_fails(const std::string& op,
+                       const std::function<std::shared_ptr<Work>(HierarchicalGroup&, float*, float*)>& start) {
   auto store = make_memory_store();
   testing::run_ranks(4, [&](int rank) {
     GroupOptions o;
@@ -382,54 +382,35 @@ TEST(Hierarchical, AbortFailsTheAllreduceInFlightNamingTheReason) {
       std::this_thread::sleep_for(milliseconds(800));
       return;
     }
-    std::vector<float> v(1000, 1.0f);
-    auto w = h->allreduce_async(v.data(), v.size(), DataType::kFloat32, ReduceOp::kAverage);
+    std::vector<float> in(4000, 1.0f), out(4000);
+    auto w = start(*h, in.data(), out.data());
     std::this_thread::sleep_for(milliseconds(100));
     const auto t0 = std::chrono::steady_clock::now();
     h->abort("worker 3 was lost");
     try {
       w->wait();
-      ADD_FAILURE() << "an allreduce nobody else joined succeeded";
+      ADD_FAILURE() << op << " that nobody else joined succeeded";
     } catch (const CommError& e) {
-      EXPECT_NE(std::string(e.what()).find("worker 3 was lost"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("worker 3 was lost"), std::string::npos) << op << ": " << e.what();
     }
-    EXPECT_LT(std::chrono::steady_clock::now() - t0, milliseconds(2000));
-    EXPECT_THROW(h->allreduce(v.data(), v.size(), DataType::kFloat32, ReduceOp::kSum), CommError);
+    EXPECT_LT(std::chrono::steady_clock::now() - t0, milliseconds(2000)) << op;
+    EXPECT_THROW(h->allreduce(in.data(), 1000, DataType::kFloat32, ReduceOp::kSum), CommError) << op;
   });
 }
 
-// A reduce-scatter or an allgather that a peer never joins fails when the group is aborted,
-// naming the reason, and so does every later operation.
+TEST(Hierarchical, AbortFailsTheAllreduceInFlightNamingTheReason) {
+  check_abort_fails("allreduce", [](HierarchicalGroup& h, float* in, float*) {
+    return h.allreduce_async(in, 1000, DataType::kFloat32, ReduceOp::kAverage);
+  });
+}
+
 TEST(Hierarchical, AbortFailsAReduceScatterAndAnAllgatherInFlightNamingTheReason) {
-  for (const std::string op : {"reduce_scatter", "allgather"}) {
-    auto store = make_memory_store();
-    testing::run_ranks(4, [&](int rank) {
-      GroupOptions o;
-      o.timeout = milliseconds(20000);
-      o.host = "host" + std::to_string(rank / 2);
-      auto h = HierarchicalGroup::create(store, rank, 4, o);
-      if (rank != 0) {
-        std::this_thread::sleep_for(milliseconds(800));
-        return;
-      }
-      std::vector<float> in(4000, 1.0f), out(4000);
-      auto w = op == "allgather" ? h->allgather_async(in.data(), out.data(), 1000 * sizeof(float))
-                                 : h->reduce_scatter_async(in.data(), out.data(), 1000, DataType::kFloat32,
-                                                           ReduceOp::kSum);
-      std::this_thread::sleep_for(milliseconds(100));
-      const auto t0 = std::chrono::steady_clock::now();
-      h->abort("worker 3 was lost");
-      try {
-        w->wait();
-        ADD_FAILURE() << op << " that nobody else joined succeeded";
-      } catch (const CommError& e) {
-        EXPECT_NE(std::string(e.what()).find("worker 3 was lost"), std::string::npos) << op << ": " << e.what();
-      }
-      EXPECT_LT(std::chrono::steady_clock::now() - t0, milliseconds(2000)) << op;
-      EXPECT_THROW(h->reduce_scatter_async(in.data(), out.data(), 1000, DataType::kFloat32, ReduceOp::kSum)->wait(),
-                   CommError);
-    });
-  }
+  check_abort_fails("reduce_scatter", [](HierarchicalGroup& h, float* in, float* out) {
+    return h.reduce_scatter_async(in, out, 1000, DataType::kFloat32, ReduceOp::kSum);
+  });
+  check_abort_fails("allgather", [](HierarchicalGroup& h, float* in, float* out) {
+    return h.allgather_async(in, out, 1000 * sizeof(float));
+  });
 }
 
 // broadcast() from every root, on hosts of uneven sizes (3, 1 and 2 ranks; the root's host, its

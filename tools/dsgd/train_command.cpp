@@ -95,11 +95,9 @@ void check_writable(const std::string& flag, const std::string& path) {
 // is then set aside.
 bool shapes_the_job(const TrainFlags& f) {
   for (const char* flag : {"--workers", "--listen", "--launcher", "--in-process"}) {
-    if (f.command != nullptr && f.command->count(flag) > 0) return true;
+    if (f.command->count(flag) > 0) return true;
   }
-  const auto launcher = f.trainer.launch.launcher;
-  return f.in_process || f.trainer.num_workers != TrainerConfig{}.num_workers || !f.trainer.launch.listen.empty() ||
-         !(launcher == Launcher::kAuto || launcher == Launcher::kNone);
+  return false;
 }
 
 // A cluster spec whose task is the chief: the driver binds its address and waits for its
