@@ -1,5 +1,6 @@
 #include "strategy/bucket_plan.h"
 
+#include <algorithm>
 #include <string>
 
 #include "dsgd/common/error.h"
@@ -23,6 +24,26 @@ BucketPlan::BucketPlan(const std::vector<size_t>& counts, size_t element_bytes, 
     b.params.push_back(k);
     b.count += n;
     total_ += n;
+  }
+}
+
+ShardLayout::ShardLayout(const BucketPlan& plan, int shards, int rank) : shards_(shards), rank_(rank) {
+  if (shards < 1 || rank < 0 || rank >= shards) {
+    throw Error("ShardLayout: rank " + std::to_string(rank) + " of " + std::to_string(shards) + " shards");
+  }
+  const auto n = static_cast<size_t>(shards), r = static_cast<size_t>(rank);
+  pieces_.resize(plan.num_params());
+  for (const auto& b : plan.buckets()) {
+    const size_t block = (b.count + n - 1) / n;
+    const size_t lo = b.offset + r * block, hi = std::min(b.offset + b.count, lo + block);  // this replica's
+    for (size_t i : b.params) {
+      const auto& s = plan.slot(i);
+      const size_t from = std::max(lo, s.offset), to = std::min(hi, s.offset + s.count);
+      if (from < to) pieces_[i] = {from - s.offset, to - from, shard_elements_ + from - lo};
+    }
+    blocks_.push_back(block);
+    shard_offsets_.push_back(shard_elements_);
+    shard_elements_ += block;
   }
 }
 

@@ -50,6 +50,42 @@ class BucketPlan {
   size_t total_ = 0;
 };
 
+// ZeRO's flat shards (StepConfig::zero_stage): each bucket padded to a multiple of `shards`
+// elements and cut into `shards` equal blocks, block r replica r's. A reduce-scatter of the
+// padded bucket leaves replica r the average of its block, an allgather of the blocks the whole
+// bucket: together one allreduce's bytes. Balanced to within one element a bucket, whatever the
+// tensors' sizes (one large embedding is split like any other run of elements).
+//
+//   ShardLayout shards(plan, /*shards=*/3, /*rank=*/1);
+//   const auto& piece = shards.piece(i);   // parameter i's elements [begin, begin + count) here
+class ShardLayout {
+ public:
+  struct Piece {
+    size_t begin = 0;  // first element of the parameter (in its buffer order) in this replica's block
+    size_t count = 0;  // 0: none of the parameter is this replica's
+    size_t shard = 0;  // where it sits in this replica's shard (the blocks of every bucket, in order)
+  };
+  ShardLayout() = default;  // one replica: nothing cut
+  ShardLayout(const BucketPlan& plan, int shards, int rank);
+
+  bool sharded() const { return shards_ > 1; }
+  int shards() const { return shards_; }
+  int rank() const { return rank_; }
+  // Elements of one block of `bucket` (its count, rounded up to a multiple of shards, / shards).
+  size_t block(size_t bucket) const { return blocks_.at(bucket); }
+  size_t padded(size_t bucket) const { return blocks_.at(bucket) * static_cast<size_t>(shards_); }
+  size_t shard_offset(size_t bucket) const { return shard_offsets_.at(bucket); }  // this replica's block in its shard
+  size_t shard_elements() const { return shard_elements_; }
+  const Piece& piece(size_t param) const { return pieces_.at(param); }
+  size_t num_params() const { return pieces_.size(); }
+
+ private:
+  int shards_ = 1, rank_ = 0;
+  std::vector<size_t> blocks_, shard_offsets_;
+  size_t shard_elements_ = 0;
+  std::vector<Piece> pieces_;
+};
+
 // The forward overlap's schedule (Trainer's forward_overlap_buckets): which `deferred` of the
 // `buckets` buckets travel after backward, while the next forward runs, and the order every
 // replica launches them in. The deferred ones are spread evenly over buckets 1..n-1 (all n when

@@ -64,6 +64,17 @@ class AllreduceStrategy final : public GradientStrategy, private ErrorFeedback, 
     }
     return group_->global().allreduce_async(data, count, comm::DataType::kFloat32, comm::ReduceOp::kSum, algorithm_);
   }
+  std::shared_ptr<comm::Work> reduce_scatter_async(const float* in, float* out, size_t block) override {
+    constexpr auto kFloat = comm::DataType::kFloat32;
+    if (algorithm_ == comm::AllreduceAlgorithm::kAuto) {
+      return group_->reduce_scatter_async(in, out, block, kFloat, comm::ReduceOp::kAverage);
+    }
+    return group_->global().reduce_scatter_async(in, out, block, kFloat, comm::ReduceOp::kAverage);
+  }
+  std::shared_ptr<comm::Work> allgather_async(const float* in, float* out, size_t block) override {
+    if (algorithm_ == comm::AllreduceAlgorithm::kAuto) return group_->allgather_async(in, out, block * sizeof(float));
+    return group_->global().allgather_async(in, out, block * sizeof(float));
+  }
   void broadcast(void* data, size_t bytes, int root) override { group_->broadcast(data, bytes, root); }
   int rank() const override { return group_->rank(); }
   int size() const override { return group_->size(); }

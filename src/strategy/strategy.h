@@ -95,6 +95,13 @@ class Sharing {
   // an allgather through the allreduce's fast paths (a host's shared memory, Gloo across hosts),
   // bit-exact because adding zeros is.
   virtual std::shared_ptr<comm::Work> sum_async(float* data, size_t count) = 0;
+  // ZeRO's halves of an allreduce (strategy::ShardLayout), float32, in order with the other
+  // calls: `in` holds size() blocks of `block` floats and `out` receives the average of block
+  // rank() over the replicas (`out` may be that block of `in`); or `out` (size() * block floats)
+  // receives every replica's block
+  // `in`, in rank order. Together they send what one allreduce of the blocks does.
+  virtual std::shared_ptr<comm::Work> reduce_scatter_async(const float* in, float* out, size_t block) = 0;
+  virtual std::shared_ptr<comm::Work> allgather_async(const float* in, float* out, size_t block) = 0;
   // Replica `root`'s `bytes` at `data` into every replica's `data` (each passes as many): within
   // a host through shared memory, across hosts Gloo. Blocking; for state moved outside steps.
   virtual void broadcast(void* data, size_t bytes, int root) = 0;

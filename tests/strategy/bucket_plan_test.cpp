@@ -139,5 +139,52 @@ TEST(ReadyTracker, ConcurrentHooksCompleteEveryBucketExactlyOnce) {
   for (auto& c : completed) EXPECT_EQ(c.load(), 1);
 }
 
+
+// ZeRO's flat shards: over 1 to 4 replicas, every element of every parameter is exactly one
+// replica's, at the place in its shard its bucket's block gives; every replica's block of a
+// bucket is the same size (padded), so the shards hold as many elements each and the real ones
+// differ by under N a bucket. One large tensor is cut like the rest (no whole-tensor owners).
+TEST(ShardLayout, EveryElementIsOneReplicasAndTheBlocksAreEqual) {
+  const std::vector<size_t> counts{10, 400, 30, 401, 5, 200, 199, 1};
+  const BucketPlan plan(counts, 4, 1024);  // 256 floats a bucket: the 400s alone, others packed
+  for (int n = 1; n <= 4; ++n) {
+    SCOPED_TRACE(std::to_string(n) + " replicas");
+    std::vector<std::vector<int>> owner(counts.size());
+    for (size_t i = 0; i < counts.size(); ++i) owner[i].assign(counts[i], 0);
+    std::vector<size_t> real(static_cast<size_t>(n), 0);
+    for (int r = 0; r < n; ++r) {
+      const ShardLayout layout(plan, n, r);
+      EXPECT_EQ(layout.sharded(), n > 1);
+      size_t shard = 0;
+      for (size_t b = 0; b < plan.buckets().size(); ++b) {
+        EXPECT_EQ(layout.padded(b) % static_cast<size_t>(n), 0u);
+        EXPECT_GE(layout.padded(b), plan.buckets()[b].count);
+        EXPECT_LT(layout.padded(b), plan.buckets()[b].count + static_cast<size_t>(n));
+        EXPECT_EQ(layout.shard_offset(b), shard);
+        shard += layout.block(b);
+      }
+      EXPECT_EQ(layout.shard_elements(), shard);
+      for (size_t i = 0; i < counts.size(); ++i) {
+        const auto& p = layout.piece(i);
+        const auto& s = plan.slot(i);
+        if (p.count == 0) continue;
+        ASSERT_LE(p.begin + p.count, counts[i]);
+        // Its place in the bucket is its place in this replica's block.
+        const size_t in_bucket = s.offset - plan.buckets()[s.bucket].offset + p.begin;
+        EXPECT_EQ(in_bucket / layout.block(s.bucket), static_cast<size_t>(r));
+        EXPECT_EQ(p.shard, layout.shard_offset(s.bucket) + in_bucket % layout.block(s.bucket));
+        for (size_t e = p.begin; e < p.begin + p.count; ++e) ++owner[i][e];
+        real[static_cast<size_t>(r)] += p.count;
+      }
+    }
+    for (size_t i = 0; i < counts.size(); ++i) {
+      EXPECT_TRUE(std::all_of(owner[i].begin(), owner[i].end(), [](int k) { return k == 1; })) << "parameter " << i;
+    }
+    const auto [lo, hi] = std::minmax_element(real.begin(), real.end());
+    EXPECT_LE(*hi - *lo, plan.buckets().size() * static_cast<size_t>(n - 1)) << "balanced to under N a bucket";
+  }
+  EXPECT_THROW(ShardLayout(plan, 2, 2), Error);
+}
+
 }  // namespace
 }  // namespace dsgd::strategy

@@ -80,6 +80,7 @@ class Group {
   virtual std::shared_ptr<Work> allgather_async(const void* in, void* out, size_t bytes,
                                                 std::chrono::milliseconds timeout = {}) = 0;
   // in holds size() * count elements; out (count elements) receives the reduction of block rank().
+  // out may be in's own block (in + rank() * count): in place.
   virtual std::shared_ptr<Work> reduce_scatter_async(const void* in, void* out, size_t count, DataType type,
                                                      ReduceOp op, std::chrono::milliseconds timeout = {}) = 0;
   virtual std::shared_ptr<Work> barrier_async(std::chrono::milliseconds timeout = {}) = 0;

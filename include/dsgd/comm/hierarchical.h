@@ -83,8 +83,8 @@ class HierarchicalGroup {
                  CrossHostWire wire = {});
 
   // `in` holds size() blocks of `count` elements; `out` (count elements) receives the reduction of
-  // block rank() over every rank (kAverage: divided by size()). Queued behind the allreduces on
-  // lane 0, with one deadline for its stages.
+  // block rank() over every rank (kAverage: divided by size()); `out` may be that block of `in`.
+  // Queued behind the allreduces on lane 0, with one deadline for its stages.
   std::shared_ptr<Work> reduce_scatter_async(const void* in, void* out, size_t count, DataType type, ReduceOp op,
                                              std::chrono::milliseconds timeout = {});
   // `out` (size() * bytes) receives every rank's `bytes` at `in`, in rank order (`in` apart from

@@ -127,7 +127,9 @@ void JobState::set(std::string state, Feedback feedback) {
 }
 
 std::shared_ptr<torch::nn::Module> JobState::model(size_t index) {
-  const std::string state = job_.recovering([&] { return fetch(job_.pool->members().at(0)); });
+  // Read as a snapshot is: under zero the optimizers' state is made whole first, so the state
+  // loads into a replica of its own (whose optimizers hold every parameter).
+  const std::string state = job_.recovering([&] { return read(nullptr); });
   if (!local_) {
     const auto& config = job_.config;
     torch_glue::ReplicaOptions o;

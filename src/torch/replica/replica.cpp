@@ -131,7 +131,8 @@ void ReplicaRuntime::attach(std::shared_ptr<strategy::GradientStrategy> strategy
     if (params.empty()) continue;
     const size_t s = syncs_.size();
     syncs_.push_back(std::make_unique<GradSync>(params, options_.grad_shard_bytes, strategy, options_.overlap,
-                                                deferred, zero_.ring_buckets(options_.info.world_size)));
+                                                deferred, zero_.ring_buckets(options_.info.world_size),
+                                                zero_.shards(options_.info.world_size)));
     if (auto* servers = syncs_.back()->servers()) {
       servers->set_optimizer(static_cast<uint32_t>(m), server_optimizer(*op_, m, params));
     }
@@ -214,10 +215,9 @@ void ReplicaRuntime::step_schedules_to(int64_t t) {
 bool ReplicaRuntime::take_step() {
   boundary_.begin_update();
   if (const double max_norm = options_.step.max_grad_norm; max_norm > 0) {
-    times_.add_value("grad_norm", zero_.ring_buckets(options_.info.world_size) > 0 ? zero_.clip(max_norm)
-                                                                                  : clip_gradients(*op_, max_norm));
+    times_.add_value("grad_norm", zero_.active() ? zero_.clip(max_norm) : clip_gradients(*op_, max_norm));
   }
-  zero_.before_step();  // zero: the optimizer steps this replica's share only
+  zero_.before_step();  // zero: the optimizer steps this replica's pieces only
   return true;
 }
 
@@ -397,7 +397,8 @@ Metrics ReplicaRuntime::validate() {
 }
 
 size_t ReplicaRuntime::gradient_bytes(int world_size) const {
-  return torch_glue::gradient_bytes(*op_, options_.grad_shard_bytes, zero_.ring_buckets(world_size));
+  return torch_glue::gradient_bytes(*op_, options_.grad_shard_bytes, zero_.ring_buckets(world_size),
+                                    zero_.shards(world_size));
 }
 
 std::vector<std::pair<std::string, torch::Tensor>> ReplicaRuntime::named_tensors() const {

@@ -29,6 +29,7 @@ constexpr char kFeedbackMagic[8] = {'d', 's', 'g', 'd', 'f', 'b', '0', '1'};
 
 void ReplicaRuntime::load_state(const std::string& bytes, const std::string& feedback) {
   for (auto& s : syncs_) s->deferred().discard();
+  zero_.prepare_load();  // zero: the state comes whole, for the parameters
   restored(load_replica_state(*op_, bytes, options_.info.device));
   const bool keeps = std::any_of(syncs_.begin(), syncs_.end(), [](const auto& s) { return s->feedback() != nullptr; });
   if (!keeps) return;
@@ -38,6 +39,7 @@ void ReplicaRuntime::load_state(const std::string& bytes, const std::string& fee
 size_t ReplicaRuntime::share_state(strategy::Sharing& sharing, int root, bool load) {
   if (load) {
     for (auto& s : syncs_) s->deferred().discard();
+    if (sharing.rank() != root) zero_.prepare_load();
   }
   const SharedState shared = broadcast_replica_state(*op_, state(), sharing, root, load, &spares_);
   if (load && sharing.rank() != root) {

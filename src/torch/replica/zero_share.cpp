@@ -3,73 +3,119 @@
 
 #include <cmath>
 
-namespace dsgd::torch_glue {
+#include "torch/sync/shard_buffer.h"
 
-void ZeroShare::partition() {
-  owned_ = {};
-  share_after_step_ = false;
-  if (options_.step.zero_stage == 0 || options_.info.world_size < 2 || syncs_.empty()) return;
-  std::vector<int64_t> numels;
-  for (const auto& s : syncs_) {
-    for (size_t i = 0; i < s->num_params(); ++i) numels.push_back(s->param(i).numel());
+namespace dsgd::torch_glue {
+namespace {
+
+bool same_layout(const Pieces& a, const Pieces& b) {
+  if (a.size() != b.size()) return false;
+  for (const auto& [impl, piece] : a) {
+    const auto it = b.find(impl);
+    if (it == b.end() || it->second.begin != piece.begin || it->second.count != piece.count) return false;
   }
-  const auto owner = partition_by_size(numels, options_.info.world_size);
-  size_t k = 0;
-  for (auto& s : syncs_) {
-    std::vector<bool> mine(s->num_params());
-    for (size_t i = 0; i < mine.size(); ++i, ++k) {
-      mine[i] = owner[k] == options_.info.rank;
-      const void* impl = s->param(i).unsafeGetTensorImpl();
-      owned_.sharded.insert(impl);
-      if (mine[i]) owned_.owned.insert(impl);
-    }
-    s->set_owned(std::move(mine));
-  }
-  drop_unowned();  // a state loaded whole keeps only this replica's share
+  return true;
 }
+
+}  // namespace
+
+int ZeroShare::shards(int world_size) const { return options_.step.zero_stage > 0 && world_size >= 2 ? world_size : 0; }
 
 size_t ZeroShare::ring_buckets(int world_size) const {
   return options_.step.zero_stage == 2 && world_size >= 2 ? kRingBuckets : 0;
 }
 
+Pieces ZeroShare::make_pieces() const {
+  Pieces pieces;
+  for (const auto& s : syncs_) {
+    if (!s->sharded()) continue;
+    for (size_t i = 0; i < s->num_params(); ++i) {
+      const auto& p = s->shards().piece(i);
+      const auto& param = s->param(i);
+      pieces[param.unsafeGetTensorImpl()] = {p.count > 0 ? memory_view(param, p.begin, p.count) : torch::Tensor(),
+                                             p.begin, p.count};
+    }
+  }
+  return pieces;
+}
+
+void ZeroShare::partition() {
+  share_after_step_ = false;
+  Pieces fresh = make_pieces();
+  if (stepping_pieces_ && same_layout(fresh, pieces_)) return;  // the pieces' state is still theirs
+  if (stepping_pieces_) drop_pieces(op_, pieces_, whole_);      // another layout: a load brings the state
+  stepping_pieces_ = false;
+  pieces_ = std::move(fresh);
+  if (pieces_.empty()) return;
+  whole_ = optimizer_params(op_);
+  check_shardable(op_, pieces_);
+  to_pieces(op_, pieces_, whole_);  // a state loaded whole keeps only this replica's pieces
+  stepping_pieces_ = true;
+}
+
 void ZeroShare::before_step() {
-  if (!active()) return;
-  for (auto& s : syncs_) s->release_unowned_grads();
+  if (!stepping_pieces_) return;
+  for (auto& s : syncs_) {
+    for (size_t i = 0; i < s->num_params(); ++i) {
+      const auto& piece = pieces_.at(s->param(i).unsafeGetTensorImpl());
+      if (piece.count > 0) piece.view.mutable_grad() = s->piece_grad(i);
+    }
+  }
   share_after_step_ = true;
 }
 
 void ZeroShare::after_step() {
   if (!share_after_step_) return;
   for (auto& s : syncs_) s->share_parameters();
+  for (auto& [impl, piece] : pieces_) {
+    if (piece.view.defined()) piece.view.mutable_grad() = torch::Tensor();  // the shard holds parameters now
+  }
   share_after_step_ = false;
 }
 
 double ZeroShare::clip(double max_norm) {
-  // clip_grad_norm_'s arithmetic to the bit: each trainable parameter's gradient norm, summed
-  // over the replicas (only its owner's is not zero, so the sum is exact), then the norm of
-  // their stack and one clamped coefficient.
-  std::vector<torch::Tensor> owned;
-  std::vector<float> norms;
-  for (auto& m : op_.models()) {
-    for (auto& p : m->parameters()) {
-      if (!p.requires_grad()) continue;
-      const bool mine = owned_.owns(p) && p.grad().defined();
-      norms.push_back(mine ? p.grad().norm(2).item<float>() : 0.0f);
-      if (mine) owned.push_back(p);
+  // clip_grad_norm_'s arithmetic: each trainable parameter's gradient norm (here the root of its
+  // pieces' sums of squares, summed over the replicas), then the norm of their stack and one
+  // clamped coefficient.
+  std::vector<float> squares;
+  std::vector<torch::Tensor> grads;
+  for (auto& s : syncs_) {
+    for (size_t i = 0; i < s->num_params(); ++i) {
+      const auto& g = s->piece_grad(i);
+      const float norm = g.defined() ? g.norm(2).item<float>() : 0.0f;
+      squares.push_back(norm * norm);
+      if (g.defined()) grads.push_back(g);
     }
   }
-  if (norms.empty()) return 0;
-  syncs_[0]->strategy().sharing()->sum_async(norms.data(), norms.size())->wait();
-  const auto stacked = torch::from_blob(norms.data(), {static_cast<int64_t>(norms.size())}, torch::kFloat32);
-  const auto total = norms.size() == 1 ? stacked[0].clone() : stacked.norm(2);
+  if (squares.empty()) return 0;
+  syncs_[0]->strategy().sharing()->sum_async(squares.data(), squares.size())->wait();
+  for (auto& x : squares) x = std::sqrt(x);
+  const auto stacked = torch::from_blob(squares.data(), {static_cast<int64_t>(squares.size())}, torch::kFloat32);
+  const auto total = squares.size() == 1 ? stacked[0].clone() : stacked.norm(2);
   const auto coef = torch::clamp(max_norm / (total + 1e-6), c10::nullopt, 1.0);
   torch::NoGradGuard no_grad;
-  for (auto& p : owned) p.mutable_grad().mul_(coef);
+  for (auto& g : grads) g.mul_(coef.to(g.device()));
   return total.item<double>();
 }
 
 void ZeroShare::gather_state(bool keep) {
-  if (active()) gather_optimizer_state(op_, *syncs_[0]->strategy().sharing(), keep);
+  if (!stepping_pieces_) return;
+  gather_whole(op_, pieces_, whole_, *syncs_[0]->strategy().sharing(), keep);
+  if (keep) stepping_pieces_ = false;
+}
+
+void ZeroShare::drop_unowned() {
+  if (!active() || stepping_pieces_) return;
+  // A load may have given the parameters new storage (Module::load's set_): views of it anew.
+  pieces_ = make_pieces();
+  to_pieces(op_, pieces_, whole_);
+  stepping_pieces_ = true;
+}
+
+void ZeroShare::prepare_load() {
+  if (!stepping_pieces_) return;
+  drop_pieces(op_, pieces_, whole_);
+  stepping_pieces_ = false;
 }
 
 }  // namespace dsgd::torch_glue

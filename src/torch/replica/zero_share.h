@@ -1,8 +1,9 @@
-// A replica's share under step.zero_stage over a strategy that averages (torch/sync/zero.h): which
-// trainable parameters it steps (a partition by size over all models, into every GradSync), the
-// step over its share only (the others' gradients let go, the updated parameters shared after the
-// step), stage 2's clipping from every replica's share, and the optimizer state gathered whole
-// for a save and trimmed back to the share. A part of ReplicaRuntime (replica.h).
+// A replica's share under step.zero_stage over a strategy that averages (torch/sync/zero.h): its
+// pieces of the parameters (each GradSync's ShardLayout: a flat slice of every bucket), which its
+// optimizers step in place of the parameters; the pieces' averaged gradients given to them
+// before the step and the updated pieces gathered into every replica after it; clipping from
+// every replica's pieces; and the optimizer state gathered whole for a save and sliced back
+// after it or after a load. A part of ReplicaRuntime (replica.h).
 #pragma once
 
 #include <memory>
@@ -22,35 +23,44 @@ class ZeroShare {
   ZeroShare(TrainingOperator& op, const ReplicaOptions& options, Syncs& syncs)
       : op_(op), options_(options), syncs_(syncs) {}
 
-  // After the GradSyncs are made: each parameter's owner; nothing under stage 0, alone or
-  // without syncs. A state loaded whole keeps only this replica's share.
+  // After the GradSyncs are made: this replica's pieces, and its optimizers stepping them
+  // (nothing under stage 0, alone or without syncs). A whole state held (loaded) is sliced; the
+  // pieces of a layout that changed are let go of, with their state (a load follows).
   void partition();
-  bool active() const { return !owned_.empty(); }
-  const OwnedSet& owned() const { return owned_; }
-  // Stage 2's ring buffers per GradSync in a group of `world_size` (0: stage 0 or 1, or alone).
+  bool active() const { return !pieces_.empty(); }
+  // Stage 2's ring buffers per GradSync in a group of `world_size` (0: stage 0 or 1, or alone),
+  // and the replicas the GradSyncs shard over (0: none).
   size_t ring_buckets(int world_size) const;
+  int shards(int world_size) const;
 
-  // The step's gradients are checked: the optimizer is to step this replica's share only.
+  // The step's gradients are checked: the pieces get their averages, the optimizer steps them.
   void before_step();
-  // After the optimizer's step: the updated parameters shared with every replica (a collective).
+  // After the optimizer's step: the updated pieces gathered into every replica (a collective).
   void after_step();
   // A step cut short, or a state loaded: nothing to share.
   void forget_step() { share_after_step_ = false; }
-  // clip_grad_norm_ where each replica holds only its share's gradients (stage 2): the global
-  // norm from every replica's sum of squares (a collective). Returns the norm before.
+  // clip_grad_norm_ over the pieces' averages: the global norm from every replica's sums of
+  // squares (a collective). Returns the norm before.
   double clip(double max_norm);
 
-  // Collective: every replica's share of the optimizer state to all; merged where `keep`.
+  // Collective: every replica's pieces' optimizer state to all; where `keep`, this replica's
+  // optimizers hold the parameters again with the state whole (for save_state).
   void gather_state(bool keep);
-  // The optimizer state of parameters another replica owns let go of (after a load or a save).
-  void drop_unowned() { drop_unowned_state(op_, owned_); }
+  // The optimizers step the pieces again, a whole state held sliced (after a save or a load).
+  void drop_unowned();
+  // Before a load: the optimizers hold the parameters, the pieces' state let go of.
+  void prepare_load();
 
  private:
+  Pieces make_pieces() const;  // each GradSync's ShardLayout's pieces, viewing the parameters as they are now
+
   TrainingOperator& op_;
   const ReplicaOptions& options_;
   Syncs& syncs_;
-  OwnedSet owned_;                 // the parameters this replica steps (empty: all)
-  bool share_after_step_ = false;  // a step was taken over the share: after_step shares it
+  Pieces pieces_;                  // by parameter (empty: not sharded)
+  OptimizerParams whole_;          // the optimizers' groups as registered
+  bool stepping_pieces_ = false;   // the optimizers hold the pieces
+  bool share_after_step_ = false;  // a step was taken over the pieces: after_step gathers them
 };
 
 }  // namespace dsgd::torch_glue

@@ -134,7 +134,7 @@ std::vector<Entry> entries_from(const torch::Tensor& layout, o::Optimizer& opt, 
   };
   std::vector<Entry> out;
   for (size_t i = 0; v != end; ++i) {
-    if (i >= params.size()) {
+    if (make && i >= params.size()) {  // one that only takes part may hold other parameters (ZeRO's pieces)
       throw Error("broadcast_replica_state: the sender's optimizer has more parameters than this replica's (" +
                   std::to_string(params.size()) + ")");
     }
@@ -151,7 +151,7 @@ std::vector<Entry> entries_from(const torch::Tensor& layout, o::Optimizer& opt, 
       const auto type = static_cast<c10::ScalarType>(next());
       std::vector<int64_t> sizes(static_cast<size_t>(next()));
       for (auto& s : sizes) s = next();
-      const auto options = torch::TensorOptions().dtype(type).device(params[i].device());
+      const auto options = torch::TensorOptions().dtype(type).device(make ? params[i].device() : torch::kCPU);
       torch::Tensor t;
       if (make && mine.kind == e.kind && static_cast<size_t>(k) < mine.tensors.size()) {
         const auto& old = mine.tensors[static_cast<size_t>(k)];

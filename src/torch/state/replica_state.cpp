@@ -188,7 +188,7 @@ std::string model_signature(const TrainingOperator& op) {
   return out.str();
 }
 
-size_t gradient_bytes(const TrainingOperator& op, size_t grad_shard_bytes, size_t ring) {
+size_t gradient_bytes(const TrainingOperator& op, size_t grad_shard_bytes, size_t ring, int shards) {
   size_t bytes = 0;
   for (const auto& m : op.models()) {  // as the runtime makes a GradSync per model with trainable parameters
     std::vector<size_t> counts;
@@ -196,9 +196,7 @@ size_t gradient_bytes(const TrainingOperator& op, size_t grad_shard_bytes, size_
       if (p.requires_grad()) counts.push_back(static_cast<size_t>(p.numel()));
     }
     if (counts.empty()) continue;
-    size_t floats = 0;
-    for (size_t n : counts) floats += n;
-    if (ring > 0) floats = ring_elements(counts, grad_shard_bytes, ring);
+    const size_t floats = ring_elements(counts, grad_shard_bytes, ring, shards);
     bytes += (floats * sizeof(float) + 63) / 64 * 64;
   }
   return bytes;

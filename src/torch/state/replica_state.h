@@ -66,8 +66,9 @@ std::string model_signature(const TrainingOperator& op);
 // Bytes of the tensors in the registered optimizers' state (SGD, Adam, AdamW, RMSprop, Adagrad;
 // other kinds count 0): what each replica's optimizers hold (step.zero_stage shards it).
 int64_t optimizer_state_bytes(const TrainingOperator& op);
-// Bytes of each model's trainable float32 parameters, each model's rounded up to 64; with
-// `ring` > 0 (ZeRO stage 2), each model's GradSync ring instead (ring_elements, sync/gradient_buffer.h).
-size_t gradient_bytes(const TrainingOperator& op, size_t grad_shard_bytes, size_t ring);
+// Bytes of each model's trainable float32 parameters, each model's rounded up to 64 (under ZeRO
+// each bucket padded for `shards` replicas); with `ring` > 0 (stage 2), each model's GradSync
+// ring instead (ring_elements, sync/gradient_buffer.h).
+size_t gradient_bytes(const TrainingOperator& op, size_t grad_shard_bytes, size_t ring, int shards = 0);
 
 }  // namespace dsgd::torch_glue

@@ -15,13 +15,25 @@
 #include "dsgd/common/error.h"
 
 namespace dsgd::torch_glue {
+namespace {
+
+int shard_rank(strategy::GradientStrategy* strategy, int shards) {
+  if (shards < 2) return 0;
+  require_checked(strategy != nullptr && strategy->sharing() != nullptr && strategy->sharing()->size() == shards,
+                  "ZeRO over strategy allreduce only, sharded over its whole group (validate_zero)");
+  return strategy->sharing()->rank();
+}
+
+}  // namespace
 
 GradSync::GradSync(std::vector<torch::Tensor> params, size_t grad_shard_bytes,
-                   std::shared_ptr<strategy::GradientStrategy> strategy, bool overlap, size_t deferred, size_t ring)
+                   std::shared_ptr<strategy::GradientStrategy> strategy, bool overlap, size_t deferred, size_t ring,
+                   int shards)
     : params_(std::move(params)),
       strategy_(std::move(strategy)),
       // Servers that update parameters take them packed in logical order.
-      buffer_(params_, grad_shard_bytes, strategy_, ring, !(strategy_ && strategy_->server_updates())),
+      buffer_(params_, grad_shard_bytes, strategy_, ring, !(strategy_ && strategy_->server_updates()), shards,
+              shard_rank(strategy_.get(), shards)),
       deferred_(std::make_unique<DeferredBuckets>(params_, buffer_.slots(), buffer_.plan(),
                                                   [this](size_t b) { return buffer_.average_ok(b); })),
       overlap_(overlap) {
@@ -30,17 +42,20 @@ GradSync::GradSync(std::vector<torch::Tensor> params, size_t grad_shard_bytes,
   bw_.works.resize(plan.buckets().size());
   bw_.ok.assign(plan.buckets().size(), true);
   for (const auto& b : plan.buckets()) bw_.missing.push_back(b.params.size());
+  if (buffer_.shards().sharded()) {
+    require_checked(deferred == 0 && !strategy_->server_updates() && !strategy_->error_feedback(),
+                    "ZeRO over allreduce, without compression or comm.forward_overlap_buckets (validate_zero)");
+    shard_ = std::make_unique<ShardBuffer>(buffer_.shards(), buffer_.device());
+  }
   if (buffer_.ring() > 0) {
     if (buffer_.staged()) {  // device auto found a GPU here (device cuda is refused by validate_zero)
       throw ConfigError("step.zero_stage 2 runs on the CPU only for now, and device auto found a GPU: use stage 1, "
                         "or device cpu",
                         "step.zero_stage");
     }
-    require_checked(deferred == 0 && strategy_ && !strategy_->server_updates() && !strategy_->error_feedback(),
-                    "ZeRO over allreduce, without compression or comm.forward_overlap_buckets (validate_zero)");
+    require_checked(shard_ != nullptr, "stage 2's ring over several replicas (ZeroShare::ring_buckets)");
     ring_holder_.assign(buffer_.ring(), -1);
     consumed_.assign(plan.buckets().size(), 0);
-    owned_grads_.resize(params_.size());
     stash_.resize(params_.size());
   }
   if (buffer_.staged() && strategy_ && strategy_->server_updates()) {
@@ -169,7 +184,7 @@ torch::Tensor GradSync::on_grad(size_t param, const torch::Tensor& grad) {
   bool ok;
   if (acc_.held) {
     slot.add_(grad, weight_);
-    ok = GradientBuffer::check(slot);
+    ok = check_gradient(slot);
   } else {
     ok = GradientBuffer::fill_checked(slot, grad, weight_);
   }
@@ -200,8 +215,8 @@ void GradSync::launch_ready_locked(bool after_backward) {
       stager_->stage(i, buffer_.host_part(i), buffer_.device_part(i));
     } else {
       float* data = buffer_.host_data(i);
-      // Tells every replica: the average's first element is then NaN everywhere.
-      if (!bw_.ok[i] && buckets[i].count > 0) data[0] = std::numeric_limits<float>::quiet_NaN();
+      buffer_.zero_padding(i);  // a block past the gradients reduces zeros
+      if (!bw_.ok[i]) mark_not_finite(i, data);
       bw_.works[i] = average_async(i, data);
     }
     ++bw_.next_launch;
@@ -210,15 +225,24 @@ void GradSync::launch_ready_locked(bool after_backward) {
 
 std::shared_ptr<comm::Work> GradSync::average_async(size_t bucket, float* data) {
   if (feedback_) return feedback_->average_async(*strategy_->error_feedback(), bucket, data);
+  if (shard_) {
+    const size_t block = buffer_.shards().block(bucket);
+    if (block == 0) {  // a bucket of empty parameters
+      auto done = std::make_shared<comm::Work>("empty bucket");
+      done->complete();
+      return done;
+    }
+    return strategy_->sharing()->reduce_scatter_async(data, reduce_out_locked(bucket), block);
+  }
   return strategy_->average_async(data, buffer_.plan().buckets()[bucket].count);
 }
 
 void GradSync::on_staged(size_t bucket) {
   const size_t count = buffer_.plan().buckets()[bucket].count;
   float* data = buffer_.host_data(bucket);
-  const bool ok = comm::copy_scaled_below(data, data, count, 1.0f, GradientBuffer::kGradLimit);
-  // Tells every replica: the average's first element is then NaN everywhere.
-  if (!ok && count > 0) data[0] = std::numeric_limits<float>::quiet_NaN();
+  const bool ok = comm::copy_scaled_below(data, data, count, 1.0f, kGradLimit);
+  buffer_.zero_padding(bucket);
+  if (!ok) mark_not_finite(bucket, data);
   std::lock_guard<std::mutex> lock(mutex_);
   try {
     comm::timeline::BucketScope scope(static_cast<int64_t>(bucket));
@@ -283,7 +307,7 @@ void GradSync::finalize() {
     if (bw_.got_grad[i]) continue;
     if (!acc_.held) {
       buffer_.slot(i).zero_();
-    } else if (!buffer_.staged() && !GradientBuffer::check(buffer_.slot(i))) {
+    } else if (!buffer_.staged() && !check_gradient(buffer_.slot(i))) {
       bw_.ok[plan.slot(i).bucket] = false;
     }
     if (!acc_.hold) --bw_.missing[plan.slot(i).bucket];
@@ -336,7 +360,13 @@ void GradSync::finalize() {
     return;
   }
   last_finite_ = true;
-  for (size_t b = 0; b < plan.buckets().size(); ++b) last_finite_ = last_finite_ && buffer_.average_ok(b);
+  for (size_t b = 0; b < plan.buckets().size(); ++b) {
+    last_finite_ = last_finite_ && (shard_ ? shard_->block_ok(b) : buffer_.average_ok(b));
+  }
+  if (shard_) {  // the pieces' averages, in the shard; no parameter's .grad (ZeroShare gives the pieces theirs)
+    for (size_t b = 0; b < plan.buckets().size(); ++b) shard_->to_device(b);
+    return;
+  }
   buffer_.to_device();  // staged: in the device's queue, before the optimizer's kernels
   // The averages are in the slots: each slot becomes its parameter's .grad, with no copy.
   for (size_t i = 0; i < params_.size(); ++i) params_[i].mutable_grad() = buffer_.slot(i);

@@ -67,17 +67,19 @@
 #include "torch/sync/gradient_buffer.h"
 #include "torch/sync/host_stager.h"
 #include "torch/sync/server_steps.h"
+#include "torch/sync/shard_buffer.h"
 
 namespace dsgd::torch_glue {
 
 class GradSync {
  public:
   // overlap false: buckets launch only after backward (for measuring what overlap buys).
-  // deferred: see set_deferred_step (0: off). ring > 0: ZeRO stage 2 (see set_owned): the
-  // gradients pass through `ring` bucket-sized buffers instead of a flat buffer for all of them.
+  // deferred: see set_deferred_step (0: off). shards > 1: ZeRO over that many replicas (see
+  // below). ring > 0: ZeRO stage 2: the gradients pass through `ring` bucket-sized buffers
+  // instead of a flat buffer for all of them.
   GradSync(std::vector<torch::Tensor> params, size_t grad_shard_bytes,
            std::shared_ptr<strategy::GradientStrategy> strategy, bool overlap = true, size_t deferred = 0,
-           size_t ring = 0);
+           size_t ring = 0, int shards = 0);
   ~GradSync();
   GradSync(const GradSync&) = delete;
   GradSync& operator=(const GradSync&) = delete;
@@ -87,7 +89,7 @@ class GradSync {
   // Gradient accumulation (DDP's no_sync), said before each backward: which micro-batch of the
   // step comes. Before the last, a backward's gradients (times the weight) are added into the
   // flat buffer (the first's copied) and nothing is sent (under stage 2 each is averaged: see
-  // set_owned), nor is .grad set (it stays undefined); the last adds its own and averages the
+  // ZeRO below), nor is .grad set (it stays undefined); the last adds its own and averages the
   // sum, checked as a whole. (true, true),
   // the default, is a step of one backward. Holding needs neither deferred buckets nor server
   // updates (throws dsgd::Error).
@@ -131,38 +133,36 @@ class GradSync {
   // dsgd::Error during a backward.
   void set_deferred_buckets(size_t count);
 
-  // ---- ZeRO (strategy->sharing()): each parameter stepped by one replica ----
-  // owned[i]: this replica steps parameter i, so its optimizer keeps state for it alone. CPU
-  // only (throws ConfigError on CUDA, or without the strategy's Sharing facet). Said before the
-  // first backward.
+  // ---- ZeRO (strategy->sharing(), constructed with shards > 1) ----
+  // Each bucket is cut into one block a replica (shards(): strategy::ShardLayout), and each
+  // replica steps its pieces of the parameters only. A bucket is reduce-scattered
+  // (Sharing::reduce_scatter_async): this replica gets the average of its block, piece_grad(i)
+  // of each of its pieces, and no parameter's .grad is set; after the step, share_parameters
+  // gathers every replica's block back into every replica's parameters. Together the traffic of
+  // one allreduce. CPU and CUDA (staged: the host copies reduce and gather), stage 1 only on CUDA.
   //
-  // Stage 2 (constructed with ring > 0): no buffer holds every gradient. Bucket b is filled in
-  // ring buffer b % ring (shared memory where the strategy offers it), averaged, and as soon as a
-  // later bucket needs that buffer (or at backward's end) the averages of this replica's own
-  // parameters are copied out into gradients of their own; the others' are dropped. After
-  // backward only the owned parameters have a .grad, so a replica holds 4 bytes a parameter of
-  // gradients for its share and `ring` buckets for the rest. Buckets launch as they fill whatever
-  // `overlap` says (a ring buffer is reused only once its bucket is averaged). A gradient whose
-  // ring buffer still holds an earlier bucket that is not yet launched waits aside, in a copy;
-  // one whose buffer holds a later bucket takes it back (the later bucket's gradients go aside).
-  // Accumulation averages every micro-batch (DeepSpeed's way) and sums the owned averages: the
-  // traffic of a step per micro-batch, for no buffer of every gradient. last_finite() says
-  // whether every micro-batch's averages were finite.
+  // Stage 2 (ring > 0): no buffer holds every gradient. Bucket b is filled in ring buffer
+  // b % ring (shared memory where the strategy offers it) and reduce-scattered into this
+  // replica's block; the buffer is free again once that is done (or at backward's end). A replica
+  // holds 4 bytes a parameter of gradients for its share and `ring` buckets for the rest. Buckets
+  // launch as they fill whatever `overlap` says (a ring buffer is reused only once its bucket's
+  // reduction is done). A gradient whose ring buffer still holds an earlier bucket that is not
+  // yet launched waits aside, in a copy; one whose buffer holds a later bucket takes it back (the
+  // later bucket's gradients go aside). Accumulation reduces every micro-batch (DeepSpeed's way)
+  // and sums the averages in the block: the traffic of a step per micro-batch, for no buffer of
+  // every gradient. last_finite() says whether every micro-batch's averages were finite.
   // (The ring's layout: ring_offsets, kRingBuckets buffers unless told.)
-  void set_owned(std::vector<bool> owned);
   bool ring() const { return buffer_.ring() > 0; }
-  // Bytes this GradSync keeps for gradients: its flat buffer (or ring), and under stage 2 the
-  // owned parameters' averages.
+  bool sharded() const { return shard_ != nullptr; }
+  const strategy::ShardLayout& shards() const { return buffer_.shards(); }
+  // The average of this replica's piece of parameter `param` (1-D, in the parameter's memory
+  // order: memory_view), after backward; undefined where it has none.
+  const torch::Tensor& piece_grad(size_t param) const { return shard_->grad(param); }
+  // Bytes this GradSync keeps for gradients: its flat buffer (or ring) and its shard.
   size_t gradient_bytes() const;
-  bool sharded() const { return !owned_.empty(); }
-  bool owns(size_t param) const { return owned_.empty() || owned_[param]; }
-  // After the averaged gradients were checked (and clipped): .grad of the parameters this replica
-  // does not own is cleared, so the operator's optimizer.step() skips them and makes no state.
-  void release_unowned_grads();
-  // Collective, after the step: every replica's owned parameters to every replica. Through the
-  // flat buffer, bucket by bucket: the owned parameters' values in their slots, zeros in the
-  // others, an exact sum over the replicas (Sharing::sum_async), then the others' slots into
-  // their parameters. The gradients in the buffer are gone afterwards.
+  // Collective, after the step: every replica's pieces to every replica, bucket by bucket (this
+  // replica's block packed, Sharing::allgather_async into the bucket's place in the buffer,
+  // copied into the parameters). The averages in the shard are gone afterwards.
   void share_parameters();
 
   // ---- update on the servers (strategy->server_updates()) ----
@@ -174,12 +174,15 @@ class GradSync {
 
  private:
   torch::Tensor on_grad(size_t param, const torch::Tensor& grad);  // what AccumulateGrad takes: the slot
+  // ZeRO (grad_sync_zero.cpp): where a bucket's reduction goes; NaN at every block's start.
+  float* reduce_out_locked(size_t bucket);
+  void mark_not_finite(size_t bucket, float* data) const;
   // Stage 2 (grad_sync_zero.cpp): the hook's work, the ring's claims and what backward's end does.
   torch::Tensor on_grad_ring_locked(std::unique_lock<std::mutex>& lock, size_t param, const torch::Tensor& grad);
   // Makes `bucket` its ring buffer's holder: waits for an earlier holder launched, evicts a later
   // one; false while an earlier one still fills it.
   bool claim_ring_locked(std::unique_lock<std::mutex>& lock, size_t bucket);
-  void consume_locked(std::unique_lock<std::mutex>& lock, size_t bucket);  // waits; owned averages out
+  void consume_locked(std::unique_lock<std::mutex>& lock, size_t bucket);  // waits; its buffer free
   void evict_locked(size_t bucket);   // its gradients aside, its ring buffer free
   void unstash_locked(size_t bucket);  // its gradients set aside into its (claimed) ring buffer
   void finalize_ring();
@@ -234,12 +237,11 @@ class GradSync {
   std::vector<std::pair<torch::Tensor, unsigned>> hooks_;  // (param, hook id) to remove
   std::unique_ptr<HostStager> stager_;          // CUDA: copies buckets to the host while backward goes on
 
-  std::vector<bool> owned_;                     // ZeRO: per parameter (empty: not sharded)
+  std::unique_ptr<ShardBuffer> shard_;          // ZeRO: this replica's block of every bucket
   // Stage 2 (guarded by mutex_).
   std::vector<int64_t> ring_holder_;            // per ring buffer: the bucket in it, -1 for none
   std::vector<char> consumed_;                  // per bucket: averaged and copied out this backward
   bool ring_finite_ = true;                     // every bucket consumed this backward was finite
-  std::vector<torch::Tensor> owned_grads_;      // per parameter: its averaged gradient (owned ones)
   std::vector<torch::Tensor> stash_;            // per parameter: its gradient kept aside, if any
 };
 

@@ -1,68 +1,71 @@
-// GradSync's part in ZeRO (grad_sync.h, torch/sync/zero.h): which parameters this replica steps, the
-// parameters shared after the step through the flat buffer (stage 1) or the ring (stage 2), and
-// stage 2's ring: gradients averaged bucket by bucket, only the owned ones kept.
+// GradSync's part in ZeRO (grad_sync.h, strategy::ShardLayout): where a bucket's reduction goes,
+// the parameters gathered after the step (through the flat buffer at stage 1, the ring at
+// stage 2), and stage 2's ring: a bucket's gradients reduced from a ring buffer into this
+// replica's block.
 #include <torch/utils.h>
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
-#include "comm/reduce_kernels.h"
 #include "comm/timeline.h"
 #include "dsgd/common/error.h"
 #include "torch/sync/grad_sync.h"
 
 namespace dsgd::torch_glue {
 
-void GradSync::set_owned(std::vector<bool> owned) {
-  if (owned.size() != params_.size()) throw Error("GradSync::set_owned: one flag per parameter expected");
-  require_checked(strategy_->sharing() != nullptr, "ZeRO over strategy allreduce only (validate_zero)");
-  owned_ = std::move(owned);
+float* GradSync::reduce_out_locked(size_t bucket) {
+  if (buffer_.ring() == 0 || !acc_.held) return shard_->host_block(bucket);
+  // Stage 2 after a micro-batch: the block holds the step's earlier averages; this one lands in
+  // place, in this replica's block of the ring buffer, and is added at consume_locked.
+  const auto& shards = buffer_.shards();
+  return buffer_.host_data(bucket) + static_cast<size_t>(shards.rank()) * shards.block(bucket);
 }
 
-void GradSync::release_unowned_grads() {
-  for (size_t i = 0; i < params_.size(); ++i) {
-    if (!owns(i)) params_[i].mutable_grad() = torch::Tensor();
+void GradSync::mark_not_finite(size_t bucket, float* data) const {
+  // Tells every replica: the first element of the average it gets is then NaN, on every replica.
+  const size_t count = buffer_.plan().buckets()[bucket].count;
+  if (count == 0) return;
+  if (!shard_) {
+    data[0] = std::numeric_limits<float>::quiet_NaN();
+    return;
+  }
+  const auto& shards = buffer_.shards();
+  for (int r = 0; r < shards.shards(); ++r) {  // each replica reads its own block's first
+    data[static_cast<size_t>(r) * shards.block(bucket)] = std::numeric_limits<float>::quiet_NaN();
   }
 }
 
 size_t GradSync::gradient_bytes() const {
   std::lock_guard<std::mutex> lock(mutex_);
-  auto bytes = buffer_.bytes();
-  for (const auto& g : owned_grads_) bytes += g.defined() ? static_cast<size_t>(g.nbytes()) : 0;
-  return bytes;
+  return buffer_.bytes() + (shard_ ? shard_->bytes() : 0);
 }
 
 void GradSync::share_parameters() {
-  if (owned_.empty()) return;
+  if (!shard_) return;
   comm::timeline::Span span("share parameters");
   torch::NoGradGuard no_grad;
   auto* sharing = strategy_->sharing();
-  const auto& buckets = buffer_.plan().buckets();
+  const auto& plan = buffer_.plan();
+  const auto& buckets = plan.buckets();
+  const auto& shards = buffer_.shards();
   // Stage 1: every bucket has its own place in the flat buffer, all in flight at once. Stage 2:
   // bucket b waits for bucket b - ring, whose ring buffer it takes.
   const size_t window = buffer_.ring() > 0 ? buffer_.ring() : buckets.size();
   std::vector<std::shared_ptr<comm::Work>> works(buckets.size());
   const auto unpack = [&](size_t k) {
+    if (!works[k]) return;
     works[k]->wait();
     // In the device's queue, before the copies out of the slots below.
     if (buffer_.staged()) buffer_.device_part(k).copy_(buffer_.host_part(k), /*non_blocking=*/true);
-    for (size_t i : buckets[k].params) {
-      if (!owned_[i]) params_[i].copy_(buffer_.slot(i));
-    }
+    for (size_t i : buckets[k].params) params_[i].copy_(buffer_.slot(i));
   };
-  for (size_t k = 0; k < buckets.size(); ++k) {  // packed and launched one by one: packing overlaps the sums in flight
+  for (size_t k = 0; k < buckets.size(); ++k) {  // packed and launched one by one: packing overlaps the gathers
     if (k >= window) unpack(k - window);
-    const auto& b = buckets[k];
-    for (size_t i : b.params) {
-      if (owned_[i]) {
-        buffer_.slot(i).copy_(params_[i]);
-      } else {
-        buffer_.slot(i).zero_();
-      }
-    }
-    // On CUDA the sum runs on the host copy: a blocking copy (the packing kernels done first).
-    if (buffer_.staged()) buffer_.host_part(k).copy_(buffer_.device_part(k));
-    works[k] = sharing->sum_async(buffer_.host_data(k), b.count);
+    if (shards.block(k) == 0) continue;
+    shard_->pack(k, plan, params_);
+    shard_->to_host(k);  // staged: a blocking copy (the packing kernels done first)
+    works[k] = sharing->allgather_async(shard_->host_block(k), buffer_.host_data(k), shards.block(k));
   }
   for (size_t k = buckets.size() > window ? buckets.size() - window : 0; k < buckets.size(); ++k) unpack(k);
 }
@@ -119,17 +122,14 @@ void GradSync::consume_locked(std::unique_lock<std::mutex>& lock, size_t bucket)
   }
   lock.lock();
   waits_.count(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-  torch::NoGradGuard no_grad;
-  ring_finite_ = ring_finite_ && buffer_.average_ok(bucket);
-  for (size_t i : buffer_.plan().buckets()[bucket].params) {
-    if (!owns(i)) continue;
-    auto& g = owned_grads_[i];
-    if (!g.defined()) g = torch::empty_like(buffer_.slot(i));
-    if (acc_.held) {  // the step's earlier micro-batches' averages are in it
-      g.add_(buffer_.slot(i));
-    } else {
-      g.copy_(buffer_.slot(i));
-    }
+  const size_t block = buffer_.shards().block(bucket);
+  if (acc_.held) {  // the block holds the step's earlier micro-batches' averages: this one is added
+    const float* average = reduce_out_locked(bucket);
+    float* sum = shard_->host_block(bucket);
+    ring_finite_ = ring_finite_ && (block == 0 || std::isfinite(average[0]));
+    for (size_t j = 0; j < block; ++j) sum[j] += average[j];
+  } else {
+    ring_finite_ = ring_finite_ && shard_->block_ok(bucket);
   }
   consumed_[bucket] = 1;
   ring_holder_[bucket % buffer_.ring()] = -1;
@@ -196,15 +196,12 @@ void GradSync::finalize_ring() {
   for (auto& s : stash_) s = torch::Tensor();
   reset_backward_locked();
   const bool held = acc_.hold && !error;
-  acc_.held = held;  // a micro-batch before the step's last: the owned gradients keep the sum so far
+  acc_.held = held;  // a micro-batch before the step's last: the blocks keep the sum so far
   if (!held) {
     last_finite_ = ring_finite_;
     ring_finite_ = true;
   }
   if (error) std::rethrow_exception(error);
-  for (size_t i = 0; i < params_.size(); ++i) {
-    params_[i].mutable_grad() = owns(i) && !held ? owned_grads_[i] : torch::Tensor();
-  }
   if (held) last_finite_ = true;  // said at the step's last micro-batch
 }
 

@@ -50,14 +50,22 @@ torch::Tensor host_buffer(const std::shared_ptr<strategy::GradientStrategy>& str
 
 GradientBuffer::GradientBuffer(const std::vector<torch::Tensor>& params, size_t grad_shard_bytes,
                                const std::shared_ptr<strategy::GradientStrategy>& strategy, size_t ring,
-                               bool param_layout)
+                               bool param_layout, int shards, int rank)
     : plan_(element_counts(params), sizeof(float), grad_shard_bytes),
+      shards_(shards > 1 ? strategy::ShardLayout(plan_, shards, rank) : strategy::ShardLayout()),
       device_(device_of(params)),
       staged_(device_.is_cuda()),
       ring_(std::min(ring, plan_.buckets().size())) {
-  if (ring_ > 0) ring_offsets_ = ring_offsets(plan_, ring_);
-  host_ = host_buffer(strategy, ring_ > 0 ? ring_offsets_.back() : plan_.total_elements(), staged_, &shared_);
-  flat_ = staged_ ? torch::zeros({static_cast<int64_t>(plan_.total_elements())},
+  if (ring_ > 0) {
+    offsets_ = ring_offsets(plan_, ring_, shards);
+  } else {  // every bucket in a place of its own
+    offsets_.assign(1, 0);
+    for (size_t b = 0; b < plan_.buckets().size(); ++b) {
+      offsets_.push_back(offsets_.back() + (shards_.sharded() ? shards_.padded(b) : plan_.buckets()[b].count));
+    }
+  }
+  host_ = host_buffer(strategy, offsets_.back(), staged_, &shared_);
+  flat_ = staged_ ? torch::zeros({static_cast<int64_t>(offsets_.back())},
                                  torch::TensorOptions(torch::kFloat32).device(device_))
                   : host_;
   torch::NoGradGuard no_grad;
@@ -74,20 +82,22 @@ GradientBuffer::GradientBuffer(const std::vector<torch::Tensor>& params, size_t 
   }
 }
 
-size_t GradientBuffer::base(size_t bucket) const {
-  return ring_ > 0 ? ring_offsets_[bucket % ring_] : plan_.buckets()[bucket].offset;
+size_t GradientBuffer::base(size_t bucket) const { return offsets_[ring_ > 0 ? bucket % ring_ : bucket]; }
+
+void GradientBuffer::zero_padding(size_t bucket) {
+  if (!shards_.sharded()) return;
+  const size_t count = plan_.buckets()[bucket].count;
+  std::fill(host_data(bucket) + count, host_data(bucket) + shards_.padded(bucket), 0.0f);
 }
 
 float* GradientBuffer::host_data(size_t bucket) const { return host_.data_ptr<float>() + base(bucket); }
 
 torch::Tensor GradientBuffer::device_part(size_t bucket) const {
-  const auto& b = plan_.buckets()[bucket];
-  return flat_.narrow(0, static_cast<int64_t>(b.offset), static_cast<int64_t>(b.count));
+  return flat_.narrow(0, static_cast<int64_t>(base(bucket)), static_cast<int64_t>(plan_.buckets()[bucket].count));
 }
 
 torch::Tensor GradientBuffer::host_part(size_t bucket) const {
-  const auto& b = plan_.buckets()[bucket];
-  return host_.narrow(0, static_cast<int64_t>(b.offset), static_cast<int64_t>(b.count));
+  return host_.narrow(0, static_cast<int64_t>(base(bucket)), static_cast<int64_t>(plan_.buckets()[bucket].count));
 }
 
 void GradientBuffer::to_device() {
@@ -121,24 +131,31 @@ bool GradientBuffer::fill_checked(torch::Tensor& dst, const torch::Tensor& grad,
   return comm::copy_scaled_below(out, out, n, 1.0f, kGradLimit);
 }
 
-bool GradientBuffer::check(torch::Tensor& t) {
+bool check_gradient(torch::Tensor& t) {
   float* p = t.data_ptr<float>();
   return comm::copy_scaled_below(p, p, static_cast<size_t>(t.numel()), 1.0f, kGradLimit);
 }
 
-std::vector<size_t> ring_offsets(const strategy::BucketPlan& plan, size_t ring) {
+std::vector<size_t> ring_offsets(const strategy::BucketPlan& plan, size_t ring, int shards) {
   ring = std::min(ring, plan.buckets().size());
+  const auto n = static_cast<size_t>(std::max(1, shards));
   std::vector<size_t> largest(ring, 0);  // buffer r holds buckets r, r + ring, ...: sized for the largest
   for (size_t b = 0; b < plan.buckets().size(); ++b) {
-    largest[b % ring] = std::max(largest[b % ring], plan.buckets()[b].count);
+    const size_t padded = (plan.buckets()[b].count + n - 1) / n * n;
+    largest[b % ring] = std::max(largest[b % ring], padded);
   }
   std::vector<size_t> offsets(ring + 1, 0);
   for (size_t r = 0; r < ring; ++r) offsets[r + 1] = offsets[r] + largest[r];
   return offsets;
 }
 
-size_t ring_elements(const std::vector<size_t>& counts, size_t grad_shard_bytes, size_t ring) {
-  return ring_offsets(strategy::BucketPlan(counts, sizeof(float), grad_shard_bytes), ring).back();
+size_t ring_elements(const std::vector<size_t>& counts, size_t grad_shard_bytes, size_t ring, int shards) {
+  const strategy::BucketPlan plan(counts, sizeof(float), grad_shard_bytes);
+  if (ring > 0) return ring_offsets(plan, ring, shards).back();
+  const auto n = static_cast<size_t>(std::max(1, shards));
+  size_t floats = 0;
+  for (const auto& b : plan.buckets()) floats += (b.count + n - 1) / n * n;
+  return floats;
 }
 
 }  // namespace dsgd::torch_glue

@@ -8,8 +8,10 @@
 // parameters, as c10d's Reducer does it), or packed in logical order where the strategy's
 // servers take the values as parameters.
 //
-// Under ZeRO stage 2 (ring > 0) the buffer holds `ring` bucket-sized buffers instead of every
-// gradient: bucket b in buffer b % ring, each as large as the largest of its buckets.
+// Under ZeRO (a ShardLayout over several replicas) each bucket's place is padded to its
+// layout's padded size (zeros past its gradients: a reduce-scatter reads whole blocks). Under
+// stage 2 (ring > 0) the buffer holds `ring` bucket-sized buffers instead of every gradient:
+// bucket b in buffer b % ring, each as large as the largest of its buckets.
 //
 //   GradientBuffer buffer(params, 10 << 20, strategy, /*ring=*/0, /*param_layout=*/true);
 //   ok = GradientBuffer::fill_checked(buffer.slot(i), grad, weight);   // in the hook
@@ -36,21 +38,31 @@ namespace dsgd::torch_glue {
 inline constexpr size_t kRingBuckets = 8;
 // Where each ring buffer starts (and, last, the ring's size), in floats: buffer r is as large as
 // the largest of the buckets it takes (r, r + ring, ...), so one large parameter costs once.
-std::vector<size_t> ring_offsets(const strategy::BucketPlan& plan, size_t ring);
-// The floats of shared memory a stage-2 buffer over parameters of these sizes asks for.
-size_t ring_elements(const std::vector<size_t>& counts, size_t grad_shard_bytes, size_t ring = kRingBuckets);
+// Buckets padded for `shards` replicas (ShardLayout).
+std::vector<size_t> ring_offsets(const strategy::BucketPlan& plan, size_t ring, int shards = 1);
+// The floats of shared memory a buffer over parameters of these sizes asks for: every bucket
+// (ring 0) or a stage-2 ring, padded for `shards` replicas.
+size_t ring_elements(const std::vector<size_t>& counts, size_t grad_shard_bytes, size_t ring = kRingBuckets,
+                     int shards = 1);
+
+// The check's bound (header comment).
+inline constexpr float kGradLimit = 0x1p111f;
+// t's values (contiguous float on the CPU) against kGradLimit.
+bool check_gradient(torch::Tensor& t);
 
 class GradientBuffer {
  public:
-  static constexpr float kGradLimit = 0x1p111f;
 
   // Throws ConfigError unless every parameter is float32, all on the CPU or all on one CUDA device.
+  // shards > 1: padded for a ShardLayout over that many replicas (rank: this one's).
   GradientBuffer(const std::vector<torch::Tensor>& params, size_t grad_shard_bytes,
-                 const std::shared_ptr<strategy::GradientStrategy>& strategy, size_t ring, bool param_layout);
+                 const std::shared_ptr<strategy::GradientStrategy>& strategy, size_t ring, bool param_layout,
+                 int shards = 1, int rank = 0);
   GradientBuffer(const GradientBuffer&) = delete;
   GradientBuffer& operator=(const GradientBuffer&) = delete;
 
   const strategy::BucketPlan& plan() const { return plan_; }
+  const strategy::ShardLayout& shards() const { return shards_; }
   torch::Device device() const { return device_; }
   bool staged() const { return staged_; }  // on CUDA: the strategy averages a host copy
   size_t ring() const { return ring_; }
@@ -58,6 +70,8 @@ class GradientBuffer {
   const std::vector<torch::Tensor>& slots() const { return slots_; }
   // Where `bucket`'s floats are on the host side: what the strategy averages.
   float* host_data(size_t bucket) const;
+  // Past `bucket`'s gradients, up to its padded size: back to zeros (after a marker or a gather).
+  void zero_padding(size_t bucket);
   // `bucket`'s floats in the device buffer and on the host side (not under stage 2).
   torch::Tensor device_part(size_t bucket) const;
   torch::Tensor host_part(size_t bucket) const;
@@ -74,16 +88,16 @@ class GradientBuffer {
   // contiguous float tensor on the CPU (the usual case), else LibTorch's copy, then the check.
   // Returns whether every value passed.
   static bool fill_checked(torch::Tensor& dst, const torch::Tensor& grad, double weight);
-  static bool check(torch::Tensor& t);  // t's values (contiguous float on the CPU) against kGradLimit
 
  private:
   size_t base(size_t bucket) const;  // where its floats start in host_ (and flat_)
 
   strategy::BucketPlan plan_;
+  strategy::ShardLayout shards_;
   const torch::Device device_;
   const bool staged_;
   const size_t ring_;                 // 0: one buffer for every gradient
-  std::vector<size_t> ring_offsets_;  // stage 2: where each ring buffer starts
+  std::vector<size_t> offsets_;       // where each bucket starts (each ring buffer, under stage 2); last: the end
   bool shared_ = false;               // host_ is the strategy's gradient_buffer
   torch::Tensor host_;                // what the strategy averages
   torch::Tensor flat_;                // the gradients on device_ (host_ itself on the CPU)

@@ -1,22 +1,20 @@
-// ZeRO stage 1 (StepConfig::zero_stage): the optimizer state sharded over the replicas. Each
-// trainable parameter is owned by one replica, which alone keeps optimizer state for it and steps
-// it; GradSync (grad_sync.h) clears the other parameters' .grad before the operator's
-// optimizer.step(), so any LibTorch optimizer skips them and makes no state for them, and shares
-// the updated parameters after the step. What is here: the partition, and the optimizer state as
-// checkpoints need it, whole.
+// ZeRO (StepConfig::zero_stage) on the optimizers' side. Each replica's optimizers step its
+// pieces of the parameters (strategy::ShardLayout: flat slices of the buckets, balanced to the
+// element) instead of the parameters: a piece is a 1-D view of its parameter's memory
+// (memory_view), so the optimizer's step writes the parameter itself, and any elementwise
+// LibTorch optimizer (SGD, Adam, AdamW, RMSprop, Adagrad: state a tensor shaped like its
+// parameter, or a count) keeps state for 1/N of every parameter and steps it unchanged. What is
+// here: each optimizer's parameters swapped for their pieces and back, the state sliced with
+// them, and the state gathered whole for checkpoints, through LibTorch's own serialisation of
+// each state (so no optimizer's fields are named here).
 //
-//   auto owner = partition_by_size(numels, world_size);         // the same on every replica
-//   OwnedSet owned = ...;                                         // parameters owner == rank
-//   drop_unowned_state(op, owned);                                // after loading a whole state
-//   gather_optimizer_state(op, owned, sharing, /*keep=*/true);    // collective, before save_state
-//
-// Whole tensors, not flat slices: a LibTorch optimizer keeps its state per tensor, so whole
-// tensors let the operator's own optimizer (any kind) step its share unchanged; the price is a
-// coarser balance (the greedy split below is within one tensor of even).
+//   Pieces pieces;                                  // parameter -> its piece here
+//   auto whole = optimizer_params(op);              // each optimizer's groups, as registered
+//   to_pieces(op, pieces, whole);                   // whole states sliced; the pieces stepped
+//   gather_whole(op, pieces, whole, sharing, true); // collective: every piece's state, whole here
 #pragma once
 
-#include <cstdint>
-#include <unordered_set>
+#include <unordered_map>
 #include <vector>
 
 #include "dsgd/torch/operator.h"
@@ -24,25 +22,34 @@
 
 namespace dsgd::torch_glue {
 
-// owner[i] of each of `numels` (parameter sizes, in a fixed order) among `ranks`: largest first,
-// each to the least-loaded rank (the lowest on ties), as PyTorch's ZeroRedundancyOptimizer does.
-std::vector<int> partition_by_size(const std::vector<int64_t>& numels, int ranks);
-
-// The parameters (TensorImpl addresses) a replica owns. Parameters of an optimizer that are not
-// in it and not in `sharded` (say, frozen ones) are everyone's.
-struct OwnedSet {
-  std::unordered_set<const void*> owned;
-  std::unordered_set<const void*> sharded;  // every parameter the partition covers
-  bool empty() const { return sharded.empty(); }
-  bool owns(const torch::Tensor& p) const;
+// A sharded parameter's piece on this replica: elements [begin, begin + count) in its memory
+// order, `view` their 1-D view (undefined, count 0: none of it is here).
+struct Piece {
+  torch::Tensor view;
+  size_t begin = 0, count = 0;
 };
+using Pieces = std::unordered_map<const void*, Piece>;  // by the parameter's TensorImpl
+// Each optimizer's param groups' parameters.
+using OptimizerParams = std::vector<std::vector<std::vector<torch::Tensor>>>;
+OptimizerParams optimizer_params(TrainingOperator& op);
 
-// Erases every optimizer's state for parameters this replica does not own.
-void drop_unowned_state(TrainingOperator& op, const OwnedSet& owned);
+// Throws ConfigError for an optimizer that cannot step pieces (LBFGS: its step is over every
+// parameter at once) or a sharded parameter that is not dense.
+void check_shardable(TrainingOperator& op, const Pieces& pieces);
 
-// Collective over the replicas of `sharing`: every replica's share of each optimizer's state is
-// sent to all; where `keep`, it is merged into this replica's optimizers, which then hold the
-// whole state (save_state writes it; drop_unowned_state lets go of it again).
-void gather_optimizer_state(TrainingOperator& op, strategy::Sharing& sharing, bool keep);
+// The optimizers hold `whole` (their registered parameters): each sharded parameter's state, if
+// any, becomes its piece's (sliced), the parameter itself leaves its group, and its piece, where
+// this replica has one, takes its place.
+void to_pieces(TrainingOperator& op, const Pieces& pieces, const OptimizerParams& whole);
+
+// Collective over `sharing`, the optimizers holding the pieces: every replica's pieces' state
+// goes to all, and where `keep` this replica's optimizers hold `whole` again, each parameter's
+// state whole (save_state writes it; to_pieces slices it again). The others hold their pieces.
+void gather_whole(TrainingOperator& op, const Pieces& pieces, const OptimizerParams& whole, strategy::Sharing& sharing,
+                  bool keep);
+
+// The optimizers holding the pieces hold `whole` again, with no state for the sharded
+// parameters (before a load brings it whole).
+void drop_pieces(TrainingOperator& op, const Pieces& pieces, const OptimizerParams& whole);
 
 }  // namespace dsgd::torch_glue
