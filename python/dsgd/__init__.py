@@ -61,7 +61,7 @@ class Trainer:
 
     model: a torch.nn.Module (scripted here), a torch.jit.ScriptModule, a function that returns
            either, a path to a TorchScript file, or a reference model's name ("cnn", the default,
-           "mlp", ...; "gpt-tiny", the default on text, "gpt-small", "gpt-base"). A language model
+           "mlp", ...; "gpt-tiny", the default on text, up to "gpt-xl": GPT-2's shapes). A language model
            maps tokens [N, T] to logits [N, T, vocab]; give its context= (T).
     data:  tensors: (x, y) with x [N, ...] floating point and y [N] class labels, a
            torch.utils.data.TensorDataset of the two, or {"train": (x, y), "validation": (x, y)};

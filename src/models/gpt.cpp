@@ -204,10 +204,25 @@ GptOptions gpt_options(const std::string& name, int64_t vocab_size) {
     o.layers = 6, o.width = 384, o.heads = 6, o.context = 256;
   } else if (name == "gpt-base") {
     o.layers = 12, o.width = 768, o.heads = 12, o.context = 1024;
+  } else if (name == "gpt-medium") {
+    o.layers = 24, o.width = 1024, o.heads = 16, o.context = 1024;
+  } else if (name == "gpt-large") {
+    o.layers = 36, o.width = 1280, o.heads = 20, o.context = 1024;
+  } else if (name == "gpt-xl") {
+    o.layers = 48, o.width = 1600, o.heads = 25, o.context = 1024;
   } else {
-    throw ConfigError("unknown GPT size '" + name + "'; use gpt-tiny, gpt-small or gpt-base");
+    throw ConfigError("unknown GPT size '" + name + "'; use gpt-tiny, gpt-small, gpt-base, gpt-medium, gpt-large " +
+                      "or gpt-xl");
   }
   return o;
+}
+
+int64_t gpt_parameters(const GptOptions& o) {
+  const int64_t w = o.width;
+  // Each block: two LayerNorms (2w each), the fused QKV (3w^2 + 3w), the attention's projection
+  // (w^2 + w), the MLP's two layers (4w^2 + 4w, 4w^2 + w).
+  const int64_t block = 12 * w * w + 13 * w;
+  return o.vocab_size * w + o.context * w + o.layers * block + 2 * w;  // embeddings (tied), blocks, ln_f
 }
 
 Gpt::Gpt(const GptOptions& options) : options_(options), impl_(std::make_shared<Impl>()) {

@@ -28,6 +28,20 @@ TEST(Gpt, NamedSizesHaveGpt2sParameterCounts) {
   EXPECT_THROW(Gpt(GptOptions{.width = 130, .heads = 4}), ConfigError);
 }
 
+// The count without building the model: the built models' counts, and GPT-2's published ones
+// for the shapes too large to build in a test (medium, large and XL: 1.4 to 6.2 GB of weights).
+TEST(Gpt, TheParameterCountOfAShapeIsTheBuiltModelsAndGpt2s) {
+  for (const auto& [name, vocab] : {std::pair{"gpt-tiny", 256}, {"gpt-small", 4096}, {"gpt-base", 256}}) {
+    const auto o = gpt_options(name, vocab);
+    EXPECT_EQ(gpt_parameters(o), parameter_count(*make_gpt(o))) << name;
+  }
+  EXPECT_EQ(gpt_parameters(gpt_options("gpt-base", 50257)), 124439808);
+  EXPECT_EQ(gpt_parameters(gpt_options("gpt-medium", 50257)), 354823168);
+  EXPECT_EQ(gpt_parameters(gpt_options("gpt-large", 50257)), 774030080);
+  EXPECT_EQ(gpt_parameters(gpt_options("gpt-xl", 50257)), 1557611200);
+  EXPECT_EQ(gpt_options("gpt-xl", 256).width % gpt_options("gpt-xl", 256).heads, 0);
+}
+
 // The model's forward, written out head by head from its own parameters: catches a wrong
 // reshape of the fused QKV, a mask on the wrong side, a missing scale or residual.
 torch::Tensor reference_forward(Gpt& gpt, const torch::Tensor& tokens) {

@@ -14,7 +14,7 @@ int main(int argc, char** argv) {
   CLI::App app{
       "dsgd: distributed synchronous SGD for LibTorch models.\n"
       "Trains the reference models (cnn, mlp, resnet18, resnet50) on Fashion-MNIST or synthetic data,\n"
-      "and GPT language models (gpt-tiny, gpt-small, gpt-base) on text."};
+      "and GPT language models (gpt-tiny to gpt-xl: GPT-2's shapes) on text."};
   app.set_version_flag("--version", std::string("dsgd ") + DSGD_VERSION);
   app.require_subcommand(1);
   app.footer("\nRun `dsgd SUBCOMMAND --help` for a subcommand's flags.");

@@ -93,7 +93,8 @@ void add_job_flags(CLI::App* cmd, TrainFlags& f) {
   auto& j = f.job;
   cmd->add_option("--model", j.model,
                   "Model: cnn, mlp, resnet18, resnet50, simulated (sleeps instead of computing: see --config); "
-                  "gpt-tiny, gpt-small, gpt-base (language models, on --dataset text:DIR); or a TorchScript file "
+                  "gpt-tiny, gpt-small, gpt-base, gpt-medium, gpt-large, gpt-xl (language models, on --dataset "
+                  "text:DIR); or a TorchScript file "
                   "(FILE.pt: torch.jit.save(torch.jit.script(net), FILE.pt) in Python; images to logits)")
       ->capture_default_str();
   cmd->add_option("--loss", j.loss,

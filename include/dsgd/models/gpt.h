@@ -14,6 +14,12 @@
 //   gpt-tiny   4       128    4      128       0.8M + 128 x vocab   (tests)
 //   gpt-small  6       384    6      256       10.7M + 384 x vocab
 //   gpt-base   12      768    12     1024      85.8M + 768 x vocab  (GPT-2 small: 124,439,808 at vocab 50257)
+//   gpt-medium 24      1024   16     1024      303.4M + 1024 x vocab (GPT-2 medium: 354,823,168)
+//   gpt-large  36      1280   20     1024      709.7M + 1280 x vocab (GPT-2 large: 774,030,080)
+//   gpt-xl     48      1600   25     1024      1477.2M + 1600 x vocab (GPT-2 XL: 1,557,611,200)
+//
+// At 16 bytes a parameter with AdamW (weights, gradient, two moments) one replica of gpt-large
+// holds 12.4 GB before activations; step.zero_stage shares the gradient and state.
 #pragma once
 
 #include <torch/nn/module.h>
@@ -36,6 +42,10 @@ struct GptOptions {
 // The named shape `name` (table above) for a vocabulary of vocab_size. ConfigError for an unknown
 // name (listing the known ones).
 GptOptions gpt_options(const std::string& name, int64_t vocab_size);
+
+// The parameters of the shape (trainable elements, the output projection tied to the token
+// embedding), without building it: what a memory estimate needs.
+int64_t gpt_parameters(const GptOptions& options);
 
 class Gpt : public torch::nn::Module {
  public:
