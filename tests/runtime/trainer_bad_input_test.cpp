@@ -63,6 +63,26 @@ TEST(TrainerBadInput, ClearErrorsBeforeAnyProcessIsSpawned) {
 
 // Where LibTorch sees no GPU (Debian's LibTorch has no CUDA), device cuda fails at the workers'
 // setup with what to do, not later in training.
+// Memory known before it runs out: workers whose estimate (parameters, gradients, optimizer
+// state) exceeds launch.memory_mib stop after their set-up, before any step, with the figures
+// (what they say: MemoryCheck.*).
+TEST(TrainerBadInput, WorkersThatWouldHoldMoreThanTheMemoryGivenStopBeforeTheirFirstStep) {
+  auto c = base_config(2, "allreduce", 64);
+  c.launch.memory_mib = 1;  // the CNN's 2 x 4.8 MB of weights alone exceed it
+  try {
+    Trainer t(dsgd::kImageClassifier, c);
+    t.train({.num_steps = 1});
+    FAIL() << "accepted a job larger than launch.memory_mib";
+  } catch (const ConfigError& e) {
+    EXPECT_EQ(e.field(), "launch.memory_mib") << e.what();
+    EXPECT_NE(std::string(e.what()).find("2 worker(s) on this machine will hold"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("0.00 GiB available"), std::string::npos) << e.what();
+  }
+  c.launch.memory_mib = 1024;
+  Trainer t(dsgd::kImageClassifier, c);
+  EXPECT_EQ(t.train({.num_steps = 2}).batch, 2);
+}
+
 TEST(TrainerBadInput, Fp16OnTheCpuOrLossScalingWhereTheServersStepSaysWhatToUse) {
   auto expect_error = [](TrainerConfig c, const std::string& says) {
     try {

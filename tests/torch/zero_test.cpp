@@ -17,6 +17,7 @@
 #include "testing/ranks.h"
 #include "torch/state/optimizer_state.h"
 #include "torch/state/replica_state.h"
+#include "torch/sync/grad_sync.h"
 #include "torch/sync/shard_buffer.h"
 
 namespace dsgd::torch_glue {
@@ -92,7 +93,7 @@ TEST(ZeroPieces, StepAsTheWholeOptimizerAndGatherItsStateBitForBit) {
     go.host = rank < 2 ? "host0" : "host1";
     auto group = std::shared_ptr<comm::HierarchicalGroup>(
         comm::HierarchicalGroup::create(store, rank, kRanks, go, comm::ShmOptions{}));
-    auto strategy = strategy::make_allreduce_strategy(group);
+    std::shared_ptr<strategy::GradientStrategy> strategy = strategy::make_allreduce_strategy(group);
     ZeroNet net, plain;
     net.setup({});
     plain.setup({});
@@ -125,6 +126,8 @@ TEST(ZeroPieces, StepAsTheWholeOptimizerAndGatherItsStateBitForBit) {
       }
     }
     const auto whole = optimizer_params(net);
+    // The estimate a worker reports at its set-up, before any step (the optimizers whole).
+    const auto need1 = memory_need(net, 256, 1, kRanks);
     check_shardable(net, pieces);
     to_pieces(net, pieces, whole);
     for (int step = 0; step < 4; ++step) {
@@ -157,6 +160,22 @@ TEST(ZeroPieces, StepAsTheWholeOptimizerAndGatherItsStateBitForBit) {
       }
     }
     const int64_t mine_bytes = optimizer_state_bytes(net);
+    // The estimate against what is held: the state (this replica's blocks hold a third of the
+    // elements to within 2 elements of padding in each of the 4 buckets, at 8 bytes an element
+    // at most), and the GradSyncs' buffers (each model's estimate rounded up to 64 bytes).
+    EXPECT_NEAR(static_cast<double>(need1.optimizer_state), static_cast<double>(mine_bytes), 4 * 2 * 8.0);
+    EXPECT_EQ(memory_need(plain, 256, 0, kRanks).optimizer_state, optimizer_state_bytes(plain));
+    for (int stage : {1, 2}) {
+      std::vector<std::unique_ptr<GradSync>> syncs;
+      size_t bytes = 0;
+      for (auto& m : net.models()) {
+        syncs.push_back(
+            std::make_unique<GradSync>(m->parameters(), 256, strategy, true, 0, stage == 2 ? kRingBuckets : 0, kRanks));
+        bytes += syncs.back()->gradient_bytes();
+      }
+      const auto need = memory_need(net, 256, stage, kRanks);
+      EXPECT_NEAR(static_cast<double>(need.gradients), static_cast<double>(bytes), 64.0 * 2) << "stage " << stage;
+    }
     gather_whole(net, pieces, whole, *strategy->sharing(), /*keep=*/rank == 1);
     std::lock_guard<std::mutex> lock(mutex);
     share_bytes[rank] = mine_bytes;

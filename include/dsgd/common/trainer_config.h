@@ -115,6 +115,10 @@ struct LaunchConfig {
   int local_hosts = 1;
   // How long the driver waits at start for the next worker to register (each arrival restarts it).
   std::chrono::milliseconds registration_timeout{60000};
+  // The memory the workers the driver starts on its machine may hold together, in MiB (0: what
+  // the machine has available as they set up). A job whose estimate exceeds it stops with a
+  // ConfigError before its first step (docs/SETTINGS.md).
+  int64_t memory_mib = 0;
 };
 
 // What a lost worker (crashed, killed, hung, cut off) costs: see docs/RELIABILITY.md.

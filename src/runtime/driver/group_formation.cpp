@@ -8,6 +8,7 @@
 #include "dsgd/common/error.h"
 #include "control/log.h"
 #include "runtime/driver/job.h"
+#include "runtime/driver/memory_check.h"
 #include "runtime/worker/ps_server_process.h"
 
 namespace dsgd::runtime {
@@ -66,10 +67,13 @@ bool GroupFormation::set_up_members() {
     job_.server->set_world(job_.generation, job_.config.num_workers * job_.config.devices_per_worker);
     proto::Command setup;
     *setup.mutable_setup()->mutable_placement() = pool.placement(job_.generation);
+    const int64_t limit = job_.config.launch.memory_mib << 20;
+    const int64_t available = limit > 0 ? limit : available_memory_bytes();  // before the models are built
     auto setups = job_.raw_call(setup);
     job_.signature = setups[0].setup().signature();
     job_.parameters = setups[0].setup().parameters();
     for (size_t w = 1; w < setups.size(); ++w) check_same_model(static_cast<int>(w), setups[w].setup().signature());
+    if (pool.spawns()) check_members_memory(setups, available);
     return true;
   } catch (const CommError& e) {
     // A process lost before every replica is set up (local mode): start them all again (the
@@ -81,6 +85,21 @@ bool GroupFormation::set_up_members() {
     restart_every_worker(e.what());
     return false;
   }
+}
+
+void GroupFormation::check_members_memory(const std::vector<proto::CommandResult>& setups, int64_t available) const {
+  std::vector<WorkerMemory> workers;
+  for (const auto& s : setups) {
+    const auto& m = s.setup().memory();
+    if (m.size() < 3) return;  // a worker of another version: nothing known
+    WorkerMemory w;
+    for (int stage = 0; stage < 3; ++stage) {
+      w[static_cast<size_t>(stage)] = {m[stage].parameters(), m[stage].gradients(), m[stage].optimizer_state()};
+    }
+    workers.push_back(w);
+  }
+  const std::string line = check_memory(workers, job_.config.step.zero_stage, available);
+  if (!line.empty()) control::log().info("trainer: {}", line);
 }
 
 void GroupFormation::check_same_model(int worker, const std::string& sig) const {

@@ -11,6 +11,10 @@
 #include <utility>
 #include <vector>
 
+namespace dsgd::proto {
+class CommandResult;
+}  // namespace dsgd::proto
+
 namespace dsgd::runtime {
 
 class Job;
@@ -71,6 +75,9 @@ class GroupFormation {
   // The first group and the first snapshot given to every replica; `recover`: a lost worker is
   // recovered from (else the CommError is thrown).
   void form_first_group(bool recover);
+  // The workers this driver started (all on its machine) against `available` bytes
+  // (runtime/driver/memory_check.h): ConfigError where they would not fit; logged where they do.
+  void check_members_memory(const std::vector<proto::CommandResult>& setups, int64_t available) const;
   // Throws ConfigError naming the first line where worker `worker`'s model signature differs.
   void check_same_model(int worker, const std::string& sig) const;
   // Kills and starts again every process the driver started, after `failure` (kind "restart");

@@ -391,6 +391,9 @@ std::vector<SettingDescription> launch_rows() {
       row(DSGD_FIELD(launch.registration_timeout), "", kFixed,
           "How long the driver waits at start for the next worker to register (ms; each arrival restarts it)",
           positive()),
+      row(DSGD_FIELD(launch.memory_mib), "--memory-mib", kFixed,
+          "Memory the workers started on this machine may hold together (MiB; checked before the first step)",
+          at_least(0, " (0 = what the machine has available)")),
   };
 }
 

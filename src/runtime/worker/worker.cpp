@@ -29,6 +29,7 @@
 #include "runtime/worker/worker_functions.h"
 #include "strategy/strategy.h"
 #include "torch/replica/replica.h"
+#include "torch/state/replica_state.h"
 
 namespace dsgd::runtime {
 
@@ -246,6 +247,14 @@ class Worker {
       for (const auto& p : m->parameters()) parameters += p.requires_grad() ? p.numel() : 0;
     }
     out.set_parameters(parameters);
+    const auto bucket_bytes = static_cast<size_t>(settings_.comm.grad_shard_bytes);
+    for (int stage = 0; stage <= 2; ++stage) {
+      const auto need = torch_glue::memory_need(replicas_[0]->op(), bucket_bytes, stage, world_);
+      auto* m = out.add_memory();
+      m->set_parameters(need.parameters * dpw_);
+      m->set_gradients(need.gradients * dpw_);
+      m->set_optimizer_state(need.optimizer_state * dpw_);
+    }
     return out;
   }
 

@@ -202,4 +202,54 @@ size_t gradient_bytes(const TrainingOperator& op, size_t grad_shard_bytes, size_
   return bytes;
 }
 
+namespace {
+
+// The state bytes an optimizer of these options keeps per trainable element.
+int64_t state_bytes_per_element(const torch::optim::OptimizerOptions& options) {
+  namespace o = torch::optim;
+  if (const auto* x = dynamic_cast<const o::SGDOptions*>(&options)) return x->momentum() != 0 ? 4 : 0;
+  if (const auto* x = dynamic_cast<const o::AdamOptions*>(&options)) return x->amsgrad() ? 12 : 8;
+  if (const auto* x = dynamic_cast<const o::AdamWOptions*>(&options)) return x->amsgrad() ? 12 : 8;
+  if (const auto* x = dynamic_cast<const o::RMSpropOptions*>(&options)) {
+    return 4 + (x->momentum() > 0 ? 4 : 0) + (x->centered() ? 4 : 0);
+  }
+  if (dynamic_cast<const o::AdagradOptions*>(&options) != nullptr) return 4;
+  return 0;
+}
+
+// Elements of this replica's blocks (strategy::ShardLayout) over every model's GradSync.
+int64_t shard_elements(const TrainingOperator& op, size_t grad_shard_bytes, int world) {
+  int64_t elements = 0;
+  for (const auto& m : op.models()) {
+    std::vector<size_t> counts;
+    for (const auto& p : m->parameters()) {
+      if (p.requires_grad()) counts.push_back(static_cast<size_t>(p.numel()));
+    }
+    if (counts.empty()) continue;
+    const strategy::BucketPlan plan(counts, sizeof(float), grad_shard_bytes);
+    elements += static_cast<int64_t>(strategy::ShardLayout(plan, world, 0).shard_elements());
+  }
+  return elements;
+}
+
+}  // namespace
+
+MemoryNeed memory_need(TrainingOperator& op, size_t grad_shard_bytes, int stage, int world) {
+  const bool sharded = stage > 0 && world >= 2;
+  MemoryNeed need;
+  for (const auto& [name, t] : named_tensors(op)) need.parameters += static_cast<int64_t>(t.nbytes());
+  const size_t ring = sharded && stage == 2 ? kRingBuckets : 0;
+  need.gradients = static_cast<int64_t>(gradient_bytes(op, grad_shard_bytes, ring, sharded ? world : 0));
+  if (sharded) need.gradients += 4 * shard_elements(op, grad_shard_bytes, world);
+  for (size_t k = 0; k < op.num_optimizers(); ++k) {
+    for (const auto& group : op.optimizer(k).param_groups()) {
+      int64_t elements = 0;
+      for (const auto& p : group.params()) elements += p.requires_grad() ? p.numel() : 0;
+      need.optimizer_state += elements * state_bytes_per_element(group.options());
+    }
+  }
+  if (sharded) need.optimizer_state /= world;
+  return need;
+}
+
 }  // namespace dsgd::torch_glue

@@ -1,0 +1,67 @@
+// Memory known before it runs out (runtime/driver/memory_check.h).
+#include "runtime/driver/memory_check.h"
+
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+
+#include "dsgd/common/error.h"
+
+namespace dsgd::runtime {
+namespace {
+
+std::string gib(int64_t bytes) {
+  char out[32];
+  std::snprintf(out, sizeof out, "%.2f GiB", static_cast<double>(bytes) / (1 << 30));
+  return out;
+}
+
+int64_t need_at(const std::vector<WorkerMemory>& workers, int stage) {
+  int64_t total = 0;
+  for (const auto& w : workers) total += w[static_cast<size_t>(stage)].total();
+  return total;
+}
+
+}  // namespace
+
+int64_t available_memory_bytes() {
+  std::ifstream in("/proc/meminfo");
+  std::string key;
+  int64_t kib = 0;
+  std::string unit;
+  while (in >> key >> kib >> unit) {
+    if (key == "MemAvailable:") return kib * 1024;
+  }
+  return -1;
+}
+
+std::string check_memory(const std::vector<WorkerMemory>& workers, int stage, int64_t available) {
+  if (workers.empty()) return "";
+  const auto& one = workers.front()[static_cast<size_t>(stage)];
+  const int64_t need = need_at(workers, stage);
+  std::ostringstream parts;
+  parts << "parameters " << gib(one.parameters) << ", gradients " << gib(one.gradients) << ", optimizer state "
+        << gib(one.optimizer_state);
+  const std::string each = std::to_string(workers.size()) + " worker(s) on this machine will hold " + gib(need) +
+                           " before activations (each: " + parts.str() + ", at zero stage " + std::to_string(stage) +
+                           ")";
+  if (available < 0 || need <= available) return each;
+  std::string fits;
+  for (int s = stage + 1; s <= 2 && fits.empty(); ++s) {
+    if (need_at(workers, s) <= available) {
+      fits = "--zero " + std::to_string(s) + " (" + gib(need_at(workers, s)) + ")";
+    }
+  }
+  const int64_t per_worker = need / static_cast<int64_t>(workers.size());
+  const int64_t count = per_worker > 0 ? available / per_worker : 0;
+  if (count >= 1) {
+    fits += std::string(fits.empty() ? "" : ", or ") + "about " + std::to_string(count) + " worker(s) per machine";
+  }
+  throw ConfigError("memory: the " + each + ", more than the " + gib(available) + " available (launch.memory_mib, " +
+                        "else the machine's MemAvailable): " +
+                        (fits.empty() ? std::string("use a smaller model or batch, or machines with more memory")
+                                      : "what would fit: " + fits),
+                    "launch.memory_mib");
+}
+
+}  // namespace dsgd::runtime

@@ -1,0 +1,57 @@
+// Memory known before it runs out (runtime/driver/memory_check.h): a job whose workers would
+// not fit stops naming both figures and what would fit; one that fits says what it will hold.
+#include "runtime/driver/memory_check.h"
+
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "dsgd/common/error.h"
+
+namespace dsgd::runtime {
+namespace {
+
+constexpr int64_t kGiB = int64_t{1} << 30;
+
+// gpt-large with AdamW on one worker of two: 3 GiB of weights, the gradients' 3 GiB (4.5 at
+// stage 1, 1.5 plus a ring at stage 2), Adam's 6 GiB (3 under zero).
+WorkerMemory large_worker() {
+  return {MemoryParts{3 * kGiB, 3 * kGiB, 6 * kGiB}, MemoryParts{3 * kGiB, 4 * kGiB + kGiB / 2, 3 * kGiB},
+          MemoryParts{3 * kGiB, 2 * kGiB, 3 * kGiB}};
+}
+
+std::string error_of(const std::vector<WorkerMemory>& workers, int stage, int64_t available) {
+  try {
+    check_memory(workers, stage, available);
+  } catch (const ConfigError& e) {
+    EXPECT_EQ(e.field(), "launch.memory_mib");
+    return e.what();
+  }
+  return "";
+}
+
+TEST(MemoryCheck, AJobThatWouldNotFitNamesBothFiguresAndTheStageThatWould) {
+  const std::vector<WorkerMemory> two{large_worker(), large_worker()};
+  // 24 GiB at stage 0 against 20 available: stage 1 needs 21, stage 2 16.
+  const std::string e = error_of(two, 0, 20 * kGiB);
+  EXPECT_NE(e.find("24.00 GiB"), std::string::npos) << e;
+  EXPECT_NE(e.find("20.00 GiB available"), std::string::npos) << e;
+  EXPECT_NE(e.find("optimizer state 6.00 GiB"), std::string::npos) << e;
+  EXPECT_NE(e.find("--zero 2 (16.00 GiB)"), std::string::npos) << e;
+  EXPECT_NE(e.find("about 1 worker(s)"), std::string::npos) << e;
+  // Nothing fits but fewer workers; then nothing at all.
+  EXPECT_NE(error_of(two, 2, 15 * kGiB).find("about 1 worker(s)"), std::string::npos);
+  EXPECT_NE(error_of(two, 2, 4 * kGiB).find("a smaller model"), std::string::npos);
+}
+
+TEST(MemoryCheck, AJobThatFitsOrAMachineThatDoesNotSaySaysWhatItWillHold) {
+  const std::vector<WorkerMemory> two{large_worker(), large_worker()};
+  EXPECT_EQ(error_of(two, 2, 16 * kGiB), "");
+  EXPECT_NE(check_memory(two, 2, 16 * kGiB).find("2 worker(s) on this machine will hold 16.00 GiB"), std::string::npos);
+  EXPECT_EQ(error_of(two, 0, -1), "");  // unknown: nothing checked
+  EXPECT_EQ(check_memory({}, 0, 0), "");
+  EXPECT_GT(available_memory_bytes(), 0);  // this machine's /proc/meminfo says
+}
+
+}  // namespace
+}  // namespace dsgd::runtime
