@@ -115,17 +115,19 @@ TEST_P(ShmSizes, AllreduceEveryDtypeOpAndSizeCopyingAndZeroCopy) {
 
 // Rank q's block b, element i: (q + 1) * (b + 1) * (i % 5 + 1). Rank r's reduce-scatter gets
 // block r summed over the ranks; its allgather, every rank's bytes in rank order.
+// `shared`: the input in the shared regions (zero-copy).
 template <typename T>
-void check_reduce_scatter(ShmGroup& g, DataType type, bool in_place) {
+void check_reduce_scatter(ShmGroup& g, DataType type, bool in_place, bool shared = false) {
   const size_t n = static_cast<size_t>(g.size()), r = static_cast<size_t>(g.rank());
   for (auto op : {ReduceOp::kSum, ReduceOp::kAverage, ReduceOp::kMax}) {
     for (size_t count : {size_t{0}, size_t{1}, size_t{7}, size_t{13}, size_t{1000}, size_t{65537}}) {
-      std::vector<T> in(n * count), out(count, T{0});
+      std::vector<T> heap(shared ? 0 : n * count), out(count, T{0});
+      T* in = shared ? reinterpret_cast<T*>(static_cast<char*>(g.shared_buffer()) + kSharedOffset) : heap.data();
       for (size_t b = 0; b < n; ++b) {
         for (size_t i = 0; i < count; ++i) in[b * count + i] = static_cast<T>((r + 1) * (b + 1) * (i % 5 + 1));
       }
-      T* dst = in_place ? in.data() + r * count : out.data();
-      g.reduce_scatter_async(in.data(), dst, count, type, op)->wait();
+      T* dst = in_place ? in + r * count : out.data();
+      g.reduce_scatter_async(in, dst, count, type, op)->wait();
       for (size_t i = 0; i < count; ++i) {
         const T base = static_cast<T>((r + 1) * (i % 5 + 1));
         const T sum = base * static_cast<T>(n * (n + 1) / 2);
@@ -133,7 +135,8 @@ void check_reduce_scatter(ShmGroup& g, DataType type, bool in_place) {
                            : op == ReduceOp::kMax ? base * static_cast<T>(n)
                                                   : sum / static_cast<T>(n);
         ASSERT_EQ(dst[i], expected) << "rank " << r << "/" << n << " " << to_string(type) << " " << to_string(op)
-                                    << " count " << count << (in_place ? " in place" : "") << " element " << i;
+                                    << " count " << count << (in_place ? " in place" : "")
+                                    << (shared ? " zero-copy" : "") << " element " << i;
       }
     }
   }
@@ -147,6 +150,59 @@ TEST_P(ShmSizes, ReduceScatterEveryDtypeOpAndSizeAcrossPieces) {
       check_reduce_scatter<float>(*g, DataType::kFloat32, in_place);
       check_reduce_scatter<double>(*g, DataType::kFloat64, in_place);
       check_reduce_scatter<int64_t>(*g, DataType::kInt64, in_place);
+    }
+  });
+  EXPECT_EQ(dsgd_segments_in_dev_shm(), 0);
+}
+
+// Shared regions large enough for every rank's blocks of the largest case above.
+ShmOptions shared_for(int ranks) {
+  ShmOptions o = small_slots();
+  o.shared_bytes = static_cast<size_t>(ranks) * 65537 * sizeof(double) + kSharedOffset;
+  return o;
+}
+
+// The input in the shared regions: each rank reduces its block where the blocks lie (ZeRO's
+// gradient buckets are there), into memory of its own or in place.
+TEST_P(ShmSizes, ReduceScatterZeroCopyFromTheSharedRegions) {
+  auto store = make_memory_store();
+  testing::run_ranks(GetParam(), [&](int rank) {
+    auto g = ShmGroup::create(store, rank, GetParam(), shared_for(GetParam()));
+    for (bool in_place : {false, true}) {
+      check_reduce_scatter<float>(*g, DataType::kFloat32, in_place, /*shared=*/true);
+      check_reduce_scatter<double>(*g, DataType::kFloat64, in_place, true);
+    }
+  });
+  EXPECT_EQ(dsgd_segments_in_dev_shm(), 0);
+}
+
+// The output in the shared regions: each rank writes its block in its place and copies the
+// others' from their regions; from memory of its own or from its block (in place).
+TEST_P(ShmSizes, AllgatherZeroCopyIntoTheSharedRegions) {
+  auto store = make_memory_store();
+  testing::run_ranks(GetParam(), [&](int rank) {
+    auto g = ShmGroup::create(store, rank, GetParam(), shared_for(GetParam()));
+    const size_t n = static_cast<size_t>(g->size());
+    auto* out = static_cast<uint8_t*>(g->shared_buffer()) + kSharedOffset;
+    for (bool in_place : {false, true}) {
+      for (size_t bytes : {size_t{0}, size_t{1}, size_t{13}, size_t{4096}, size_t{200003}}) {
+        std::vector<uint8_t> mine(bytes);
+        for (size_t j = 0; j < bytes; ++j) mine[j] = static_cast<uint8_t>(j * 7 + static_cast<size_t>(rank) * 31);
+        std::fill(out, out + n * bytes, 0xee);
+        const uint8_t* in = mine.data();
+        if (in_place) {
+          std::copy(mine.begin(), mine.end(), out + rank * bytes);
+          in = out + rank * bytes;
+        }
+        g->allgather_async(in, out, bytes)->wait();
+        for (size_t q = 0; q < n; ++q) {
+          for (size_t j = 0; j < bytes; ++j) {
+            ASSERT_EQ(out[q * bytes + j], static_cast<uint8_t>(j * 7 + q * 31))
+                << "rank " << rank << " block " << q << " byte " << j << " of " << bytes << " zero-copy";
+          }
+        }
+        g->barrier();  // nobody reads this rank's region before it is refilled
+      }
     }
   });
   EXPECT_EQ(dsgd_segments_in_dev_shm(), 0);

@@ -100,6 +100,14 @@ bool parse_segment_name(const std::string& name, pid_t* pid, uint64_t* ns) {
 
 size_t round_up(size_t n, size_t a) { return (n + a - 1) / a * a; }
 
+// Where `bytes` at p lie in a shared region of `region_bytes` at `region`: their offset, else kStaged.
+uint64_t offset_within(const void* p, size_t bytes, const char* region, size_t region_bytes) {
+  const char* b = static_cast<const char*>(p);
+  if (region_bytes == 0 || b < region || bytes > region_bytes) return kStaged;
+  if (static_cast<size_t>(b - region) > region_bytes - bytes) return kStaged;
+  return static_cast<uint64_t>(b - region);
+}
+
 long futex(std::atomic<uint32_t>* addr, int op, uint32_t value, const timespec* timeout) {
   return ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(addr), op, value, timeout, nullptr, 0);
 }
@@ -169,8 +177,11 @@ class ShmGroupImpl : public ShmGroup {
     queue_->run("shm broadcast", broadcast_op(data, bytes, root, timeout));
   }
 
-  // In pieces of slot_bytes / size() elements of each block: every rank writes its pieces of all
-  // blocks into its slot, then reduces its own block's piece from every slot into `out`.
+  // `in` in the shared regions (the same offset of every rank's): each rank reduces its block
+  // where the blocks lie, nothing copied in (zero-copy, as the allreduce's). Else in pieces of
+  // slot_bytes / size() elements of each block: every rank writes its pieces of all blocks into
+  // its slot, then reduces its own block's piece from every slot into `out`. `out` may be in's
+  // own block: the others read only theirs.
   std::shared_ptr<Work> reduce_scatter_async(const void* in, void* out, size_t count, DataType type, ReduceOp op,
                                              milliseconds timeout) override {
     const std::string name = "shm reduce_scatter #" + std::to_string(++ops_) + " (" + std::to_string(count) +
@@ -185,27 +196,44 @@ class ShmGroupImpl : public ShmGroup {
         return;
       }
       const size_t n = static_cast<size_t>(size_);
+      const int divisor = op == ReduceOp::kAverage ? size_ : 1;
+      const uint64_t offset = offset_within(src, n * count * es, shared(rank_), options_.shared_bytes);
+      header_->offset[rank_].store(offset, std::memory_order_relaxed);
+      if (offset != kStaged) {
+        wait_all(name, until);  // every region holds its rank's data
+        check_offsets(name, offset);
+        const size_t at = offset + static_cast<size_t>(rank_) * count * es;
+        if (dst != shared(rank_) + at) std::memcpy(dst, shared(rank_) + at, count * es);
+        std::vector<const void*> others;
+        for (int r = 0; r < size_; ++r) {
+          if (r != rank_) others.push_back(shared(r) + at);
+        }
+        reduce_many(dst, others.data(), static_cast<int>(others.size()), count, type, op, divisor);
+        wait_all(name, until);  // nobody reads the regions any more
+        return;
+      }
       const size_t piece = options_.slot_bytes / n / kAlign * kAlign / es;  // elements of each block a round
-      header_->offset[rank_].store(kStaged, std::memory_order_relaxed);
       for (size_t done = 0; done < count; done += piece) {
         const size_t m = std::min(piece, count - done);
         char* mine = slot(rank_);
         for (size_t b = 0; b < n; ++b) std::memcpy(mine + b * piece * es, src + (b * count + done) * es, m * es);
         wait_all(name, until);  // every slot holds its rank's pieces
+        if (done == 0) check_offsets(name, kStaged);
         const size_t at = static_cast<size_t>(rank_) * piece * es;
         std::memcpy(dst + done * es, mine + at, m * es);
         std::vector<const void*> others;
         for (int r = 0; r < size_; ++r) {
           if (r != rank_) others.push_back(slot(r) + at);
         }
-        reduce_many(dst + done * es, others.data(), static_cast<int>(others.size()), m, type, op,
-                    op == ReduceOp::kAverage ? size_ : 1);
+        reduce_many(dst + done * es, others.data(), static_cast<int>(others.size()), m, type, op, divisor);
         wait_all(name, until);  // nobody reads the slots any more
       }
     });
   }
 
-  // In pieces of slot_bytes: every rank writes its piece into its slot, then copies the others'.
+  // `out` in the shared regions (the same offset of every rank's): each rank writes its block
+  // into its place there and copies the others' from their regions (zero-copy). Else in pieces of
+  // slot_bytes: every rank writes its piece into its slot, then copies the others'.
   std::shared_ptr<Work> allgather_async(const void* in, void* out, size_t bytes, milliseconds timeout) override {
     const std::string name =
         "shm allgather #" + std::to_string(++ops_) + " (" + std::to_string(bytes) + " bytes a rank)";
@@ -213,17 +241,33 @@ class ShmGroupImpl : public ShmGroup {
       const Clock::time_point until = deadline(timeout);
       const auto* src = static_cast<const char*>(in);
       char* dst = static_cast<char*>(out);
+      char* own = dst + static_cast<size_t>(rank_) * bytes;
+      const uint64_t offset =
+          size_ > 1 ? offset_within(dst, static_cast<size_t>(size_) * bytes, shared(rank_), options_.shared_bytes)
+                    : kStaged;
+      header_->offset[rank_].store(offset, std::memory_order_relaxed);
+      if (offset != kStaged) {
+        if (bytes > 0 && own != src) std::memcpy(own, src, bytes);
+        wait_all(name, until);  // every region holds its rank's block
+        check_offsets(name, offset);
+        for (int r = 0; r < size_; ++r) {
+          const size_t at = offset + static_cast<size_t>(r) * bytes;
+          if (r != rank_) std::memcpy(dst + static_cast<size_t>(r) * bytes, shared(r) + at, bytes);
+        }
+        wait_all(name, until);  // nobody reads the regions any more
+        return;
+      }
       const size_t piece = options_.slot_bytes;
       for (size_t done = 0; size_ > 1 && done < bytes; done += piece) {
         const size_t m = std::min(piece, bytes - done);
         std::memcpy(slot(rank_), src + done, m);
         wait_all(name, until);  // every slot holds its rank's piece
+        if (done == 0) check_offsets(name, kStaged);
         for (int r = 0; r < size_; ++r) {
           if (r != rank_) std::memcpy(dst + static_cast<size_t>(r) * bytes + done, slot(r), m);
         }
         wait_all(name, until);  // nobody reads the slots any more
       }
-      char* own = dst + static_cast<size_t>(rank_) * bytes;
       if (bytes > 0 && own != src) std::memcpy(own, src, bytes);
     });
   }
