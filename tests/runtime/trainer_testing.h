@@ -394,7 +394,12 @@ inline void expect_zero_equals_plain(TrainerConfig c, const std::string& op, int
     const auto r = t.train({.num_steps = steps});
     EXPECT_EQ(r.batch, steps);
     const auto comm = r.metrics.find("comm_bytes_per_step");  // sent across hosts
-    return Run{params_of(*t.get_model()), r.metrics.at("optimizer_state_bytes"), r.metrics.at("gradient_bytes"),
+    const auto model = t.get_model();
+    double model_bytes = 0;  // stages 1 and 2 keep every parameter
+    for (const auto& p : model->parameters()) model_bytes += static_cast<double>(p.nbytes());
+    for (const auto& b : model->buffers()) model_bytes += static_cast<double>(b.nbytes());
+    EXPECT_EQ(r.metrics.at("parameter_bytes"), model_bytes) << "stage " << stage;
+    return Run{params_of(*model), r.metrics.at("optimizer_state_bytes"), r.metrics.at("gradient_bytes"),
                comm != r.metrics.end() ? comm->second : 0.0};
   };
   const double ring_bytes = [&] {  // stage 2's ring: 8 buffers, each as large as its largest bucket

@@ -67,9 +67,11 @@ struct FitResult {
   double comm_bytes_per_step = -1;
   // Worker jobs: the largest peak resident memory (VmHWM) of any worker process, MiB; 0: unknown.
   double worker_peak_rss_mib = 0;
-  // Worker jobs: bytes each replica's optimizers and gradients hold (mean over the replicas, as
-  // the last call left them; step.zero_stage shards both); 0: unknown.
-  double optimizer_state_bytes = 0, gradient_bytes = 0;
+  // Worker jobs: bytes each replica's models (parameters and buffers), optimizers and gradients
+  // hold (mean over the replicas, as the last call left them; step.zero_stage shards the last
+  // two); 0: unknown. Before the first step the driver checks their estimate against the
+  // machine's memory (launch.memory_mib).
+  double parameter_bytes = 0, optimizer_state_bytes = 0, gradient_bytes = 0;
   std::vector<EpochSummary> history;
   std::map<std::string, double> profile_ms;  // as EpochSummary's, over the run (by steps)
   std::vector<RecoveryEvent> recoveries;     // every failure survived and scale-up, in order

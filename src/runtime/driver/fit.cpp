@@ -136,6 +136,7 @@ class Loop {
     }
     if (const auto it = r.metrics.find("peak_rss_mib"); it != r.metrics.end())
       result_.worker_peak_rss_mib = std::max(result_.worker_peak_rss_mib, it->second);
+    if (const auto it = r.metrics.find("parameter_bytes"); it != r.metrics.end()) result_.parameter_bytes = it->second;
     if (const auto it = r.metrics.find("optimizer_state_bytes"); it != r.metrics.end())
       result_.optimizer_state_bytes = it->second;
     if (const auto it = r.metrics.find("gradient_bytes"); it != r.metrics.end()) result_.gradient_bytes = it->second;
@@ -294,6 +295,7 @@ nlohmann::json to_json(const FitResult& r) {
   if (!r.profile_ms.empty()) j["profile_ms"] = r.profile_ms;
   if (r.comm_bytes_per_step >= 0) j["comm_bytes_per_step"] = r.comm_bytes_per_step;
   if (r.worker_peak_rss_mib > 0) j["worker_peak_rss_mib"] = r.worker_peak_rss_mib;
+  if (r.parameter_bytes > 0) j["parameter_bytes"] = r.parameter_bytes;
   if (r.optimizer_state_bytes > 0) j["optimizer_state_bytes"] = r.optimizer_state_bytes;
   if (r.gradient_bytes > 0) j["gradient_bytes"] = r.gradient_bytes;
   if (r.interrupted) j["interrupted"] = true;

@@ -367,6 +367,9 @@ void ReplicaRuntime::add_call_metrics(Metrics* out, int64_t batches, double epoc
   times_.add_value_means(&m);
   if (scaler_) m["loss_scale"] = scaler_->scale();
   m["optimizer_state_bytes"] = static_cast<double>(optimizer_state_bytes(*op_));
+  double model_bytes = 0;
+  for (const auto& [name, t] : torch_glue::named_tensors(*op_)) model_bytes += static_cast<double>(t.nbytes());
+  m["parameter_bytes"] = model_bytes;
   if (!syncs_.empty()) {  // what the GradSyncs keep
     double bytes = 0;
     for (const auto& s : syncs_) bytes += static_cast<double>(s->gradient_bytes());
