@@ -76,7 +76,7 @@ TEST(TrainerBadInput, WorkersThatWouldHoldMoreThanTheMemoryGivenStopBeforeTheirF
   } catch (const ConfigError& e) {
     EXPECT_EQ(e.field(), "launch.memory_mib") << e.what();
     EXPECT_NE(std::string(e.what()).find("2 worker(s) on this machine will hold"), std::string::npos) << e.what();
-    EXPECT_NE(std::string(e.what()).find("0.00 GiB available"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("than the 1.0 MiB available"), std::string::npos) << e.what();
   }
   c.launch.memory_mib = 1024;
   Trainer t(dsgd::kImageClassifier, c);

@@ -10,9 +10,13 @@
 namespace dsgd::runtime {
 namespace {
 
-std::string gib(int64_t bytes) {
+std::string gib(int64_t bytes) {  // GiB, or MiB below one
   char out[32];
-  std::snprintf(out, sizeof out, "%.2f GiB", static_cast<double>(bytes) / (1 << 30));
+  if (bytes >= (int64_t{1} << 30)) {
+    std::snprintf(out, sizeof out, "%.2f GiB", static_cast<double>(bytes) / (1 << 30));
+  } else {
+    std::snprintf(out, sizeof out, "%.1f MiB", static_cast<double>(bytes) / (1 << 20));
+  }
   return out;
 }
 
