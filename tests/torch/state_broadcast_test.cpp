@@ -14,6 +14,7 @@
 #include "dsgd/comm/hierarchical.h"
 #include "dsgd/comm/store.h"
 #include "testing/ranks.h"
+#include "testing/state_tensors.h"
 #include "torch/state/optimizer_state.h"
 
 namespace dsgd::torch_glue {
@@ -105,31 +106,16 @@ class Net : public TrainingOperator {
   int64_t width_;
 };
 
-// Every parameter and buffer, then every optimizer-state tensor, as one flat float64 tensor.
+// Every parameter, buffer and optimizer-state tensor (testing/state_tensors.h), Summing's too;
+// AdamW's amsgrad is off, so one of its state tensors is absent.
 torch::Tensor everything(Net& net) {
-  std::vector<torch::Tensor> parts;
-  for (const auto& [name, t] : named_tensors(net)) parts.push_back(t.flatten().to(torch::kFloat64));
-  for (size_t k = 0; k < net.num_optimizers(); ++k) {
-    auto& opt = net.optimizer(k);
-    for (auto& group : opt.param_groups()) {
-      for (auto& p : group.params()) {
-        const auto it = opt.state().find(optimizer_state_key(opt, p));
-        if (it == opt.state().end()) continue;
-        if (const auto* a = dynamic_cast<const torch::optim::AdamWParamState*>(it->second.get())) {
-          parts.push_back(torch::tensor({static_cast<double>(a->step())}, torch::kFloat64));
-          parts.push_back(a->exp_avg().flatten().to(torch::kFloat64));
-          parts.push_back(a->exp_avg_sq().flatten().to(torch::kFloat64));
-          EXPECT_FALSE(a->max_exp_avg_sq().defined());
-        } else if (const auto* s = dynamic_cast<const torch::optim::SGDParamState*>(it->second.get())) {
-          parts.push_back(s->momentum_buffer().flatten().to(torch::kFloat64));
-        } else if (const auto* o = dynamic_cast<const SummingParamState*>(it->second.get())) {
-          parts.push_back(torch::tensor({static_cast<double>(o->steps())}, torch::kFloat64));
-          parts.push_back(o->sum().flatten().to(torch::kFloat64));
-        }
-      }
-    }
-  }
-  return torch::cat(parts);
+  return testing::state_tensors(net, [](const torch::optim::OptimizerParamState& state,
+                                        std::vector<torch::Tensor>* parts) {
+    const auto* o = dynamic_cast<const SummingParamState*>(&state);
+    ASSERT_NE(o, nullptr) << "a state of an unknown kind";
+    parts->push_back(torch::tensor({static_cast<double>(o->steps())}, torch::kFloat64));
+    parts->push_back(o->sum().flatten().to(torch::kFloat64));
+  });
 }
 
 struct Seen {

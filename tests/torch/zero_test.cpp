@@ -15,6 +15,7 @@
 #include "dsgd/comm/store.h"
 #include "strategy/bucket_plan.h"
 #include "testing/ranks.h"
+#include "testing/state_tensors.h"
 #include "torch/state/optimizer_state.h"
 #include "torch/state/replica_state.h"
 #include "torch/sync/grad_sync.h"
@@ -52,31 +53,6 @@ std::vector<std::vector<torch::Tensor>> zero_grads_of(ZeroNet& net, const torch:
     for (auto& p : m->parameters()) out.back().push_back(p.grad().clone());
   }
   return out;
-}
-
-// Every parameter, then every optimizer's state tensors, as one flat float64 tensor.
-torch::Tensor zero_everything(ZeroNet& net) {
-  std::vector<torch::Tensor> parts;
-  for (auto& m : net.models()) {
-    for (auto& p : m->parameters()) parts.push_back(p.detach().flatten().to(torch::kFloat64));
-  }
-  for (size_t k = 0; k < net.num_optimizers(); ++k) {
-    auto& opt = net.optimizer(k);
-    for (auto& group : opt.param_groups()) {
-      for (auto& p : group.params()) {
-        const auto it = opt.state().find(optimizer_state_key(opt, p));
-        if (it == opt.state().end()) continue;
-        if (const auto* a = dynamic_cast<const torch::optim::AdamWParamState*>(it->second.get())) {
-          parts.push_back(torch::tensor({static_cast<double>(a->step())}, torch::kFloat64));
-          parts.push_back(a->exp_avg().flatten().to(torch::kFloat64));
-          parts.push_back(a->exp_avg_sq().flatten().to(torch::kFloat64));
-        } else if (const auto* s = dynamic_cast<const torch::optim::SGDParamState*>(it->second.get())) {
-          parts.push_back(s->momentum_buffer().flatten().to(torch::kFloat64));
-        }
-      }
-    }
-  }
-  return torch::cat(parts);
 }
 
 TEST(ZeroPieces, StepAsTheWholeOptimizerAndGatherItsStateBitForBit) {
@@ -180,8 +156,8 @@ TEST(ZeroPieces, StepAsTheWholeOptimizerAndGatherItsStateBitForBit) {
     std::lock_guard<std::mutex> lock(mutex);
     share_bytes[rank] = mine_bytes;
     if (rank == 1) {
-      gathered[rank] = zero_everything(net);
-      reference = zero_everything(plain);
+      gathered[rank] = testing::state_tensors(net);
+      reference = testing::state_tensors(plain);
       whole_bytes = optimizer_state_bytes(plain);
       to_pieces(net, pieces, whole);  // sliced again: the share it held
       EXPECT_EQ(optimizer_state_bytes(net), mine_bytes);

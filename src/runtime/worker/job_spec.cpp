@@ -8,6 +8,7 @@
 #include "strategy/strategy.h"
 #include "torch/replica/device.h"
 #include "torch/replica/replica.h"
+#include "torch/state/replica_state.h"
 
 namespace dsgd::runtime {
 namespace {
@@ -89,6 +90,26 @@ strategy::StrategyOptions strategy_options(const TrainerConfig& job) {
                    .powersgd_start_steps = job.comm.powersgd_start_steps,
                    .seed = job.seed};
   return o;
+}
+
+proto::SetupReply setup_reply(torch_glue::ReplicaRuntime& replica, const TrainerConfig& job, int world,
+                              int replicas) {
+  proto::SetupReply out;
+  out.set_signature(replica.signature());
+  int64_t parameters = 0;
+  for (const auto& m : replica.op().models()) {
+    for (const auto& p : m->parameters()) parameters += p.requires_grad() ? p.numel() : 0;
+  }
+  out.set_parameters(parameters);
+  const auto bucket_bytes = static_cast<size_t>(job.comm.grad_shard_bytes);
+  for (int stage = 0; stage <= 2; ++stage) {
+    const auto need = torch_glue::memory_need(replica.op(), bucket_bytes, stage, world);
+    auto* m = out.add_memory();
+    m->set_parameters(need.parameters * replicas);
+    m->set_gradients(need.gradients * replicas);
+    m->set_optimizer_state(need.optimizer_state * replicas);
+  }
+  return out;
 }
 
 }  // namespace dsgd::runtime

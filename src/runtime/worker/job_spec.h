@@ -22,6 +22,7 @@ namespace dsgd {
 struct ReplicaInfo;
 namespace torch_glue {
 struct ReplicaOptions;
+class ReplicaRuntime;
 }  // namespace torch_glue
 namespace strategy {
 struct StrategyOptions;
@@ -48,6 +49,11 @@ torch_glue::ReplicaOptions replica_options(const TrainerConfig& job, const Repli
 // The strategy's options under `job` (the driver checks them with strategy::validate before
 // any process starts; a worker adds the central average or the shard processes' group).
 strategy::StrategyOptions strategy_options(const TrainerConfig& job);
+
+// What a worker tells the driver of its `replicas` replicas (all like `replica`, just set up):
+// the models' signature, the trainable elements, and what the worker will hold at each ZeRO
+// stage over `world` replicas (torch_glue::memory_need; the driver's memory check).
+proto::SetupReply setup_reply(torch_glue::ReplicaRuntime& replica, const TrainerConfig& job, int world, int replicas);
 
 }  // namespace runtime
 }  // namespace dsgd

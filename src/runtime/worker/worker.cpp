@@ -240,22 +240,7 @@ class Worker {
     place(in.placement());
     setup();
     if (in.standby()) each_replica([&](int i) { replica(i).make_spare_state(); });
-    proto::SetupReply out;
-    out.set_signature(replicas_[0]->signature());
-    int64_t parameters = 0;
-    for (const auto& m : replicas_[0]->op().models()) {
-      for (const auto& p : m->parameters()) parameters += p.requires_grad() ? p.numel() : 0;
-    }
-    out.set_parameters(parameters);
-    const auto bucket_bytes = static_cast<size_t>(settings_.comm.grad_shard_bytes);
-    for (int stage = 0; stage <= 2; ++stage) {
-      const auto need = torch_glue::memory_need(replicas_[0]->op(), bucket_bytes, stage, world_);
-      auto* m = out.add_memory();
-      m->set_parameters(need.parameters * dpw_);
-      m->set_gradients(need.gradients * dpw_);
-      m->set_optimizer_state(need.optimizer_state * dpw_);
-    }
-    return out;
+    return setup_reply(*replicas_[0], settings_, world_, dpw_);
   }
 
   // Every replica takes part; only the worker whose state is read next ("keep") keeps a copy.
