@@ -44,14 +44,16 @@ bytes_ = 4 * rows["simple"]["parameters"]
 link_ms = 1000 * 2 * bytes_ / (0.5e9 / 8)  # 2 hosts' gradients through the driver's 0.5 Gbit/s link
 assert rows["simple"]["step_ms"] > 0.9 * link_ms, (rows["simple"], link_ms)
 assert rows["psph"]["step_ms"] > 0.9 * link_ms / 2, (rows["psph"], link_ms / 2)  # B through a worker's link
-for r in rows.values():
+for c, r in rows.items():
     assert r["step_ms"] >= 0.95 * r["compute_ms"], r  # two workers are not faster per step than one
-    # COMM_ALONE: with no compute a step is the communication, shorter than with it but not
-    # shorter than the shaped links allow for simple; 2 workers at once, each alone, take a step
-    # at least.
-    assert r["comm_alone_ms"] < r["step_ms"], r
-    assert r["shared_compute_ms"] >= 0.95 * r["compute_ms"], r
-assert rows["simple"]["comm_alone_ms"] > 0.9 * link_ms, (rows["simple"], link_ms)
+    # COMM_ALONE: with no compute a step is the communication, not shorter than the shaped links
+    # allow (B through a worker's link; simple: 2 B through the driver's), and shorter than a step
+    # with compute where the links bound it. psph's is not: with no compute both workers' pushes
+    # reach the 2 shard processes at once, and 5 processes contend for 2 cores (a CI run measured
+    # 221 ms alone against 189 with compute), so it is only bounded loosely.
+    assert r["comm_alone_ms"] > 0.9 * link_ms * (1 if c == "simple" else 0.5), (r, link_ms)
+    assert r["comm_alone_ms"] < (1.5 if c == "psph" else 1.0) * r["step_ms"], r
+    assert r["shared_compute_ms"] >= 0.95 * r["compute_ms"], r  # 2 workers at once take a step at least
 # LINK_BUSY: no link carries more than its rate; allreduce's, the limit here, is mostly busy and
 # carries about the formula's bytes per step (B each way on 2 hosts; a short run's window is noisy).
 for r in rows.values():
