@@ -1,4 +1,4 @@
-// dsgd_zero_bench: what step.zero_stage 1 and 2 save and cost, on PyTorch's
+// dsgd_zero_bench: what step.zero_stage 1, 2 and 3 save and cost, on PyTorch's
 // ZeroRedundancyOptimizer recipe (20 x Linear(2000, 2000), Adam (lr 1e-4: the recipe's 0.01
 // diverges within steps), MSE against random targets, global batch 20).
 // Runs the same job at each stage of --stages (interleaved, --rounds times each), fresh workers
@@ -11,7 +11,7 @@
 // stage 1, and of the gradient's 4 more at stage 2). bench/zero.sh runs it beside PyTorch's own
 // (bench/peers/zero_peer.py).
 //
-//   dsgd_zero_bench --workers 2 --rounds 2 --stages 0,1,2 --json out.json
+//   dsgd_zero_bench --workers 2 --rounds 2 --stages 0,1,2,3 --json out.json
 //   DSGD_ZERO_BENCH_PROFILE=1 dsgd_zero_bench ...   (also each call's forward/backward/optimizer/wait s)
 #include <CLI/CLI.hpp>
 #include <torch/torch.h>
@@ -31,19 +31,35 @@
 #include <vector>
 
 #include "dsgd/torch/operator.h"
+#include "dsgd/torch/parameter_gate.h"
 #include "dsgd/runtime/trainer.h"
 
 namespace {
 
-// The recipe's model: `layers` Linear(width, width) in a row, Adam, MSE on random data.
+// `layers` Linear(width, width) in a row, each named before it runs (stage 3 gathers it then).
+struct Stack : torch::nn::Module {
+  Stack(int64_t layers, int64_t width) {
+    for (int64_t i = 0; i < layers; ++i) {
+      linears.push_back(register_module("l" + std::to_string(i), torch::nn::Linear(width, width)));
+    }
+  }
+  torch::Tensor forward(torch::Tensor x) {
+    for (auto& l : linears) {
+      dsgd::wait_for_parameters(*l);
+      x = l(x);
+    }
+    return x;
+  }
+  std::vector<torch::nn::Linear> linears;
+};
+
+// The recipe's model: the stack, Adam, MSE on random data.
 class ZeroRecipe : public dsgd::TrainingOperator {
  public:
   void setup(const nlohmann::json& config) override {
     const int64_t layers = config.value("layers", 20), width = config.value("width", 2000);
     const int64_t samples = config.value("samples", 400);
-    torch::nn::Sequential net;
-    for (int64_t i = 0; i < layers; ++i) net->push_back(torch::nn::Linear(width, width));
-    auto model = register_model(net.ptr());
+    auto model = register_model(std::make_shared<Stack>(layers, width));
     const double lr = config.value("lr", 1e-4);
     register_optimizer(std::make_unique<torch::optim::Adam>(model->parameters(), torch::optim::AdamOptions(lr)));
     register_loss([](const torch::Tensor& out, const torch::Tensor& target) { return torch::mse_loss(out, target); });
@@ -152,9 +168,9 @@ int main(int argc, char** argv) {
   dsgd::init(argc, argv);
   int workers = 2, rounds = 2, chunks = 3, layers = 20, width = 2000;
   int64_t steps = 5;
-  std::vector<int> stages{0, 1, 2};
+  std::vector<int> stages{0, 1, 2, 3};
   std::string json_out;
-  CLI::App app{"dsgd_zero_bench: memory and step time of step.zero_stage 1 and 2 against 0 on ZeRO's recipe"};
+  CLI::App app{"dsgd_zero_bench: memory and step time of step.zero_stage 1 to 3 against 0 on ZeRO's recipe"};
   app.add_option("--workers", workers, "Workers (one replica each, one thread each)")->capture_default_str();
   app.add_option("--rounds", rounds, "Runs of each stage, interleaved")->capture_default_str();
   app.add_option("--stages", stages, "The stages to run; the first is the baseline")->delimiter(',');
@@ -189,7 +205,7 @@ int main(int argc, char** argv) {
                       {"stages", nlohmann::json::object()}, {"runs", nlohmann::json::array()}};
   for (int zero : stages) {
     if (zero == base) continue;
-    const double bytes_a_parameter = zero == 1 ? 8 : 12;  // Adam's state; and the gradient
+    const double bytes_a_parameter = zero == 1 ? 8 : zero == 2 ? 12 : 16;  // Adam's state; the gradient; the weight
     const double formula_mib = bytes_a_parameter * params * (workers - 1) / workers / (1 << 20);
     const double saved_mib = best(base, &Run::peak_rss_mib) - best(zero, &Run::peak_rss_mib);
     const double step_ratio = best(zero, &Run::step_s) / best(base, &Run::step_s);

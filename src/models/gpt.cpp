@@ -9,6 +9,8 @@
 #include <torch/nn/modules/linear.h>
 #include <torch/nn/modules/normalization.h>
 #include <torch/version.h>
+
+#include "dsgd/torch/parameter_gate.h"
 #if TORCH_VERSION_MAJOR >= 2
 #include <ATen/ops/scaled_dot_product_attention.h>  // LibTorch 2's fused attention (Debian's 1.13 has none)
 #define DSGD_FUSED_ATTENTION 1
@@ -259,8 +261,18 @@ torch::Tensor Gpt::forward(const torch::Tensor& tokens) {
   }
   auto& m = *impl_;
   const auto positions = torch::arange(tokens.size(1), torch::TensorOptions(torch::kInt64).device(tokens.device()));
-  auto x = m.drop(m.wte(tokens) + m.wpe(positions));
-  for (const auto& b : *m.blocks) x = b->as<BlockImpl>()->forward(x);
+  // Each unit named before it runs (dsgd/torch/parameter_gate.h: the forward overlap's waits,
+  // ZeRO stage 3's gathers): the embeddings, each block, the last norm with the output layer.
+  wait_for_parameters(*m.wte);
+  auto x = m.wte(tokens);
+  wait_for_parameters(*m.wpe);
+  x = m.drop(x + m.wpe(positions));
+  for (const auto& b : *m.blocks) {
+    wait_for_parameters(*b);
+    x = b->as<BlockImpl>()->forward(x);
+  }
+  wait_for_parameters(*m.ln_f);
+  wait_for_parameters(m.wte->weight);
   return torch::nn::functional::linear(m.ln_f(x), m.wte->weight);  // the output layer is the embedding
 }
 

@@ -6,6 +6,7 @@
 #include <set>
 
 #include "dsgd/common/error.h"
+#include "dsgd/models/gpt.h"
 #include "dsgd/models/registry.h"
 #include "dsgd/torch/parameter_gate.h"
 #include "models/paced_sleep.h"
@@ -181,6 +182,16 @@ TEST(Models, ForwardWaitsForEveryParameter) {
     for (const auto& p : m->named_parameters()) {
       EXPECT_TRUE(gate.waited.count(p.value().unsafeGetTensorImpl())) << name << ": " << p.key();
     }
+  }
+  // The GPT names its embeddings, each block and the last norm with the tied output layer (ZeRO
+  // stage 3's units).
+  auto gpt = make_gpt(gpt_options("gpt-tiny", 256));
+  RecordingGate gate;
+  ParameterGate* previous = set_thread_parameter_gate(&gate);
+  gpt->forward(torch::randint(0, 256, {2, 8}, torch::kInt64));
+  set_thread_parameter_gate(previous);
+  for (const auto& p : gpt->named_parameters()) {
+    EXPECT_TRUE(gate.waited.count(p.value().unsafeGetTensorImpl())) << "gpt-tiny: " << p.key();
   }
   // No gate installed: nothing to wait for.
   wait_for_parameters(*make_model("cnn"));

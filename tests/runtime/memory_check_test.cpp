@@ -13,11 +13,11 @@ namespace {
 
 constexpr int64_t kGiB = int64_t{1} << 30;
 
-// gpt-large with AdamW on one worker of two: 3 GiB of weights, the gradients' 3 GiB (4.5 at
-// stage 1, 1.5 plus a ring at stage 2), Adam's 6 GiB (3 under zero).
+// gpt-large with AdamW on one worker of two: 3 GiB of weights (1.5 at stage 3), the gradients'
+// 3 GiB (4.5 at stage 1, 1.5 plus a ring at stages 2 and 3), Adam's 6 GiB (3 under zero).
 WorkerMemory large_worker() {
   return {MemoryParts{3 * kGiB, 3 * kGiB, 6 * kGiB}, MemoryParts{3 * kGiB, 4 * kGiB + kGiB / 2, 3 * kGiB},
-          MemoryParts{3 * kGiB, 2 * kGiB, 3 * kGiB}};
+          MemoryParts{3 * kGiB, 2 * kGiB, 3 * kGiB}, MemoryParts{kGiB + kGiB / 2, 2 * kGiB, 3 * kGiB}};
 }
 
 std::string error_of(const std::vector<WorkerMemory>& workers, int stage, int64_t available) {
@@ -39,8 +39,9 @@ TEST(MemoryCheck, AJobThatWouldNotFitNamesBothFiguresAndTheStageThatWould) {
   EXPECT_NE(e.find("optimizer state 6.00 GiB"), std::string::npos) << e;
   EXPECT_NE(e.find("--zero 2 (16.00 GiB)"), std::string::npos) << e;
   EXPECT_NE(e.find("about 1 worker(s)"), std::string::npos) << e;
-  // Nothing fits but fewer workers; then nothing at all.
-  EXPECT_NE(error_of(two, 2, 15 * kGiB).find("about 1 worker(s)"), std::string::npos);
+  // Stage 3 (13 GiB) where stage 2 does not fit; nothing but fewer workers; then nothing at all.
+  EXPECT_NE(error_of(two, 2, 15 * kGiB).find("--zero 3 (13.00 GiB), or about 1 worker(s)"), std::string::npos);
+  EXPECT_NE(error_of(two, 3, 12 * kGiB).find("about 1 worker(s)"), std::string::npos);
   EXPECT_NE(error_of(two, 2, 4 * kGiB).find("a smaller model"), std::string::npos);
 }
 

@@ -54,9 +54,11 @@ struct StepConfig {
   // epoch's last step may have fewer micro-batches.
   int64_t accumulate_steps = 1;
   // ZeRO (Rajbhandari et al.): 1 = each replica's optimizer holds state for, and steps, only its
-  // share of the parameters (whole tensors, balanced by size), then shared with every replica;
-  // 2 = its gradients too (4/N bytes a parameter plus a ring of 8 buckets; CPU). Strategy
-  // allreduce, without compression or comm.forward_overlap_buckets. 0 = off. docs/SETTINGS.md.
+  // share of the parameters (a flat block of every bucket), then shared with every replica;
+  // 2 = its gradients too (4/N bytes a parameter plus a ring of 8 buckets; CPU); 3 = the
+  // parameters too, each layer that forward names with dsgd::wait_for_parameters gathered whole
+  // just before it runs (dsgd/torch/parameter_gate.h; CPU). Strategy allreduce, without
+  // compression or comm.forward_overlap_buckets. 0 = off. docs/SETTINGS.md.
   int zero_stage = 0;
 };
 

@@ -14,10 +14,18 @@
 // Outside a dsgd replica's training, or with the option off, the calls do nothing (a lookup).
 // A model that does not cover every parameter it uses is trained without the overlap (the
 // runtime checks each forward), so a missing call costs speed, never correctness.
+//
+// Under ZeRO stage 3 (TrainerConfig::step.zero_stage 3) the same calls name the model's units:
+// each call's parameters are gathered whole just before the layer runs and released after it,
+// so a call per layer you want gathered at a time (a transformer block, a top-level child). A
+// parameter used without a call would be read while released: the first step checks that every
+// parameter that gets a gradient was named, and fails with ConfigError if not.
 #pragma once
 
 #include <torch/nn/module.h>
 #include <torch/types.h>
+
+#include <vector>
 
 namespace dsgd {
 
@@ -28,7 +36,11 @@ void wait_for_parameters(const torch::Tensor& parameter);
 class ParameterGate {
  public:
   virtual ~ParameterGate() = default;
-  virtual void wait(const torch::Tensor& parameter) = 0;
+  virtual void wait(const torch::Tensor& /*parameter*/) {}
+  // One call's parameters (a layer's, or one tensor): each waited for, unless a gate does more.
+  virtual void wait_layer(const std::vector<torch::Tensor>& parameters) {
+    for (const auto& p : parameters) wait(p);
+  }
 };
 // Installs `gate` (null: none) for the calling thread; returns the one it replaces.
 ParameterGate* set_thread_parameter_gate(ParameterGate* gate);

@@ -91,9 +91,9 @@ void GroupFormation::check_members_memory(const std::vector<proto::CommandResult
   std::vector<WorkerMemory> workers;
   for (const auto& s : setups) {
     const auto& m = s.setup().memory();
-    if (m.size() < 3) return;  // a worker of another version: nothing known
+    if (m.size() < kZeroStages) return;  // a worker of another version: nothing known
     WorkerMemory w;
-    for (int stage = 0; stage < 3; ++stage) {
+    for (int stage = 0; stage < kZeroStages; ++stage) {
       w[static_cast<size_t>(stage)] = {m[stage].parameters(), m[stage].gradients(), m[stage].optimizer_state()};
     }
     workers.push_back(w);

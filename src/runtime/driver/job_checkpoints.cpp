@@ -31,12 +31,12 @@ void JobCheckpoints::persist(int64_t epoch, int64_t batch, int64_t batches_per_e
   const auto t0 = Clock::now();
   collect(false);
   if (!writer_) writer_ = std::make_unique<CheckpointWriter>(config.checkpoints.dir, config.checkpoints.keep);
-  auto pickle = job_.call(command(&proto::Command::mutable_get_pickle), true);  // a recovery restores the snapshot
+  std::string pickle = job_.state.model_pickle();  // a recovery restores the snapshot
   const int64_t step = epoch * batches_per_epoch + batch;
   if (writer_->busy()) control::log().debug("trainer: checkpoint of step {} waits for the last one's write", step);
   writer_->submit({.step = step, .steps_done = job_.steps_done, .batches_per_epoch = batches_per_epoch},
                   {header(epoch, batch), job_.state.snapshot(), job_.state.feedback()},
-                  std::move(*pickle[0].mutable_pickle()->mutable_pickle()));
+                  std::move(pickle));
   const double s = std::chrono::duration<double>(Clock::now() - t0).count();
   control::log().debug("trainer: checkpoint of step {} handed to its writer in {:.3f} s", step, s);
   job_.state.add_call_seconds(s);

@@ -52,6 +52,16 @@ std::string JobState::fetch(int member) {
   return state;
 }
 
+std::string JobState::model_pickle() {
+  if (job_.config.step.zero_stage == 3) {  // the first member's parameters whole, until the pickle is made
+    proto::Command gather;
+    gather.mutable_gather_state()->set_keep(job_.pool->members().at(0));
+    job_.raw_call(gather);
+  }
+  auto reply = job_.call(command(&proto::Command::mutable_get_pickle), true);
+  return std::move(*reply[0].mutable_pickle()->mutable_pickle());
+}
+
 std::string JobState::read(Feedback* feedback) {
   // The optimizer state lives split over the servers (ps) or the replicas (zero): made whole
   // in the member whose state is read.

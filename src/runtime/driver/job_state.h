@@ -47,6 +47,9 @@ class JobState {
   // into its optimizers first (a collective: every member). With compression, *feedback (if
   // given) gets every replica's error feedback (every member).
   std::string read(Feedback* feedback = nullptr);
+  // The models as a pickle of named tensors from the first member (model.pt); under ZeRO stage 3
+  // its parameters gathered first.
+  std::string model_pickle();
 
   // The snapshot = read(), timed for the policy and seconds(). `before_steps`: the start-up's,
   // of a state no step has touched.

@@ -51,7 +51,7 @@ std::string check_memory(const std::vector<WorkerMemory>& workers, int stage, in
                            ")";
   if (available < 0 || need <= available) return each;
   std::string fits;
-  for (int s = stage + 1; s <= 2 && fits.empty(); ++s) {
+  for (int s = stage + 1; s < kZeroStages && fits.empty(); ++s) {
     if (need_at(workers, s) <= available) {
       fits = "--zero " + std::to_string(s) + " (" + gib(need_at(workers, s)) + ")";
     }

@@ -19,8 +19,9 @@ struct MemoryParts {
   int64_t parameters = 0, gradients = 0, optimizer_state = 0;
   int64_t total() const { return parameters + gradients + optimizer_state; }
 };
-// One worker's need at step.zero_stage 0, 1 and 2.
-using WorkerMemory = std::array<MemoryParts, 3>;
+// One worker's need at each step.zero_stage (0 to 3).
+inline constexpr int kZeroStages = 4;
+using WorkerMemory = std::array<MemoryParts, kZeroStages>;
 
 // /proc/meminfo's MemAvailable in bytes; -1 where it does not say.
 int64_t available_memory_bytes();

@@ -32,12 +32,12 @@ void Trainer::save(const std::string& path) {
   runtime::Feedback feedback;
   std::string state = d.recovering([&] { return d.state.read(&feedback); });
   d.state.set(state, feedback);  // as good as a snapshot: the state now
-  auto pickle = d.call(runtime::command(&proto::Command::mutable_get_pickle), true);
+  const std::string pickle = d.state.model_pickle();
   auto pos = d.call(runtime::command(&proto::Command::mutable_position), true);
   const proto::Position& p = pos[0].position();
   const auto t1 = Clock::now();
   runtime::Checkpoint c{d.checkpoints.header(p.epoch(), p.batch()), std::move(state), std::move(feedback)};
-  runtime::write_checkpoint(path, c, pickle[0].pickle().pickle());
+  runtime::write_checkpoint(path, c, pickle);
   log_timed("saved", path, c.state.size(), t0, t1, "written");
 }
 

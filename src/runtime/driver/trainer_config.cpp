@@ -49,7 +49,7 @@ void validate_zero(const TrainerConfig& c) {
   require(c.comm.forward_overlap_buckets == 0, "step.zero_stage",
           stage + " needs the optimizer step taken whole after backward: set comm.forward_overlap_buckets to 0");
   require(z < 2 || c.device != Device::kCuda, "step.zero_stage",
-          "step.zero_stage 2 runs on the CPU only for now: use stage 1 with device cuda, or device cpu");
+          stage + " runs on the CPU only for now: use stage 1 with device cuda, or device cpu");
 }
 
 void validate_step(const TrainerConfig& c) {

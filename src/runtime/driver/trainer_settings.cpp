@@ -243,9 +243,9 @@ std::string overlap_counts(const std::string& path, const int& n) {
   return n >= -1 ? "" : path + " must be >= 0 (0 = off) or -1 (auto), got " + std::to_string(n);
 }
 std::string zero_stages(const std::string& path, const int& z) {
-  return z >= 0 && z <= 2 ? ""
-                          : path + " must be 0 (off), 1 (optimizer state sharded) or 2 (gradients sharded too), got " +
-                                std::to_string(z);
+  return z >= 0 && z <= 3 ? ""
+                          : path + " must be 0 (off), 1 (optimizer state sharded), 2 (gradients sharded too) or 3 " +
+                                "(parameters sharded too), got " + std::to_string(z);
 }
 std::string loss_scales(const std::string& path, const double& s) {
   return s >= 0 || s == -1 ? ""
@@ -314,7 +314,7 @@ std::vector<SettingDescription> step_rows() {
           in(1, 4096, " (1 = no accumulation)")),
       row(DSGD_FIELD(step.zero_stage), "--zero", kTunable,
           "ZeRO stage: 1 = each replica keeps optimizer state for its share of the parameters only, 2 = and only "
-          "their gradients (0: off)",
+          "their gradients, 3 = and only those parameters, each layer gathered as forward reaches it (0: off)",
           zero_stages),
   };
 }

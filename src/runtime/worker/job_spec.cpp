@@ -102,7 +102,7 @@ proto::SetupReply setup_reply(torch_glue::ReplicaRuntime& replica, const Trainer
   }
   out.set_parameters(parameters);
   const auto bucket_bytes = static_cast<size_t>(job.comm.grad_shard_bytes);
-  for (int stage = 0; stage <= 2; ++stage) {
+  for (int stage = 0; stage <= 3; ++stage) {
     const auto need = torch_glue::memory_need(replica.op(), bucket_bytes, stage, world);
     auto* m = out.add_memory();
     m->set_parameters(need.parameters * replicas);

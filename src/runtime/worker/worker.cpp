@@ -336,9 +336,13 @@ class Worker {
       return out;
     }
     c10::Dict<std::string, at::Tensor> dict;  // CPU tensors as they are: no step runs while this does
-    for (auto& [name, t] : replicas_.at(0)->named_tensors()) dict.insert(name, t.detach().to(torch::kCPU));
+    auto& first = *replicas_.at(0);  // (under ZeRO stage 3 the driver gathered its parameters)
+    for (auto& [name, t] : first.named_tensors()) dict.insert(name, t.detach().to(torch::kCPU));
     const auto bytes = torch::pickle_save(dict);
     out.set_pickle(std::string(bytes.begin(), bytes.end()));
+    if (first.options().step.zero_stage == 3) {
+      for (auto& r : replicas_) r->drop_server_state_copy();  // sharded again
+    }
     return out;
   }
 

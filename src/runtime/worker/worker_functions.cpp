@@ -8,6 +8,7 @@
 
 #include "dsgd/common/error.h"
 #include "dsgd/torch/operator.h"
+#include "torch/sync/sharded_parameters.h"
 
 namespace dsgd {
 namespace {
@@ -26,6 +27,10 @@ nlohmann::json replica_summary(TrainingOperator* op, const nlohmann::json&) {
   int64_t parameters = 0;
   for (const auto& model : op->models()) {
     for (const auto& p : model->parameters()) {
+      if (torch_glue::released_memory(p)) {
+        throw Error("dsgd.replica reads the parameters, and under step.zero_stage 3 they are sharded between "
+                    "steps: run it with zero_stage 2 or less, or read the model with get_model");
+      }
       const auto t = p.detach().to(torch::kCPU).contiguous();
       const auto* bytes = static_cast<const unsigned char*>(t.data_ptr());
       for (size_t i = 0; i < t.nbytes(); ++i) hash = (hash ^ bytes[i]) * 1099511628211ull;

@@ -14,12 +14,12 @@ ParameterGate* set_thread_parameter_gate(ParameterGate* gate) {
 }
 
 void wait_for_parameters(const torch::Tensor& parameter) {
-  if (current_gate != nullptr) current_gate->wait(parameter);
+  if (current_gate != nullptr) current_gate->wait_layer({parameter});
 }
 
 void wait_for_parameters(const torch::nn::Module& layer) {
   if (current_gate == nullptr) return;
-  for (const auto& p : layer.parameters()) current_gate->wait(p);
+  current_gate->wait_layer(layer.parameters());
 }
 
 }  // namespace dsgd

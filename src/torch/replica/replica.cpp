@@ -156,12 +156,15 @@ void ReplicaRuntime::set_forward_overlap_buckets(size_t buckets) {
   for (auto& s : syncs_) s->set_deferred_buckets(buckets);
 }
 
-void ReplicaRuntime::wait(const torch::Tensor& parameter) {
-  const auto it = gate_index_.find(parameter.unsafeGetTensorImpl());
-  if (it == gate_index_.end()) return;
+void ReplicaRuntime::wait_layer(const std::vector<torch::Tensor>& parameters) {
+  zero_.enter(parameters);
+  if (gate_index_.empty()) return;
   const bool profiling = times_.profiling();
   const auto t0 = profiling ? Clock::now() : Clock::time_point{};
-  syncs_[it->second.first]->deferred().wait_for(it->second.second);
+  for (const auto& p : parameters) {
+    const auto it = gate_index_.find(p.unsafeGetTensorImpl());
+    if (it != gate_index_.end()) syncs_[it->second.first]->deferred().wait_for(it->second.second);
+  }
   if (profiling) times_.add_gate_wait(std::chrono::duration<double>(Clock::now() - t0).count());
 }
 
@@ -322,7 +325,7 @@ Metrics ReplicaRuntime::train(int64_t max_batches, bool profile) {
     boundary_.clear();
     boundary_.remember();
     try {
-      const ThreadHooks hooks(gate_index_.empty() ? nullptr : this,
+      const ThreadHooks hooks(gate_index_.empty() && !zero_.gathers() ? nullptr : this,
                               syncs_.empty() || options_.info.world_size == 1 ? nullptr : this);
       m = op_->train_epoch(max_batches);
       for (auto& s : syncs_) s->deferred().flush();
@@ -369,7 +372,7 @@ void ReplicaRuntime::add_call_metrics(Metrics* out, int64_t batches, double epoc
   m["optimizer_state_bytes"] = static_cast<double>(optimizer_state_bytes(*op_));
   double model_bytes = 0;
   for (const auto& [name, t] : torch_glue::named_tensors(*op_)) model_bytes += static_cast<double>(t.nbytes());
-  m["parameter_bytes"] = model_bytes;
+  m["parameter_bytes"] = zero_.held_bytes(model_bytes);  // stage 3: the shard, and what is whole now
   if (!syncs_.empty()) {  // what the GradSyncs keep
     double bytes = 0;
     for (const auto& s : syncs_) bytes += static_cast<double>(s->gradient_bytes());
@@ -396,6 +399,14 @@ void ReplicaRuntime::interrupted() {
 
 Metrics ReplicaRuntime::validate() {
   AutocastScope autocast(options_.info.device, options_.step.precision.value());
+  if (!zero_.gathers()) return op_->validate();
+  // Stage 3: whole for the call (replicas may validate different numbers of batches, so no
+  // unit is gathered per batch), released after it.
+  zero_.gather_parameters();
+  struct Release {
+    ZeroShare& zero;
+    ~Release() { zero.release_parameters(); }
+  } release{zero_};
   return op_->validate();
 }
 
@@ -405,6 +416,7 @@ size_t ReplicaRuntime::gradient_bytes(int world_size) const {
 }
 
 std::vector<std::pair<std::string, torch::Tensor>> ReplicaRuntime::named_tensors() const {
+  zero_.require_whole("named_tensors");  // stage 3: gather_server_state first
   return torch_glue::named_tensors(*op_);
 }
 

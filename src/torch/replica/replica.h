@@ -127,7 +127,8 @@ class ReplicaRuntime : private ParameterGate, private ReplicaSums, private Repli
   // it keeps none. Per replica: each host leader's differs. load_state takes it back; bytes of
   // another layout (bucket sizes, models) are dropped with a notice and feedback starts at zero.
   std::string save_feedback() const;
-  // The models' named parameters and buffers ("model<i>.<name>" for i > 0).
+  // The models' named parameters and buffers ("model<i>.<name>" for i > 0). Under ZeRO stage 3
+  // only while gathered (gather_server_state(true) until drop_server_state_copy): else throws.
   std::vector<std::pair<std::string, torch::Tensor>> named_tensors() const;
 
   const Position& position() const { return cursor_.position(); }
@@ -159,9 +160,10 @@ class ReplicaRuntime : private ParameterGate, private ReplicaSums, private Repli
   void add_phase(const char* name, double seconds) override { times_.add_phase(name, seconds); }
   void report_loss(double loss) override { times_.progress().loss = loss; }
 
-  // The forward overlap: wait_for_parameters lands here during train(); GradSync's held-back
-  // buckets are applied by deferred_.
-  void wait(const torch::Tensor& parameter) override;
+  // wait_for_parameters lands here during train(): under ZeRO stage 3 the layer is gathered
+  // (ZeroShare::enter); with the forward overlap, GradSync's held-back buckets of its parameters
+  // are applied by deferred_.
+  void wait_layer(const std::vector<torch::Tensor>& parameters) override;
   // SyncBatchNorm's sums over the replicas (dsgd/torch/sync_batchnorm.h) land here during train(): the
   // strategy's average of the floats, times the replicas.
   void sum(float* data, size_t count) override;

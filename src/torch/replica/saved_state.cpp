@@ -19,9 +19,20 @@ ReplicaState ReplicaRuntime::state() const {
   return s;
 }
 
-std::string ReplicaRuntime::save_state() const { return save_replica_state(*op_, state()); }
+std::string ReplicaRuntime::save_state() const {
+  zero_.require_whole("save_state");  // stage 3: gather_server_state first
+  return save_replica_state(*op_, state());
+}
 
-size_t ReplicaRuntime::state_bytes() const { return replica_state_bytes(*op_, state()); }
+size_t ReplicaRuntime::state_bytes() const {
+  if (!zero_.gathers()) return replica_state_bytes(*op_, state());
+  // Stage 3: the parameters are not here whole to serialise; what a gathered save would write,
+  // about (the snapshot schedule's size).
+  const auto world = static_cast<size_t>(std::max(1, options_.info.world_size));
+  size_t bytes = static_cast<size_t>(optimizer_state_bytes(*op_)) * world;
+  for (const auto& [name, t] : torch_glue::named_tensors(*op_)) bytes += static_cast<size_t>(t.nbytes());
+  return bytes;
+}
 
 namespace {
 constexpr char kFeedbackMagic[8] = {'d', 's', 'g', 'd', 'f', 'b', '0', '1'};
@@ -37,11 +48,13 @@ void ReplicaRuntime::load_state(const std::string& bytes, const std::string& fee
 }
 
 size_t ReplicaRuntime::share_state(strategy::Sharing& sharing, int root, bool load) {
+  zero_.gather_parameters();  // stage 3 (collective): the root's whole to send
   if (load) {
     for (auto& s : syncs_) s->deferred().discard();
     if (sharing.rank() != root) zero_.prepare_load();
   }
   const SharedState shared = broadcast_replica_state(*op_, state(), sharing, root, load, &spares_);
+  if (!load || sharing.rank() == root) zero_.release_parameters();  // a loaded one's at restored()
   if (load && sharing.rank() != root) {
     restored(shared.state);
     for (auto& s : syncs_) {

@@ -3,6 +3,7 @@
 
 #include <cmath>
 
+#include "dsgd/common/error.h"
 #include "torch/sync/shard_buffer.h"
 
 namespace dsgd::torch_glue {
@@ -22,27 +23,65 @@ bool same_layout(const Pieces& a, const Pieces& b) {
 int ZeroShare::shards(int world_size) const { return options_.step.zero_stage > 0 && world_size >= 2 ? world_size : 0; }
 
 size_t ZeroShare::ring_buckets(int world_size) const {
-  return options_.step.zero_stage == 2 && world_size >= 2 ? kRingBuckets : 0;
+  return options_.step.zero_stage >= 2 && world_size >= 2 ? kRingBuckets : 0;
 }
 
 Pieces ZeroShare::make_pieces() const {
   Pieces pieces;
-  for (const auto& s : syncs_) {
+  for (size_t k = 0; k < syncs_.size(); ++k) {
+    const auto& s = syncs_[k];
     if (!s->sharded()) continue;
+    const ShardedParameters* shard = k < params_.size() ? params_[k].get() : nullptr;
     for (size_t i = 0; i < s->num_params(); ++i) {
       const auto& p = s->shards().piece(i);
       const auto& param = s->param(i);
-      pieces[param.unsafeGetTensorImpl()] = {p.count > 0 ? memory_view(param, p.begin, p.count) : torch::Tensor(),
-                                             p.begin, p.count};
+      auto view = shard != nullptr ? shard->piece(i)  // stage 3: the shard's, not the parameter's
+                  : p.count > 0    ? memory_view(param, p.begin, p.count)
+                                   : torch::Tensor();
+      pieces[param.unsafeGetTensorImpl()] = {std::move(view), p.begin, p.count};
     }
   }
   return pieces;
 }
 
+bool ZeroShare::shard_parameters() {
+  const bool third = options_.step.zero_stage == 3;
+  std::vector<std::unique_ptr<ShardedParameters>> kept(syncs_.size());
+  std::vector<std::vector<torch::Tensor>> params(syncs_.size());
+  for (size_t s = 0; s < syncs_.size(); ++s) {
+    for (size_t i = 0; i < syncs_[s]->num_params(); ++i) params[s].push_back(syncs_[s]->param(i));
+    if (!third || !syncs_[s]->sharded()) continue;
+    for (auto& old : params_) {
+      if (old && old->same_layout(params[s], syncs_[s]->shards())) {
+        kept[s] = std::move(old);
+        break;
+      }
+    }
+  }
+  units_.reset({}, {});
+  params_.clear();  // the others' parameters take memory of their own again before new shards read them
+  bool made = false;
+  std::vector<ShardedParameters*> shards(syncs_.size(), nullptr);
+  for (size_t s = 0; s < syncs_.size(); ++s) {
+    if (!third || !syncs_[s]->sharded()) continue;
+    if (!kept[s]) {
+      kept[s] = std::make_unique<ShardedParameters>(params[s], syncs_[s]->plan(), syncs_[s]->shards());
+      made = true;
+    }
+    kept[s]->set_sharing(syncs_[s]->strategy().sharing());
+    shards[s] = kept[s].get();
+    syncs_[s]->set_listener({[this, s](size_t i) { units_.on_grad(s, i); }, [this, s] { units_.on_backward_end(s); }});
+  }
+  params_ = std::move(kept);
+  units_.reset(shards, params);
+  return made;
+}
+
 void ZeroShare::partition() {
   share_after_step_ = false;
+  const bool made = shard_parameters();
   Pieces fresh = make_pieces();
-  if (stepping_pieces_ && same_layout(fresh, pieces_)) return;  // the pieces' state is still theirs
+  if (stepping_pieces_ && !made && same_layout(fresh, pieces_)) return;  // the pieces' state is still theirs
   if (stepping_pieces_) drop_pieces(op_, pieces_, whole_);      // another layout: a load brings the state
   stepping_pieces_ = false;
   pieces_ = std::move(fresh);
@@ -66,7 +105,11 @@ void ZeroShare::before_step() {
 
 void ZeroShare::after_step() {
   if (!share_after_step_) return;
-  for (auto& s : syncs_) s->share_parameters();
+  if (gathers()) {
+    units_.release_all();  // the next forward gathers the new values
+  } else {
+    for (auto& s : syncs_) s->share_parameters();
+  }
   for (auto& [impl, piece] : pieces_) {
     if (piece.view.defined()) piece.view.mutable_grad() = torch::Tensor();  // the shard holds parameters now
   }
@@ -100,12 +143,21 @@ double ZeroShare::clip(double max_norm) {
 
 void ZeroShare::gather_state(bool keep) {
   if (!stepping_pieces_) return;
+  units_.gather_all();
   gather_whole(op_, pieces_, whole_, *syncs_[0]->strategy().sharing(), keep);
-  if (keep) stepping_pieces_ = false;
+  if (keep) {
+    stepping_pieces_ = false;
+  } else {
+    units_.release_all();
+  }
 }
 
 void ZeroShare::drop_unowned() {
   if (!active() || stepping_pieces_) return;
+  for (auto& p : params_) {  // stage 3: what the parameters hold now is the shard's
+    if (p) p->store();
+  }
+  units_.release_all();
   // A load may have given the parameters new storage (Module::load's set_): views of it anew.
   pieces_ = make_pieces();
   to_pieces(op_, pieces_, whole_);
@@ -113,9 +165,30 @@ void ZeroShare::drop_unowned() {
 }
 
 void ZeroShare::prepare_load() {
+  for (auto& p : params_) {
+    if (p) p->allocate_all();
+  }
   if (!stepping_pieces_) return;
   drop_pieces(op_, pieces_, whole_);
   stepping_pieces_ = false;
+}
+
+double ZeroShare::held_bytes(double whole) const {
+  if (!gathers()) return whole;
+  for (const auto& s : syncs_) {
+    if (!s->sharded()) continue;
+    for (size_t i = 0; i < s->num_params(); ++i) whole -= static_cast<double>(s->param(i).nbytes());
+  }
+  return whole + static_cast<double>(units_.bytes());
+}
+
+void ZeroShare::require_whole(const char* what) const {
+  for (const auto& p : params_) {
+    if (p && !p->all_resident()) {
+      throw Error(std::string(what) + " reads the parameters whole, and under step.zero_stage 3 this replica holds " +
+                  "its shard of them only: read them through the trainer (get_model, save), which gathers them");
+    }
+  }
 }
 
 }  // namespace dsgd::torch_glue

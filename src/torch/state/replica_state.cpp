@@ -238,9 +238,15 @@ MemoryNeed memory_need(TrainingOperator& op, size_t grad_shard_bytes, int stage,
   const bool sharded = stage > 0 && world >= 2;
   MemoryNeed need;
   for (const auto& [name, t] : named_tensors(op)) need.parameters += static_cast<int64_t>(t.nbytes());
-  const size_t ring = sharded && stage == 2 ? kRingBuckets : 0;
+  const size_t ring = sharded && stage >= 2 ? kRingBuckets : 0;
   need.gradients = static_cast<int64_t>(gradient_bytes(op, grad_shard_bytes, ring, sharded ? world : 0));
   if (sharded) need.gradients += 4 * shard_elements(op, grad_shard_bytes, world);
+  if (sharded && stage == 3) {  // the trainable parameters' shard only (units gathered whole come on top)
+    for (const auto& m : op.models()) {
+      for (const auto& p : m->parameters()) need.parameters -= p.requires_grad() ? static_cast<int64_t>(p.nbytes()) : 0;
+    }
+    need.parameters += 4 * shard_elements(op, grad_shard_bytes, world);
+  }
   for (size_t k = 0; k < op.num_optimizers(); ++k) {
     for (const auto& group : op.optimizer(k).param_groups()) {
       int64_t elements = 0;

@@ -72,7 +72,8 @@ int64_t optimizer_state_bytes(const TrainingOperator& op);
 size_t gradient_bytes(const TrainingOperator& op, size_t grad_shard_bytes, size_t ring, int shards = 0);
 
 // What one replica will hold before activations, at step.zero_stage `stage` over `world`
-// replicas (under 2: stage 0): its models' parameters and buffers; its GradSyncs' gradients (the
+// replicas (under 2: stage 0): its models' parameters and buffers (stage 3: the trainable
+// parameters' shard, without the units gathered whole as forward and backward go); its GradSyncs' gradients (the
 // flat buffer, or stage 2's ring, and under zero the block of averages); its optimizers' state,
 // from their kinds and settings (SGD with momentum 4 bytes a trainable element, Adam and AdamW 8,
 // 12 with amsgrad, RMSprop 4 to 12, Adagrad 4; other kinds 0), 1/world of it under zero. What

@@ -49,14 +49,14 @@ GradSync::GradSync(std::vector<torch::Tensor> params, size_t grad_shard_bytes,
   }
   if (buffer_.ring() > 0) {
     if (buffer_.staged()) {  // device auto found a GPU here (device cuda is refused by validate_zero)
-      throw ConfigError("step.zero_stage 2 runs on the CPU only for now, and device auto found a GPU: use stage 1, "
-                        "or device cpu",
+      throw ConfigError("step.zero_stage 2 and 3 run on the CPU only for now, and device auto found a GPU: use "
+                        "stage 1, or device cpu",
                         "step.zero_stage");
     }
     require_checked(shard_ != nullptr, "stage 2's ring over several replicas (ZeroShare::ring_buckets)");
-    ring_holder_.assign(buffer_.ring(), -1);
-    consumed_.assign(plan.buckets().size(), 0);
-    stash_.resize(params_.size());
+    ring_.holder.assign(buffer_.ring(), -1);
+    ring_.consumed.assign(plan.buckets().size(), 0);
+    ring_.stash.resize(params_.size());
   }
   if (buffer_.staged() && strategy_ && strategy_->server_updates()) {
     throw ConfigError("strategy " + strategy_->name() + " updates parameters on its servers, which hold them on the " +
@@ -131,7 +131,26 @@ void GradSync::throw_if_an_average_failed_locked() {
   }
 }
 
+namespace {
+
+// Runs `work`, then `end` (if any) whatever `work` did; `work`'s error is the one thrown.
+void then_tell(const std::function<void()>& work, const std::function<void()>& end) {
+  try {
+    work();
+  } catch (...) {
+    try {
+      if (end) end();
+    } catch (...) {
+    }
+    throw;
+  }
+  if (end) end();
+}
+
+}  // namespace
+
 torch::Tensor GradSync::on_grad(size_t param, const torch::Tensor& grad) {
+  if (listener_.grad) listener_.grad(param);  // stage 3: the unit before this one gathered first
   std::unique_lock<std::mutex> lock(mutex_);
   // A backward that throws here never finalizes (autograd drops its callbacks), and the
   // replicas' sequences of buckets no longer match: later backwards fail too, not silently.
@@ -154,7 +173,7 @@ torch::Tensor GradSync::on_grad(size_t param, const torch::Tensor& grad) {
   if (!bw_.running) {
     bw_.running = true;
     torch::autograd::Engine::get_default_engine().queue_callback(
-        [this] { buffer_.ring() > 0 ? finalize_ring() : finalize(); });
+        [this] { then_tell([this] { buffer_.ring() > 0 ? finalize_ring() : finalize(); }, listener_.end); });
   }
   bw_.got_grad[param] = true;
   if (buffer_.ring() > 0) {
@@ -267,7 +286,7 @@ void GradSync::set_micro_batch(bool first, bool last) {
   if (bw_.running || bw_.next_launch != 0) throw Error("GradSync: micro-batches cannot change during a backward");
   if (first) {  // a new step: whatever an interrupted one held is dropped
     acc_.held = false;
-    ring_finite_ = true;
+    ring_.finite = true;
   }
   const bool hold = !last;
   if (hold && (deferred_->count() > 0 || servers_)) {

@@ -164,6 +164,15 @@ class GradSync {
   // replica's block packed, Sharing::allgather_async into the bucket's place in the buffer,
   // copied into the parameters). The averages in the shard are gone afterwards.
   void share_parameters();
+  // Stage 3 (ShardedParameters: the parameters themselves sharded; nothing to share after the
+  // step): told of each parameter's gradient as it arrives, on backward's thread before the hook
+  // takes it, and of backward's end after its last wait (torch/replica/unit_gathers.h).
+  struct Listener {
+    std::function<void(size_t param)> grad;
+    std::function<void()> end;
+  };
+  void set_listener(Listener listener) { listener_ = std::move(listener); }
+  const strategy::BucketPlan& plan() const { return buffer_.plan(); }
 
   // ---- update on the servers (strategy->server_updates()) ----
   // Null unless the strategy updates on its servers; then its set_optimizer is required before
@@ -238,11 +247,14 @@ class GradSync {
   std::unique_ptr<HostStager> stager_;          // CUDA: copies buckets to the host while backward goes on
 
   std::unique_ptr<ShardBuffer> shard_;          // ZeRO: this replica's block of every bucket
+  Listener listener_;                           // stage 3
   // Stage 2 (guarded by mutex_).
-  std::vector<int64_t> ring_holder_;            // per ring buffer: the bucket in it, -1 for none
-  std::vector<char> consumed_;                  // per bucket: averaged and copied out this backward
-  bool ring_finite_ = true;                     // every bucket consumed this backward was finite
-  std::vector<torch::Tensor> stash_;            // per parameter: its gradient kept aside, if any
+  struct Ring {
+    std::vector<int64_t> holder;                // per ring buffer: the bucket in it, -1 for none
+    std::vector<char> consumed;                 // per bucket: averaged and copied out this backward
+    bool finite = true;                         // every bucket consumed this backward was finite
+    std::vector<torch::Tensor> stash;           // per parameter: its gradient kept aside, if any
+  } ring_;
 };
 
 }  // namespace dsgd::torch_glue

@@ -81,7 +81,7 @@ torch::Tensor GradSync::on_grad_ring_locked(std::unique_lock<std::mutex>& lock, 
     if (!GradientBuffer::fill_checked(dst, grad, weight_)) bw_.ok[bucket] = false;
   };
   if (!claim_ring_locked(lock, bucket)) {  // an earlier bucket, not yet launched, holds it
-    auto& aside = stash_[param];
+    auto& aside = ring_.stash[param];
     aside = torch::empty_like(buffer_.slot(param));
     fill(aside);
     return aside.detach();
@@ -94,7 +94,7 @@ torch::Tensor GradSync::on_grad_ring_locked(std::unique_lock<std::mutex>& lock, 
 }
 
 bool GradSync::claim_ring_locked(std::unique_lock<std::mutex>& lock, size_t bucket) {
-  auto& holder = ring_holder_[bucket % buffer_.ring()];
+  auto& holder = ring_.holder[bucket % buffer_.ring()];
   while (holder != static_cast<int64_t>(bucket)) {
     if (holder < 0) {
       holder = static_cast<int64_t>(bucket);
@@ -126,31 +126,31 @@ void GradSync::consume_locked(std::unique_lock<std::mutex>& lock, size_t bucket)
   if (acc_.held) {  // the block holds the step's earlier micro-batches' averages: this one is added
     const float* average = reduce_out_locked(bucket);
     float* sum = shard_->host_block(bucket);
-    ring_finite_ = ring_finite_ && (block == 0 || std::isfinite(average[0]));
+    ring_.finite = ring_.finite && (block == 0 || std::isfinite(average[0]));
     for (size_t j = 0; j < block; ++j) sum[j] += average[j];
   } else {
-    ring_finite_ = ring_finite_ && shard_->block_ok(bucket);
+    ring_.finite = ring_.finite && shard_->block_ok(bucket);
   }
-  consumed_[bucket] = 1;
-  ring_holder_[bucket % buffer_.ring()] = -1;
+  ring_.consumed[bucket] = 1;
+  ring_.holder[bucket % buffer_.ring()] = -1;
 }
 
 void GradSync::evict_locked(size_t bucket) {
   torch::NoGradGuard no_grad;
   for (size_t i : buffer_.plan().buckets()[bucket].params) {
-    if (!bw_.got_grad[i] || stash_[i].defined()) continue;
-    stash_[i] = buffer_.slot(i).clone();
+    if (!bw_.got_grad[i] || ring_.stash[i].defined()) continue;
+    ring_.stash[i] = buffer_.slot(i).clone();
     ++bw_.missing[bucket];
   }
-  ring_holder_[bucket % buffer_.ring()] = -1;
+  ring_.holder[bucket % buffer_.ring()] = -1;
 }
 
 void GradSync::unstash_locked(size_t bucket) {
   torch::NoGradGuard no_grad;
   for (size_t i : buffer_.plan().buckets()[bucket].params) {
-    if (!stash_[i].defined()) continue;
-    buffer_.slot(i).copy_(stash_[i]);
-    stash_[i] = torch::Tensor();
+    if (!ring_.stash[i].defined()) continue;
+    buffer_.slot(i).copy_(ring_.stash[i]);
+    ring_.stash[i] = torch::Tensor();
     --bw_.missing[bucket];
   }
 }
@@ -176,7 +176,7 @@ void GradSync::finalize_ring() {
       launch_ready_locked(true);
     }
     for (size_t b = 0; b < buckets.size(); ++b) {
-      if (!consumed_[b]) consume_locked(lock, b);
+      if (!ring_.consumed[b]) consume_locked(lock, b);
     }
   } catch (...) {
     error = std::current_exception();
@@ -191,15 +191,15 @@ void GradSync::finalize_ring() {
       w.reset();
     }
   }
-  std::fill(consumed_.begin(), consumed_.end(), 0);
-  std::fill(ring_holder_.begin(), ring_holder_.end(), -1);
-  for (auto& s : stash_) s = torch::Tensor();
+  std::fill(ring_.consumed.begin(), ring_.consumed.end(), 0);
+  std::fill(ring_.holder.begin(), ring_.holder.end(), -1);
+  for (auto& s : ring_.stash) s = torch::Tensor();
   reset_backward_locked();
   const bool held = acc_.hold && !error;
   acc_.held = held;  // a micro-batch before the step's last: the blocks keep the sum so far
   if (!held) {
-    last_finite_ = ring_finite_;
-    ring_finite_ = true;
+    last_finite_ = ring_.finite;
+    ring_.finite = true;
   }
   if (error) std::rethrow_exception(error);
   if (held) last_finite_ = true;  // said at the step's last micro-batch
