@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# ZeRO stages 1 and 2 (step.zero_stage) against plain allreduce and against PyTorch's
+# ZeRO stages 1 to 3 (step.zero_stage) against plain allreduce and against PyTorch's
 # ZeroRedundancyOptimizer (stage 1), side by side in one run, on PyTorch's recipe: 20 x Linear(2000, 2000),
 # Adam, 2 ranks of one thread, global batch 20. dsgd runs each stage ROUNDS times (interleaved,
 # fresh workers each run), PyTorch each once (its steps are slow here). Prints both sides' seconds
@@ -26,12 +26,13 @@ d, p = (json.load(open(f)) for f in sys.argv[1:3])
 def best(runs, zero, key):
     vals = [r[key] for r in runs if r["zero"] == zero]
     return min(vals) if vals else float("nan")
-print("| | s/step zero 0 | s/step zero 1 | s/step zero 2 | peak RSS MiB zero 0 | peak RSS MiB zero 1 | "
-      "peak RSS MiB zero 2 | peak PSS MiB zero 0 | peak PSS MiB zero 1 | peak PSS MiB zero 2 |")
-print("|---|---|---|---|---|---|---|---|---|---|")
+stages = (0, 1, 2, 3)
+print("| | " + " | ".join(f"s/step zero {z}" for z in stages) + " | peak RSS MiB zero " +
+      " / ".join(map(str, stages)) + " | peak PSS MiB zero " + " / ".join(map(str, stages)) + " |")
+print("|---" * (len(stages) + 3) + "|")
 for name, runs in (("dsgd", d["runs"]), ("PyTorch DDP + ZeroRedundancyOptimizer (stage 1)", p["runs"])):
-    cells = [f"{best(runs, z, 'step_s'):.3f}" for z in (0, 1, 2)] + \
-            [f"{best(runs, z, k):.0f}" for k in ("peak_rss_mib", "peak_pss_mib") for z in (0, 1, 2)]
+    cells = [f"{best(runs, z, 'step_s'):.3f}" for z in stages] + \
+            [" / ".join(f"{best(runs, z, k):.0f}" for z in stages) for k in ("peak_rss_mib", "peak_pss_mib")]
     print(f"| {name} | " + " | ".join(c.replace("nan", "-") for c in cells) + " |")
 for z, s in sorted(d["stages"].items()):
     print(f"dsgd zero {z} saves {s['saved_mib']:.0f} MiB per rank (formula {s['formula_saved_mib']:.0f}); "

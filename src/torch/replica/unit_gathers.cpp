@@ -22,8 +22,8 @@ void UnitGathers::reset(std::vector<ShardedParameters*> shards, const std::vecto
       bucket_of_[s].push_back(shards_[s]->bucket_of(i));
     }
   }
-  ended_.assign(shards_.size(), false);
-  for (size_t s = 0; s < shards_.size(); ++s) ended_[s] = shards_[s] == nullptr;
+  check_.ended.assign(shards_.size(), false);
+  for (size_t s = 0; s < shards_.size(); ++s) check_.ended[s] = shards_[s] == nullptr;
 }
 
 std::vector<UnitGathers::Key> UnitGathers::keys_of(const std::vector<torch::Tensor>& params) const {
@@ -91,8 +91,8 @@ void UnitGathers::enter(const std::vector<torch::Tensor>& params) {
   if (shards_.empty()) return;
   const auto keys = keys_of(params);
   if (keys.empty()) return;
-  if (!checked_) {  // checked at backward's end
-    for (const auto& p : params) named_.insert(p.unsafeGetTensorImpl());
+  if (!check_.done) {  // checked at backward's end
+    for (const auto& p : params) check_.named.insert(p.unsafeGetTensorImpl());
   }
   comm::timeline::Span span("gather unit");
   const bool training = torch::GradMode::is_enabled();
@@ -114,8 +114,8 @@ void UnitGathers::enter(const std::vector<torch::Tensor>& params) {
 
 void UnitGathers::on_grad(size_t sync, size_t param) {
   if (shards_.empty() || shards_[sync] == nullptr) return;
-  if (!checked_ && named_.count(impls_[sync][param]) == 0 && unnamed_.size() < 8) {
-    unnamed_.push_back("model " + std::to_string(sync) + "'s parameter " + std::to_string(param));
+  if (!check_.done && check_.named.count(impls_[sync][param]) == 0 && check_.unnamed.size() < 8) {
+    check_.unnamed.push_back("model " + std::to_string(sync) + "'s parameter " + std::to_string(param));
   }
   if (missing_.empty()) return;  // a backward with no forward named in it (nothing was released)
   const int64_t u = unit_of_[sync][param];
@@ -131,13 +131,13 @@ void UnitGathers::on_grad(size_t sync, size_t param) {
 
 void UnitGathers::on_backward_end(size_t sync) {
   if (shards_.empty() || shards_[sync] == nullptr) return;
-  if (!checked_) {
-    ended_[sync] = true;
-    if (!unnamed_.empty()) {
+  if (!check_.done) {
+    check_.ended[sync] = true;
+    if (!check_.unnamed.empty()) {
       shards_[sync]->release_all();
       std::string list;
-      for (const auto& u : unnamed_) list += (list.empty() ? "" : ", ") + u;
-      unnamed_.clear();
+      for (const auto& u : check_.unnamed) list += (list.empty() ? "" : ", ") + u;
+      check_.unnamed.clear();
       throw ConfigError(
           "step.zero_stage 3 gathers a layer's parameters when forward names them with "
           "dsgd::wait_for_parameters just before using them (dsgd/torch/parameter_gate.h), and " +
@@ -146,9 +146,9 @@ void UnitGathers::on_backward_end(size_t sync) {
               "every layer before it runs, or use zero_stage 2",
           "step.zero_stage");
     }
-    if (std::all_of(ended_.begin(), ended_.end(), [](bool e) { return e; })) {
-      checked_ = true;
-      named_.clear();
+    if (std::all_of(check_.ended.begin(), check_.ended.end(), [](bool e) { return e; })) {
+      check_.done = true;
+      check_.named.clear();
     }
   }
   shards_[sync]->release_all();
@@ -158,6 +158,17 @@ void UnitGathers::on_backward_end(size_t sync) {
 void UnitGathers::gather_all() {
   for (auto* s : shards_) {
     if (s != nullptr) s->gather_all();
+  }
+}
+
+void UnitGathers::pass_all() {
+  for (auto* s : shards_) {
+    if (s == nullptr) continue;
+    for (size_t b = 0; b < s->num_buckets(); ++b) {
+      s->gather(b);
+      s->wait(b);
+      s->release(b);
+    }
   }
 }
 

@@ -52,6 +52,9 @@ class UnitGathers {
 
   void gather_all();   // collective: every bucket whole (for a save, a broadcast, validate)
   void release_all();  // every bucket released (after a step; the next forward gathers)
+  // Collective, as gather_all, for a replica that only sends its blocks: each bucket released
+  // again as soon as it is whole, so it holds one at a time.
+  void pass_all();
   // Parameter bytes held now (shards and the buckets whole) and their whole size.
   size_t bytes() const;
   size_t whole_bytes() const;
@@ -75,10 +78,12 @@ class UnitGathers {
   std::vector<std::vector<size_t>> bucket_of_;                        // per sync, per parameter
   std::vector<std::vector<const void*>> impls_;                       // per sync, per parameter
   // Until the first backward's end: what forward names, and what got a gradient unnamed.
-  bool checked_ = false;
-  std::unordered_set<const void*> named_;
-  std::vector<std::string> unnamed_;  // parameters that got a gradient unnamed
-  std::vector<bool> ended_;           // per sync: its checked backward ended
+  struct Check {
+    bool done = false;
+    std::unordered_set<const void*> named;
+    std::vector<std::string> unnamed;
+    std::vector<bool> ended;  // per sync: its checked backward ended
+  } check_;
   // This forward and its backward.
   bool fresh_ = true;                          // the next enter begins a forward
   std::vector<Unit> units_;                    // in forward's order

@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "dsgd/common/error.h"
+#include "torch/memory/cpu_allocator.h"
 #include "torch/sync/shard_buffer.h"
 
 namespace dsgd::torch_glue {
@@ -74,6 +75,10 @@ bool ZeroShare::shard_parameters() {
   }
   params_ = std::move(kept);
   units_.reset(shards, params);
+  units_.release_all();  // 1/N held from here on; whatever reads them whole gathers first
+  // The parameters' own memory, now in the buckets' buffers, waits in the CPU cache: back to the
+  // system, or the replica would hold the whole model still.
+  if (made && cpu_cache_installed()) release_cpu_cache();
   return made;
 }
 
@@ -143,7 +148,11 @@ double ZeroShare::clip(double max_norm) {
 
 void ZeroShare::gather_state(bool keep) {
   if (!stepping_pieces_) return;
-  units_.gather_all();
+  if (keep) {
+    units_.gather_all();
+  } else {
+    units_.pass_all();  // the keeper's gathers, one bucket whole here at a time
+  }
   gather_whole(op_, pieces_, whole_, *syncs_[0]->strategy().sharing(), keep);
   if (keep) {
     stepping_pieces_ = false;

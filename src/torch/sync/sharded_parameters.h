@@ -2,12 +2,12 @@
 // replica's block of every bucket (its strategy::ShardLayout), the shard, and gathered whole one
 // bucket at a time when a layer needs them (torch/replica/unit_gathers.h says when).
 //
-// Each parameter is a view of its bucket's whole buffer (padded as the layout pads it). A bucket
-// released gives that buffer's memory back, as FSDP frees its flat parameter: its storage keeps
-// its size but points at a read-only mapping that holds no page (reads give zeros, writes fault),
-// while the parameters, and autograd's saved references to them, keep viewing it. A bucket
-// gathered allocates the storage again and fills it with every replica's block
-// (Sharing::allgather_async), so those views see the values again. The optimizer steps pieces of
+// Each parameter is a view of its bucket's whole buffer (padded as the layout pads it), a mapping
+// of its own. A bucket released gives that buffer's pages back to the system, as FSDP frees its
+// flat parameter: the mapping stays, read-only and holding no page (reads give zeros, writes
+// fault), and the parameters, and autograd's saved references to them, keep viewing it. A bucket
+// gathered turns writable and fills with every replica's block (Sharing::allgather_async), so
+// those views see the values again. The optimizer steps pieces of
 // the shard (piece(i)), so a step changes only the shard, and the next gather brings it to all.
 //
 //   ShardedParameters shards(params, plan, layout);     // views set; this replica's block kept
