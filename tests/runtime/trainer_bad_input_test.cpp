@@ -193,7 +193,7 @@ TEST(TrainerBadInput, EveryConfigErrorNamesItsField) {
   bad = c;
   bad.step.max_grad_norm = -1;
   EXPECT_EQ(field_of(bad), "step.max_grad_norm");
-  for (const int stage : {-1, 3}) {
+  for (const int stage : {-1, 4}) {
     bad = c;
     bad.step.zero_stage = stage;
     EXPECT_EQ(field_of(bad), "step.zero_stage");
@@ -207,6 +207,8 @@ TEST(TrainerBadInput, EveryConfigErrorNamesItsField) {
   EXPECT_EQ(field_of(bad), "step.zero_stage");
   bad.comm.compression = Compression::kNone;
   bad.device = Device::kCuda;  // stage 2 is CPU-only
+  EXPECT_EQ(field_of(bad), "step.zero_stage");
+  bad.step.zero_stage = 3;  // so is stage 3
   EXPECT_EQ(field_of(bad), "step.zero_stage");
   bad.device = c.device;
   EXPECT_EQ(field_of(bad), "<accepted>");

@@ -118,7 +118,8 @@ class ReplicaRuntime : private ParameterGate, private ReplicaSums, private Repli
   // Collective over `sharing`'s replicas (the group's broadcast, torch/state/broadcast.h):
   // replica `root`'s state, as save_state() would write it, into every replica with `load`, with
   // no archive in between; the others take part and keep theirs. A loaded replica is where
-  // load_state would leave it (error feedback from zero). Returns the bytes that crossed.
+  // load_state would leave it (error feedback from zero). Returns the bytes that crossed. Not
+  // under ZeRO stage 3 (throws dsgd::Error): no replica holds the whole parameters of the step.
   size_t share_state(strategy::Sharing& sharing, int root, bool load);
   // A standby's: its optimizers' state tensors made now (make_spare_state), which share_state
   // then fills instead of allocating; let go of at the next load.

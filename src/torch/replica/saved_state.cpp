@@ -48,13 +48,15 @@ void ReplicaRuntime::load_state(const std::string& bytes, const std::string& fee
 }
 
 size_t ReplicaRuntime::share_state(strategy::Sharing& sharing, int root, bool load) {
-  zero_.gather_parameters();  // stage 3 (collective): the root's whole to send
+  if (zero_.gathers()) {  // the driver recovers stage 3 from its snapshot (Recovery::replicas_hold_whole_state)
+    throw Error("share_state under step.zero_stage 3: each replica holds only its block of the parameters, which "
+                "a replica behind or new does not hold for this step; recover from the snapshot instead");
+  }
   if (load) {
     for (auto& s : syncs_) s->deferred().discard();
     if (sharing.rank() != root) zero_.prepare_load();
   }
   const SharedState shared = broadcast_replica_state(*op_, state(), sharing, root, load, &spares_);
-  if (!load || sharing.rank() == root) zero_.release_parameters();  // a loaded one's at restored()
   if (load && sharing.rank() != root) {
     restored(shared.state);
     for (auto& s : syncs_) {

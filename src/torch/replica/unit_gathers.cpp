@@ -185,10 +185,4 @@ size_t UnitGathers::bytes() const {
   return n;
 }
 
-size_t UnitGathers::whole_bytes() const {
-  size_t n = 0;
-  for (auto* s : shards_) n += s != nullptr ? s->whole_bytes() : 0;
-  return n;
-}
-
 }  // namespace dsgd::torch_glue

@@ -55,9 +55,8 @@ class UnitGathers {
   // Collective, as gather_all, for a replica that only sends its blocks: each bucket released
   // again as soon as it is whole, so it holds one at a time.
   void pass_all();
-  // Parameter bytes held now (shards and the buckets whole) and their whole size.
+  // Parameter bytes held now: the shards and the buckets whole.
   size_t bytes() const;
-  size_t whole_bytes() const;
 
  private:
   using Key = uint64_t;  // (sync << 32) | bucket

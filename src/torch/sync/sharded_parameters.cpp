@@ -240,10 +240,4 @@ size_t ShardedParameters::bytes() const {
   return n;
 }
 
-size_t ShardedParameters::whole_bytes() const {
-  size_t n = 0;
-  for (size_t b = 0; b < buckets_.size(); ++b) n += layout_.padded(b) * sizeof(float);
-  return n;
-}
-
 }  // namespace dsgd::torch_glue

@@ -77,7 +77,6 @@ class ShardedParameters {
   torch::Tensor piece(size_t param) const;
   // Bytes held: the shard and the resident buckets.
   size_t bytes() const;
-  size_t whole_bytes() const;  // every bucket's, resident or not
 
  private:
   enum class State { kReleased, kGathering, kResident };
