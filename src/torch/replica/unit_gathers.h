@@ -36,8 +36,8 @@ namespace dsgd::torch_glue {
 class UnitGathers {
  public:
   // One ShardedParameters per GradSync, in the GradSyncs' order (null: that one is not sharded),
-  // and each one's parameters. Every bucket is taken to be whole (a partition leaves them so); the
-  // next forward and backward check what forward names.
+  // and each one's parameters. Buckets may be whole or released (a partition then releases all);
+  // the next forward and backward check what forward names.
   void reset(std::vector<ShardedParameters*> shards, const std::vector<std::vector<torch::Tensor>>& params);
   bool active() const { return !shards_.empty(); }
 
