@@ -10,6 +10,7 @@
 #include <torch/nn/modules/normalization.h>
 #include <torch/version.h>
 
+#include "dsgd/torch/activation_checkpoint.h"
 #include "dsgd/torch/parameter_gate.h"
 #if TORCH_VERSION_MAJOR >= 2
 #include <ATen/ops/scaled_dot_product_attention.h>  // LibTorch 2's fused attention (Debian's 1.13 has none)
@@ -269,7 +270,8 @@ torch::Tensor Gpt::forward(const torch::Tensor& tokens) {
   x = m.drop(x + m.wpe(positions));
   for (const auto& b : *m.blocks) {
     wait_for_parameters(*b);
-    x = b->as<BlockImpl>()->forward(x);
+    auto* block = b->as<BlockImpl>();  // checkpointed: step.activation_checkpointing
+    x = run_checkpointed(*b, x, [block](const torch::Tensor& in) { return block->forward(in); });
   }
   wait_for_parameters(*m.ln_f);
   wait_for_parameters(m.wte->weight);

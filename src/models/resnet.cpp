@@ -8,6 +8,7 @@
 #include <torch/nn/modules/conv.h>
 #include <torch/nn/modules/linear.h>
 
+#include "dsgd/torch/activation_checkpoint.h"
 #include "dsgd/torch/parameter_gate.h"
 #include "dsgd/torch/sync_batchnorm.h"
 #include "models/zoo.h"
@@ -125,7 +126,8 @@ class ResNet : public Classifier {
     if (imagenet_stem_) x = F::max_pool2d(x, F::MaxPool2dFuncOptions(3).stride(2).padding(1));
     for (auto& block : blocks_) {
       wait_for_parameters(*block);  // a block at a time
-      x = block->forward(x);
+      auto* b = block.get();          // checkpointed: step.activation_checkpointing
+      x = run_checkpointed(*block, x, [b](const torch::Tensor& in) { return b->forward(in); });
     }
     x = F::adaptive_avg_pool2d(x, F::AdaptiveAvgPool2dFuncOptions(1)).flatten(1);
     wait_for_parameters(*fc_);

@@ -60,6 +60,11 @@ struct StepConfig {
   // just before it runs (dsgd/torch/parameter_gate.h; CPU). Strategy allreduce, without
   // compression or comm.forward_overlap_buckets. 0 = off. docs/SETTINGS.md.
   int zero_stage = 0;
+  // Activation checkpointing: every unit a model runs through dsgd::run_checkpointed (the GPT's
+  // blocks, the ResNets' residual blocks) drops its activations after its forward and recomputes
+  // them in its backward (dsgd/torch/activation_checkpoint.h): memory for each unit's input only,
+  // for about a third more compute a step. Any strategy, stage and device.
+  bool activation_checkpointing = false;
 };
 
 // How gradients travel between replicas.

@@ -316,6 +316,10 @@ std::vector<SettingDescription> step_rows() {
           "ZeRO stage: 1 = each replica keeps optimizer state for its share of the parameters only, 2 = and only "
           "their gradients, 3 = and only those parameters, each layer gathered as forward reaches it (0: off)",
           zero_stages),
+      row(DSGD_FIELD(step.activation_checkpointing), "--activation-checkpointing", kTunable,
+          "Drop each checkpointed unit's activations (the GPT's and ResNets' blocks) after its forward and "
+          "recompute them in backward: less memory, about a third more compute",
+          Free{}),
   };
 }
 

@@ -2,53 +2,13 @@
 
 #include <ATen/autocast_mode.h>
 #include <torch/cuda.h>
-#include <torch/version.h>
 
 #include <cmath>
 
 #include "dsgd/common/error.h"
-
-// LibTorch 2.4 replaced autocast's per-device functions (set_enabled, set_cpu_enabled, ...) with
-// ones that take the device type.
-#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4)
-#define DSGD_AUTOCAST_BY_DEVICE_TYPE 1
-#endif
+#include "torch/nn/autocast_state.h"
 
 namespace dsgd::torch_glue {
-namespace {
-
-bool autocast_enabled(torch::DeviceType t) {
-#ifdef DSGD_AUTOCAST_BY_DEVICE_TYPE
-  return at::autocast::is_autocast_enabled(t);
-#else
-  return t == torch::kCUDA ? at::autocast::is_enabled() : at::autocast::is_cpu_enabled();
-#endif
-}
-
-void set_autocast(torch::DeviceType t, bool enabled, torch::ScalarType dtype) {
-#ifdef DSGD_AUTOCAST_BY_DEVICE_TYPE
-  at::autocast::set_autocast_dtype(t, dtype);
-  at::autocast::set_autocast_enabled(t, enabled);
-#else
-  if (t == torch::kCUDA) {
-    at::autocast::set_autocast_gpu_dtype(dtype);
-    at::autocast::set_enabled(enabled);
-  } else {
-    at::autocast::set_autocast_cpu_dtype(dtype);
-    at::autocast::set_cpu_enabled(enabled);
-  }
-#endif
-}
-
-torch::ScalarType autocast_dtype(torch::DeviceType t) {
-#ifdef DSGD_AUTOCAST_BY_DEVICE_TYPE
-  return at::autocast::get_autocast_dtype(t);
-#else
-  return t == torch::kCUDA ? at::autocast::get_autocast_gpu_dtype() : at::autocast::get_autocast_cpu_dtype();
-#endif
-}
-
-}  // namespace
 
 torch::Device replica_device(Device choice, int index) {
   if (choice == Device::kCpu) return torch::kCPU;
@@ -66,14 +26,15 @@ torch::Device replica_device(Device choice, int index) {
 AutocastScope::AutocastScope(torch::Device device, Precision precision) : type_(device.type()) {
   if (precision == Precision::kFp32) return;
   on_ = true;
-  was_enabled_ = autocast_enabled(type_);
-  was_dtype_ = autocast_dtype(type_);
-  set_autocast(type_, true, precision == Precision::kFp16 ? torch::kHalf : torch::kBFloat16);
+  const auto was = autocast_state(type_);
+  was_enabled_ = was.enabled;
+  was_dtype_ = was.dtype;
+  set_autocast_state(type_, {true, precision == Precision::kFp16 ? torch::kHalf : torch::kBFloat16});
 }
 
 AutocastScope::~AutocastScope() {
   if (!on_) return;
-  set_autocast(type_, was_enabled_, was_dtype_);
+  set_autocast_state(type_, {was_enabled_, was_dtype_});
   if (!was_enabled_) clear_cache();
 }
 

@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "comm/reduce_kernels.h"
+#include "dsgd/torch/activation_checkpoint.h"
 
 namespace dsgd::torch_glue {
 namespace {
@@ -38,6 +39,7 @@ GradCheck::~GradCheck() {
 }
 
 torch::Tensor GradCheck::on_grad(size_t param, const torch::Tensor& grad) {
+  if (recomputing_checkpointed_unit()) return grad;  // handed on: it comes here from the outer backward
   auto& held = params_[param].mutable_grad();
   // What AccumulateGrad would do in place (no grad mode, a dense .grad of the same shape), done
   // here with the check; with .grad cleared, AccumulateGrad takes the sum as it is.

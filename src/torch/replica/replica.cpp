@@ -13,6 +13,7 @@
 #include "comm/timeline.h"
 #include "dsgd/comm/cuda.h"
 #include "dsgd/common/error.h"
+#include "dsgd/torch/activation_checkpoint.h"
 #include "torch/replica/device.h"
 #include "torch/sync/server_optimizer.h"
 
@@ -292,11 +293,14 @@ namespace {
 // when it goes.
 class ThreadHooks {
  public:
-  ThreadHooks(ParameterGate* gate, ReplicaSums* sums)
-      : gate_(set_thread_parameter_gate(gate)), sums_(set_thread_replica_sums(sums)) {}
+  ThreadHooks(ParameterGate* gate, ReplicaSums* sums, bool checkpoint_all)
+      : gate_(set_thread_parameter_gate(gate)),
+        sums_(set_thread_replica_sums(sums)),
+        checkpoint_all_(set_thread_checkpoint_all(checkpoint_all)) {}
   ~ThreadHooks() {
     set_thread_parameter_gate(gate_);
     set_thread_replica_sums(sums_);
+    set_thread_checkpoint_all(checkpoint_all_);
   }
   ThreadHooks(const ThreadHooks&) = delete;
   ThreadHooks& operator=(const ThreadHooks&) = delete;
@@ -304,6 +308,7 @@ class ThreadHooks {
  private:
   ParameterGate* gate_;
   ReplicaSums* sums_;
+  bool checkpoint_all_;
 };
 
 }  // namespace
@@ -315,6 +320,7 @@ Metrics ReplicaRuntime::train(int64_t max_batches, bool profile) {
   for (auto& s : syncs_) s->take_times();
   const int64_t bytes0 = syncs_.empty() ? -1 : syncs_[0]->strategy().cross_host_bytes();
   const auto t0 = Clock::now();
+  const uint64_t units0 = thread_checkpointed_units();
   comm::timeline::set_thread_name("replica " + std::to_string(options_.info.rank));
   Metrics m;
   {
@@ -326,7 +332,8 @@ Metrics ReplicaRuntime::train(int64_t max_batches, bool profile) {
     boundary_.remember();
     try {
       const ThreadHooks hooks(gate_index_.empty() && !zero_.gathers() ? nullptr : this,
-                              syncs_.empty() || options_.info.world_size == 1 ? nullptr : this);
+                              syncs_.empty() || options_.info.world_size == 1 ? nullptr : this,
+                              options_.step.activation_checkpointing);
       m = op_->train_epoch(max_batches);
       for (auto& s : syncs_) s->deferred().flush();
     } catch (...) {  // the hooks gone, as before the call
@@ -337,6 +344,15 @@ Metrics ReplicaRuntime::train(int64_t max_batches, bool profile) {
   const double epoch_s = std::chrono::duration<double>(Clock::now() - t0).count();
   if (cursor_.end_epoch() && options_.step.scheduler_step_freq == SchedulerStepFreq::kEpoch) step_schedules();
   add_call_metrics(&m, cursor_.steps_taken(), epoch_s, bytes0);
+  if (options_.step.activation_checkpointing) {
+    const auto units = static_cast<double>(thread_checkpointed_units() - units0);
+    m["checkpointed_units"] = units / static_cast<double>(std::max<int64_t>(1, cursor_.steps_taken()));
+    static std::atomic<bool> warned{false};
+    if (units == 0 && cursor_.steps_taken() > 0 && options_.info.rank == 0 && !warned.exchange(true)) {
+      dsgd::log().warn("step.activation_checkpointing is on, but the model ran no unit through "
+                       "dsgd::run_checkpointed (dsgd/torch/activation_checkpoint.h): nothing is recomputed");
+    }
+  }
   times_.end_call();
   return m;
 }

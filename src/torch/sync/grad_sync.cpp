@@ -13,6 +13,7 @@
 #include "comm/reduce_kernels.h"
 #include "comm/timeline.h"
 #include "dsgd/common/error.h"
+#include "dsgd/torch/activation_checkpoint.h"
 
 namespace dsgd::torch_glue {
 namespace {
@@ -150,6 +151,7 @@ void then_tell(const std::function<void()>& work, const std::function<void()>& e
 }  // namespace
 
 torch::Tensor GradSync::on_grad(size_t param, const torch::Tensor& grad) {
+  if (recomputing_checkpointed_unit()) return grad;  // handed on: it comes here from the outer backward
   if (listener_.grad) listener_.grad(param);  // stage 3: the unit before this one gathered first
   std::unique_lock<std::mutex> lock(mutex_);
   // A backward that throws here never finalizes (autograd drops its callbacks), and the
