@@ -45,6 +45,31 @@ TEST(MemoryCheck, AJobThatWouldNotFitNamesBothFiguresAndTheStageThatWould) {
   EXPECT_NE(error_of(two, 2, 4 * kGiB).find("a smaller model"), std::string::npos);
 }
 
+// The start-up snapshot: worker 0's state as bytes and the driver's copy (2 x the 3 GiB of
+// weights), worker 0's weights gathered whole first at stage 3 (1.5 more), and where the replicas
+// set up unequal each worker's received copy and its load (2 x 3 GiB each).
+TEST(MemoryCheck, TheStartUpSnapshotCountsAndCanTipAJobOver) {
+  const std::vector<WorkerMemory> two{large_worker(), large_worker()};
+  const StageBytes equal = start_copies(two, /*sent=*/false), sent = start_copies(two, /*sent=*/true);
+  EXPECT_EQ(equal[0], 6 * kGiB);
+  EXPECT_EQ(equal[2], 6 * kGiB);
+  EXPECT_EQ(equal[3], 7 * kGiB + kGiB / 2);
+  EXPECT_EQ(sent[0], 18 * kGiB);
+  // Stage 2 holds 16 GiB: it fits in 20 without the snapshot, not with it; stage 3 (13 + 7.5) does not
+  // either, so only fewer workers would.
+  EXPECT_EQ(error_of(two, 2, 20 * kGiB), "");
+  std::string e;
+  try {
+    check_memory(two, 2, 20 * kGiB, equal);
+  } catch (const ConfigError& error) {
+    e = error.what();
+  }
+  EXPECT_NE(e.find("and 6.00 GiB more while the start-up snapshot is taken"), std::string::npos) << e;
+  EXPECT_EQ(e.find("--zero 3"), std::string::npos) << e;
+  EXPECT_NE(e.find("about 1 worker(s)"), std::string::npos) << e;
+  EXPECT_NE(check_memory(two, 3, 21 * kGiB, equal).find("13.00 GiB before activations"), std::string::npos);
+}
+
 TEST(MemoryCheck, AJobThatFitsOrAMachineThatDoesNotSaySaysWhatItWillHold) {
   const std::vector<WorkerMemory> two{large_worker(), large_worker()};
   EXPECT_EQ(error_of(two, 2, 16 * kGiB), "");

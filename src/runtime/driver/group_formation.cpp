@@ -48,7 +48,9 @@ void GroupFormation::form_first_group(bool recover) {
   const auto give_out = [&] {
     auto& state = job_.state;
     state.take(/*before_steps=*/true);
-    if (job_.pool->members().size() > 1 || job_.config.devices_per_worker > 1)
+    // Replicas that set up unequal (an operator's own randomness) all take the first's state; equal
+    // ones are left as they are, which spares each worker a copy of its state and its load.
+    if ((job_.pool->members().size() > 1 || job_.config.devices_per_worker > 1) && !start_equal_)
       state.send(state.snapshot(), state.feedback());
   };
   if (recover) {
@@ -73,6 +75,9 @@ bool GroupFormation::set_up_members() {
     job_.signature = setups[0].setup().signature();
     job_.parameters = setups[0].setup().parameters();
     for (size_t w = 1; w < setups.size(); ++w) check_same_model(static_cast<int>(w), setups[w].setup().signature());
+    start_equal_ = std::all_of(setups.begin(), setups.end(), [&](const proto::CommandResult& s) {
+      return !s.setup().start_digest().empty() && s.setup().start_digest() == setups[0].setup().start_digest();
+    });
     if (pool.spawns()) check_members_memory(setups, available);
     return true;
   } catch (const CommError& e) {
@@ -98,7 +103,8 @@ void GroupFormation::check_members_memory(const std::vector<proto::CommandResult
     }
     workers.push_back(w);
   }
-  const std::string line = check_memory(workers, job_.config.step.zero_stage, available);
+  const std::string line =
+      check_memory(workers, job_.config.step.zero_stage, available, start_copies(workers, !start_equal_));
   if (!line.empty()) control::log().info("trainer: {}", line);
 }
 

@@ -1,5 +1,5 @@
 // The communication group of the job's members: the job's start (registration, every replica's
-// set-up, the first group and the first snapshot given to every replica) and each new generation
+// set-up, the first group and the first snapshot, given to replicas that did not set up equal) and each new generation
 // (every member connects; a formation that fails while every member lives is formed again; the
 // members then restore the snapshot or take a survivor's state). A part of the driver's Job
 // (runtime/driver/job.h).
@@ -72,7 +72,8 @@ class GroupFormation {
   static constexpr int kFormationAttempts = 3;
   // Registration and setup: false when a lost worker restarted every process (go round again).
   bool set_up_members();
-  // The first group and the first snapshot given to every replica; `recover`: a lost worker is
+  // The first group and the first snapshot, given to every replica unless all set up equal;
+  // `recover`: a lost worker is
   // recovered from (else the CommError is thrown).
   void form_first_group(bool recover);
   // The workers this driver started (all on its machine) against `available` bytes
@@ -88,6 +89,9 @@ class GroupFormation {
   void share_state(int donor, const std::vector<int>& receivers);
 
   Job& job_;
+  // Every member's replicas set up holding the same parameters and buffers (SetupReply's
+  // start_digest): the start-up snapshot is not sent back to them.
+  bool start_equal_ = false;
 };
 
 }  // namespace dsgd::runtime

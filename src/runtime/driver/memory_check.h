@@ -1,6 +1,7 @@
 // Memory known before it runs out: what the workers the driver starts on its own machine will
 // hold (each worker's estimate from its setup: parameters, gradients, optimizer state; before
-// activations) against what the machine has, checked before the first step. A job that would not
+// activations), and the start-up's copies of the state, against what the machine has, checked
+// before the first step. A job that would not
 // fit stops with a ConfigError that gives both figures, each worker's parts, and the ZeRO stage
 // or the worker count that would fit, instead of the kernel killing a worker part-way.
 //
@@ -26,8 +27,16 @@ using WorkerMemory = std::array<MemoryParts, kZeroStages>;
 // /proc/meminfo's MemAvailable in bytes; -1 where it does not say.
 int64_t available_memory_bytes();
 
-// Throws ConfigError where the workers' need at `stage` exceeds `available` bytes (< 0: unknown,
-// nothing checked). Returns the log line that says what they will hold.
-std::string check_memory(const std::vector<WorkerMemory>& workers, int stage, int64_t available);
+// What the start-up adds for a moment at each stage, beside what the workers hold: its snapshot,
+// worker 0's state as bytes and the driver's copy of it (the parameters and buffers: no optimizer
+// state before the first step), worker 0's parameters gathered whole first at stage 3, and where
+// `sent` (the replicas did not set up equal) each worker's received copy and its load.
+using StageBytes = std::array<int64_t, kZeroStages>;
+StageBytes start_copies(const std::vector<WorkerMemory>& workers, bool sent);
+
+// Throws ConfigError where the workers' need at `stage` and `extra`'s moment exceed `available`
+// bytes (< 0: unknown, nothing checked). Returns the log line that says what they will hold.
+std::string check_memory(const std::vector<WorkerMemory>& workers, int stage, int64_t available,
+                         const StageBytes& extra = {});
 
 }  // namespace dsgd::runtime
