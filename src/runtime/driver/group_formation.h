@@ -1,8 +1,8 @@
 // The communication group of the job's members: the job's start (registration, every replica's
-// set-up, the first group and the first snapshot, given to replicas that did not set up equal) and each new generation
-// (every member connects; a formation that fails while every member lives is formed again; the
-// members then restore the snapshot or take a survivor's state). A part of the driver's Job
-// (runtime/driver/job.h).
+// set-up, the first group and the first snapshot, given to replicas that did not set up equal)
+// and each new generation (every member connects; a formation that fails while every member
+// lives is formed again; the members then restore the snapshot or take a survivor's state). A
+// part of the driver's Job (runtime/driver/job.h).
 #pragma once
 
 #include <chrono>
@@ -73,8 +73,7 @@ class GroupFormation {
   // Registration and setup: false when a lost worker restarted every process (go round again).
   bool set_up_members();
   // The first group and the first snapshot, given to every replica unless all set up equal;
-  // `recover`: a lost worker is
-  // recovered from (else the CommError is thrown).
+  // `recover`: a lost worker is recovered from (else the CommError is thrown).
   void form_first_group(bool recover);
   // The workers this driver started (all on its machine) against `available` bytes
   // (runtime/driver/memory_check.h): ConfigError where they would not fit; logged where they do.

@@ -1,9 +1,9 @@
 // Memory known before it runs out: what the workers the driver starts on its own machine will
 // hold (each worker's estimate from its setup: parameters, gradients, optimizer state; before
 // activations), and the start-up's copies of the state, against what the machine has, checked
-// before the first step. A job that would not
-// fit stops with a ConfigError that gives both figures, each worker's parts, and the ZeRO stage
-// or the worker count that would fit, instead of the kernel killing a worker part-way.
+// before the first step. A job that would not fit stops with a ConfigError that gives both
+// figures, each worker's parts, and the ZeRO stage or the worker count that would fit, instead of
+// the kernel killing a worker part-way.
 //
 //   const int64_t available = available_memory_bytes();        // before the workers set up
 //   check_memory(needs, config.step.zero_stage, available);     // needs[w][stage], from SetupReply
