@@ -60,6 +60,27 @@ TEST(TrainerZero, ActivationCheckpointingChangesNoParameterPlainlyOrAtStageThree
   EXPECT_LT(max_difference(plain, stage3), 1e-6);
 }
 
+// Stage 3 under bf16 autocast, with activation checkpointing: the gathered weights are cast as
+// plain ones are, so the parameters equal stage 2's under bf16 bit for bit (gpt-tiny, 2 workers).
+TEST(TrainerZero, StageThreeUnderBf16EqualsStageTwo) {
+  testing::TempDir dir;
+  TrainerConfig c = language_model_job(dir, 800, 20);
+  c.step.precision = Precision::kBf16;
+  c.comm.grad_shard_bytes = 64 << 10;
+  const auto run = [&](int stage, bool checkpointing) {
+    c.step.zero_stage = stage;
+    c.step.activation_checkpointing = checkpointing;
+    Trainer t(kLanguageModel, c);
+    EXPECT_EQ(t.train({.num_steps = 10}).batch, 10);
+    return params_of(*t.get_model());
+  };
+  const auto stage2 = run(2, false);
+  EXPECT_EQ(max_difference(stage2, run(3, false)), 0.0);
+  EXPECT_EQ(max_difference(stage2, run(3, true)), 0.0);
+  c.step.precision = Precision::kFp32;  // (bf16 is on: float32 ends elsewhere)
+  EXPECT_GT(max_difference(stage2, run(2, false)), 1e-6);
+}
+
 // Any LibTorch optimizer steps its share: a third kind, RMSprop with momentum (its state a square
 // average and a momentum buffer a parameter, neither SGD's nor Adam's), on 2 workers and on 3
 // over two pseudo-hosts.
