@@ -1,6 +1,9 @@
 #include "runtime/worker/job_spec.h"
 
+#include <zlib.h>
+
 #include <algorithm>
+#include <cstdio>
 #include <thread>
 
 #include "dsgd/common/error.h"
@@ -92,8 +95,27 @@ strategy::StrategyOptions strategy_options(const TrainerConfig& job) {
   return o;
 }
 
-proto::SetupReply setup_reply(torch_glue::ReplicaRuntime& replica, const TrainerConfig& job, int world,
-                              int replicas) {
+std::string tensors_checksum(const std::vector<torch::Tensor>& tensors) {
+  uLong crc = crc32(0L, Z_NULL, 0);
+  uint64_t bytes = 0;
+  for (const auto& t : tensors) {
+    if (!t.defined()) continue;
+    const auto c = t.detach().to(torch::kCPU).contiguous();
+    const auto* data = static_cast<const Bytef*>(c.data_ptr());
+    for (size_t at = 0; at < c.nbytes(); at += 1u << 30) {  // uInt lengths
+      crc = crc32(crc, data + at, static_cast<uInt>(std::min<size_t>(1u << 30, c.nbytes() - at)));
+    }
+    bytes += c.nbytes();
+  }
+  char out[40];
+  std::snprintf(out, sizeof out, "%08lx-%llu", static_cast<unsigned long>(crc), static_cast<unsigned long long>(bytes));
+  return out;
+}
+
+proto::SetupReply setup_reply(const std::vector<std::unique_ptr<torch_glue::ReplicaRuntime>>& all,
+                              const TrainerConfig& job, int world) {
+  auto& replica = *all.at(0);
+  const auto replicas = static_cast<int64_t>(all.size());
   proto::SetupReply out;
   out.set_signature(replica.signature());
   int64_t parameters = 0;
@@ -109,6 +131,16 @@ proto::SetupReply setup_reply(torch_glue::ReplicaRuntime& replica, const Trainer
     m->set_gradients(need.gradients * replicas);
     m->set_optimizer_state(need.optimizer_state * replicas);
   }
+  const auto digest_of = [](torch_glue::ReplicaRuntime& r) {
+    std::vector<torch::Tensor> tensors;
+    for (const auto& [name, t] : torch_glue::named_tensors(r.op())) tensors.push_back(t);
+    return tensors_checksum(tensors);
+  };
+  std::string digest = digest_of(replica);
+  for (size_t i = 1; i < all.size() && !digest.empty(); ++i) {
+    if (digest_of(*all[i]) != digest) digest.clear();
+  }
+  out.set_start_digest(digest);
   return out;
 }
 

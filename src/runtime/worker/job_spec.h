@@ -13,10 +13,16 @@
 // -> GradSync -> BucketPlan. The settings travel by the rows' paths, so nothing here names one.
 #pragma once
 
+#include <memory>
 #include <string>
+#include <vector>
 
 #include "dsgd/control.pb.h"
 #include "dsgd/common/trainer_config.h"
+
+namespace at {
+class Tensor;  // torch::Tensor, declared only: this header stays LibTorch-free
+}  // namespace at
 
 namespace dsgd {
 struct ReplicaInfo;
@@ -50,10 +56,17 @@ torch_glue::ReplicaOptions replica_options(const TrainerConfig& job, const Repli
 // any process starts; a worker adds the central average or the shard processes' group).
 strategy::StrategyOptions strategy_options(const TrainerConfig& job);
 
-// What a worker tells the driver of its `replicas` replicas (all like `replica`, just set up):
-// the models' signature, the trainable elements, and what the worker will hold at each ZeRO
-// stage over `world` replicas (torch_glue::memory_need; the driver's memory check).
-proto::SetupReply setup_reply(torch_glue::ReplicaRuntime& replica, const TrainerConfig& job, int world, int replicas);
+// zlib's CRC-32 of the tensors' bytes in order (copied to the CPU where they are not there), with
+// the byte count: "crc32-bytes". Equal on replicas that hold the same values (dsgd.replica's
+// checksum, the start-up's digest).
+std::string tensors_checksum(const std::vector<at::Tensor>& tensors);
+
+// What a worker tells the driver of its replicas (just set up, all built like the first): the
+// models' signature, the trainable elements, what the worker will hold at each ZeRO stage over
+// `world` replicas (torch_glue::memory_need; the driver's memory check), and the hash of their
+// parameters and buffers where all replicas hold the same ("" where not).
+proto::SetupReply setup_reply(const std::vector<std::unique_ptr<torch_glue::ReplicaRuntime>>& replicas,
+                              const TrainerConfig& job, int world);
 
 }  // namespace runtime
 }  // namespace dsgd

@@ -240,13 +240,7 @@ class Worker {
     place(in.placement());
     setup();
     if (in.standby()) each_replica([&](int i) { replica(i).make_spare_state(); });
-    auto out = setup_reply(*replicas_[0], settings_, world_, dpw_);
-    std::string digest = torch_glue::tensors_digest(replicas_[0]->op());
-    for (size_t i = 1; i < replicas_.size() && !digest.empty(); ++i) {
-      if (torch_glue::tensors_digest(replicas_[i]->op()) != digest) digest.clear();
-    }
-    out.set_start_digest(digest);
-    return out;
+    return setup_reply(replicas_, settings_, world_);
   }
 
   // Every replica takes part; only the worker whose state is read next ("keep") keeps a copy.

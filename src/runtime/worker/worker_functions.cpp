@@ -8,6 +8,7 @@
 
 #include "dsgd/common/error.h"
 #include "dsgd/torch/operator.h"
+#include "runtime/worker/job_spec.h"
 #include "torch/sync/sharded_parameters.h"
 
 namespace dsgd {
@@ -18,12 +19,12 @@ struct FunctionRegistry {
   std::map<std::string, WorkerFunction> functions;  // guarded by mutex
 };
 
-// "dsgd.replica": where a replica stands and what its models hold. The checksum is FNV-1a over
-// the bytes of every model's parameters in order: replicas of a synchronous job agree on it.
+// "dsgd.replica": where a replica stands and what its models hold. The checksum is
+// tensors_checksum of every model's parameters in order: replicas of a synchronous job agree on it.
 nlohmann::json replica_summary(TrainingOperator* op, const nlohmann::json&) {
   if (op == nullptr) throw ConfigError("dsgd.replica needs a replica: not as the initialization hook");
   const ReplicaInfo& info = op->replica();
-  uint64_t hash = 14695981039346656037ull;
+  std::vector<torch::Tensor> all;
   int64_t parameters = 0;
   for (const auto& model : op->models()) {
     for (const auto& p : model->parameters()) {
@@ -31,14 +32,11 @@ nlohmann::json replica_summary(TrainingOperator* op, const nlohmann::json&) {
         throw Error("dsgd.replica reads the parameters, and under step.zero_stage 3 they are sharded between "
                     "steps: run it with zero_stage 2 or less, or read the model with get_model");
       }
-      const auto t = p.detach().to(torch::kCPU).contiguous();
-      const auto* bytes = static_cast<const unsigned char*>(t.data_ptr());
-      for (size_t i = 0; i < t.nbytes(); ++i) hash = (hash ^ bytes[i]) * 1099511628211ull;
+      all.push_back(p);
       parameters += p.numel();
     }
   }
-  char checksum[17];
-  std::snprintf(checksum, sizeof checksum, "%016llx", static_cast<unsigned long long>(hash));
+  const std::string checksum = runtime::tensors_checksum(all);
   return {{"rank", info.rank},          {"world_size", info.world_size}, {"worker", info.worker},
           {"local_replica", info.local_replica}, {"device", info.device.str()}, {"models", op->models().size()},
           {"parameters", parameters},   {"checksum", checksum}};

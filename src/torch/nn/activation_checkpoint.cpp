@@ -12,6 +12,7 @@
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/saved_variable.h>
 
+#include <atomic>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -31,6 +32,7 @@ thread_local int recompute_depth = 0;
 thread_local uint64_t checkpointed_units = 0;
 
 struct Marks {
+  std::atomic<bool> any{false};  // forward's calls skip the lock while nothing was ever marked
   std::mutex mutex;
   std::vector<std::weak_ptr<const torch::nn::Module>> units;
 };
@@ -41,6 +43,7 @@ Marks& marks() {
 
 bool marked(const torch::nn::Module& unit) {
   auto& m = marks();
+  if (!m.any.load(std::memory_order_acquire)) return false;
   std::lock_guard<std::mutex> lock(m.mutex);
   for (const auto& w : m.units) {
     if (auto u = w.lock(); u && u.get() == &unit) return true;
@@ -198,6 +201,7 @@ void checkpoint_activations(const torch::nn::Module& unit) {
   std::lock_guard<std::mutex> lock(m.mutex);
   std::erase_if(m.units, [](const auto& w) { return w.expired(); });
   m.units.push_back(held);
+  m.any.store(true, std::memory_order_release);
 }
 
 torch::Tensor run_checkpointed(const torch::nn::Module& unit, const torch::Tensor& input, const UnitForward& forward) {

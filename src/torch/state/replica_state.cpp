@@ -4,8 +4,6 @@
 #include <torch/optim.h>
 #include <torch/serialize.h>
 
-#include <cstdio>
-#include <cstring>
 #include <mutex>
 
 #include <sstream>
@@ -173,40 +171,6 @@ std::vector<std::pair<std::string, torch::Tensor>> named_tensors(const TrainingO
     for (const auto& item : op.models()[m]->named_parameters()) out.emplace_back(prefix + item.key(), item.value());
     for (const auto& item : op.models()[m]->named_buffers()) out.emplace_back(prefix + item.key(), item.value());
   }
-  return out;
-}
-
-std::string tensors_digest(const TrainingOperator& op) {
-  // 64-bit words folded into two lanes (multiply, rotate): a few GB/s, for equality, not security.
-  uint64_t a = 0x9e3779b97f4a7c15ull, b = 0xc2b2ae3d27d4eb4full;
-  const auto mix = [&](uint64_t w) {
-    a = (a ^ w) * 0xff51afd7ed558ccdull;
-    a = (a << 31) | (a >> 33);
-    b = (b + w) * 0xc4ceb9fe1a85ec53ull;
-  };
-  const auto mix_bytes = [&](const char* p, size_t n) {
-    size_t i = 0;
-    for (; i + 8 <= n; i += 8) {
-      uint64_t w;
-      std::memcpy(&w, p + i, 8);
-      mix(w);
-    }
-    uint64_t tail = 0;
-    if (n > i) std::memcpy(&tail, p + i, n - i);
-    mix(tail ^ (static_cast<uint64_t>(n) << 56));
-  };
-  for (const auto& [name, t] : named_tensors(op)) {
-    if (!t.defined()) continue;
-    if (!t.device().is_cpu()) return "";
-    mix_bytes(name.data(), name.size());
-    mix(static_cast<uint64_t>(t.scalar_type()));
-    for (const auto d : t.sizes()) mix(static_cast<uint64_t>(d));
-    const auto c = t.contiguous();
-    mix_bytes(static_cast<const char*>(c.data_ptr()), c.nbytes());
-  }
-  char out[40];
-  std::snprintf(out, sizeof out, "%016llx%016llx", static_cast<unsigned long long>(a),
-                static_cast<unsigned long long>(b));
   return out;
 }
 

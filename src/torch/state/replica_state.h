@@ -60,9 +60,6 @@ ReplicaState load_replica_state(TrainingOperator& op, const std::string& bytes,
 // Every model's parameters and buffers: model 0's under their own names, model m's prefixed
 // "model<m>.".
 std::vector<std::pair<std::string, torch::Tensor>> named_tensors(const TrainingOperator& op);
-// A hash of every model's parameters and buffers (names, shapes, types and bytes), equal on
-// replicas that hold the same values; "" where a tensor is not on the CPU (not hashed).
-std::string tensors_digest(const TrainingOperator& op);
 // "model<m>.<name> <sizes> <dtype>" per parameter and buffer, one per line: equal on replicas
 // that built the same models.
 std::string model_signature(const TrainingOperator& op);
