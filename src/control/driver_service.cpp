@@ -43,6 +43,13 @@ struct Average {
     case proto::ERROR_KIND_CONFIG: throw ConfigError(msg);
     case proto::ERROR_KIND_TIMEOUT: throw TimeoutError(msg, kind, static_cast<int>(w.index), w.host);
     case proto::ERROR_KIND_COMM: throw CommError(msg, kind, static_cast<int>(w.index), w.host);
+    case proto::ERROR_KIND_DATA: {  // the file first, as a DataError of this process would name it
+      const std::string& path = r.error_path();
+      const std::string& what = r.error();
+      const std::string problem = what.rfind(path + ": ", 0) == 0 ? what.substr(path.size() + 2) : what;
+      throw DataError(path,
+                      problem + " (worker " + std::to_string(w.index) + ", host " + w.host + ", in '" + kind + "')");
+    }
     default: throw Error(msg);
   }
 }

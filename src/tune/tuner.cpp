@@ -240,7 +240,9 @@ class Search {
         auto& t = state_["trials"][i];
         params = t["params"];
         resume = !t["history"].empty();
-        if (resume && !fs::exists(checkpoint_of(i) / "checkpoint.dsgd")) {  // cut off before its first save
+        // Cut off before its first save (either format's: docs/CHECKPOINTS.md).
+        const auto saved = checkpoint_of(i);
+        if (resume && !fs::exists(saved / "checkpoint.dsgd") && !fs::exists(saved / "manifest.json")) {
           t["history"] = json::array();
           resume = false;
         }

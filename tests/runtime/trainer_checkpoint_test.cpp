@@ -1,5 +1,7 @@
 // Checkpoints: they move between worker counts and strategies, keep what must come back (the
 // operator's state, schedules, feedback, momentum on ps shards), and a damaged one is named.
+#include "runtime/checkpoint/sharded_checkpoint.h"
+#include "runtime/driver/checkpoint.h"
 #include "runtime/trainer_testing.h"
 
 namespace dsgd {
@@ -14,7 +16,10 @@ TEST(TrainerCheckpoint, SavedWithTwoAllreduceWorkersContinuesIdenticallyWithThre
   Trainer a(dsgd::kImageClassifier, a_config);
   a.train({.num_steps = 10});
   a.save(path);
-  ASSERT_TRUE(std::filesystem::exists(path + "/checkpoint.dsgd"));
+  // Sharded (docs/CHECKPOINTS.md): the manifest, a share per replica, and model.pt.
+  ASSERT_TRUE(std::filesystem::exists(path + "/manifest.json"));
+  ASSERT_TRUE(std::filesystem::exists(path + "/share-00000.bin"));
+  ASSERT_TRUE(std::filesystem::exists(path + "/share-00001.bin"));
   ASSERT_TRUE(std::filesystem::exists(path + "/model.pt"));
 
   Trainer b(dsgd::kImageClassifier, base_config(3, "simple", 60));
@@ -50,10 +55,12 @@ TEST(TrainerCheckpoint, WithCompressionTheFeedbackComesBackAndOtherJobsLoadItFro
   EXPECT_EQ(max_difference(params_of(*a.get_model()), params_of(*b.get_model())), 0.0);
   {  // without the feedback the same job parts from it at once
     Trainer z(dsgd::kImageClassifier, c);
-    auto ck = runtime::read_checkpoint(path);
-    ASSERT_EQ(ck.feedback.size(), 2u) << "a feedback per replica";
-    ck.feedback.clear();
-    runtime::write_checkpoint(dir.file("bare"), ck, "");
+    std::filesystem::copy(path, dir.file("bare"));
+    auto m = runtime::read_manifest(dir.file("bare"));
+    ASSERT_EQ(m["blobs"].erase("feedback/0") + m["blobs"].erase("feedback/1"), 2u) << "a feedback per replica";
+    m.erase("crc32");
+    m["crc32"] = runtime::crc_of(m.dump());
+    std::ofstream(dir.file("bare") + "/manifest.json") << m.dump();
     z.load(dir.file("bare"));
     z.train({.num_steps = 4});
     EXPECT_GT(max_difference(params_of(*a.get_model()), params_of(*z.get_model())), 0.0);
@@ -158,11 +165,13 @@ TEST(TrainerCheckpoint, DamagedOrMissingCheckpointIsADataErrorNamingTheFile) {
   Trainer t(dsgd::kImageClassifier, base_config(1, "allreduce", 32));
   EXPECT_THROW(t.load(dir.file("nothing-here")), DataError);
   t.save(path);
-  const std::string file = path + "/checkpoint.dsgd";
-  {
+  const std::string file = path + "/share-00000.bin";
+  {  // one byte flipped inside the first tensor's data
     std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
-    f.seekp(-100, std::ios::end);
-    f.put('\x5a');
+    f.seekg(100);
+    const char was = static_cast<char>(f.get());
+    f.seekp(100);
+    f.put(static_cast<char>(was ^ 0x5a));
   }
   try {
     t.load(path);
@@ -176,7 +185,21 @@ TEST(TrainerCheckpoint, DamagedOrMissingCheckpointIsADataErrorNamingTheFile) {
     t.load(path);
     FAIL() << "a truncated checkpoint loaded";
   } catch (const DataError& e) {
-    EXPECT_NE(std::string(e.what()).find("truncated"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("cut short"), std::string::npos) << e.what();
+    EXPECT_EQ(e.path(), file);
+  }
+  {  // the manifest damaged: one digit of a size changed
+    std::string m = testing::read_file(path + "/manifest.json");
+    const size_t at = m.find("\"bytes\": ") + 9;
+    m[at] = static_cast<char>('0' + (m[at] - '0' + 1) % 10);
+    std::ofstream(path + "/manifest.json", std::ios::binary) << m;
+  }
+  try {
+    t.load(path);
+    FAIL() << "a damaged manifest loaded";
+  } catch (const DataError& e) {
+    EXPECT_EQ(e.path(), path + "/manifest.json") << e.what();
+    EXPECT_NE(std::string(e.what()).find("checksum mismatch"), std::string::npos) << e.what();
   }
 }
 

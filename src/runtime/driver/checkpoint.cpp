@@ -23,6 +23,21 @@ namespace {
 constexpr const char* kFormat = "dsgd-checkpoint";
 constexpr int kVersion = 1;
 
+constexpr const char* kStepPrefix = "step-";
+
+// "step-000000000150" -> 150; -1 for anything else.
+int64_t step_of(const std::string& name) {
+  if (name.rfind(kStepPrefix, 0) != 0 || name.size() == std::strlen(kStepPrefix)) return -1;
+  int64_t step = 0;
+  for (size_t i = std::strlen(kStepPrefix); i < name.size(); ++i) {
+    if (name[i] < '0' || name[i] > '9' || step > (std::numeric_limits<int64_t>::max() - 9) / 10) return -1;
+    step = step * 10 + (name[i] - '0');
+  }
+  return step;
+}
+
+}  // namespace
+
 uint32_t crc_of(const std::string& bytes) {
   uLong crc = crc32(0L, Z_NULL, 0);
   size_t off = 0;
@@ -73,21 +88,6 @@ void write_atomically(const std::filesystem::path& path, const std::string& byte
   }
   fsync_dir(path.parent_path());
 }
-
-constexpr const char* kStepPrefix = "step-";
-
-// "step-000000000150" -> 150; -1 for anything else.
-int64_t step_of(const std::string& name) {
-  if (name.rfind(kStepPrefix, 0) != 0 || name.size() == std::strlen(kStepPrefix)) return -1;
-  int64_t step = 0;
-  for (size_t i = std::strlen(kStepPrefix); i < name.size(); ++i) {
-    if (name[i] < '0' || name[i] > '9' || step > (std::numeric_limits<int64_t>::max() - 9) / 10) return -1;
-    step = step * 10 + (name[i] - '0');
-  }
-  return step;
-}
-
-}  // namespace
 
 void write_checkpoint(const std::string& dir, const Checkpoint& checkpoint, const std::string& model_pickle) {
   std::error_code ec;

@@ -9,6 +9,7 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <vector>
 
 #include "runtime/driver/checkpoint_writer.h"
 
@@ -26,6 +27,14 @@ class JobCheckpoints {
   void persist(int64_t epoch, int64_t batch, int64_t batches_per_epoch);
   // The writes that finished (with `wait`, every one). Each train call's end waits for its.
   void collect(bool wait);
+
+  // Sharded checkpoints (runtime/checkpoint/sharded_checkpoint.h), Trainer::save's and load's:
+  // every member writes its replicas' shares into a temporary directory beside `path`, this
+  // driver the manifest and model.pt, then the directory is renamed into place. False (nothing
+  // written) where a worker does not see the directory: the caller writes the whole format.
+  bool save_sharded(const std::string& path);
+  // Every member reads what its replicas need; then the snapshot is taken from them.
+  void load_sharded(const std::string& path);
 
   void begin_call() { call_failures_ = 0; }
   int call_failures() const { return call_failures_; }        // writes that failed in this call

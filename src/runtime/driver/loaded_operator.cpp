@@ -4,6 +4,7 @@
 
 #include "dsgd/common/error.h"
 #include "dsgd/torch/operator.h"
+#include "runtime/checkpoint/sharded_checkpoint.h"
 #include "runtime/driver/checkpoint.h"
 #include "runtime/driver/operator_runtime.h"
 #include "torch/replica/replica.h"
@@ -18,6 +19,13 @@ class Loaded final : public LoadedOperator {
         name_(c.header.value("operator", std::string())),
         config_(c.header["operator_config"]) {
     runtime_->load_state(c.state);
+  }
+  // A sharded checkpoint: read in this process, every tensor whole.
+  Loaded(runtime::ShardReader& reader, const std::string& path, int threads)
+      : runtime_(runtime::operator_runtime(reader.manifest().at("header"), path, threads)),
+        name_(reader.manifest().at("header").value("operator", std::string())),
+        config_(reader.manifest().at("header")["operator_config"]) {
+    runtime_->read_share(reader);
   }
   TrainingOperator& op() override { return runtime_->op(); }
   const std::string& operator_name() const override { return name_; }
@@ -53,6 +61,10 @@ std::unique_ptr<torch_glue::ReplicaRuntime> operator_runtime(const nlohmann::jso
 
 std::unique_ptr<LoadedOperator> load_operator(const std::string& path, int threads) {
   if (threads < 1) throw ConfigError("load_operator: threads must be >= 1, got " + std::to_string(threads));
+  if (runtime::is_sharded_checkpoint(path)) {
+    runtime::ShardReader reader(path);
+    return std::make_unique<Loaded>(reader, path, threads);
+  }
   // A checkpoint directory, or a root of step-* ones (the newest intact one).
   const bool single = std::filesystem::exists(std::filesystem::path(path) / "checkpoint.dsgd");
   std::vector<std::string> skipped;

@@ -66,7 +66,7 @@ std::vector<proto::CommandResult> Job::raw_call(const proto::Command& request, s
   using C = proto::Command;
   const auto kind = request.request_case();
   const bool changes = kind == C::kSetState || kind == C::kTrain || kind == C::kRun || kind == C::kStepSchedules ||
-                       kind == C::kShareState;
+                       kind == C::kShareState || kind == C::kReadShare;
   if (changes) members_settled = false;  // one member's change cut short leaves the others apart
   auto out = server->call(request, timeout, [&] {
     restart.touch();  // for a successor: when this driver was last alive

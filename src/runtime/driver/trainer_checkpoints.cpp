@@ -7,6 +7,7 @@
 #include "dsgd/common/error.h"
 #include "dsgd/runtime/trainer.h"
 #include "control/log.h"
+#include "runtime/checkpoint/sharded_checkpoint.h"
 #include "runtime/driver/checkpoint.h"
 #include "runtime/driver/job.h"
 
@@ -24,10 +25,19 @@ void log_timed(const char* what, const std::string& path, size_t bytes, Clock::t
                        s(t0, t2), s(t0, t1), second, s(t1, t2));
 }
 
+void check_operator(const nlohmann::json& header, const std::string& path, const std::string& runs) {
+  const auto field = header.find("operator");
+  const std::string op = field != header.end() && field->is_string() ? field->get<std::string>() : "";
+  if (op != runs) {
+    throw ConfigError(path + ": the checkpoint is of operator '" + op + "', this trainer runs '" + runs + "'");
+  }
+}
+
 }  // namespace
 
 void Trainer::save(const std::string& path) {
   auto& d = *job_;
+  if (d.checkpoints.save_sharded(path)) return;
   const auto t0 = Clock::now();
   runtime::Feedback feedback;
   std::string state = d.recovering([&] { return d.state.read(&feedback); });
@@ -42,17 +52,20 @@ void Trainer::save(const std::string& path) {
 }
 
 void Trainer::load(const std::string& path) {
+  auto& d = *job_;
+  if (runtime::is_sharded_checkpoint(path)) {
+    const nlohmann::json header = runtime::read_manifest(path).at("header");
+    check_operator(header, path, d.op_name);
+    d.checkpoints.load_sharded(path);
+    d.restart.loaded(path, header.value("epoch", int64_t{0}));
+    return;
+  }
   const auto t0 = Clock::now();
   std::vector<std::string> skipped;
   runtime::Checkpoint c = runtime::read_checkpoint_at(path, &skipped);
   const auto t1 = Clock::now();
   for (const auto& s : skipped) control::log().warn("trainer: passed over a damaged checkpoint: {}", s);
-  const auto field = c.header.find("operator");
-  const std::string op = field != c.header.end() && field->is_string() ? field->get<std::string>() : "";
-  auto& d = *job_;
-  if (op != d.op_name) {
-    throw ConfigError(path + ": the checkpoint is of operator '" + op + "', this trainer runs '" + d.op_name + "'");
-  }
+  check_operator(c.header, path, d.op_name);
   d.recovering([&] { d.state.send(c.state, c.feedback); });
   log_timed("loaded", path, c.state.size(), t0, t1, "sent to the workers");
   d.state.set(std::move(c.state), std::move(c.feedback));

@@ -27,6 +27,7 @@
 #include "runtime/worker/ps_server_process.h"
 #include "runtime/worker/trace_file.h"
 #include "runtime/worker/worker_functions.h"
+#include "runtime/worker/worker_shares.h"
 #include "strategy/strategy.h"
 #include "torch/replica/replica.h"
 #include "torch/state/replica_state.h"
@@ -77,6 +78,7 @@ class Worker {
           result.Clear();
           result.set_error(e.what());
           result.set_error_kind(error_kind(e));
+          if (const auto* data = dynamic_cast<const DataError*>(&e)) result.set_error_path(data->path());
           control::log().error("worker {}: {} failed: {}", index_, control::command_name(cmd), e.what());
         }
         result.set_worker(index_);
@@ -118,14 +120,14 @@ class Worker {
         json p;
         if (auto* r = progress_source_.load()) {
           p["chunk"] = progress_chunk_.load();  // before batches: a new chunk's are reset by then
-          p["batches"] = r->progress().batches.load();
-          p["loss"] = r->progress().loss.load();
-          p["batches_per_epoch"] = r->progress().batches_per_epoch.load();
-          p["step_s"] = r->progress().step_s.load();
-          p["step"] = r->progress().step.load();
-          p["timed_steps"] = r->progress().timed_steps.load();
-          p["compute_s"] = r->progress().compute_s.load();
-          p["wait_s"] = r->progress().wait_s.load();
+          p["batches"] = r->times().progress().batches.load();
+          p["loss"] = r->times().progress().loss.load();
+          p["batches_per_epoch"] = r->times().progress().batches_per_epoch.load();
+          p["step_s"] = r->times().progress().step_s.load();
+          p["step"] = r->times().progress().step.load();
+          p["timed_steps"] = r->times().progress().timed_steps.load();
+          p["compute_s"] = r->times().progress().compute_s.load();
+          p["wait_s"] = r->times().progress().wait_s.load();
         }
         const auto beat = client_.heartbeat(index_, p.is_null() ? std::string() : p.dump(), known_abort, interval,
                                             std::max(settings_.recovery.heartbeat_timeout / 2, milliseconds(500)));
@@ -204,6 +206,8 @@ class Worker {
       case C::kShareState: on_share_state(cmd.share_state()); break;
       case C::kReadState: *out.mutable_state() = on_read_state(cmd.read_state()); break;
       case C::kGetPickle: *out.mutable_pickle() = on_get_pickle(); break;
+      case C::kWriteShare: *out.mutable_share() = write_shares(replicas_, cmd.write_share()); break;
+      case C::kReadShare: *out.mutable_share() = read_shares(replicas_, cmd.read_share()); break;
       case C::kTrain: *out.mutable_epoch() = on_epoch(&cmd.train()); break;
       case C::kValidate: *out.mutable_epoch() = on_epoch(nullptr); break;
       case C::kRun: *out.mutable_run() = on_run(cmd.run()); break;
@@ -223,6 +227,7 @@ class Worker {
     if (dynamic_cast<const ConfigError*>(&e)) return proto::ERROR_KIND_CONFIG;
     if (dynamic_cast<const TimeoutError*>(&e)) return proto::ERROR_KIND_TIMEOUT;
     if (dynamic_cast<const CommError*>(&e)) return proto::ERROR_KIND_COMM;
+    if (dynamic_cast<const DataError*>(&e)) return proto::ERROR_KIND_DATA;
     return proto::ERROR_KIND_OTHER;
   }
 
@@ -331,15 +336,8 @@ class Worker {
 
   proto::PickleReply on_get_pickle() {
     proto::PickleReply out;
-    if (const auto* whole = dynamic_cast<const SelfContainedModel*>(&replicas_.at(0)->op().model(0))) {
-      out.set_pickle(whole->model_file());  // a TorchScript module: torch.jit.load reads it back
-      return out;
-    }
-    c10::Dict<std::string, at::Tensor> dict;  // CPU tensors as they are: no step runs while this does
-    auto& first = *replicas_.at(0);  // (under ZeRO stage 3 the driver gathered its parameters)
-    for (auto& [name, t] : first.named_tensors()) dict.insert(name, t.detach().to(torch::kCPU));
-    const auto bytes = torch::pickle_save(dict);
-    out.set_pickle(std::string(bytes.begin(), bytes.end()));
+    out.set_pickle(model_pickle(replicas_));
+    auto& first = *replicas_.at(0);
     if (first.options().step.zero_stage == 3) {
       for (auto& r : replicas_) r->drop_server_state_copy();  // sharded again
     }
@@ -357,7 +355,7 @@ class Worker {
       return out;
     }
     std::vector<Metrics> parts(static_cast<size_t>(dpw_));
-    for (auto& r : replicas_) r->progress().batches = 0;
+    for (auto& r : replicas_) r->times().progress().batches = 0;
     progress_chunk_ = train != nullptr ? train->chunk() : 0;  // after the reset: see heartbeat_loop
     // forward_overlap_buckets chosen by the driver (-1 in the job): T for this call, 0 when the
     // call names none (a replay), the same on every worker.
@@ -381,7 +379,7 @@ class Worker {
     if (const double mib = peak_resident_mib(); mib > 0) (*out.mutable_metrics())["peak_rss_mib"] = mib;
     if (chosen_overlap) {  // for the driver's choice (trainer.cpp, OverlapTuner)
       double steady = 0;
-      for (auto& r : replicas_) steady = std::max(steady, r->steady_step_seconds());
+      for (auto& r : replicas_) steady = std::max(steady, r->times().steady_step_seconds());
       out.set_steady_step_s(steady);
       out.set_buckets(static_cast<int64_t>(replicas_[0]->num_buckets()));
     }

@@ -51,6 +51,7 @@
 #include "torch/replica/zero_share.h"
 #include "torch/state/broadcast.h"
 #include "torch/state/replica_state.h"
+#include "torch/state/state_share.h"
 #include "torch/sync/grad_sync.h"
 
 namespace dsgd::torch_glue {
@@ -93,10 +94,9 @@ class ReplicaRuntime : private ParameterGate, private ReplicaSums, private Repli
   // asked: forward_s, backward_s, comm_wait_s, optimizer_s (means per batch; as
   // TrainOptions::profile says), epoch_s.
   Metrics train(int64_t max_batches, bool profile);
-  // Seconds per step of the last train() call in its steady state: the median time between the
-  // ends of consecutive batches, so neither the call's start and end nor one slow step count
-  // (0 with fewer than 2 batches).
-  double steady_step_seconds() const { return times_.steady_step_seconds(); }
+  // The steps' times (torch/replica/step_times.h): steady_step_seconds() of the last train() call,
+  // and progress(), the live figures the worker's heartbeat thread reads.
+  StepTimes& times() { return times_; }
   // With forward_overlap_buckets -1: T for the next train() calls (0 = off). Every replica must
   // set the same T before the same step.
   void set_forward_overlap_buckets(size_t buckets);
@@ -128,6 +128,15 @@ class ReplicaRuntime : private ParameterGate, private ReplicaSums, private Repli
   // it keeps none. Per replica: each host leader's differs. load_state takes it back; bytes of
   // another layout (bucket sizes, models) are dropped with a notice and feedback starts at zero.
   std::string save_feedback() const;
+  // This replica's share of a sharded checkpoint (torch/state/state_share.h), regions into its
+  // tensors: of its ZeRO pieces, its own; of what every replica holds alike, its turn of the
+  // bytes (`spread`), or everything from the first replica alone (a ps strategy's, whose
+  // optimizer state was gathered into the first: gather_server_state). Stage 3 needs no gather.
+  StateShare write_share(bool spread) const;
+  // Loads a sharded checkpoint saved by any world, stage and strategy, as load_state does: each
+  // whole tensor it holds, and of the sharded ones its pieces' ranges only. Error feedback only
+  // from a world of this size. ConfigError for a tensor missing or of another shape.
+  void read_share(StateSource& source);
   // The models' named parameters and buffers ("model<i>.<name>" for i > 0). Under ZeRO stage 3
   // only while gathered (gather_server_state(true) until drop_server_state_copy): else throws.
   std::vector<std::pair<std::string, torch::Tensor>> named_tensors() const;
@@ -144,8 +153,6 @@ class ReplicaRuntime : private ParameterGate, private ReplicaSums, private Repli
 
   int64_t batches_per_epoch() const override { return cursor_.batches_per_epoch(); }
 
-  // Live progress, read by the worker's heartbeat thread.
-  ReplicaProgress& progress() { return times_.progress(); }
 
  private:
   // ReplicaHost: what the operator calls.
@@ -187,7 +194,6 @@ class ReplicaRuntime : private ParameterGate, private ReplicaSums, private Repli
   void interrupted();
   ReplicaState state() const;  // what save_state writes besides the operator's
   void restored(const ReplicaState& state);  // load_state's and share_state's bookkeeping after the load
-  void load_feedback(const std::string& feedback);  // load_state's: save_feedback()'s bytes, or from zero
 
   std::unique_ptr<TrainingOperator> op_;
   ReplicaOptions options_;

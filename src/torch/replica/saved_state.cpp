@@ -34,17 +34,11 @@ size_t ReplicaRuntime::state_bytes() const {
   return bytes;
 }
 
-namespace {
-constexpr char kFeedbackMagic[8] = {'d', 's', 'g', 'd', 'f', 'b', '0', '1'};
-}  // namespace
-
 void ReplicaRuntime::load_state(const std::string& bytes, const std::string& feedback) {
   for (auto& s : syncs_) s->deferred().discard();
   zero_.prepare_load();  // zero: the state comes whole, for the parameters
   restored(load_replica_state(*op_, bytes, options_.info.device));
-  const bool keeps = std::any_of(syncs_.begin(), syncs_.end(), [](const auto& s) { return s->feedback() != nullptr; });
-  if (!keeps) return;
-  load_feedback(feedback);
+  torch_glue::load_feedback(syncs_, feedback, options_.info.rank == 0);
 }
 
 size_t ReplicaRuntime::share_state(strategy::Sharing& sharing, int root, bool load) {
@@ -85,41 +79,6 @@ void ReplicaRuntime::restored(const ReplicaState& state) {
   zero_.forget_step();
 }
 
-void ReplicaRuntime::load_feedback(const std::string& feedback) {
-  const char* p = feedback.data();
-  const char* const end = p + feedback.size();
-  bool ok = feedback.size() >= sizeof kFeedbackMagic && std::memcmp(p, kFeedbackMagic, sizeof kFeedbackMagic) == 0;
-  uint64_t syncs = 0;
-  if (ok) {
-    p += sizeof kFeedbackMagic;
-    ok = static_cast<size_t>(end - p) >= sizeof syncs && (std::memcpy(&syncs, p, sizeof syncs), syncs == syncs_.size());
-    p += ok ? sizeof syncs : 0;
-  }
-  for (auto& s : syncs_) {
-    auto* feedback = s->feedback();
-    if (!feedback) continue;
-    if (ok) ok = feedback->load(&p, end);
-    if (!ok) feedback->clear();
-  }
-  if (!ok && options_.info.rank == 0) {
-    dsgd::log().info(feedback.empty() ? "error feedback starts from zero: the state loaded holds none for this replica "
-                                        "(saved without compression, or by a job of another size)"
-                                      : "error feedback starts from zero: the state loaded holds it for another layout "
-                                        "(bucket sizes or models differ)");
-  }
-}
-
-std::string ReplicaRuntime::save_feedback() const {
-  std::string out;
-  const bool keeps = std::any_of(syncs_.begin(), syncs_.end(), [](const auto& s) { return s->feedback() != nullptr; });
-  if (!keeps) return out;
-  out.append(kFeedbackMagic, sizeof kFeedbackMagic);
-  const uint64_t syncs = syncs_.size();
-  out.append(reinterpret_cast<const char*>(&syncs), sizeof syncs);
-  for (const auto& s : syncs_) {
-    if (auto* feedback = s->feedback()) feedback->save(&out);
-  }
-  return out;
-}
+std::string ReplicaRuntime::save_feedback() const { return torch_glue::save_feedback(syncs_); }
 
 }  // namespace dsgd::torch_glue

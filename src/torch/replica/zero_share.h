@@ -34,6 +34,10 @@ class ZeroShare {
   // pieces of a layout that changed are let go of, with their state (a load follows).
   void partition();
   bool active() const { return !pieces_.empty(); }
+  // This replica's pieces (by parameter; empty: not sharded) and the optimizers' groups as
+  // registered, for sharded checkpoints, which write and read the pieces' ranges
+  // (torch/replica/state_shares.cpp).
+  std::pair<const Pieces&, const OptimizerParams&> layout() const { return {pieces_, whole_}; }
   // Stage 2's ring buffers per GradSync in a group of `world_size` (0: stage 0 or 1, or alone),
   // and the replicas the GradSyncs shard over (0: none).
   size_t ring_buckets(int world_size) const;

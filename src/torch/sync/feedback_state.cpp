@@ -3,6 +3,9 @@
 #include <algorithm>
 #include <cstring>
 
+#include "dsgd/common/log.h"
+#include "torch/sync/grad_sync.h"
+
 namespace dsgd::torch_glue {
 
 namespace {
@@ -111,6 +114,49 @@ bool FeedbackState::load(const char** p, const char* end) {
     }
   }
   return true;
+}
+
+namespace {
+constexpr char kFeedbackMagic[8] = {'d', 's', 'g', 'd', 'f', 'b', '0', '1'};
+}  // namespace
+
+std::string save_feedback(const std::vector<std::unique_ptr<GradSync>>& syncs) {
+  std::string out;
+  const bool keeps = std::any_of(syncs.begin(), syncs.end(), [](const auto& s) { return s->feedback() != nullptr; });
+  if (!keeps) return out;
+  out.append(kFeedbackMagic, sizeof kFeedbackMagic);
+  const uint64_t count = syncs.size();
+  out.append(reinterpret_cast<const char*>(&count), sizeof count);
+  for (const auto& s : syncs) {
+    if (auto* feedback = s->feedback()) feedback->save(&out);
+  }
+  return out;
+}
+
+void load_feedback(const std::vector<std::unique_ptr<GradSync>>& syncs, const std::string& feedback, bool announce) {
+  const bool keeps = std::any_of(syncs.begin(), syncs.end(), [](const auto& s) { return s->feedback() != nullptr; });
+  if (!keeps) return;
+  const char* p = feedback.data();
+  const char* const end = p + feedback.size();
+  bool ok = feedback.size() >= sizeof kFeedbackMagic && std::memcmp(p, kFeedbackMagic, sizeof kFeedbackMagic) == 0;
+  uint64_t count = 0;
+  if (ok) {
+    p += sizeof kFeedbackMagic;
+    ok = static_cast<size_t>(end - p) >= sizeof count && (std::memcpy(&count, p, sizeof count), count == syncs.size());
+    p += ok ? sizeof count : 0;
+  }
+  for (const auto& s : syncs) {
+    auto* state = s->feedback();
+    if (!state) continue;
+    if (ok) ok = state->load(&p, end);
+    if (!ok) state->clear();
+  }
+  if (!ok && announce) {
+    dsgd::log().info(feedback.empty() ? "error feedback starts from zero: the state loaded holds none for this replica "
+                                        "(saved without compression, or by a job of another size)"
+                                      : "error feedback starts from zero: the state loaded holds it for another layout "
+                                        "(bucket sizes or models differ)");
+  }
 }
 
 }  // namespace dsgd::torch_glue

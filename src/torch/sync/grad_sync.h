@@ -257,4 +257,10 @@ class GradSync {
   } ring_;
 };
 
+// Every GradSync's error feedback (compression) as bytes, "" where none keeps any; and back:
+// bytes of another layout (bucket sizes, models) or none leave each at zero, with a notice
+// where `announce` (the first replica).
+std::string save_feedback(const std::vector<std::unique_ptr<GradSync>>& syncs);
+void load_feedback(const std::vector<std::unique_ptr<GradSync>>& syncs, const std::string& feedback, bool announce);
+
 }  // namespace dsgd::torch_glue

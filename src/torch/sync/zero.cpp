@@ -16,52 +16,7 @@ namespace dsgd::torch_glue {
 namespace {
 
 namespace ser = torch::serialize;
-
-// One parameter's optimizer state as its named values, as the state serialises them.
-using Fields = std::vector<std::pair<std::string, c10::IValue>>;
-
-std::string bytes_of(ser::OutputArchive& archive) {
-  std::string bytes;
-  archive.save_to([&bytes](const void* data, size_t n) {
-    bytes.append(static_cast<const char*>(data), n);
-    return n;
-  });
-  return bytes;
-}
-
-Fields fields_of(ser::InputArchive& archive) {
-  Fields fields;
-  for (const auto& key : archive.keys()) {
-    c10::IValue value;
-    archive.read(key, value);
-    fields.emplace_back(key, std::move(value));
-  }
-  return fields;
-}
-
-Fields fields_of(const torch::optim::OptimizerParamState& state) {
-  ser::OutputArchive out;
-  state.serialize(out);
-  const std::string bytes = bytes_of(out);
-  ser::InputArchive in;
-  in.load_from(bytes.data(), bytes.size());
-  return fields_of(in);
-}
-
-void write_fields(ser::OutputArchive& archive, const Fields& fields) {
-  for (const auto& [name, value] : fields) archive.write(name, value);
-}
-
-std::string archive_key(const torch::Tensor& p) {  // as LibTorch's optimizer archives name a parameter
-  std::ostringstream out;
-  out << p.unsafeGetTensorImpl();
-  return out.str();
-}
-
-// A field that holds a value per element of `p`: a tensor shaped like it.
-bool per_element(const c10::IValue& v, const torch::Tensor& p) {
-  return v.isTensor() && v.toTensor().defined() && v.toTensor().sizes() == p.sizes();
-}
+using Fields = StateFields;
 
 // `t` (shaped like p) laid out in memory as p is, so that memory_view ranges mean the same.
 torch::Tensor laid_out_as(const torch::Tensor& t, const torch::Tensor& p) {
@@ -110,40 +65,6 @@ Fields join(const std::vector<Part>& parts, const torch::Tensor& p) {
   return out;
 }
 
-// Files `states` (key: archive_key of a parameter in opt's groups) through opt.load, which makes
-// each state of the optimizer's own kind.
-void install(torch::optim::Optimizer& opt, const std::vector<std::pair<std::string, Fields>>& states) {
-  if (states.empty()) return;
-  ser::OutputArchive archive;
-  archive.write("pytorch_version", c10::IValue("1.5.0"));
-  ser::OutputArchive state(archive.compilation_unit());
-  for (const auto& [key, fields] : states) {
-    ser::OutputArchive one(archive.compilation_unit());
-    write_fields(one, fields);
-    state.write(key, one);
-  }
-  archive.write("state", state);
-  ser::OutputArchive groups(archive.compilation_unit());
-  groups.write("param_groups/size", torch::tensor(static_cast<int64_t>(opt.param_groups().size())));
-  for (size_t g = 0; g < opt.param_groups().size(); ++g) {
-    const auto& group = opt.param_groups()[g];
-    ser::OutputArchive one(archive.compilation_unit());
-    one.write("params/size", torch::tensor(static_cast<int64_t>(group.params().size())));
-    for (size_t i = 0; i < group.params().size(); ++i) {
-      one.write("params/" + std::to_string(i), c10::IValue(archive_key(group.params()[i])));
-    }
-    ser::OutputArchive options(archive.compilation_unit());
-    group.options().serialize(options);
-    one.write("options", options);
-    groups.write("param_groups/" + std::to_string(g), one);
-  }
-  archive.write("param_groups", groups);
-  const std::string bytes = bytes_of(archive);
-  ser::InputArchive in;
-  in.load_from(bytes.data(), bytes.size());
-  opt.load(in);
-}
-
 const Piece* piece_of(const Pieces& pieces, const torch::Tensor& p) {
   const auto it = pieces.find(p.unsafeGetTensorImpl());
   return it == pieces.end() ? nullptr : &it->second;
@@ -162,7 +83,7 @@ std::string own_parts(torch::optim::Optimizer& opt, const Pieces& pieces,
       const auto it = opt.state().find(optimizer_state_key(opt, piece->view));
       if (it == opt.state().end() || !it->second) continue;
       ser::OutputArchive one(archive.compilation_unit());
-      write_fields(one, fields_of(*it->second));
+      write_fields(one, state_fields(*it->second));
       one.write("dsgd.begin", c10::IValue(static_cast<int64_t>(piece->begin)));
       one.write("dsgd.count", c10::IValue(static_cast<int64_t>(piece->count)));
       archive.write(part_key(g, i), one);
@@ -180,7 +101,7 @@ void read_parts(const std::string& bytes, const std::vector<std::vector<torch::T
       ser::InputArchive one;
       if (!archive.try_read(part_key(g, i), one)) continue;
       Part part;
-      for (auto& [name, value] : fields_of(one)) {
+      for (auto& [name, value] : state_fields(one)) {
         if (name == "dsgd.begin") {
           part.begin = static_cast<size_t>(value.toInt());
         } else if (name == "dsgd.count") {
@@ -259,14 +180,14 @@ void to_pieces(TrainingOperator& op, const Pieces& pieces, const OptimizerParams
         const auto it = opt.state().find(optimizer_state_key(opt, p));
         if (it != opt.state().end()) {
           if (it->second && piece->count > 0)
-            states.emplace_back(archive_key(piece->view), slice(fields_of(*it->second), p, *piece));
+            states.emplace_back(archive_key(piece->view), slice(state_fields(*it->second), p, *piece));
           opt.state().erase(it);
         }
         if (piece->count > 0) params.push_back(piece->view);
       }
       opt.param_groups()[g].params() = std::move(params);
     }
-    install(opt, states);
+    install_states(opt, states);
   }
 }
 
@@ -289,7 +210,7 @@ void gather_whole(TrainingOperator& op, const Pieces& pieces, const OptimizerPar
       const auto& p = whole[k][at.first][at.second];
       states.emplace_back(archive_key(p), join(list, p));
     }
-    install(opt, states);
+    install_states(opt, states);
   }
 }
 
