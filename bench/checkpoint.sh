@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# Sharded checkpoints against the disk they land on (docs/CHECKPOINTS.md), in one run: the
+# disk's own write and read bandwidth (dd, fsynced), then dsgd's save (every worker writing its
+# share, the driver the manifest) and load (every worker reading what it needs) of gpt-base with
+# AdamW on 2 workers, then Python's torch.save and torch.load of the same bytes. Prints the ratios.
+#
+#   bench/checkpoint.sh [MODEL] [DIR]      (gpt-base; a directory on the disk to measure, build/ckpt-bench)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+model=${1:-gpt-base}
+dir=${2:-build/ckpt-bench}
+dsgd=${DSGD:-build/dsgd}
+py=/usr/bin/python3
+[ -x "$dsgd" ] || { echo "checkpoint: $dsgd not built (make build)"; exit 1; }
+rm -rf "$dir" && mkdir -p "$dir"
+trap 'rm -rf "$dir"' EXIT
+lm=build/lm-bench
+[ -f $lm/train.tok ] || $dsgd prepare-text --out $lm >/dev/null
+drop() { sync; echo 3 >/proc/sys/vm/drop_caches 2>/dev/null && echo cold || echo warm; }
+mbps() { $py -c "import sys; print(f'{float(sys.argv[1]) / float(sys.argv[2]) / 1e6:.0f}')" "$@"; }
+
+# The disk: 1 GiB written with fsync (direct I/O where the file system allows), then read.
+direct=oflag=direct
+dd if=/dev/zero of="$dir/dd" bs=64M count=1 $direct 2>/dev/null || direct=
+t0=$(date +%s.%N); dd if=/dev/zero of="$dir/dd" bs=64M count=16 conv=fsync $direct 2>/dev/null; t1=$(date +%s.%N)
+dd_write=$(mbps $((1 << 30)) "$($py -c "print($t1 - $t0)")")
+cache=$(drop)
+t0=$(date +%s.%N); dd if="$dir/dd" of=/dev/null bs=64M 2>/dev/null; t1=$(date +%s.%N)
+dd_read=$(mbps $((1 << 30)) "$($py -c "print($t1 - $t0)")")
+rm -f "$dir/dd"
+
+run() {  # the job's debug log, for the driver's own timings of its save or load
+  DSGD_LOG_LEVEL=debug OMP_NUM_THREADS=1 $dsgd train --model "$model" --dataset "text:$lm" --workers 2 --threads 1 \
+    --batch-size 2 --config '{"context": 128, "val_sequences": 2}' --no-eval --quiet "$@" 2>&1 >/dev/null
+}
+run --max-steps 2 --save "$dir/ckpt" >"$dir/save.log"
+save_line=$(grep -m1 "trainer: saved $dir/ckpt" "$dir/save.log") || { tail -20 "$dir/save.log"; exit 1; }
+bytes=$(echo "$save_line" | sed -E 's/.*\(([0-9]+) bytes in.*/\1/')
+save_s=$(echo "$save_line" | sed -E 's/.*shares ([0-9.]+) s.*/\1/')
+cache_load=$(drop)
+run --max-steps 3 --load "$dir/ckpt" >"$dir/load.log"
+load_line=$(grep -m1 "trainer: loaded $dir/ckpt" "$dir/load.log") || { tail -20 "$dir/load.log"; exit 1; }
+read_bytes=$(echo "$load_line" | sed -E 's/.*\(([0-9]+) bytes read.*/\1/')
+load_s=$(echo "$load_line" | sed -E 's/.*read ([0-9.]+) s,.*/\1/')
+
+# torch.save / torch.load of as many bytes in one process, fsynced.
+read -r ts_save ts_load < <($py - "$dir" "$bytes" <<'PY'
+import os, sys, time, torch
+d, n = sys.argv[1], int(sys.argv[2])
+state = {f"t{i}": torch.rand(n // 4 // 64) for i in range(64)}
+t0 = time.time()
+with open(f"{d}/ts.pt", "wb") as f:
+    torch.save(state, f); f.flush(); os.fsync(f.fileno())
+t1 = time.time()
+os.system("sync; echo 3 > /proc/sys/vm/drop_caches 2>/dev/null")
+t2 = time.time(); torch.load(f"{d}/ts.pt"); t3 = time.time()
+print(t1 - t0, t3 - t2)
+PY
+)
+echo
+echo "#### Sharded checkpoint of $model, AdamW, 2 workers ($bytes bytes of shares; reads $cache_load)"
+echo
+echo "| | seconds | MB/s | against the disk (dd) |"
+echo "|---|---|---|---|"
+echo "| dd write, 1 GiB, fsync ${direct:+(direct)} | | $dd_write | 1.00 |"
+echo "| dd read, 1 GiB ($cache) | | $dd_read | 1.00 |"
+sw=$(mbps "$bytes" "$save_s"); lr=$(mbps "$read_bytes" "$load_s")
+echo "| dsgd save (shares written, fsynced) | $save_s | $sw | $($py -c "print(f'{$sw / $dd_write:.2f}')") |"
+echo "| dsgd load ($read_bytes bytes read by the workers) | $load_s | $lr | $($py -c "print(f'{$lr / $dd_read:.2f}')") |"
+tw=$(mbps "$bytes" "$ts_save"); tr=$(mbps "$bytes" "$ts_load")
+echo "| torch.save, one process | $(printf %.3f "$ts_save") | $tw | $($py -c "print(f'{$tw / $dd_write:.2f}')") |"
+echo "| torch.load, one process | $(printf %.3f "$ts_load") | $tr | $($py -c "print(f'{$tr / $dd_read:.2f}')") |"
