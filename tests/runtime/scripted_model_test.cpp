@@ -76,7 +76,7 @@ TEST(ScriptedModel, APythonCnnWithTheCppCnnsWeightsTrainsToItsParameters) {
   EXPECT_LT(difference, 1e-5);
   std::cout << "scripted CNN after 20 steps: " << difference << " from the C++ CNN\n";
 
-  // A checkpoint: model.pt is the trained script; checkpoint.dsgd loads into a new job.
+  // A checkpoint: model.pt is the trained script; the shares load into a new job.
   t.save(dir.file("ckpt"));
   const auto back = models::ScriptedModel::load(dir.file("ckpt") + "/model.pt");
   EXPECT_EQ(max_difference(params_of(*trained), params_of(*back)), 0);

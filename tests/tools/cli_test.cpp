@@ -746,7 +746,7 @@ TEST(Cli, TuneWritesBestTrialsAndTrialsStoppedEarly) {
   ASSERT_TRUE(j.contains("best")) << j.dump(1);
   EXPECT_TRUE(j["best"]["test_accuracy"].is_number());
   EXPECT_TRUE(j["best"]["params"].contains("lr"));
-  EXPECT_TRUE(std::filesystem::exists(j["best"]["checkpoint"].get<std::string>() + "/checkpoint.dsgd"));
+  EXPECT_TRUE(std::filesystem::exists(j["best"]["checkpoint"].get<std::string>() + "/manifest.json"));
   EXPECT_EQ(j["trials"].size(), 4u);
   EXPECT_TRUE(j["trials_stopped_early"].is_number_integer());
   EXPECT_NE(r.output.find("| trial | config |"), std::string::npos) << r.output;

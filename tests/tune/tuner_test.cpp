@@ -58,7 +58,7 @@ TEST(Tuner, FifoRunsEveryTrialToTheEndAndTheSameSearchAgainRunsNothing) {
     ASSERT_EQ(t["history"].size(), 2u);
     EXPECT_TRUE(t["history"][1].contains("train_loss"));
     EXPECT_TRUE(t["history"][1].contains("test_accuracy"));
-    EXPECT_TRUE(fs::exists(fs::path(t["checkpoint"].get<std::string>()) / "checkpoint.dsgd"));
+    EXPECT_TRUE(fs::exists(fs::path(t["checkpoint"].get<std::string>()) / "manifest.json"));
   }
   EXPECT_GE(r.best, 0);
   const json out = r.to_json(o);
