@@ -35,8 +35,8 @@ run() {  # the job's debug log, for the driver's own timings of its save or load
 }
 run --max-steps 2 --save "$dir/ckpt" >"$dir/save.log"
 save_line=$(grep -m1 "trainer: saved $dir/ckpt" "$dir/save.log") || { tail -20 "$dir/save.log"; exit 1; }
-bytes=$(echo "$save_line" | sed -E 's/.*\(([0-9]+) bytes in.*/\1/')
-save_s=$(echo "$save_line" | sed -E 's/.*shares ([0-9.]+) s.*/\1/')
+bytes=$(du -bc "$dir"/ckpt/* | tail -1 | cut -f1)  # the shares, model.pt and the manifest
+save_s=$(echo "$save_line" | sed -E 's/.*\) in ([0-9.]+) s:.*/\1/')
 cache_load=$(drop)
 run --max-steps 3 --load "$dir/ckpt" >"$dir/load.log"
 load_line=$(grep -m1 "trainer: loaded $dir/ckpt" "$dir/load.log") || { tail -20 "$dir/load.log"; exit 1; }
@@ -58,14 +58,14 @@ print(t1 - t0, t3 - t2)
 PY
 )
 echo
-echo "#### Sharded checkpoint of $model, AdamW, 2 workers ($bytes bytes of shares; reads $cache_load)"
+echo "#### Sharded checkpoint of $model, AdamW, 2 workers ($bytes bytes with model.pt; reads $cache_load)"
 echo
 echo "| | seconds | MB/s | against the disk (dd) |"
 echo "|---|---|---|---|"
 echo "| dd write, 1 GiB, fsync ${direct:+(direct)} | | $dd_write | 1.00 |"
 echo "| dd read, 1 GiB ($cache) | | $dd_read | 1.00 |"
 sw=$(mbps "$bytes" "$save_s"); lr=$(mbps "$read_bytes" "$load_s")
-echo "| dsgd save (shares written, fsynced) | $save_s | $sw | $($py -c "print(f'{$sw / $dd_write:.2f}')") |"
+echo "| dsgd save (the driver's call: shares and model.pt written by the workers, fsynced, committed) | $save_s | $sw | $($py -c "print(f'{$sw / $dd_write:.2f}')") |"
 echo "| dsgd load ($read_bytes bytes read by the workers) | $load_s | $lr | $($py -c "print(f'{$lr / $dd_read:.2f}')") |"
 tw=$(mbps "$bytes" "$ts_save"); tr=$(mbps "$bytes" "$ts_load")
 echo "| torch.save, one process | $(printf %.3f "$ts_save") | $tw | $($py -c "print(f'{$tw / $dd_write:.2f}')") |"

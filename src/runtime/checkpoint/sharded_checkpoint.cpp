@@ -10,7 +10,10 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
+#include <memory>
+#include <utility>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -72,41 +75,93 @@ std::string share_file_name(int rank) {
   return name;
 }
 
-nlohmann::json write_share_file(const std::string& path, const torch_glue::StateShare& share) {
-  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) throw DataError(path, std::string("cannot create: ") + std::strerror(errno));
-  nlohmann::json regions = nlohmann::json::array();
-  uint64_t at = 0;
-  try {
-    static const std::string zeros(kAlign, '\0');
-    for (const auto& r : share.regions) {
-      const uint64_t pad = (kAlign - at % kAlign) % kAlign;
-      write_bytes(fd, zeros.data(), pad, path);
-      at += pad;
-      const auto* data = static_cast<const char*>(r.data);
-      nlohmann::json crcs = nlohmann::json::array();
-      for (size_t off = 0; off < r.bytes; off += kShareChunkBytes) {
-        const size_t n = std::min(kShareChunkBytes, r.bytes - off);
-        crcs.push_back(crc_of(data + off, n));
-      }
-      write_bytes(fd, data, r.bytes, path);
-      regions.push_back({{"name", r.name},
-                         {"dtype", r.dtype},
-                         {"shape", r.shape},
-                         {"begin", r.begin},
-                         {"count", r.count},
-                         {"offset", at},
-                         {"bytes", r.bytes},
-                         {"crc32", std::move(crcs)}});
-      at += r.bytes;
-    }
-    if (::fsync(fd) != 0) throw DataError(path, std::string("fsync failed: ") + std::strerror(errno));
-  } catch (...) {
-    ::close(fd);
-    throw;
+StagedFile::StagedFile(std::string path) : path_(std::move(path)) {
+  fd_ = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_DIRECT, 0644);
+  if (fd_ < 0 && errno == EINVAL) {
+    direct_ = false;
+    fd_ = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   }
-  if (::close(fd) != 0) throw DataError(path, std::string("cannot close: ") + std::strerror(errno));
-  return {{"file", fs::path(path).filename().string()}, {"bytes", at}, {"regions", std::move(regions)}};
+  if (fd_ < 0) throw DataError(path_, std::string("cannot create: ") + std::strerror(errno));
+  buf_.reset(static_cast<char*>(std::aligned_alloc(kAlign, kStage)));
+  if (!buf_) throw Error("sharded checkpoint: no memory for a " + std::to_string(kStage) + "-byte write buffer");
+}
+
+StagedFile::~StagedFile() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+void StagedFile::put(const char* data, size_t n) {
+  while (n > 0) {
+    const size_t k = std::min(n, kStage - fill_);
+    std::memcpy(buf_.get() + fill_, data, k);
+    fill_ += k, data += k, n -= k;
+    if (fill_ == kStage) drain(kStage);
+  }
+}
+
+void StagedFile::pad_to(uint64_t align) {
+  static const std::string zeros(kAlign, '\0');
+  put(zeros.data(), (align - at() % align) % align);
+}
+
+void StagedFile::finish() {
+  const uint64_t total = at();
+  if (fill_ > 0) {
+    const size_t n = direct_ ? (fill_ + kAlign - 1) / kAlign * kAlign : fill_;
+    std::memset(buf_.get() + fill_, 0, n - fill_);
+    drain(n);
+  }
+  if (::ftruncate(fd_, static_cast<off_t>(total)) != 0) {  // a direct write's padding cut off
+    throw DataError(path_, std::string("cannot set its length: ") + std::strerror(errno));
+  }
+  if (::fsync(fd_) != 0) throw DataError(path_, std::string("fsync failed: ") + std::strerror(errno));
+  const int fd = std::exchange(fd_, -1);
+  if (::close(fd) != 0) throw DataError(path_, std::string("cannot close: ") + std::strerror(errno));
+}
+
+void StagedFile::drain(size_t n) {
+  const char* p = buf_.get();
+  while (n > 0) {
+    const ssize_t w = ::write(fd_, p, n);
+    if (w < 0 && errno == EINTR) continue;
+    if (w < 0 && errno == EINVAL && direct_) {  // opened direct, but its writes are refused: buffered
+      direct_ = false;
+      ::fcntl(fd_, F_SETFL, ::fcntl(fd_, F_GETFL) & ~O_DIRECT);
+      continue;
+    }
+    if (w < 0) throw DataError(path_, std::string("cannot write: ") + std::strerror(errno));
+    p += w;
+    n -= static_cast<size_t>(w);
+  }
+  written_ += fill_;
+  fill_ = 0;
+}
+
+nlohmann::json write_share_file(const std::string& path, const torch_glue::StateShare& share) {
+  StagedFile out(path);
+  nlohmann::json regions = nlohmann::json::array();
+  for (const auto& r : share.regions) {
+    out.pad_to(kAlign);
+    const uint64_t offset = out.at();
+    const auto* data = static_cast<const char*>(r.data);
+    nlohmann::json crcs = nlohmann::json::array();
+    for (size_t off = 0; off < r.bytes; off += kShareChunkBytes) {
+      const size_t n = std::min(kShareChunkBytes, r.bytes - off);
+      crcs.push_back(crc_of(data + off, n));
+      out.put(data + off, n);
+    }
+    regions.push_back({{"name", r.name},
+                       {"dtype", r.dtype},
+                       {"shape", r.shape},
+                       {"begin", r.begin},
+                       {"count", r.count},
+                       {"offset", offset},
+                       {"bytes", r.bytes},
+                       {"crc32", std::move(crcs)}});
+  }
+  const uint64_t bytes = out.at();
+  out.finish();
+  return {{"file", fs::path(path).filename().string()}, {"bytes", bytes}, {"regions", std::move(regions)}};
 }
 
 nlohmann::json make_manifest(nlohmann::json header, const std::vector<nlohmann::json>& files, int world) {

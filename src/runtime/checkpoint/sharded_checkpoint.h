@@ -20,7 +20,9 @@
 #pragma once
 
 #include <cstdint>
+#include <cstdlib>
 #include <map>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -31,6 +33,37 @@ namespace dsgd::runtime {
 
 constexpr const char* kManifestFile = "manifest.json";
 constexpr size_t kShareChunkBytes = 4u << 20;  // what each CRC-32 covers
+
+// A file written through an aligned staging buffer with O_DIRECT where the file system takes it
+// (else buffered, as on tmpfs): on this VM's disk buffered writes with fsync ran at 260 MB/s,
+// direct ones at 1.2-1.7 GB/s. Each call throws dsgd::DataError naming the path.
+//
+//   StagedFile f(path);  f.put(data, n);  f.pad_to(4096);  ...  f.finish();  // fsynced, closed
+class StagedFile {
+ public:
+  explicit StagedFile(std::string path);
+  ~StagedFile();  // without finish(): closed, as written so far
+  StagedFile(const StagedFile&) = delete;
+  StagedFile& operator=(const StagedFile&) = delete;
+
+  uint64_t at() const { return written_ + fill_; }  // the bytes put
+  void put(const char* data, size_t n);
+  void pad_to(uint64_t align);  // zeros up to the next multiple of `align`
+  void finish();                // the rest out, the length set to at(), fsynced, closed
+
+ private:
+  static constexpr size_t kStage = 16u << 20;
+  void drain(size_t n);
+  struct Free {
+    void operator()(char* p) const { std::free(p); }
+  };
+  const std::string path_;
+  int fd_ = -1;
+  bool direct_ = true;
+  std::unique_ptr<char, Free> buf_;
+  size_t fill_ = 0;
+  uint64_t written_ = 0;
+};
 
 // "share-00003.bin"
 std::string share_file_name(int rank);

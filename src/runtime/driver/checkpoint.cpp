@@ -49,7 +49,7 @@ uint32_t crc_of(const std::string& bytes) {
   return static_cast<uint32_t>(crc);
 }
 
-void write_all(int fd, const std::string& bytes, const std::string& path) {
+void write_all(int fd, std::string_view bytes, const std::string& path) {
   size_t off = 0;
   while (off < bytes.size()) {
     const ssize_t n = ::write(fd, bytes.data() + off, bytes.size() - off);

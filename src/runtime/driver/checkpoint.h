@@ -20,6 +20,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace dsgd::runtime {
@@ -27,7 +28,7 @@ namespace dsgd::runtime {
 // Durable files, for the checkpoints of either format (also sharded_checkpoint.h's). Each throws
 // dsgd::DataError naming the path (a full volume: "No space left on device").
 uint32_t crc_of(const std::string& bytes);
-void write_all(int fd, const std::string& bytes, const std::string& path);
+void write_all(int fd, std::string_view bytes, const std::string& path);
 void fsync_dir(const std::filesystem::path& dir);  // best effort
 // Written to a temporary name beside it, fsynced, renamed over `path`, the directory fsynced.
 void write_atomically(const std::filesystem::path& path, const std::string& bytes);

@@ -5,6 +5,10 @@
 #include <torch/serialize.h>
 #include <torch/types.h>
 
+#include <algorithm>
+#include <memory>
+#include <unordered_map>
+
 namespace dsgd::torch_glue {
 
 namespace ser = torch::serialize;
@@ -92,8 +96,93 @@ bool per_element(const c10::IValue& v, const torch::Tensor& p) {
   return v.isTensor() && v.toTensor().defined() && v.toTensor().sizes() == p.sizes();
 }
 
+namespace {
+
+const c10::IValue* field(const StateFields& fields, const char* name) {
+  for (const auto& [n, v] : fields) {
+    if (n == name) return &v;
+  }
+  return nullptr;
+}
+torch::Tensor tensor_field(const StateFields& fields, const char* name) {
+  const auto* v = field(fields, name);
+  return v != nullptr && v->isTensor() ? v->toTensor() : torch::Tensor();
+}
+int64_t int_field(const StateFields& fields, const char* name) {
+  const auto* v = field(fields, name);
+  return v != nullptr && v->isInt() ? v->toInt() : 0;
+}
+
+template <typename State>
+std::unique_ptr<torch::optim::OptimizerParamState> adam_state(const StateFields& f) {
+  auto s = std::make_unique<State>();
+  s->step(int_field(f, "step"));
+  s->exp_avg(tensor_field(f, "exp_avg"));
+  s->exp_avg_sq(tensor_field(f, "exp_avg_sq"));
+  s->max_exp_avg_sq(tensor_field(f, "max_exp_avg_sq"));
+  return s;
+}
+
+// A state of the optimizer's own kind from its fields (LibTorch's elementwise optimizers, fields
+// of the names known_fields gives); null for another kind or another set of fields.
+std::unique_ptr<torch::optim::OptimizerParamState> known_state(torch::optim::Optimizer& opt, const StateFields& f) {
+  namespace o = torch::optim;
+  const auto has = [&](std::initializer_list<const char*> allowed) {
+    for (const auto& [n, v] : f) {
+      if (std::none_of(allowed.begin(), allowed.end(), [&](const char* a) { return n == a; })) return false;
+    }
+    return true;
+  };
+  if (dynamic_cast<o::Adam*>(&opt) != nullptr && has({"step", "exp_avg", "exp_avg_sq", "max_exp_avg_sq"})) {
+    return adam_state<o::AdamParamState>(f);
+  }
+  if (dynamic_cast<o::AdamW*>(&opt) != nullptr && has({"step", "exp_avg", "exp_avg_sq", "max_exp_avg_sq"})) {
+    return adam_state<o::AdamWParamState>(f);
+  }
+  if (dynamic_cast<o::SGD*>(&opt) != nullptr && has({"momentum_buffer"})) {
+    auto s = std::make_unique<o::SGDParamState>();
+    s->momentum_buffer(tensor_field(f, "momentum_buffer"));
+    return s;
+  }
+  if (dynamic_cast<o::RMSprop*>(&opt) != nullptr && has({"step", "square_avg", "momentum_buffer", "grad_avg"})) {
+    auto s = std::make_unique<o::RMSpropParamState>();
+    s->step(int_field(f, "step"));
+    s->square_avg(tensor_field(f, "square_avg"));
+    s->momentum_buffer(tensor_field(f, "momentum_buffer"));
+    s->grad_avg(tensor_field(f, "grad_avg"));
+    return s;
+  }
+  if (dynamic_cast<o::Adagrad*>(&opt) != nullptr && has({"step", "sum"})) {
+    auto s = std::make_unique<o::AdagradParamState>();
+    s->step(int_field(f, "step"));
+    s->sum(tensor_field(f, "sum"));
+    return s;
+  }
+  return nullptr;
+}
+
+// Each state built directly where every one is of a known kind (no archive's copy of the tensors
+// in and out): false, and nothing installed, otherwise.
+bool install_known(torch::optim::Optimizer& opt, const std::vector<std::pair<std::string, StateFields>>& states) {
+  std::unordered_map<std::string, const torch::Tensor*> params;
+  for (const auto& group : opt.param_groups()) {
+    for (const auto& p : group.params()) params.emplace(archive_key(p), &p);
+  }
+  std::vector<std::pair<const torch::Tensor*, std::unique_ptr<torch::optim::OptimizerParamState>>> made;
+  for (const auto& [key, fields] : states) {
+    const auto it = params.find(key);
+    auto state = it == params.end() ? nullptr : known_state(opt, fields);
+    if (!state) return false;
+    made.emplace_back(it->second, std::move(state));
+  }
+  for (auto& [p, state] : made) opt.state()[optimizer_state_key(opt, *p)] = std::move(state);
+  return true;
+}
+
+}  // namespace
+
 void install_states(torch::optim::Optimizer& opt, const std::vector<std::pair<std::string, StateFields>>& states) {
-  if (states.empty()) return;
+  if (states.empty() || install_known(opt, states)) return;
   ser::OutputArchive archive;
   archive.write("pytorch_version", c10::IValue("1.5.0"));
   ser::OutputArchive state(archive.compilation_unit());
