@@ -522,6 +522,43 @@ TEST(Cli, TheSameTrainCommandInEveryProcessFormsAJobFromAnEnginesEnvironment) {
   EXPECT_NE(own.output.find("\"workers\": 1"), std::string::npos) << own.output;
 }
 
+// `dsgd export` writes model.pt from a checkpoint without a job (here one whose model.pt is gone):
+// Python builds the same CNN (tests/python/scripted_models.py), loads it, and on Fashion-MNIST's
+// test images gets the accuracy the job reported.
+TEST(Cli, PythonReadsAnExportedModelAndGetsTheAccuracyTheJobReported) {
+  if (std::system("/usr/bin/python3 -c 'import torch' >/dev/null 2>&1") != 0) {
+    GTEST_SKIP() << "no /usr/bin/python3 with torch (Debian's python3-torch)";
+  }
+  dsgd::testing::TempDir dir;
+  const std::string ckpt = dir.file("ckpt");
+  const CliRun train = run_dsgd("train --workers 2 --model cnn --max-steps 60 --batch-size 64 --lr 0.05 --threads 1 "
+                                "--quiet --save " + ckpt + " --json-out " + dir.file("run.json"));
+  ASSERT_EQ(train.exit_code, 0) << train.output;
+  std::filesystem::remove(ckpt + "/model.pt");
+  const CliRun exported = run_dsgd("export --checkpoint " + ckpt + " --out " + dir.file("m.pt"));
+  ASSERT_EQ(exported.exit_code, 0) << exported.output;
+  const std::string script = "import gzip, sys, numpy, torch\n"
+                             "sys.path.insert(0, '" DSGD_SOURCE_DIR "/tests/python')\n"
+                             "from scripted_models import Cnn\n"
+                             "net = Cnn(); net.load_state_dict(torch.load(sys.argv[1])); net.eval()\n"
+                             "d = '/usr/share/datasets/fashion-mnist/t10k-'\n"
+                             "x = numpy.frombuffer(gzip.open(d + 'images-idx3-ubyte.gz').read()[16:], numpy.uint8)\n"
+                             "y = numpy.frombuffer(gzip.open(d + 'labels-idx1-ubyte.gz').read()[8:], numpy.uint8)\n"
+                             "x = torch.tensor(x.copy()).float().div(255).sub(0.2860).div(0.3530)\n"
+                             "x = x.view(-1, 1, 28, 28)\n"
+                             "with torch.no_grad():\n"
+                             "    print(float((net(x).argmax(1) == torch.tensor(y.copy()).long()).float().mean()))\n";
+  std::ofstream(dir.file("eval.py")) << script;
+  const CliRun py = run_shell("/usr/bin/python3 " + dir.file("eval.py") + " " + dir.file("m.pt"), 120);
+  ASSERT_EQ(py.exit_code, 0) << py.output;
+  const auto j = nlohmann::json::parse(std::ifstream(dir.file("run.json")));
+  EXPECT_GT(j["test_accuracy"].get<double>(), 0.5) << j.dump();
+  EXPECT_NEAR(std::stod(py.output), j["test_accuracy"].get<double>(), 1e-3) << py.output;
+  const CliRun missing = run_dsgd("export --checkpoint " + dir.file("none") + " --out " + dir.file("x.pt"));
+  EXPECT_EQ(missing.exit_code, 1) << missing.output;
+  EXPECT_FALSE(std::filesystem::exists(dir.file("x.pt")));
+}
+
 // The evaluator role: `dsgd evaluate` beside a training job evaluates its checkpoints as they
 // appear, the last one included, and exits when the job has ended; its metrics go to JSON lines
 // and a CSV. Without checkpoints or the job's end it gives up after --idle-timeout-s.

@@ -48,6 +48,9 @@ void add_prepare_text_command(CLI::App& app, int* exit_code);
 // `dsgd generate`: text from a language model's checkpoint.
 void add_generate_command(CLI::App& app, int* exit_code);
 
+// `dsgd export --checkpoint DIR --out model.pt`: a checkpoint's models for Python, without a job.
+void add_export_command(CLI::App& app, int* exit_code);
+
 // `dsgd settings`: every setting of a job, its default, flag and help (dsgd/runtime/settings.h).
 void add_settings_command(CLI::App& app, int* exit_code);
 

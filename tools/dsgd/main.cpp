@@ -28,6 +28,7 @@ int main(int argc, char** argv) {
   dsgd::cli::add_tune_command(app, &exit_code);
   dsgd::cli::add_prepare_text_command(app, &exit_code);
   dsgd::cli::add_generate_command(app, &exit_code);
+  dsgd::cli::add_export_command(app, &exit_code);
   dsgd::cli::add_settings_command(app, &exit_code);
   dsgd::cli::add_bench_command(app, &exit_code);
   // CLI11 would only say "a subcommand is required" for a misspelt one: name it.

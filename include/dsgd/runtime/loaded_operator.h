@@ -1,5 +1,5 @@
 // dsgd/runtime/loaded_operator.h — a trained job's operator in this process, from a checkpoint: its
-// models as training left them, for inference (`dsgd generate`) or inspection.
+// models as training left them, for inference (`dsgd generate`), inspection or export.
 //
 //   auto loaded = dsgd::load_operator("ckpts");      // a checkpoint directory, or a checkpoints.dir root
 //   torch::nn::Module& model = loaded->op().model(0);
@@ -28,5 +28,12 @@ class LoadedOperator {
 };
 
 std::unique_ptr<LoadedOperator> load_operator(const std::string& path, int threads = 1);
+
+// `dsgd export`: the checkpoint's models as model.pt at `out`, as a save writes it (torch.load
+// reads a name -> tensor dict; torch.jit.load a TorchScript model), without starting a job: for a
+// checkpoint written without model.pt, or one whose job's model no single process gathered.
+// Written beside `out` and renamed over it. Throws as load_operator does, and DataError naming
+// `out` where it cannot be written.
+void export_model(const std::string& checkpoint, const std::string& out, int threads = 1);
 
 }  // namespace dsgd

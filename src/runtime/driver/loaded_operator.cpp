@@ -1,9 +1,12 @@
 #include "dsgd/runtime/loaded_operator.h"
 
+#include <unistd.h>
+
 #include <filesystem>
 
 #include "dsgd/common/error.h"
 #include "dsgd/torch/operator.h"
+#include "runtime/checkpoint/model_file.h"
 #include "runtime/checkpoint/sharded_checkpoint.h"
 #include "runtime/driver/checkpoint.h"
 #include "runtime/driver/operator_runtime.h"
@@ -71,6 +74,24 @@ std::unique_ptr<LoadedOperator> load_operator(const std::string& path, int threa
   const runtime::Checkpoint c =
       single ? runtime::read_checkpoint(path) : runtime::read_latest_checkpoint(path, &skipped);
   return std::make_unique<Loaded>(c, path, threads);
+}
+
+void export_model(const std::string& checkpoint, const std::string& out, int threads) {
+  auto loaded = load_operator(checkpoint, threads);
+  const std::string tmp = out + ".tmp." + std::to_string(::getpid());
+  try {
+    runtime::write_model_file(loaded->op(), tmp);
+  } catch (...) {
+    std::error_code ec;
+    std::filesystem::remove(tmp, ec);
+    throw;
+  }
+  std::error_code ec;
+  std::filesystem::rename(tmp, out, ec);
+  if (ec) {
+    std::filesystem::remove(tmp, ec);
+    throw DataError(out, "cannot rename the exported model into place: " + ec.message());
+  }
 }
 
 }  // namespace dsgd

@@ -4,17 +4,14 @@
 #include <chrono>
 #include <filesystem>
 
-#include <caffe2/serialize/inline_container.h>
-#include <torch/csrc/jit/serialization/export.h>
-#include <torch/csrc/jit/serialization/pickler.h>
 #include <torch/serialize.h>
 
 
 #include "control/log.h"
 #include "dsgd/common/error.h"
 #include "dsgd/torch/self_contained_model.h"
+#include "runtime/checkpoint/model_file.h"
 #include "runtime/checkpoint/sharded_checkpoint.h"
-#include "runtime/driver/checkpoint.h"
 #include "torch/replica/replica.h"
 
 namespace dsgd::runtime {
@@ -29,39 +26,6 @@ std::string model_pickle(const Replicas& replicas) {
   const auto bytes = torch::pickle_save(dict);
   return std::string(bytes.begin(), bytes.end());
 }
-
-namespace {
-
-// model.pt straight into a StagedFile: torch.save's zip of a pickle and a record per tensor, written as
-// torch::pickle_save lays it out, without its copies (a vector grown by inserts, then the write):
-// 344 MB of gpt-base took pickle_save 5 s.
-void write_model_pt(const Replicas& replicas, const std::string& dir) {
-  const std::filesystem::path path = std::filesystem::path(dir) / "model.pt";
-  auto& first = *replicas.at(0);
-  if (dynamic_cast<const SelfContainedModel*>(&first.op().model(0)) != nullptr) {
-    write_atomically(path, model_pickle(replicas));
-    return;
-  }
-  c10::Dict<std::string, at::Tensor> dict;
-  for (auto& [name, t] : first.named_tensors()) dict.insert(name, t.detach().to(torch::kCPU));
-  std::vector<char> pickle;
-  torch::jit::Pickler pickler([&](const char* p, size_t n) { pickle.insert(pickle.end(), p, p + n); });
-  pickler.protocol();
-  pickler.pushIValue(dict);
-  pickler.stop();
-  StagedFile out(path.string());
-  {
-    caffe2::serialize::PyTorchStreamWriter writer([&](const void* data, size_t n) {
-      out.put(static_cast<const char*>(data), n);
-      return n;
-    });
-    torch::jit::writeArchiveAndTensors("data", pickle.data(), pickle.size(), pickler.tensorData(), writer);
-    writer.writeEndOfFile();
-  }
-  out.finish();
-}
-
-}  // namespace
 
 proto::ShareReply write_shares(const Replicas& replicas, const proto::WriteShareRequest& in) {
   proto::ShareReply out;
@@ -83,7 +47,9 @@ proto::ShareReply write_shares(const Replicas& replicas, const proto::WriteShare
     // Written: the optimizer state gathered from the ps servers lives there again (as after get_state).
     if (!in.spread()) r->drop_server_state_copy();
   }
-  if (in.model_pt() && replicas.at(0)->options().info.rank == 0) write_model_pt(replicas, in.dir());
+  if (in.model_pt() && replicas.at(0)->options().info.rank == 0) {
+    write_model_file(replicas.at(0)->op(), (std::filesystem::path(in.dir()) / "model.pt").string());
+  }
   out.set_bytes(bytes);
   out.set_seconds(std::chrono::duration<double>(Clock::now() - t0).count());
   control::log().debug("worker: share of {} bytes written into {} in {:.3f} s ({:.3f} s of it making its regions)",
