@@ -132,6 +132,35 @@ TEST(DriverRestart, AKilledDriverStartedAgainGoesOnWithItsWorkersAndEndsAsTheFau
   EXPECT_TRUE(nlohmann::json::parse(driver_json)["ended"].get<bool>()) << "the job's end is recorded";
 }
 
+// A job that --load-ed a sharded checkpoint (a save's) and lost its driver before writing one of
+// its own: the new driver goes on from the sharded one, read whole into it, not from the start-up
+// snapshot of the state before the load (or not at all).
+TEST(DriverRestart, AfterLoadingASaveTheNewDriverGoesOnFromIt) {
+  dsgd::testing::TempDir dir;
+  const std::string state = dir.file("state"), log = dir.file("driver.log"), saved = dir.file("first-model");
+  const pid_t first = start_train(job(dir, "first", 1));
+  ASSERT_EQ(wait_exit(first), 0);
+  ASSERT_TRUE(std::filesystem::exists(saved + "/manifest.json"));
+  auto args = job(dir, "loaded", 3);  // no snapshot of its own to disk before the kill
+  args.at(static_cast<size_t>(std::find(args.begin(), args.end(), "--checkpoint-every") - args.begin()) + 1) = "100000";
+  args = with(args, {"--load", saved, "--driver-state", state});
+  const pid_t driver = start_train(args, log);
+  const auto deadline = Clock::now() + std::chrono::seconds(60);
+  while (read_file(state + "/driver.json").find("\"" + saved + "\"") == std::string::npos && Clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  ::kill(driver, SIGKILL);
+  ::waitpid(driver, nullptr, 0);
+  ASSERT_NE(read_file(state + "/driver.json").find("\"" + saved + "\""), std::string::npos) << read_file(log);
+  const pid_t again = start_train(args, log);
+  ASSERT_EQ(wait_exit(again), 0) << read_file(log);
+  EXPECT_NE(read_file(log).find("taking up the job of driver pid " + std::to_string(driver)), std::string::npos);
+  EXPECT_NE(read_file(log).find("from " + saved + " (epoch 1, batch 0"), std::string::npos) << read_file(log);
+  const auto j = summary(dir.file("loaded.json"));
+  ASSERT_TRUE(j.is_object()) << read_file(log);
+  EXPECT_EQ(j["recoveries"][0]["kind"], "driver_restart") << j.dump(2);
+}
+
 TEST(DriverRestart, WorkersThatDidNotWaitAreStartedAgainAndTheJobStillEndsAsTheFaultFreeRun) {
   dsgd::testing::TempDir dir;
   const std::string state = dir.file("state"), log = dir.file("driver.log");

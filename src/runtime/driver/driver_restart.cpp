@@ -7,6 +7,7 @@
 
 #include "dsgd/common/error.h"
 #include "control/log.h"
+#include "runtime/checkpoint/sharded_checkpoint.h"
 #include "runtime/driver/checkpoint.h"
 #include "runtime/driver/job.h"
 
@@ -108,14 +109,21 @@ void DriverRestart::loaded(const std::string& path, int64_t epoch) {
 
 namespace {
 
-// The checkpoint a restart goes on from: the one the state names, else (gone, damaged) the newest
-// intact one in the job's checkpoint root.
-Checkpoint checkpoint_to_resume(const DriverState& prev, const std::string& root,
-                                         std::string* path) {
+// The checkpoint a restart goes on from: the one the state names (a sharded one, a save the old
+// driver had loaded, read whole into this driver), else (gone, damaged) the newest intact one in
+// the job's checkpoint root.
+Checkpoint checkpoint_to_resume(const DriverState& prev, const std::string& root, JobState& state,
+                                std::string* path) {
   std::vector<std::string> skipped;
   try {
     if (prev.checkpoint.empty()) throw DataError(root, "the driver's state names no checkpoint");
     *path = prev.checkpoint;
+    if (is_sharded_checkpoint(prev.checkpoint)) {
+      Checkpoint c;
+      c.header = read_manifest(prev.checkpoint).at("header");
+      c.state = state.whole_state(prev.checkpoint, &c.feedback);
+      return c;
+    }
     return read_checkpoint_at(prev.checkpoint, &skipped);
   } catch (const DataError& e) {
     control::log().warn("trainer: cannot go on from the checkpoint the driver's state names ({}); trying the newest "
@@ -194,7 +202,7 @@ bool DriverRestart::resume(const DriverState& prev, Clock::time_point started) {
   auto& pool = *job_.pool;
   Checkpoint c;
   try {
-    c = checkpoint_to_resume(prev, job_.config.checkpoints.dir, &checkpoint_);
+    c = checkpoint_to_resume(prev, job_.config.checkpoints.dir, job_.state, &checkpoint_);
   } catch (const DataError& e) {
     if (!prev.checkpoint.empty()) throw;  // it wrote one, now gone or damaged: not to be passed over
     control::log().warn("trainer: the job's lost driver (pid {}) had written no checkpoint yet ({}): nothing to go on "

@@ -8,6 +8,7 @@
 #include "dsgd/common/error.h"
 #include "dsgd/torch/operator.h"
 #include "control/log.h"
+#include "runtime/checkpoint/sharded_checkpoint.h"
 #include "runtime/driver/job.h"
 #include "torch/replica/replica.h"
 
@@ -140,6 +141,16 @@ std::shared_ptr<torch::nn::Module> JobState::model(size_t index) {
   // Read as a snapshot is: under zero the optimizers' state is made whole first, so the state
   // loads into a replica of its own (whose optimizers hold every parameter).
   const std::string state = job_.recovering([&] { return read(nullptr); });
+  local().load_state(state);
+  const auto& models = local_->op().models();
+  if (index >= models.size()) {
+    throw ConfigError("get_model(" + std::to_string(index) + "): the operator registered " +
+                      std::to_string(models.size()) + " model(s)");
+  }
+  return models[index];
+}
+
+torch_glue::ReplicaRuntime& JobState::local() {
   if (!local_) {
     const auto& config = job_.config;
     torch_glue::ReplicaOptions o;
@@ -150,13 +161,19 @@ std::shared_ptr<torch::nn::Module> JobState::model(size_t index) {
     local_ = std::make_unique<torch_glue::ReplicaRuntime>(make_operator(job_.op_name), o);
     local_->setup(config.config);
   }
-  local_->load_state(state);
-  const auto& models = local_->op().models();
-  if (index >= models.size()) {
-    throw ConfigError("get_model(" + std::to_string(index) + "): the operator registered " +
-                      std::to_string(models.size()) + " model(s)");
+  return *local_;
+}
+
+std::string JobState::whole_state(const std::string& sharded_dir, Feedback* feedback) {
+  ShardReader reader(sharded_dir);
+  check_share_files(sharded_dir, reader.manifest());
+  local().read_share(reader);
+  feedback->clear();
+  for (int rank = 0; rank < reader.world(); ++rank) {
+    const std::string name = "feedback/" + std::to_string(rank);
+    if (reader.has_blob(name)) (*feedback)[rank] = reader.blob(name);
   }
-  return models[index];
+  return local_->save_state();
 }
 
 }  // namespace dsgd::runtime

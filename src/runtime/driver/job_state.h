@@ -79,6 +79,10 @@ class JobState {
 
   // Model `index` of a local replica holding the first member's state (Trainer::get_model).
   std::shared_ptr<torch::nn::Module> model(size_t index);
+  // A sharded checkpoint (runtime/checkpoint/sharded_checkpoint.h) as the state read() gives, read
+  // into the local replica and serialised there, with its error feedback by rank into *feedback:
+  // what a driver's restart goes on from when the checkpoint it names is sharded.
+  std::string whole_state(const std::string& sharded_dir, Feedback* feedback);
 
  private:
   Job& job_;
@@ -86,7 +90,8 @@ class JobState {
   Feedback feedback_;
   SnapshotPolicy policy_;
   double call_s_ = 0;
-  std::unique_ptr<torch_glue::ReplicaRuntime> local_;  // model()'s replica, made at its first call
+  torch_glue::ReplicaRuntime& local();  // made at the first call
+  std::unique_ptr<torch_glue::ReplicaRuntime> local_;  // model()'s and whole_state()'s replica
 };
 
 }  // namespace runtime
