@@ -83,6 +83,8 @@ bool JobCheckpoints::save_sharded(const std::string& path) {
     const bool seen = job_.recovering([&] {
       files.clear();
       bytes = 0;
+      // Again after a recovery: the shares of a world that was, gone (a lost replica's among them).
+      for (const auto& e : std::filesystem::directory_iterator(tmp)) std::filesystem::remove_all(e.path());
       if (servers) {
         proto::Command gather;
         gather.mutable_gather_state()->set_keep(job_.pool->members().at(0));
