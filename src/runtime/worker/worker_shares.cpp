@@ -6,9 +6,7 @@
 
 #include <torch/serialize.h>
 
-
 #include "control/log.h"
-#include "dsgd/common/error.h"
 #include "dsgd/torch/self_contained_model.h"
 #include "runtime/checkpoint/model_file.h"
 #include "runtime/checkpoint/sharded_checkpoint.h"
