@@ -50,18 +50,6 @@ int64_t numel_of(const std::vector<int64_t>& shape) {
   return n;
 }
 
-void write_bytes(int fd, const char* data, size_t n, const std::string& path) {
-  while (n > 0) {
-    const ssize_t w = ::write(fd, data, std::min<size_t>(n, size_t{1} << 30));
-    if (w < 0) {
-      if (errno == EINTR) continue;
-      throw DataError(path, std::string("cannot write: ") + std::strerror(errno));
-    }
-    data += w;
-    n -= static_cast<size_t>(w);
-  }
-}
-
 std::string manifest_text(nlohmann::json manifest) {
   manifest.erase("crc32");
   return manifest.dump();

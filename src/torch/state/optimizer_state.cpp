@@ -38,21 +38,23 @@ void add(StateFields* fields, const char* name, const torch::Tensor& t) {
   if (t.defined()) fields->emplace_back(name, t);  // as serialize() leaves out an undefined one
 }
 
+template <typename State>  // Adam's and AdamW's, alike
+void adam_fields(const State& x, StateFields* out) {
+  out->emplace_back("step", c10::IValue(x.step()));
+  add(out, "exp_avg", x.exp_avg());
+  add(out, "exp_avg_sq", x.exp_avg_sq());
+  add(out, "max_exp_avg_sq", x.max_exp_avg_sq());
+}
+
 // The states of LibTorch's own elementwise optimizers, field by field as their serialize() names
 // them, without its copy of every tensor into an archive and back (at gpt-base's 1 GB of AdamW
 // state, 2.8 s of a checkpoint's 4.5). The tensors are the state's own.
 bool known_fields(const torch::optim::OptimizerParamState& s, StateFields* out) {
   namespace o = torch::optim;
   if (const auto* x = dynamic_cast<const o::AdamParamState*>(&s)) {
-    out->emplace_back("step", c10::IValue(x->step()));
-    add(out, "exp_avg", x->exp_avg());
-    add(out, "exp_avg_sq", x->exp_avg_sq());
-    add(out, "max_exp_avg_sq", x->max_exp_avg_sq());
+    adam_fields(*x, out);
   } else if (const auto* x = dynamic_cast<const o::AdamWParamState*>(&s)) {
-    out->emplace_back("step", c10::IValue(x->step()));
-    add(out, "exp_avg", x->exp_avg());
-    add(out, "exp_avg_sq", x->exp_avg_sq());
-    add(out, "max_exp_avg_sq", x->max_exp_avg_sq());
+    adam_fields(*x, out);
   } else if (const auto* x = dynamic_cast<const o::SGDParamState*>(&s)) {
     add(out, "momentum_buffer", x->momentum_buffer());
   } else if (const auto* x = dynamic_cast<const o::RMSpropParamState*>(&s)) {
