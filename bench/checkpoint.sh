@@ -2,7 +2,10 @@
 # Sharded checkpoints against the disk they land on (docs/CHECKPOINTS.md), in one run: the
 # disk's own write and read bandwidth (dd, fsynced), then dsgd's save (every worker writing its
 # share, the driver the manifest) and load (every worker reading what it needs) of gpt-base with
-# AdamW on 2 workers, then Python's torch.save and torch.load of the same bytes. Prints the ratios.
+# AdamW on 2 workers, then Python's torch.save and torch.load of the same bytes; then periodic
+# checkpoints (--checkpoint-dir, one every 10 steps, written by the workers in the background)
+# against the same steps without: step time, training's wait per checkpoint, the driver's peak
+# RSS. Prints the ratios.
 #
 #   bench/checkpoint.sh [MODEL] [DIR]      (gpt-base; a directory on the disk to measure, build/ckpt-bench)
 set -euo pipefail
@@ -70,3 +73,38 @@ echo "| dsgd load ($read_bytes bytes read by the workers) | $load_s | $lr | $($p
 tw=$(mbps "$bytes" "$ts_save"); tr=$(mbps "$bytes" "$ts_load")
 echo "| torch.save, one process | $(printf %.3f "$ts_save") | $tw | $($py -c "print(f'{$tw / $dd_write:.2f}')") |"
 echo "| torch.load, one process | $(printf %.3f "$ts_load") | $tr | $($py -c "print(f'{$tr / $dd_read:.2f}')") |"
+
+# Periodic checkpoints: the same 40 steps with and without one every 10 (both runs snapshot on
+# the same policy); the driver's RSS sampled every 0.2 s.
+periodic() {  # OUT_JSON [ARGS...] -> prints the driver's peak RSS in MiB
+  local out=$1; shift
+  DSGD_LOG_LEVEL=info OMP_NUM_THREADS=1 $dsgd train --model "$model" --dataset "text:$lm" --workers 2 --threads 1 \
+    --batch-size 2 --config '{"context": 128, "val_sequences": 2}' --no-eval --quiet --max-steps 40 \
+    --checkpoint-every 10 --json-out "$out" "$@" >/dev/null 2>"$out.log" &
+  local pid=$! peak=0 rss
+  while kill -0 $pid 2>/dev/null; do
+    rss=$(ps -o rss= -p $pid 2>/dev/null || echo 0); rss=${rss// /}
+    [ -n "$rss" ] && [ "$rss" -gt "$peak" ] && peak=$rss
+    sleep 0.2
+  done
+  wait $pid || { tail -20 "$out.log" >&2; exit 1; }
+  echo $((peak / 1024))
+}
+rss_without=$(periodic "$dir/without.json")
+rss_with=$(periodic "$dir/with.json" --checkpoint-dir "$dir/ckpts" --keep-checkpoints 2)
+read -r step_without step_with wait_median wait_max count behind < <($py - "$dir" <<'PY'
+import json, sys
+d = sys.argv[1]
+a, b = (json.load(open(f"{d}/{n}.json")) for n in ("without", "with"))
+c = b.get("checkpoints", {})
+print(a["train_s"] / a["steps"], b["train_s"] / b["steps"], c.get("wait_s_median", -1), c.get("wait_s_max", -1),
+      c.get("count", 0), c.get("behind", 0))
+PY
+)
+echo
+echo "#### Periodic checkpoints of $model: 40 steps, one every 10, by the workers in the background"
+echo
+echo "| | step s | against no checkpoints | training's wait per checkpoint (median, max) | driver's peak RSS MiB |"
+echo "|---|---|---|---|---|"
+echo "| no checkpoint dir | $(printf %.3f "$step_without") | 1.00 | | $rss_without |"
+echo "| --checkpoint-dir, every 10 steps ($count checkpoints, $behind waited for the last write) | $(printf %.3f "$step_with") | $($py -c "print(f'{$step_with / $step_without:.3f}')") | $(printf '%.3f, %.3f' "$wait_median" "$wait_max") s | $rss_with |"

@@ -97,6 +97,38 @@ TEST(CheckpointRotation, AHalfWrittenCheckpointIsNeverPickedUp) {
   std::ofstream(root + "/.step-000000000002.partial.999/checkpoint.dsgd") << "{\"format\":";
   EXPECT_EQ(list_checkpoints(root).size(), 1u);
   EXPECT_EQ(read_latest_checkpoint(root, nullptr).state, "state of step 1");
+  // A sharded one's temporary directory, as a driver killed mid-write leaves it.
+  fs::create_directories(root + "/.step-000000000003.tmp-999-0");
+  std::ofstream(root + "/.step-000000000003.tmp-999-0/share-00000.bin") << "part of a share";
+  EXPECT_EQ(checkpoint_candidates(root), std::vector<std::string>{list_checkpoints(root).at(0)});
+  // The next job's start clears both away, and nothing else.
+  remove_unfinished_checkpoints(root);
+  std::vector<std::string> left;
+  for (const auto& e : fs::directory_iterator(root)) left.push_back(e.path().filename().string());
+  EXPECT_EQ(left, std::vector<std::string>{"step-000000000001"});
+}
+
+// A root names its step-* directories newest first, of either format; a checkpoint directory
+// names itself; a directory of neither is a DataError saying so.
+TEST(CheckpointRotation, CandidatesAreTheNewestFirstOrTheCheckpointItself) {
+  testing::TempDir dir;
+  const std::string root = dir.file("ckpts");
+  for (int64_t step : {5, 10}) write_rotating_checkpoint(root, step, 3, state_of(step), "");
+  fs::create_directories(root + "/step-000000000015");
+  std::ofstream(root + "/step-000000000015/manifest.json") << "{}";
+  const auto all = checkpoint_candidates(root);
+  ASSERT_EQ(all.size(), 3u);
+  EXPECT_EQ(fs::path(all[0]).filename(), "step-000000000015");
+  EXPECT_EQ(fs::path(all[2]).filename(), "step-000000000005");
+  EXPECT_EQ(checkpoint_candidates(all[0]), std::vector<std::string>{all[0]});
+  EXPECT_EQ(checkpoint_candidates(all[1]), std::vector<std::string>{all[1]});
+  fs::create_directories(dir.file("empty"));
+  try {
+    checkpoint_candidates(dir.file("empty"));
+    FAIL() << "an empty directory named a checkpoint";
+  } catch (const DataError& e) {
+    EXPECT_NE(std::string(e.what()).find("no checkpoints here"), std::string::npos) << e.what();
+  }
 }
 
 TEST(CheckpointRotation, EveryOneDamagedIsADataErrorListingThemAll) {

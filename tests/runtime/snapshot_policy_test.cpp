@@ -71,5 +71,37 @@ TEST(SnapshotPolicy, DeferredStepsArePendingUntilTheNextSnapshotAndReplayToTheLa
   EXPECT_FALSE(d.defer(1, 0.01, {0, 1}));
 }
 
+// Checkpoints the workers write need no snapshot: chunks end at every checkpoint_every_steps for
+// the checkpoint, while the snapshot waits for its own, budgeted interval (here 500 steps).
+TEST(SnapshotPolicy, WithCheckpointsByTheWorkersChunksEndAtEachCheckpointAndSnapshotsWait) {
+  TrainerConfig c = budget(50, 0.02);
+  c.checkpoints.dir = "/tmp/x";
+  SnapshotPolicy p(c);
+  p.checkpoints_by_workers(true);
+  p.taken(0.1, 1000);
+  EXPECT_EQ(p.chunk_steps(0.01), 500);
+  EXPECT_EQ(p.next_chunk(0.01), 50);
+  for (int i = 1; i < 10; ++i) {
+    EXPECT_TRUE(p.defer(50, 0.01, {0, 50 * i})) << i;
+    EXPECT_EQ(p.next_chunk(0.01), 50) << i;
+  }
+  EXPECT_FALSE(p.defer(50, 0.01, {0, 500}));  // the budget's interval: the snapshot is due
+  // An interval of 520 steps (0.104 s a snapshot) ends at the checkpoint after it, step 550.
+  p.taken(0.104, 1000);
+  EXPECT_EQ(p.chunk_steps(0.01), 550);
+  p.taken(0.1, 1000);
+  // Back to the driver's writes (a worker that does not see the directory): every snapshot goes
+  // to disk, the chunk is the budget's interval, and none waits.
+  p.checkpoints_by_workers(false);
+  EXPECT_EQ(p.next_chunk(0.01), 500);
+  EXPECT_FALSE(p.defer(1, 0.01, {0, 501}));
+  // Once per call (checkpoint_every_steps 0): the chunk is the call.
+  TrainerConfig per_call = budget(0, 0.02);
+  per_call.checkpoints.dir = "/tmp/x";
+  SnapshotPolicy q(per_call);
+  q.checkpoints_by_workers(true);
+  EXPECT_EQ(q.next_chunk(0.01), 0);
+}
+
 }  // namespace
 }  // namespace dsgd::runtime

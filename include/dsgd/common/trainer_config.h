@@ -166,18 +166,21 @@ struct RecoveryConfig {
   std::chrono::milliseconds driver_grace{60000};
 };
 
-// Snapshots (in memory, what a recovery restores) and checkpoints (snapshots written to disk).
+// Snapshots (in the driver's memory, what a recovery restores) and checkpoints (on disk).
 struct CheckpointConfig {
-  int64_t every_steps = 50;   // snapshot interval in steps, at least
-  // Snapshots take at most about this share of training time (the interval grows to match);
+  int64_t every_steps = 50;  // snapshot interval in steps, at least; with `dir`, the checkpoints'
+  // Snapshots take at most about this share of training time (their interval grows to match);
   // 0 = exactly every every_steps.
   double max_overhead = 0.02;
-  // "" = snapshots stay in memory; else each is also written to <dir>/step-<N>, the newest
-  // `keep` kept; load(dir) resumes from the newest intact one.
+  // "" = no checkpoints; else one every every_steps in <dir>/step-<N>, the newest `keep` kept;
+  // load(dir) resumes from the newest intact one. Where every worker sees `dir`, the workers
+  // write them (each its share, copied between two steps and written in the background:
+  // docs/CHECKPOINTS.md); else (and under ps_async or ps.update_on_shards) the driver writes
+  // each snapshot, which then comes with every checkpoint.
   std::string dir;
   int keep = 3;
   // A checkpoint in `dir` that cannot be written (the volume full, an I/O error): false = warn,
-  // count it (Results::checkpoint_failures), keep the good ones, try again at the next snapshot;
+  // count it (Results::checkpoint_failures), keep the good ones, try again at the next one;
   // true = the job fails. A save() that cannot be written always fails.
   bool fail_on_write_error = false;
 };

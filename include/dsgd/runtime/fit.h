@@ -77,6 +77,8 @@ struct FitResult {
   std::vector<RecoveryEvent> recoveries;     // every failure survived and scale-up, in order
   std::vector<Straggler> stragglers;         // every worker named one, in order (Results')
   int checkpoint_failures = 0;               // checkpoints.dir writes that failed (Results')
+  std::vector<double> checkpoint_waits_s;    // training's wait for each checkpoint (Results')
+  int checkpoints_behind = 0;                // of those, the ones that waited for the last write
   bool control_tls = false;                  // the control plane ran over mutual TLS (Trainer::tls)
   bool interrupted = false;                  // FitOptions::stop ended the job early
 };

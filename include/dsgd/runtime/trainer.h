@@ -127,6 +127,11 @@ struct Results {
   // Checkpoints to checkpoints.dir that could not be written during this call (each warned
   // about; training went on: checkpoints.fail_on_write_error).
   int checkpoint_failures = 0;
+  // Training's wait for each checkpoint of this call, in seconds: the workers' copies of their
+  // shares (or the driver's hand-over of the snapshot), and any wait for the previous write;
+  // checkpoints_behind counts those that found it still going and waited for it.
+  std::vector<double> checkpoint_waits_s;
+  int checkpoints_behind = 0;
   // Workers named stragglers during this call (dsgd::Straggler; to_step -1: still slow at its
   // end, and named again by the next call until they keep pace).
   std::vector<Straggler> stragglers;

@@ -16,6 +16,7 @@
 
 #include "dsgd/common/error.h"
 #include "dsgd/common/json_fields.h"
+#include "runtime/checkpoint/sharded_checkpoint.h"
 
 namespace dsgd::runtime {
 namespace {
@@ -181,9 +182,8 @@ std::string write_rotating_checkpoint(const std::string& root, int64_t step, int
                                       const std::string& model_pickle) {
   namespace fs = std::filesystem;
   if (keep < 1) throw DataError(root, "checkpoint_keep must be >= 1, got " + std::to_string(keep));
-  char name[32];
-  std::snprintf(name, sizeof name, "%s%012lld", kStepPrefix, static_cast<long long>(step));
-  const fs::path final_dir = fs::path(root) / name;
+  const fs::path final_dir = checkpoint_path(root, step);
+  const std::string name = final_dir.filename().string();
   const std::string suffix = "." + std::to_string(::getpid());
   const fs::path tmp = fs::path(root) / ("." + std::string(name) + ".partial" + suffix);
   std::error_code ec;
@@ -208,9 +208,21 @@ std::string write_rotating_checkpoint(const std::string& root, int64_t step, int
   }
   fsync_dir(root);
   if (replacing) fs::remove_all(old, ec);
-  const auto all = list_checkpoints(root);
-  for (size_t i = 0; i + static_cast<size_t>(keep) < all.size(); ++i) fs::remove_all(all[i], ec);
+  rotate_checkpoints(root, keep);
   return final_dir.string();
+}
+
+std::string checkpoint_path(const std::string& root, int64_t step) {
+  char name[32];
+  std::snprintf(name, sizeof name, "%s%012lld", kStepPrefix, static_cast<long long>(step));
+  return (std::filesystem::path(root) / name).string();
+}
+
+void rotate_checkpoints(const std::string& root, int keep) {
+  std::error_code ec;
+  const auto all = list_checkpoints(root);
+  const auto kept = static_cast<size_t>(std::max(keep, 1));
+  for (size_t i = 0; i + kept < all.size(); ++i) std::filesystem::remove_all(all[i], ec);
 }
 
 std::vector<std::string> list_checkpoints(const std::string& root) {
@@ -270,6 +282,33 @@ Checkpoint read_latest_checkpoint(const std::string& root, std::vector<std::stri
     }
   }
   throw DataError(root, "every checkpoint here is damaged:" + problems);
+}
+
+void remove_unfinished_checkpoints(const std::string& root) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const std::string prefix = std::string(".") + kStepPrefix;
+  std::vector<fs::path> gone;
+  for (fs::directory_iterator it(root, ec), end; !ec && it != end; it.increment(ec)) {
+    if (it->path().filename().string().rfind(prefix, 0) == 0) gone.push_back(it->path());
+  }
+  for (const auto& p : gone) fs::remove_all(p, ec);
+}
+
+std::vector<std::string> checkpoint_candidates(const std::string& path) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (fs::exists(fs::path(path) / "checkpoint.dsgd", ec) || fs::exists(fs::path(path) / kManifestFile, ec)) {
+    return {path};
+  }
+  auto all = list_checkpoints(path);
+  if (all.empty()) {
+    throw DataError(path, fs::exists(path, ec) ? "no checkpoints here (neither checkpoint.dsgd, manifest.json nor "
+                                                 "step-* directories)"
+                                               : "no such checkpoint directory");
+  }
+  std::reverse(all.begin(), all.end());
+  return all;
 }
 
 Checkpoint read_checkpoint_at(const std::string& path, std::vector<std::string>* skipped) {

@@ -50,6 +50,13 @@ Checkpoint read_checkpoint(const std::string& dir);
 // half-written directory.
 std::string write_rotating_checkpoint(const std::string& root, int64_t step, int keep, const Checkpoint& checkpoint,
                                       const std::string& model_pickle);
+// <root>/step-<step>, its step in 12 digits.
+std::string checkpoint_path(const std::string& root, int64_t step);
+// Removes all but the newest `keep` (>= 1) step-* directories of root (either format).
+void rotate_checkpoints(const std::string& root, int keep);
+// Removes the temporary directories of root's checkpoints that were never committed (".step-*":
+// a driver killed mid-write); a job's start does, as its root is its own.
+void remove_unfinished_checkpoints(const std::string& root);
 // The step-* checkpoint directories under root, oldest first (empty if none or no such root).
 std::vector<std::string> list_checkpoints(const std::string& root);
 // The step a checkpoint directory of a root is named for (".../step-000000000150": 150); -1 for
@@ -59,6 +66,11 @@ int64_t checkpoint_step(const std::string& dir);
 // clears the mark when it starts and sets it when it shuts down.
 void mark_job_ended(const std::string& root, bool ended);
 bool job_ended(const std::string& root);
+
+// The checkpoints `path` names, the one to try first first: itself where it holds one (of either
+// format: checkpoint.dsgd, or a sharded one's manifest.json), else its step-* directories, newest
+// first. DataError where it names none.
+std::vector<std::string> checkpoint_candidates(const std::string& path);
 
 // The newest intact checkpoint under root. Each damaged one passed over is appended to *skipped
 // as "path: problem". DataError, listing every problem, if none is intact.

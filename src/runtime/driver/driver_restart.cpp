@@ -109,31 +109,40 @@ void DriverRestart::loaded(const std::string& path, int64_t epoch) {
 
 namespace {
 
-// The checkpoint a restart goes on from: the one the state names (a sharded one, a save the old
-// driver had loaded, read whole into this driver), else (gone, damaged) the newest intact one in
-// the job's checkpoint root.
+// Checkpoint directory `dir` as the state the driver holds: a sharded one read whole into this
+// driver's local replica.
+Checkpoint read_whole(const std::string& dir, JobState& state) {
+  if (!is_sharded_checkpoint(dir)) return read_checkpoint(dir);
+  Checkpoint c;
+  c.header = read_manifest(dir).at("header");
+  c.state = state.whole_state(dir, &c.feedback);
+  return c;
+}
+
+// The checkpoint a restart goes on from: the one the state names (a save the old driver had
+// loaded among them), else (gone, damaged) the newest intact one in the job's checkpoint root.
 Checkpoint checkpoint_to_resume(const DriverState& prev, const std::string& root, JobState& state,
                                 std::string* path) {
-  std::vector<std::string> skipped;
   try {
     if (prev.checkpoint.empty()) throw DataError(root, "the driver's state names no checkpoint");
-    *path = prev.checkpoint;
-    if (is_sharded_checkpoint(prev.checkpoint)) {
-      Checkpoint c;
-      c.header = read_manifest(prev.checkpoint).at("header");
-      c.state = state.whole_state(prev.checkpoint, &c.feedback);
-      return c;
-    }
-    return read_checkpoint_at(prev.checkpoint, &skipped);
+    *path = checkpoint_candidates(prev.checkpoint).front();
+    return read_whole(*path, state);
   } catch (const DataError& e) {
     control::log().warn("trainer: cannot go on from the checkpoint the driver's state names ({}); trying the newest "
                         "in {}",
                         e.what(), root);
   }
-  *path = root;
-  auto c = read_latest_checkpoint(root, &skipped);
-  for (const auto& s : skipped) control::log().warn("trainer: passed over a damaged checkpoint: {}", s);
-  return c;
+  std::string problems;
+  for (const auto& dir : checkpoint_candidates(root)) {
+    try {
+      *path = dir;
+      return read_whole(dir, state);
+    } catch (const DataError& e) {
+      control::log().warn("trainer: passed over a damaged checkpoint: {}", e.what());
+      problems += std::string("\n  ") + e.what();
+    }
+  }
+  throw DataError(root, "every checkpoint here is damaged:" + problems);
 }
 
 }  // namespace

@@ -4,11 +4,13 @@
 
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <thread>
 
 #include "dsgd/common/error.h"
 #include "dsgd/torch/operator.h"
 #include "control/log.h"
+#include "runtime/checkpoint/sharded_checkpoint.h"
 #include "runtime/driver/checkpoint.h"
 #include "runtime/driver/operator_runtime.h"
 #include "torch/replica/replica.h"
@@ -24,15 +26,29 @@ class CheckpointModel {
  public:
   explicit CheckpointModel(int threads) : threads_(threads) {}
 
-  Metrics evaluate(const runtime::Checkpoint& c, const std::string& dir) {
+  // Checkpoint directory `dir` (either format) evaluated; *header gets its header.
+  Metrics evaluate(const std::string& dir, nlohmann::json* header) {
+    std::optional<runtime::ShardReader> shards;
+    runtime::Checkpoint c;
+    if (runtime::is_sharded_checkpoint(dir)) {
+      shards.emplace(dir);
+      c.header = shards->manifest().at("header");
+    } else {
+      c = runtime::read_checkpoint(dir);
+    }
     const auto& h = c.header;
+    *header = h;
     const std::string op = h.value("operator", std::string());
     if (!runtime_ || op != op_ || h.value("operator_config", nlohmann::json()) != config_) {
       runtime_ = runtime::operator_runtime(h, dir, threads_);
       op_ = op;
       config_ = h["operator_config"];
     }
-    runtime_->load_state(c.state);
+    if (shards) {
+      runtime_->read_share(*shards);
+    } else {
+      runtime_->load_state(c.state);
+    }
     Metrics m = runtime_->validate();
     derive_operator_metrics(op, m);  // over the whole validation split: the language model's perplexity
     return m;
@@ -102,13 +118,13 @@ int run_evaluator(const EvaluatorArgs& a) {
       const std::string& dir = fresh.back();
       const int64_t step = runtime::checkpoint_step(dir);
       try {
-        const auto c = runtime::read_checkpoint(dir);
         const auto t0 = Clock::now();
-        const Metrics m = model.evaluate(c, dir);
-        files.write(step, c.header, dir, m);
+        nlohmann::json header;
+        const Metrics m = model.evaluate(dir, &header);
+        files.write(step, header, dir, m);
         std::string shown;
         for (const auto& [k, v] : m) shown += fmt::format("{}{} {:.4g}", shown.empty() ? "" : ", ", k, v);
-        log.info("evaluator: step {} (epoch {}): {} ({:.1f} s)", step, c.header.value("epoch", int64_t{0}), shown,
+        log.info("evaluator: step {} (epoch {}): {} ({:.1f} s)", step, header.value("epoch", int64_t{0}), shown,
                  std::chrono::duration<double>(Clock::now() - t0).count());
       } catch (const ConfigError& e) {
         log.error("evaluator: {}", e.what());

@@ -142,6 +142,9 @@ class Loop {
     if (const auto it = r.metrics.find("gradient_bytes"); it != r.metrics.end()) result_.gradient_bytes = it->second;
     result_.train_s += epoch_s;
     result_.checkpoint_failures += r.checkpoint_failures;
+    result_.checkpoint_waits_s.insert(result_.checkpoint_waits_s.end(), r.checkpoint_waits_s.begin(),
+                                      r.checkpoint_waits_s.end());
+    result_.checkpoints_behind += r.checkpoints_behind;
     add_stragglers(r);
     EpochSummary e;
     e.epoch = epoch_;
@@ -292,6 +295,14 @@ nlohmann::json to_json(const FitResult& r) {
                       {"stragglers", stragglers},
                       {"checkpoint_failures", r.checkpoint_failures},
                       {"control_plane", r.control_tls ? "tls" : "plaintext"}};
+  if (!r.checkpoint_waits_s.empty()) {
+    std::vector<double> w = r.checkpoint_waits_s;
+    std::sort(w.begin(), w.end());
+    j["checkpoints"] = {{"count", w.size()},
+                        {"wait_s_median", w[w.size() / 2]},
+                        {"wait_s_max", w.back()},
+                        {"behind", r.checkpoints_behind}};
+  }
   if (!r.profile_ms.empty()) j["profile_ms"] = r.profile_ms;
   if (r.comm_bytes_per_step >= 0) j["comm_bytes_per_step"] = r.comm_bytes_per_step;
   if (r.worker_peak_rss_mib > 0) j["worker_peak_rss_mib"] = r.worker_peak_rss_mib;

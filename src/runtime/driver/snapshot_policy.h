@@ -54,27 +54,38 @@ class SnapshotPolicy {
 
   // Steps in the next chunk: checkpoint_every_steps, or more where the last snapshot would
   // otherwise cost more than checkpoint_max_overhead of the chunk's step_s-long steps.
+  // With checkpoints_by_workers, a multiple of checkpoint_every_steps: a snapshot's interval
+  // ends at a checkpoint.
   int64_t chunk_steps(double step_s) const {
     const int64_t every = config_.checkpoints.every_steps;
     if (every == 0 || config_.checkpoints.max_overhead == 0 || step_s <= 0) return every;
     const double wanted_s = predicted_cost_s() / config_.checkpoints.max_overhead;
-    return std::max(every, static_cast<int64_t>(std::ceil(wanted_s / step_s)));
+    const int64_t steps = std::max(every, static_cast<int64_t>(std::ceil(wanted_s / step_s)));
+    return by_workers_ ? (steps + every - 1) / every * every : steps;
   }
+
+  // Checkpoints written by the workers (JobCheckpoints::by_workers): a snapshot no longer goes to
+  // disk, so it waits as without a checkpoint_dir, while every chunk ends at a checkpoint (at most
+  // checkpoint_every_steps), taken whether or not its snapshot waits.
+  void checkpoints_by_workers(bool on) { by_workers_ = on; }
 
   // Steps in the next chunk of a train() call: what is left of the interval (0: no limit).
   int64_t next_chunk(double step_s) const {
     const int64_t interval = chunk_steps(step_s);
-    return interval == 0 ? 0 : std::max<int64_t>(1, interval - pending_);
+    const int64_t left = interval == 0 ? 0 : std::max<int64_t>(1, interval - pending_);
+    const int64_t every = config_.checkpoints.every_steps;
+    if (!by_workers_ || every == 0) return left;
+    return left == 0 ? every : std::min(left, every);
   }
 
   // Whether the snapshot after a chunk of `batches` steps, ending at `at`, waits. Never with a
-  // checkpoint_dir (every snapshot goes to disk) or checkpoint_every_steps 0 (one per call),
+  // checkpoint_dir the driver writes (every snapshot goes to disk) or checkpoint_every_steps 0 (one per call),
   // unless `cut_short`: the chunk ended before its interval for another reason (the forward
   // overlap's trials, OverlapTuner) and the call goes on; its snapshot then waits for the
   // interval's end (the call's, with checkpoint_every_steps 0).
   bool defer(int64_t batches, double step_s, Position at, bool cut_short = false) {
     const int64_t interval = chunk_steps(step_s);
-    if (!cut_short && (!config_.checkpoints.dir.empty() || interval == 0)) return false;
+    if (!cut_short && ((!config_.checkpoints.dir.empty() && !by_workers_) || interval == 0)) return false;
     if (interval > 0 && pending_ + batches >= interval) return false;
     pending_ += batches;
     replay_to_ = at;
@@ -91,6 +102,7 @@ class SnapshotPolicy {
   size_t cost_bytes_ = 0;   // its size
   size_t state_bytes_ = 0;  // the state's size now, as far as known
   bool wants_size_ = false;
+  bool by_workers_ = false;
   int64_t pending_ = 0;     // steps trained since the snapshot, their results returned
   Position replay_to_{0, 0};
 };

@@ -236,7 +236,10 @@ Results Trainer::train(const TrainOptions& options) {
     d.steps_done += batches;
     step_s = chunk_step_s;
     d.monitor.publish(chunk_step_s > 0 ? static_cast<double>(d.config.batch_size) / chunk_step_s : 0);
-    if (!deferred) d.checkpoints.persist(r.epoch, r.batch, r.batches_per_epoch);  // a checkpoint_dir's
+    // A checkpoint_dir's: from the snapshot, or (by the workers) at every chunk's end but a trial's.
+    if (!deferred || (d.checkpoints.by_workers() && !cut_short)) {
+      d.checkpoints.persist(r.epoch, r.batch, r.batches_per_epoch);
+    }
     if (call_ends || chunk == 0) break;
     d.recovery.try_scale_up();
   }
@@ -250,9 +253,8 @@ Results Trainer::train(const TrainOptions& options) {
                             ? " (" + std::to_string(trace.dropped()) + " more dropped: the limit per chunk)"
                             : std::string());
   }
-  d.checkpoints.collect(/*wait=*/true);  // a call returns with its checkpoints on disk
+  d.checkpoints.end_call(&total);  // a call returns with its checkpoints on disk
   total.recoveries = d.recovery.events();
-  total.checkpoint_failures = d.checkpoints.call_failures();
   total.stragglers = d.stragglers.take_named();
   return total;
 }

@@ -33,6 +33,27 @@ void check_operator(const nlohmann::json& header, const std::string& path, const
   }
 }
 
+// Every member loads checkpoint directory `dir` (either format); DataError naming the file where
+// it is damaged.
+void load_checkpoint(runtime::Job& d, const std::string& dir) {
+  if (runtime::is_sharded_checkpoint(dir)) {
+    const nlohmann::json header = runtime::read_manifest(dir).at("header");
+    check_operator(header, dir, d.op_name);
+    d.checkpoints.load_sharded(dir);
+    d.restart.loaded(dir, header.value("epoch", int64_t{0}));
+    return;
+  }
+  const auto t0 = Clock::now();
+  runtime::Checkpoint c = runtime::read_checkpoint(dir);
+  const auto t1 = Clock::now();
+  check_operator(c.header, dir, d.op_name);
+  d.recovering([&] { d.state.send(c.state, c.feedback); });
+  log_timed("loaded", dir, c.state.size(), t0, t1, "sent to the workers");
+  d.state.set(std::move(c.state), std::move(c.feedback));
+  // A driver's restart goes on from here, until the next checkpoint.
+  d.restart.loaded(dir, c.header.value("epoch", int64_t{0}));
+}
+
 }  // namespace
 
 void Trainer::save(const std::string& path) {
@@ -53,24 +74,20 @@ void Trainer::save(const std::string& path) {
 
 void Trainer::load(const std::string& path) {
   auto& d = *job_;
-  if (runtime::is_sharded_checkpoint(path)) {
-    const nlohmann::json header = runtime::read_manifest(path).at("header");
-    check_operator(header, path, d.op_name);
-    d.checkpoints.load_sharded(path);
-    d.restart.loaded(path, header.value("epoch", int64_t{0}));
-    return;
+  // A checkpoint directory, or a root: its newest intact step-* one (either format).
+  const std::vector<std::string> candidates = runtime::checkpoint_candidates(path);
+  std::string problems;
+  for (const auto& dir : candidates) {
+    try {
+      load_checkpoint(d, dir);
+      return;
+    } catch (const DataError& e) {
+      if (candidates.size() == 1) throw;
+      control::log().warn("trainer: passed over a damaged checkpoint: {}", e.what());
+      problems += std::string("\n  ") + e.what();
+    }
   }
-  const auto t0 = Clock::now();
-  std::vector<std::string> skipped;
-  runtime::Checkpoint c = runtime::read_checkpoint_at(path, &skipped);
-  const auto t1 = Clock::now();
-  for (const auto& s : skipped) control::log().warn("trainer: passed over a damaged checkpoint: {}", s);
-  check_operator(c.header, path, d.op_name);
-  d.recovering([&] { d.state.send(c.state, c.feedback); });
-  log_timed("loaded", path, c.state.size(), t0, t1, "sent to the workers");
-  d.state.set(std::move(c.state), std::move(c.feedback));
-  // A driver's restart goes on from here, until the next checkpoint.
-  d.restart.loaded(path, c.header.value("epoch", int64_t{0}));
+  throw DataError(path, "every checkpoint here is damaged:" + problems);
 }
 
 }  // namespace dsgd

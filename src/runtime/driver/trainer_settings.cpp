@@ -439,19 +439,22 @@ std::vector<SettingDescription> recovery_rows() {
 std::vector<SettingDescription> checkpoint_and_monitor_rows() {
   return {
       row(DSGD_FIELD(checkpoints.every_steps), "--checkpoint-every", kFixed,
-          "Steps between snapshots, at least; a lost worker costs at most one interval (0 = once per epoch)",
+          "Steps between snapshots, at least, and between --checkpoint-dir's checkpoints; a lost worker costs at "
+          "most one interval (0 = once per epoch)",
           at_least(0, " (0 = once per train call)")),
       row(DSGD_FIELD(checkpoints.max_overhead), "--checkpoint-overhead", kFixed,
           "Longer intervals where snapshots would take more than this share of training time (0 = exactly every "
           "--checkpoint-every steps)",
           overhead_share),
       row(DSGD_FIELD(checkpoints.dir), "--checkpoint-dir", kFixed,
-          "Also write every --checkpoint-every snapshot here (step-N), keeping --keep-checkpoints", Free{}),
+          "Also write a checkpoint here every --checkpoint-every steps (step-N), keeping --keep-checkpoints: each "
+          "worker its share, in the background (docs/CHECKPOINTS.md)",
+          Free{}),
       row(DSGD_FIELD(checkpoints.keep), "--keep-checkpoints", kFixed, "Checkpoints kept in --checkpoint-dir",
           at_least(1)),
       row(DSGD_FIELD(checkpoints.fail_on_write_error), "--fail-on-checkpoint-error", kFixed,
           "A --checkpoint-dir checkpoint that cannot be written (volume full) ends the job; without it: a warning, "
-          "counted in the summary, and the next snapshot tries again",
+          "counted in the summary, and the next checkpoint tries again",
           Free{}),
       row(DSGD_FIELD(monitor.metrics_port), "--metrics-port", kFixed,
           "Serve the job's live figures for Prometheus at http://HOST:PORT/metrics (0: any free port, logged; -1: "

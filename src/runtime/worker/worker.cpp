@@ -206,7 +206,11 @@ class Worker {
       case C::kShareState: on_share_state(cmd.share_state()); break;
       case C::kReadState: *out.mutable_state() = on_read_state(cmd.read_state()); break;
       case C::kGetPickle: *out.mutable_pickle() = on_get_pickle(); break;
-      case C::kWriteShare: *out.mutable_share() = write_shares(replicas_, cmd.write_share()); break;
+      case C::kWriteShare:
+        *out.mutable_share() = cmd.write_share().background() ? shares_.start(replicas_, cmd.write_share())
+                                                              : write_shares(replicas_, cmd.write_share());
+        break;
+      case C::kFinishShare: *out.mutable_share() = shares_.finish(); break;
       case C::kReadShare: *out.mutable_share() = read_shares(replicas_, cmd.read_share()); break;
       case C::kTrain: *out.mutable_epoch() = on_epoch(&cmd.train()); break;
       case C::kValidate: *out.mutable_epoch() = on_epoch(nullptr); break;
@@ -257,12 +261,12 @@ class Worker {
   }
 
   void on_state_chunk(const proto::StateChunk& in) {
-    if (in.offset() == 0) incoming_state_.clear();
-    if (in.offset() != incoming_state_.size()) {
+    if (in.offset() == 0) transfer_.incoming.clear();
+    if (in.offset() != transfer_.incoming.size()) {
       throw Error("state chunk at byte " + std::to_string(in.offset()) + ", expected " +
-                  std::to_string(incoming_state_.size()) + ": the driver's pieces came out of order");
+                  std::to_string(transfer_.incoming.size()) + ": the driver's pieces came out of order");
     }
-    incoming_state_.append(in.data());
+    transfer_.incoming.append(in.data());
   }
 
   // Feedback saved by a world of another size is no one's here: each replica starts from zero.
@@ -271,9 +275,9 @@ class Worker {
     const bool ours = static_cast<int>(fb.size()) == world_;
     each_replica([&](int i) {
       const auto it = ours ? fb.find(rank_base_ + i) : fb.end();
-      replica(i).load_state(incoming_state_, it != fb.end() ? it->second : std::string());
+      replica(i).load_state(transfer_.incoming, it != fb.end() ? it->second : std::string());
     });
-    std::string().swap(incoming_state_);
+    std::string().swap(transfer_.incoming);
   }
 
   void on_share_state(const proto::ShareStateRequest& in) {
@@ -306,18 +310,18 @@ class Worker {
 
   proto::StateReply on_get_state(const proto::GetStateRequest& in) {
     const auto t0 = Clock::now();
-    outgoing_state_ = replicas_.at(0)->save_state();
+    transfer_.outgoing = replicas_.at(0)->save_state();
     for (auto& r : replicas_) r->drop_server_state_copy();  // saved: the servers hold it
-    control::log().debug("worker {}: state of {} bytes serialised in {:.3f} s", index_, outgoing_state_.size(),
+    control::log().debug("worker {}: state of {} bytes serialised in {:.3f} s", index_, transfer_.outgoing.size(),
                          std::chrono::duration<double>(Clock::now() - t0).count());
     proto::ReadStateRequest first;
-    first.set_bytes(in.chunk_bytes() > 0 ? in.chunk_bytes() : outgoing_state_.size());
+    first.set_bytes(in.chunk_bytes() > 0 ? in.chunk_bytes() : transfer_.outgoing.size());
     return on_read_state(first);
   }
 
   // A piece of the state the last get_state serialised; the bytes go with the last piece.
   proto::StateReply on_read_state(const proto::ReadStateRequest& in) {
-    const size_t total = outgoing_state_.size();
+    const size_t total = transfer_.outgoing.size();
     if (in.offset() > total) {
       throw Error("read_state at byte " + std::to_string(in.offset()) + " of a state of " + std::to_string(total) +
                   " bytes: no get_state before it");
@@ -326,11 +330,11 @@ class Worker {
     out.set_total(total);
     const size_t n = std::min<size_t>(in.bytes(), total - in.offset());
     if (in.offset() == 0 && n == total) {
-      out.set_state(std::move(outgoing_state_));  // whole: nothing to copy
+      out.set_state(std::move(transfer_.outgoing));  // whole: nothing to copy
     } else {
-      out.set_state(outgoing_state_.substr(in.offset(), n));
+      out.set_state(transfer_.outgoing.substr(in.offset(), n));
     }
-    if (in.offset() + n >= total) std::string().swap(outgoing_state_);
+    if (in.offset() + n >= total) std::string().swap(transfer_.outgoing);
     return out;
   }
 
@@ -533,8 +537,11 @@ class Worker {
 
   control::DriverClient& client_;
   std::shared_ptr<comm::Store> store_;  // the driver's rendezvous store, once connected
-  std::string incoming_state_;  // StateChunks so far
-  std::string outgoing_state_;  // the state get_state serialised, until its last piece is read
+  struct StateTransfer {   // the whole state's, in pieces (control.proto's StateChunk)
+    std::string incoming;  // StateChunks so far
+    std::string outgoing;  // the state get_state serialised, until its last piece is read
+  } transfer_;
+  BackgroundShares shares_;  // periodic checkpoints' writes
   const std::string token_;
   const int64_t index_;
   const proto::JobSpec job_;

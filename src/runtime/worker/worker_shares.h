@@ -5,10 +5,15 @@
 // the whole format, which travels over the control plane.
 #pragma once
 
+#include <atomic>
+#include <exception>
 #include <memory>
+#include <string>
+#include <thread>
 #include <vector>
 
 #include "dsgd/control.pb.h"
+#include "torch/state/state_share.h"
 
 namespace dsgd {
 namespace torch_glue {
@@ -30,6 +35,43 @@ proto::ShareReply write_shares(const Replicas& replicas, const proto::WriteShare
 // Throws dsgd::DataError naming the file for a damaged or missing share, ConfigError for a
 // checkpoint of another model.
 proto::ShareReply read_shares(const Replicas& replicas, const proto::ReadShareRequest& in);
+
+// A worker's periodic checkpoints (WriteShareRequest::background): start() copies each replica's
+// share into a buffer kept from one checkpoint to the next, laid out as its file will be (the
+// only time training waits), and writes the files on a thread of its own while training goes
+// on; finish() waits for that thread and gives the files' records.
+//
+//   BackgroundShares shares;
+//   reply = shares.start(replicas, request);  // returns once copied
+//   ...                                       // steps
+//   reply = shares.finish();                  // DataError (the file named) if the write failed
+class BackgroundShares {
+ public:
+  BackgroundShares() = default;
+  ~BackgroundShares();  // waits for the write in flight: a file is never left half-written by us
+  BackgroundShares(const BackgroundShares&) = delete;
+  BackgroundShares& operator=(const BackgroundShares&) = delete;
+
+  // A write still in flight (a checkpoint abandoned by the driver) is waited for first.
+  proto::ShareReply start(const Replicas& replicas, const proto::WriteShareRequest& in);
+  // started() false where none was in flight (a replacement's, or after a finish).
+  proto::ShareReply finish();
+
+ private:
+  struct Staged {
+    std::string path;
+    torch_glue::StateShare share;  // its regions point into the buffer
+  };
+  void wait();
+  void write(std::vector<Staged> staged);  // the thread's
+
+  std::vector<std::shared_ptr<std::vector<char>>> buffers_;  // one per replica, reused
+  std::thread thread_;
+  bool in_flight_ = false;
+  std::atomic<bool> written_{false};  // the thread's write has ended
+  proto::ShareReply result_;    // the thread's, read after wait()
+  std::exception_ptr error_;    // likewise
+};
 
 }  // namespace runtime
 }  // namespace dsgd
