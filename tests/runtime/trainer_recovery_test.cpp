@@ -1,6 +1,10 @@
 // Recovery: a killed worker's place is taken (a standby, a replacement, the survivors alone) and
 // the run ends where the fault-free one does.
+#include <sys/wait.h>
+
+#include "dsgd/runtime/settings.h"
 #include "runtime/trainer_testing.h"
+#include "testing/ports.h"
 
 namespace dsgd {
 namespace {
@@ -605,6 +609,99 @@ TEST(TrainerRecovery, AfterFailedReplacementsTheJobScalesBackUpToNumWorkers) {
   const double difference = max_difference(single_process(66, steps), params_of(*t.get_model()));
   std::cout << "after " << steps << " steps: " << difference << " from one process\n";
   EXPECT_LT(difference, 2e-4);
+}
+
+// A worker that joins by itself (launcher none), as a cluster manager would start it.
+pid_t start_remote_worker(const std::string& address, const std::string& token) {
+  const std::string bin = runtime::self_executable();
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    ::execl(bin.c_str(), bin.c_str(), "--dsgd-worker", "--driver", address.c_str(), "--token", token.c_str(),
+            static_cast<char*>(nullptr));
+    ::_exit(127);
+  }
+  return pid;
+}
+
+// An elastic size (recovery.min_workers 2, num_workers 4: `--workers 2:4`) with workers that join
+// by themselves: the job starts once two are set up, takes the two that come later in between
+// chunks, goes on with two after both are killed, and computes what one process computes with
+// the global batch (summed in other orders at each size: the bound of the scale-up tests).
+TEST(TrainerElastic, StartsAtMinGrowsToMaxAsWorkersJoinAndShrinksBackToMinAfterLosses) {
+  auto c = base_config(4, "allreduce", 64);
+  c.recovery.min_workers = 2;
+  c.launch.launcher = "none";
+  c.launch.listen = "127.0.0.1:" + std::to_string(testing::free_port());
+  c.launch.token = "el4stic";
+  c.checkpoints.every_steps = 5;
+  c.checkpoints.max_overhead = 0;
+  c.recovery.heartbeat_timeout = milliseconds(2000);
+  std::vector<pid_t> started;
+  struct Reap {
+    std::vector<pid_t>& pids;
+    ~Reap() {
+      for (pid_t p : pids) ::kill(p, SIGKILL), ::waitpid(p, nullptr, 0);
+    }
+  } reap{started};
+  for (int i = 0; i < 2; ++i) started.push_back(start_remote_worker(c.launch.listen, c.launch.token));
+  Trainer t(dsgd::kImageClassifier, c);
+  EXPECT_EQ(t.foreach_worker("replica_info").size(), 2u) << "it did not start at MIN";
+  int64_t steps = static_cast<int64_t>(t.train({.num_steps = 10}).metrics.at("batches"));
+
+  for (int i = 0; i < 2; ++i) started.push_back(start_remote_worker(c.launch.listen, c.launch.token));
+  std::vector<RecoveryEvent> grew;
+  const auto deadline = Clock::now() + std::chrono::seconds(90);
+  while (t.foreach_worker("replica_info").size() < 4 && Clock::now() < deadline) {
+    const Results r = t.train({.num_steps = 5});
+    steps += static_cast<int64_t>(r.metrics.at("batches"));
+    for (const auto& e : r.recoveries) {
+      if (e.kind == "scale_up") grew.push_back(e);
+    }
+  }
+  ASSERT_EQ(t.foreach_worker("replica_info").size(), 4u) << "the late workers never joined";
+  ASSERT_FALSE(grew.empty());
+  EXPECT_EQ(grew.back().workers_after, 4);
+
+  const auto info = t.foreach_worker("replica_info");
+  for (size_t w = 2; w < 4; ++w) ::kill(info[w]["pid"].get<int>(), SIGKILL);
+  const Results r = t.train({.num_steps = 20});
+  steps += static_cast<int64_t>(r.metrics.at("batches"));
+  ASSERT_GE(r.recoveries.size(), 1u);
+  EXPECT_EQ(r.recoveries.back().workers_after, 2);
+  EXPECT_EQ(t.foreach_worker("replica_info").size(), 2u);
+  EXPECT_EQ(r.epoch * r.batches_per_epoch + r.batch, steps);
+  const double difference = max_difference(single_process(64, steps), params_of(*t.get_model()));
+  std::cout << "after " << steps << " steps: " << difference << " from one process\n";
+  EXPECT_LT(difference, 2e-4);
+}
+
+// Below MIN the job waits for workers to join, then fails naming the floor; MIN above MAX, or a
+// MIN:MAX that is not one, is a ConfigError before anything starts.
+TEST(TrainerElastic, BelowMinNoneJoiningEndsTheJobNamingTheFloor) {
+  auto c = base_config(3, "allreduce", 66);
+  c.recovery.min_workers = 3;
+  c.recovery.replace_lost_workers = false;  // local mode, none started again: nobody comes
+  c.recovery.replacement_timeout = milliseconds(500);
+  c.launch.registration_timeout = milliseconds(500);
+  c.recovery.heartbeat_timeout = milliseconds(2000);
+  Trainer t(dsgd::kImageClassifier, c);
+  t.train({.num_steps = 2});
+  ::kill(t.foreach_worker("replica_info")[1]["pid"].get<int>(), SIGKILL);
+  try {
+    t.train({.num_steps = 20});
+    FAIL() << "the job went on below its min_workers";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("below recovery.min_workers 3"), std::string::npos) << e.what();
+  }
+  TrainerConfig bad = base_config(2, "allreduce", 64);
+  bad.recovery.min_workers = 3;
+  EXPECT_THROW(validate_config(dsgd::kImageClassifier, bad), ConfigError);
+  TrainerConfig parsed;
+  find_setting("num_workers")->set(parsed, "2:4");
+  EXPECT_EQ(parsed.num_workers, 4);
+  EXPECT_EQ(parsed.recovery.min_workers, 2);
+  EXPECT_THROW(find_setting("num_workers")->set(parsed, "4:2"), ConfigError);
+  EXPECT_THROW(find_setting("num_workers")->set(parsed, "2-4"), ConfigError);
 }
 
 }  // namespace

@@ -120,7 +120,11 @@ TEST(Cli, AFlagTakesWhatItsSettingTakes) {
                                                      "duration (250ms, 30s, 5m, 2h), got 'soon'");
   expect_usage_error("train --compression powersgd:x", "--compression: comm.compression 'powersgd:x': only powersgd "
                                                        "takes a rank");
-  expect_usage_error("train --workers many", "--workers: 'num_workers' must be a number, got \"many\"");
+  expect_usage_error("train --workers many",
+                     "--workers: num_workers must be a count or MIN:MAX (an elastic size, e.g. 2:4), got 'many'");
+  expect_usage_error("train --workers 4:2", "--workers: num_workers 4:2: MIN must be at least 1 and at most MAX");
+  expect_usage_error("train --workers 2 --min-workers 3",
+                     "--min-workers: recovery.min_workers (3) must be at most num_workers (2)");
 }
 
 TEST(Cli, FlagErrorsExitWithUsageStatusAndSayWhatIsWrong) {

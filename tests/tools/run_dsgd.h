@@ -18,6 +18,8 @@
 #include <fstream>
 #include <iterator>
 #include <string>
+
+#include "testing/ports.h"
 #include <thread>
 #include <vector>
 
@@ -44,22 +46,6 @@ inline CliRun run_command(const std::string& command) {
 }
 
 inline CliRun run_dsgd(const std::string& args) { return run_command(std::string(DSGD_BINARY) + " " + args + " 2>&1"); }
-
-// A TCP port free on loopback now (the kernel's pick; a small race with other processes).
-inline int free_port() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof(a);
-  int port = 0;
-  if (::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0 &&
-      ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0) {
-    port = ntohs(a.sin_port);
-  }
-  ::close(fd);
-  return port;
-}
 
 // True once `pid` has exited (or is a zombie: exited, not yet reaped).
 inline bool process_gone(pid_t pid) {

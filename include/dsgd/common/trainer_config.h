@@ -143,6 +143,13 @@ struct RecoveryConfig {
   // Without a ready standby: false = the survivors go on at once (the global batch re-split);
   // true = wait for new workers to be set up, then resume as a fault-free run would.
   bool wait_for_replacements = false;
+  // Elastic size (`--workers MIN:MAX`: num_workers is MAX). 0 = a fixed size: the job starts with
+  // num_workers and goes on after losses with however many are left. N > 0: it starts once N
+  // workers are set up (where workers join by themselves: launcher none; a launcher's own start
+  // all num_workers), takes in those that join later up to num_workers between chunks, goes on
+  // down to N after losses, and below N waits replacement_timeout for replacements, then fails.
+  // The global batch stays batch_size, re-split over whoever is in the group.
+  int min_workers = 0;
   // A loss in the middle of training: the new members take the state of a survivor that has
   // completed the most steps, so no completed step is trained again (allreduce and simple, one
   // device a worker, without ZeRO, compression or forward overlap; else, or false: the last

@@ -65,8 +65,8 @@ bool GroupFormation::set_up_members() {
   try {
     job_.server->wait_registered(
         job_.config.launch.registration_timeout, [&] { pool.check_children(); }, pool.initial_count());
-    pool.choose_members();
-    job_.server->set_world(job_.generation, job_.config.num_workers * job_.config.devices_per_worker);
+    pool.choose_members();  // an elastic start (recovery.min_workers): whoever came, up to num_workers
+    job_.server->set_world(job_.generation, static_cast<int>(pool.members().size()) * job_.config.devices_per_worker);
     proto::Command setup;
     *setup.mutable_setup()->mutable_placement() = pool.placement(job_.generation);
     const int64_t limit = job_.config.launch.memory_mib << 20;

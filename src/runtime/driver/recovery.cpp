@@ -256,19 +256,39 @@ void Recovery::replace_lost(const std::vector<int>& lost, const std::string& fai
       pool->drop(id);
     }
   }
-  if (config.recovery.wait_for_replacements) {  // the old way: idle until they are ready, up to replacement_timeout
-    pool->hold_spawns(false);
-    pool->spawn_replacements();
-    const auto until = Clock::now() + config.recovery.replacement_timeout + config.launch.registration_timeout;
-    while (static_cast<int>(pool->members().size() + pool->ready().size()) < config.num_workers &&
-           (pool->replacements_pending() || pool->preparing()) && Clock::now() < until) {
-      pool->check_children();
-      pool->tend(job_.generation, job_.signature);
-      std::this_thread::sleep_for(milliseconds(20));
+  // The old way: idle until they are ready, up to replacement_timeout.
+  if (config.recovery.wait_for_replacements) take_in_replacements(config.num_workers, false);
+  // An elastic job below its floor waits for workers to join (a launcher's restart, a pod's), then fails.
+  const int floor = config.recovery.min_workers;
+  if (floor > 0 && static_cast<int>(pool->members().size()) < floor) {
+    control::log().warn("trainer: {} worker(s) left, below recovery.min_workers {}: waiting up to {} s for more",
+                        pool->members().size(), floor,
+                        std::chrono::duration_cast<std::chrono::seconds>(config.recovery.replacement_timeout +
+                                                                         config.launch.registration_timeout)
+                            .count());
+    take_in_replacements(floor, true);
+    if (static_cast<int>(pool->members().size()) < floor) {
+      job_.fail(fmt::format("{} worker(s) left after {}, below recovery.min_workers {}, and none joined in time: "
+                            "start more workers, or lower --workers MIN",
+                            pool->members().size(), failure, floor));
     }
-    pool->add_members(pool->first_ready(static_cast<size_t>(config.num_workers) - pool->members().size()));
   }
   if (pool->members().empty()) job_.fail("every worker was lost: " + failure);
+}
+
+void Recovery::take_in_replacements(int target, bool whoever_comes) {
+  const auto& config = job_.config;
+  auto& pool = job_.pool;
+  pool->hold_spawns(false);
+  pool->spawn_replacements();
+  const auto until = Clock::now() + config.recovery.replacement_timeout + config.launch.registration_timeout;
+  while (static_cast<int>(pool->members().size() + pool->ready().size()) < target &&
+         (whoever_comes || pool->replacements_pending() || pool->preparing()) && Clock::now() < until) {
+    pool->check_children();
+    pool->tend(job_.generation, job_.signature);
+    std::this_thread::sleep_for(milliseconds(20));
+  }
+  pool->add_members(pool->first_ready(static_cast<size_t>(config.num_workers) - pool->members().size()));
 }
 
 std::optional<RecoveryEvent> Recovery::scale_up() {

@@ -72,6 +72,10 @@ class Recovery {
   std::optional<Donor> find_donor(const std::vector<int>& lost, bool allowed, RecoveryEvent* ev);
   // try_scale_up's step: the event, or nullopt if nothing changed.
   std::optional<RecoveryEvent> scale_up();
+  // New workers started (local mode) and waited for, up to replacement_timeout, until `target` are
+  // members or ready; then the ready ones join, up to num_workers. `whoever_comes`: wait the whole
+  // timeout for workers that join by themselves, not only for the processes this driver started.
+  void take_in_replacements(int target, bool whoever_comes);
 
   Job& job_;
   FailureBudget failures_;                   // every lost worker, against recovery.max_failures

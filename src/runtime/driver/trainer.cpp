@@ -157,7 +157,10 @@ Trainer::Trainer(const std::string& operator_name, TrainerConfig config)
         d.pool->spawn_initial();
       } else {
         control::log().info(
-            "driver: waiting for {} worker(s): start each with --dsgd-worker --driver {} --token {}{}", c.num_workers,
+            "driver: waiting for {} worker(s): start each with --dsgd-worker --driver {} --token {}{}",
+            c.recovery.min_workers > 0
+                ? fmt::format("{} to {}", c.recovery.min_workers, c.num_workers)  // elastic: starts at the first
+                : std::to_string(c.num_workers),
             address(), token, d.tls() ? " --tls-dir DIR (DIR: this job's ca.pem, cert.pem, key.pem)" : "");
       }
       d.group.start_up();

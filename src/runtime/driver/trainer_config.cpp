@@ -25,6 +25,9 @@ void require(bool ok, const char* field, const std::string& what) {
 }
 
 void validate_processes(const TrainerConfig& c) {
+  require(c.recovery.min_workers <= c.num_workers, "recovery.min_workers",
+          "recovery.min_workers (" + std::to_string(c.recovery.min_workers) + ") must be at most num_workers (" +
+              std::to_string(c.num_workers) + "): an elastic size is MIN:MAX (--workers 2:4)");
   const int64_t world = int64_t{c.num_workers} * c.devices_per_worker;
   require(c.batch_size >= world, "batch_size",
           "batch_size (global) must be at least the number of replicas (" + std::to_string(world) + "), got " +

@@ -274,9 +274,41 @@ std::string overhead_share(const std::string& path, const double& share) {
              : path + " must be in [0, 1) (0 = every checkpoints.every_steps), got " + std::to_string(share);
 }
 
+// num_workers: a count, or "MIN:MAX" (an elastic size: recovery.min_workers MIN, num_workers MAX).
+void set_workers(TrainerConfig& c, const json& v) {
+  if (!v.is_string()) {
+    set_value(c.num_workers, v, "num_workers");
+    return;
+  }
+  const std::string s = v.get<std::string>();
+  const auto colon = s.find(':');
+  int n[2] = {0, 0};
+  bool ok = colon != std::string::npos;
+  for (int i = 0; ok && i < 2; ++i) {
+    const std::string part = i == 0 ? s.substr(0, colon) : s.substr(colon + 1);
+    size_t used = 0;
+    try {
+      n[i] = std::stoi(part, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    ok = !part.empty() && used == part.size();
+  }
+  if (!ok) {
+    throw ConfigError("num_workers must be a count or MIN:MAX (an elastic size, e.g. 2:4), got '" + s + "'",
+                      "num_workers");
+  }
+  if (n[0] < 1 || n[0] > n[1]) {
+    throw ConfigError("num_workers " + s + ": MIN must be at least 1 and at most MAX", "num_workers");
+  }
+  c.recovery.min_workers = n[0];
+  c.num_workers = n[1];
+}
+
 std::vector<SettingDescription> top_level() {
   return {
-      row(DSGD_FIELD(num_workers), "--workers", kTunable, "Worker processes", in(1, 4096)),
+      row(DSGD_FIELD(num_workers), "--workers", kTunable,
+          "Worker processes; MIN:MAX for an elastic size (--min-workers MIN)", in(1, 4096), nullptr, set_workers),
       row(DSGD_FIELD(strategy), "--strategy", kTunable, "Gradient synchronisation: simple, allreduce, ps or ps_async",
           Free{}),
       row(DSGD_FIELD(batch_size), "--batch-size", kTunable, "Global batch size (samples per step)", at_least(1)),
@@ -414,6 +446,10 @@ std::vector<SettingDescription> recovery_rows() {
           in(0, 64)),
       row(DSGD_FIELD(recovery.wait_for_replacements), "--wait-for-replacements", kFixed,
           "After a loss without a standby, wait for new workers instead of going on with the survivors", Free{}),
+      row(DSGD_FIELD(recovery.min_workers), "--min-workers", kFixed,
+          "Elastic (also --workers MIN:MAX): start once this many workers are set up, take in more up to --workers, "
+          "go on down to this many after losses, then wait for replacements (0 = a fixed size)",
+          in(0, 4096)),
       row(DSGD_FIELD(recovery.from_peer), "!--no-from-peer", kFixed,
           "After a loss mid-training, restore the last snapshot and train the steps since again, instead of giving "
           "the new workers a survivor's state",

@@ -26,7 +26,8 @@ WorkerPool::WorkerPool(const TrainerConfig& config, control::DriverServer& serve
 bool WorkerPool::is_member(int id) const { return std::find(members_.begin(), members_.end(), id) != members_.end(); }
 
 int WorkerPool::initial_count() const {
-  return spawns() ? worker_processes(config_) : config_.num_workers;
+  if (spawns()) return worker_processes(config_);
+  return config_.recovery.min_workers > 0 ? config_.recovery.min_workers : config_.num_workers;
 }
 
 void WorkerPool::choose_members() {

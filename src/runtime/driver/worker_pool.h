@@ -45,7 +45,8 @@ class WorkerPool {
   const std::vector<int>& members() const { return members_; }
   bool is_member(int id) const;
   // Registrations the start waits for: every process spawn_initial started; or, when the driver
-  // starts none, num_workers (standbys join when they come).
+  // starts none, num_workers, or recovery.min_workers where set (the rest, and standbys, join
+  // when they come).
   int initial_count() const;
   // The start's group: the registered workers but the standbys spawn_initial started (left to
   // tend); those the driver started in the order it started them, so the layout over
