@@ -251,6 +251,31 @@ TEST(TrainerCheckpoint, TheForwardOverlapsTrialChunksKeepTheCheckpointInterval) 
   EXPECT_LT(max_difference(params_of(*t.get_model()), params_of(*b.get_model())), 1e-5);
 }
 
+// A periodic checkpoint's parameters and optimizer state are copied while the next step's
+// forward and backward run, its update held until the copy ends: the checkpoint of step 10,
+// taken in the middle of a call, holds the bytes a save at step 10 writes, share for share.
+TEST(TrainerCheckpoint, ACheckpointCopiedWhileTheNextStepRunsHoldsItsStepsStateByteForByte) {
+  testing::TempDir dir;
+  auto c = base_config(2, "allreduce", 64);
+  c.checkpoints.dir = dir.file("ckpts");
+  c.checkpoints.every_steps = 10;
+  c.checkpoints.max_overhead = 0;
+  c.checkpoints.keep = 10;
+  {
+    Trainer t(dsgd::kImageClassifier, c);
+    t.train({.num_steps = 20});  // the checkpoint of step 10 is written during steps 11-20
+  }
+  auto plain = base_config(2, "allreduce", 64);
+  Trainer s(dsgd::kImageClassifier, plain);
+  s.train({.num_steps = 10});
+  s.save(dir.file("saved"));
+  const std::string periodic = runtime::checkpoint_path(c.checkpoints.dir, 10);
+  for (const std::string share : {"share-00000.bin", "share-00001.bin"}) {
+    EXPECT_TRUE(testing::read_file(periodic + "/" + share) == testing::read_file(dir.file("saved") + "/" + share))
+        << share << " differs from the save's at the same step";
+  }
+}
+
 void flip_byte(const std::string& file, std::streamoff at) {
   std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
   f.seekg(at);

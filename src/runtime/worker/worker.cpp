@@ -194,6 +194,7 @@ class Worker {
   // One command: its handler, and the reply it gives.
   proto::CommandResult run(const proto::Command& cmd) {
     proto::CommandResult out;
+    shares_.wait_for_copy(cmd);
     using C = proto::Command;
     switch (cmd.request_case()) {
       case C::kSetup: *out.mutable_setup() = on_setup(cmd.setup()); break;
@@ -206,10 +207,7 @@ class Worker {
       case C::kShareState: on_share_state(cmd.share_state()); break;
       case C::kReadState: *out.mutable_state() = on_read_state(cmd.read_state()); break;
       case C::kGetPickle: *out.mutable_pickle() = on_get_pickle(); break;
-      case C::kWriteShare:
-        *out.mutable_share() = cmd.write_share().background() ? shares_.start(replicas_, cmd.write_share())
-                                                              : write_shares(replicas_, cmd.write_share());
-        break;
+      case C::kWriteShare: *out.mutable_share() = shares_.write(replicas_, cmd.write_share(), settings_); break;
       case C::kFinishShare: *out.mutable_share() = shares_.finish(); break;
       case C::kReadShare: *out.mutable_share() = read_shares(replicas_, cmd.read_share()); break;
       case C::kTrain: *out.mutable_epoch() = on_epoch(&cmd.train()); break;
@@ -241,7 +239,7 @@ class Worker {
     proto::Position p;
     p.set_epoch(replicas_.at(0)->position().epoch);
     p.set_batch(replicas_.at(0)->position().batch);
-    for (const auto& r : replicas_) p.set_torn(p.torn() || r->torn());
+    for (const auto& r : replicas_) p.set_torn(p.torn() || r->boundary().torn());
     return p;
   }
 

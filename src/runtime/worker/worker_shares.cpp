@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cstring>
 #include <filesystem>
+#include <future>
 #include <utility>
 
 #include <torch/serialize.h>
@@ -79,25 +80,37 @@ constexpr size_t kStageAlign = 4096;  // as the share's file lays its regions ou
 
 size_t aligned(size_t n) { return (n + kStageAlign - 1) / kStageAlign * kStageAlign; }
 
-// `share`'s regions copied into `buffer` (grown as needed, else reused): a share that points
-// into it, so training may change the replica's tensors while the copy is written.
-torch_glue::StateShare stage(const torch_glue::StateShare& share, const std::shared_ptr<std::vector<char>>& buffer) {
+// A share laid out in `buffer` (grown as needed, else reused) as its file will be: its regions
+// point there, to be filled by copy_regions.
+template <typename Buffer>
+torch_glue::StateShare lay_out(const torch_glue::StateShare& share, const std::shared_ptr<Buffer>& buffer) {
   size_t total = 0;
   for (const auto& r : share.regions) total = aligned(total) + r.bytes;
-  if (buffer->size() < total) buffer->resize(total);
+  if (buffer->size < total) {  // uninitialised: a zero-fill of 0.5 GB held the first checkpoint 0.26 s
+    buffer->data.reset(new char[total]);
+    buffer->size = total;
+  }
   torch_glue::StateShare out;
   out.keep = buffer;
   size_t at = 0;
   for (const auto& r : share.regions) {
     at = aligned(at);
-    char* dest = buffer->data() + at;
-    if (r.bytes > 0) std::memcpy(dest, r.data, r.bytes);
     torch_glue::StateRegion copy = r;
-    copy.data = dest;
+    copy.data = buffer->data.get() + at;
     out.regions.push_back(std::move(copy));
     at += r.bytes;
   }
   return out;
+}
+
+// The regions of `from` that are (`until_update`) or are not StateRegion::until_update, into
+// `to`'s (lay_out's) memory.
+void copy_regions(const torch_glue::StateShare& from, const torch_glue::StateShare& to, bool until_update) {
+  for (size_t k = 0; k < from.regions.size(); ++k) {
+    const auto& r = from.regions[k];
+    if (r.until_update != until_update || r.bytes == 0) continue;
+    std::memcpy(const_cast<void*>(to.regions[k].data), r.data, r.bytes);
+  }
 }
 
 }  // namespace
@@ -108,7 +121,8 @@ void BackgroundShares::wait() {
   if (thread_.joinable()) thread_.join();
 }
 
-proto::ShareReply BackgroundShares::start(const Replicas& replicas, const proto::WriteShareRequest& in) {
+proto::ShareReply BackgroundShares::start(const Replicas& replicas, const proto::WriteShareRequest& in,
+                                          bool overlap) {
   if (in_flight_) {
     wait();
     in_flight_ = false;
@@ -118,31 +132,80 @@ proto::ShareReply BackgroundShares::start(const Replicas& replicas, const proto:
   std::error_code ec;
   out.set_visible(std::filesystem::is_directory(in.dir(), ec));
   if (!out.visible()) return out;
+  overlap = overlap && in.spread();  // a ps gather's copy is let go of below
   const auto t0 = Clock::now();
-  while (buffers_.size() < replicas.size()) buffers_.push_back(std::make_shared<std::vector<char>>());
+  while (buffers_.size() < replicas.size()) buffers_.push_back(std::make_shared<Buffer>());
   std::vector<Staged> staged;
-  uint64_t bytes = 0;
+  std::vector<torch_glue::StateShare> live;  // what the thread copies yet (overlap)
+  uint64_t bytes = 0, later = 0;
   for (size_t i = 0; i < replicas.size(); ++i) {
     const auto& r = replicas[i];
     Staged s;
     s.path = (std::filesystem::path(in.dir()) / share_file_name(r->options().info.rank)).string();
-    s.share = stage(r->write_share(in.spread()), buffers_[i]);
-    for (const auto& region : s.share.regions) bytes += region.bytes;
+    torch_glue::StateShare share = r->write_share(in.spread());
+    s.share = lay_out(share, buffers_[i]);
+    copy_regions(share, s.share, false);  // the buffers and blobs: forward changes them
+    if (!overlap) copy_regions(share, s.share, true);
+    for (const auto& region : share.regions) {
+      bytes += region.bytes;
+      if (overlap && region.until_update) later += region.bytes;
+    }
     staged.push_back(std::move(s));
+    if (overlap) live.push_back(std::move(share));
     if (!in.spread()) r->drop_server_state_copy();  // copied: the ps servers' state lives there again
+  }
+  std::promise<void> copied;
+  copied_ = copied.get_future().share();
+  if (overlap) {  // each replica's next update waits for the copy of what it changes
+    for (const auto& r : replicas) r->boundary().gate_update([f = copied_] { f.wait(); });
+  } else {
+    copied.set_value();
   }
   out.set_bytes(bytes);
   out.set_seconds(std::chrono::duration<double>(Clock::now() - t0).count());
-  control::log().debug("worker: share of {} bytes copied for {} in {:.3f} s", bytes, in.dir(), out.seconds());
+  control::log().debug("worker: share of {} bytes for {}: {} copied in {:.3f} s, {} to copy while forward runs",
+                       bytes, in.dir(), bytes - later, out.seconds(), later);
   result_.Clear();
   error_ = nullptr;
   written_ = false;
   in_flight_ = true;
-  thread_ = std::thread([this, st = std::move(staged)]() mutable { write(std::move(st)); });
+  thread_ = std::thread([this, st = std::move(staged), lv = std::move(live), p = std::move(copied)]() mutable {
+    if (!lv.empty()) {
+      const auto c0 = Clock::now();
+      for (size_t i = 0; i < lv.size(); ++i) copy_regions(lv[i], st[i].share, true);
+      lv.clear();  // the replicas' tensors let go of before their update goes on
+      p.set_value();
+      control::log().debug("worker: the rest of the share copied in {:.3f} s",
+                           std::chrono::duration<double>(Clock::now() - c0).count());
+    }
+    write_files(std::move(st));
+  });
   return out;
 }
 
-void BackgroundShares::write(std::vector<Staged> staged) {
+proto::ShareReply BackgroundShares::write(const Replicas& replicas, const proto::WriteShareRequest& in,
+                                          const TrainerConfig& job) {
+  if (!in.background()) return write_shares(replicas, in);
+  // Forward overlap steps buckets during the next forward; stage 3's gathers write the pieces.
+  return start(replicas, in, job.comm.forward_overlap_buckets == 0 && job.step.zero_stage < 3);
+}
+
+void BackgroundShares::wait_for_copy(const proto::Command& cmd) const {
+  using C = proto::Command;
+  switch (cmd.request_case()) {
+    case C::kTrain:  // its replicas' updates wait (StepBoundary::gate_update)
+    case C::kValidate:
+    case C::kPing:
+    case C::kPosition:
+    case C::kFinishShare:
+    case C::kWriteShare:
+      return;
+    default:  // a command that may change the state (a load, a worker function, a re-formation)
+      if (copied_.valid()) copied_.wait();
+  }
+}
+
+void BackgroundShares::write_files(std::vector<Staged> staged) {
   const auto t0 = Clock::now();
   try {
     uint64_t bytes = 0;

@@ -142,11 +142,12 @@ class ReplicaRuntime : private ParameterGate, private ReplicaSums, private Repli
   std::vector<std::pair<std::string, torch::Tensor>> named_tensors() const;
 
   const Position& position() const { return cursor_.position(); }
-  // Whether the last train() call threw after a step's update began and before the step ended
-  // (the optimizer stepped, or the parameters or statistics were being shared): the state is at
-  // no step's boundary. One that threw elsewhere is back where its last step ended (the CPU
-  // generator too), so its state may be given to other replicas as it is.
-  bool torn() const { return boundary_.torn(); }
+  // Where the replica stands in its step. torn(): whether the last train() call threw after a
+  // step's update began and before the step ended (the optimizer stepped, or the parameters or
+  // statistics were being shared): the state is at no step's boundary. One that threw elsewhere
+  // is back where its last step ended (the CPU generator too), so its state may be given to
+  // other replicas as it is. gate_update(): a background checkpoint's copy holds the next update.
+  StepBoundary& boundary() { return boundary_; }
   void step_schedules() override;  // one scheduler step (manual mode, or per the frequency)
   TrainingOperator& op() { return *op_; }
   const ReplicaOptions& options() const { return options_; }

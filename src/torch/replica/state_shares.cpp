@@ -46,15 +46,17 @@ class ShareBuilder {
   ShareBuilder(int rank, int world, bool spread) : rank_(rank), world_(std::max(1, world)), spread_(spread) {}
 
   // A range of a tensor this replica holds alone: `data`'s elements are [begin, begin + numel).
+  // Pieces are of parameters and their optimizer state: as they are until the update.
   void piece(const std::string& name, const torch::Tensor& whole_like, const torch::Tensor& data, int64_t begin) {
     torch::Tensor cpu = data.to(torch::kCPU).contiguous();
-    share_.regions.push_back(
-        {name, dtype_name(whole_like), whole_like.sizes().vec(), begin, cpu.numel(), cpu.data_ptr(), cpu.nbytes()});
+    share_.regions.push_back({name, dtype_name(whole_like), whole_like.sizes().vec(), begin, cpu.numel(),
+                              cpu.data_ptr(), cpu.nbytes(), true});
     held_->tensors.push_back(std::move(cpu));
   }
   // A tensor every replica holds alike: written in turns (finish), or by the first alone.
-  void whole(const std::string& name, const torch::Tensor& t) {
-    wholes_.emplace_back(name, t.to(torch::kCPU).contiguous());
+  // `until_update`: StateRegion's.
+  void whole(const std::string& name, const torch::Tensor& t, bool until_update) {
+    wholes_.push_back({name, t.to(torch::kCPU).contiguous(), until_update});
   }
   void blob(const std::string& name, std::string bytes) {
     const auto& kept = held_->blobs.emplace_back(std::move(bytes));
@@ -63,11 +65,11 @@ class ShareBuilder {
 
   StateShare finish() {
     uint64_t total = 0;
-    for (const auto& [name, t] : wholes_) total += t.nbytes();
+    for (const auto& w : wholes_) total += w.tensor.nbytes();
     const uint64_t lo = spread_ ? total * rank_ / world_ : 0;
     const uint64_t hi = spread_ ? total * (rank_ + 1) / world_ : (rank_ == 0 ? total : 0);
     uint64_t at = 0;
-    for (auto& [name, t] : wholes_) {
+    for (auto& [name, t, until_update] : wholes_) {
       const uint64_t n = t.nbytes(), e = t.element_size();
       const uint64_t s = std::clamp<uint64_t>(lo, at, at + n) - at, f = std::clamp<uint64_t>(hi, at, at + n) - at;
       const auto begin = static_cast<int64_t>((s + e - 1) / e), end = static_cast<int64_t>((f + e - 1) / e);
@@ -75,8 +77,8 @@ class ShareBuilder {
       // An empty tensor still has a shape to keep: the first replica names it.
       if (end <= begin && !(t.numel() == 0 && rank_ == 0)) continue;
       const auto* data = static_cast<const char*>(t.data_ptr()) + begin * static_cast<int64_t>(e);
-      share_.regions.push_back(
-          {name, dtype_name(t), t.sizes().vec(), begin, end - begin, data, static_cast<size_t>(end - begin) * e});
+      share_.regions.push_back({name, dtype_name(t), t.sizes().vec(), begin, end - begin, data,
+                                static_cast<size_t>(end - begin) * e, until_update});
       held_->tensors.push_back(t);
     }
     share_.keep = held_;
@@ -91,7 +93,12 @@ class ShareBuilder {
   const int rank_, world_;
   const bool spread_;
   std::shared_ptr<Held> held_ = std::make_shared<Held>();
-  std::vector<std::pair<std::string, torch::Tensor>> wholes_;
+  struct Whole {
+    std::string name;
+    torch::Tensor tensor;
+    bool until_update;
+  };
+  std::vector<Whole> wholes_;
   StateShare share_;
 };
 
@@ -150,7 +157,7 @@ StateShare ReplicaRuntime::write_share(bool spread) const {
   for (const auto& [name, t] : torch_glue::named_tensors(*op_)) {
     const Piece* piece = zero_.gathers() ? piece_of(pieces, t) : nullptr;
     if (piece == nullptr) {
-      out.whole("model/" + name, t);
+      out.whole("model/" + name, t, t.requires_grad());  // a parameter (a buffer changes in forward)
     } else if (piece->count > 0) {
       require_contiguous(t, name);
       out.piece("model/" + name, t, piece->view, static_cast<int64_t>(piece->begin));
@@ -176,7 +183,7 @@ StateShare ReplicaRuntime::write_share(bool spread) const {
           } else if (piece != nullptr) {
             out.piece(prefix + "/" + field, p, value.toTensor(), static_cast<int64_t>(piece->begin));
           } else {
-            out.whole(prefix + "/" + field, value.toTensor());
+            out.whole(prefix + "/" + field, value.toTensor(), true);
           }
         }
         // Counts and flags, alike in every piece: from the one that begins the parameter.

@@ -7,6 +7,9 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <functional>
+#include <utility>
+
 namespace dsgd::torch_glue {
 
 class StepBoundary {
@@ -15,8 +18,14 @@ class StepBoundary {
   // (dropout) again after an interruption.
   void remember();
   // From a step's update (the optimizer stepped, the parameters or statistics being shared) to
-  // its end.
-  void begin_update() { updating_ = true; }
+  // its end. The first after gate_update() calls its `wait` first.
+  void begin_update() {
+    if (gate_) std::exchange(gate_, nullptr)();
+    updating_ = true;
+  }
+  // Holds the next update until `wait` returns: a background checkpoint copies the parameters
+  // and optimizer state while forward and backward run (runtime/worker/worker_shares.h).
+  void gate_update(std::function<void()> wait) { gate_ = std::move(wait); }
   void end_update() { updating_ = false; }
   // The call threw: torn() if its update had begun; the generator back to the step's start.
   void interrupted();
@@ -27,6 +36,7 @@ class StepBoundary {
  private:
   bool updating_ = false;
   bool torn_ = false;
+  std::function<void()> gate_;
   at::Tensor rng_;  // the CPU generator's state where the last step ended
 };
 

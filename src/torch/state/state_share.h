@@ -31,6 +31,9 @@ struct StateRegion {
   int64_t begin = 0, count = 0;  // elements [begin, begin + count) (a blob: 0 and its bytes)
   const void* data = nullptr;    // count elements, or the blob's bytes
   size_t bytes = 0;
+  // The data stays as it is until the replica's next update begins (a parameter, the optimizer's
+  // state; not a buffer, which forward changes): a copy of it may be taken while forward runs.
+  bool until_update = false;
 };
 
 struct StateShare {
