@@ -449,6 +449,26 @@ TEST(Cli, EveryTaskOfAClusterSpecFindsItsPlace) {
 // TF_CONFIG. Rank 0 (the chief) drives, the others join it; the token comes from the environment
 // or a file. What is missing or contradictory is a usage error; flags that shape the job set the
 // environment aside.
+// A launcher like torchrun started for workers only (`torchrun ... dsgd worker --driver D`): its
+// variables say rank 0, which would be the chief of a job formed from them; --driver sets them
+// aside, so rank 0 joins as a worker too (before, it refused: "task ... is chief 0, not a worker").
+TEST(Cli, AWorkerGivenADriverSetsAnEnginesRanksAside) {
+  dsgd::testing::TempDir dir;
+  const std::string bin = DSGD_BINARY, address = "127.0.0.1:" + std::to_string(free_port());
+  const std::string engine = "RANK=0 LOCAL_RANK=0 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=" +
+                             std::to_string(free_port()) + " ";
+  const std::string script = bin + " train --listen " + address +
+                             " --token t0ken --workers 1 --model mlp --dataset synthetic --synthetic-samples 256 "
+                             "--batch-size 32 --threads 1 --epochs 1 --no-eval --quiet --json-out " +
+                             dir.file("run.json") + " & sleep 1; " + engine + bin + " worker --driver " + address +
+                             " --token t0ken; wait";
+  const CliRun r = run_shell(script, 120);
+  EXPECT_EQ(r.output.find("not a worker"), std::string::npos) << r.output;
+  std::ifstream f(dir.file("run.json"));
+  ASSERT_TRUE(f.good()) << "the job did not end\n" << r.output;
+  EXPECT_EQ(nlohmann::json::parse(f)["steps"], 8);
+}
+
 TEST(Cli, TheSameTrainCommandInEveryProcessFormsAJobFromAnEnginesEnvironment) {
   dsgd::testing::TempDir dir;
   const std::string bin = DSGD_BINARY;

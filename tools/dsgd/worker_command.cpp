@@ -43,6 +43,9 @@ bool apply_cluster(const std::string& file, const char* command, const char* typ
     *exit_code = kExitUsage;
     return false;
   }
+  // An engine's variables where --driver names the driver (`torchrun ... dsgd worker --driver`):
+  // every process the engine starts is a worker of that driver, rank 0 too.
+  if (spec && spec->from_engine && !driver.empty()) spec.reset();
   if (!spec) {
     if (!driver.empty()) return true;
     std::cerr << "dsgd " << command << ": error: --driver HOST:PORT is needed (or a cluster spec: --cluster FILE or "
