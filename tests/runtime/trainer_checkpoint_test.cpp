@@ -9,6 +9,16 @@ namespace {
 
 using namespace trainer_testing;
 
+// 2 allreduce workers writing a checkpoint exactly every `every` steps into dir/ckpts, `keep` kept.
+TrainerConfig checkpointing(const testing::TempDir& dir, int64_t every, int keep) {
+  auto c = base_config(2, "allreduce", 64);
+  c.checkpoints.dir = dir.file("ckpts");
+  c.checkpoints.every_steps = every;
+  c.checkpoints.max_overhead = 0;
+  c.checkpoints.keep = keep;
+  return c;
+}
+
 TEST(TrainerCheckpoint, SavedWithTwoAllreduceWorkersContinuesIdenticallyWithThreeSimple) {
   testing::TempDir dir;
   const std::string path = dir.file("ckpt");
@@ -210,10 +220,7 @@ TEST(TrainerCheckpoint, DamagedOrMissingCheckpointIsADataErrorNamingTheFile) {
 TEST(TrainerCheckpoint, CheckpointsByTheWorkersComeAtEveryIntervalWhateverASnapshotCosts) {
   for (const double overhead : {0.0, 0.01}) {
     testing::TempDir dir;
-    auto c = base_config(2, "allreduce", 64);
-    c.checkpoints.dir = dir.file("ckpts");
-    c.checkpoints.every_steps = 1;
-    c.checkpoints.keep = 100;
+    auto c = checkpointing(dir, 1, 100);
     c.checkpoints.max_overhead = overhead;
     Trainer t(dsgd::kImageClassifier, c);
     const Results r = t.train({.num_steps = 12});
@@ -230,12 +237,8 @@ TEST(TrainerCheckpoint, CheckpointsByTheWorkersComeAtEveryIntervalWhateverASnaps
 // here): their snapshots wait for the interval, so a checkpoint_dir gets no checkpoint per trial.
 TEST(TrainerCheckpoint, TheForwardOverlapsTrialChunksKeepTheCheckpointInterval) {
   testing::TempDir dir;
-  auto c = base_config(2, "allreduce", 64);
+  auto c = checkpointing(dir, 10, 100);
   c.comm.forward_overlap_buckets = -1;
-  c.checkpoints.dir = dir.file("ckpts");
-  c.checkpoints.every_steps = 10;
-  c.checkpoints.max_overhead = 0;
-  c.checkpoints.keep = 100;
   Trainer t(dsgd::kImageClassifier, c);
   EXPECT_EQ(t.train({.num_steps = 20}).batch, 20);
   std::vector<std::string> names;
@@ -256,11 +259,7 @@ TEST(TrainerCheckpoint, TheForwardOverlapsTrialChunksKeepTheCheckpointInterval) 
 // taken in the middle of a call, holds the bytes a save at step 10 writes, share for share.
 TEST(TrainerCheckpoint, ACheckpointCopiedWhileTheNextStepRunsHoldsItsStepsStateByteForByte) {
   testing::TempDir dir;
-  auto c = base_config(2, "allreduce", 64);
-  c.checkpoints.dir = dir.file("ckpts");
-  c.checkpoints.every_steps = 10;
-  c.checkpoints.max_overhead = 0;
-  c.checkpoints.keep = 10;
+  const auto c = checkpointing(dir, 10, 10);
   {
     Trainer t(dsgd::kImageClassifier, c);
     t.train({.num_steps = 20});  // the checkpoint of step 10 is written during steps 11-20
@@ -286,11 +285,7 @@ void flip_byte(const std::string& file, std::streamoff at) {
 
 TEST(TrainerCheckpoint, CheckpointDirKeepsTheLastKAndLoadFallsBackPastADamagedOne) {
   testing::TempDir dir;
-  auto c = base_config(2, "allreduce", 64);
-  c.checkpoints.dir = dir.file("ckpts");
-  c.checkpoints.every_steps = 4;
-  c.checkpoints.max_overhead = 0;  // exactly that interval
-  c.checkpoints.keep = 2;
+  const auto c = checkpointing(dir, 4, 2);
   Trainer t(dsgd::kImageClassifier, c);
   t.train({.num_steps = 10});  // checkpoints after steps 4, 8 and 10
   const auto kept = runtime::list_checkpoints(c.checkpoints.dir);
@@ -318,11 +313,7 @@ TEST(TrainerCheckpoint, CheckpointDirKeepsTheLastKAndLoadFallsBackPastADamagedOn
 // there; it counts as failed; the others are whole and load; the job goes on.
 TEST(TrainerCheckpoint, AWorkerLostWhileACheckpointIsWrittenLeavesItUncommittedAndTheRestLoadable) {
   testing::TempDir dir;
-  auto c = base_config(2, "allreduce", 64);
-  c.checkpoints.dir = dir.file("ckpts");
-  c.checkpoints.every_steps = 4;
-  c.checkpoints.max_overhead = 0;
-  c.checkpoints.keep = 100;
+  auto c = checkpointing(dir, 4, 100);
   c.recovery.heartbeat_timeout = std::chrono::milliseconds(2000);
   Trainer t(dsgd::kImageClassifier, c);
   const int victim = t.foreach_worker("replica_info")[1]["pid"].get<int>();

@@ -266,22 +266,14 @@ int64_t checkpoint_step(const std::string& dir) {
 }
 
 Checkpoint read_latest_checkpoint(const std::string& root, std::vector<std::string>* skipped) {
-  const auto all = list_checkpoints(root);
-  if (all.empty()) {
+  if (list_checkpoints(root).empty()) {
     throw DataError(root, std::filesystem::exists(root)
                               ? "no checkpoints here (neither checkpoint.dsgd nor step-* directories)"
                               : "no such checkpoint directory");
   }
-  std::string problems;
-  for (auto it = all.rbegin(); it != all.rend(); ++it) {
-    try {
-      return read_checkpoint(*it);
-    } catch (const DataError& e) {
-      if (skipped) skipped->push_back(e.what());
-      problems += std::string("\n  ") + e.what();
-    }
-  }
-  throw DataError(root, "every checkpoint here is damaged:" + problems);
+  return load_first_intact(root, read_checkpoint, [&](const std::string& s) {
+    if (skipped) skipped->push_back(s);
+  });
 }
 
 void remove_unfinished_checkpoints(const std::string& root) {
@@ -309,13 +301,6 @@ std::vector<std::string> checkpoint_candidates(const std::string& path) {
   }
   std::reverse(all.begin(), all.end());
   return all;
-}
-
-Checkpoint read_checkpoint_at(const std::string& path, std::vector<std::string>* skipped) {
-  if (!std::filesystem::exists(std::filesystem::path(path) / "checkpoint.dsgd") && !list_checkpoints(path).empty()) {
-    return read_latest_checkpoint(path, skipped);
-  }
-  return read_checkpoint(path);
 }
 
 }  // namespace dsgd::runtime

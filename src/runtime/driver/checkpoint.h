@@ -17,11 +17,14 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <string_view>
 #include <vector>
+
+#include "dsgd/common/error.h"
 
 namespace dsgd::runtime {
 
@@ -71,11 +74,28 @@ bool job_ended(const std::string& root);
 // format: checkpoint.dsgd, or a sharded one's manifest.json), else its step-* directories, newest
 // first. DataError where it names none.
 std::vector<std::string> checkpoint_candidates(const std::string& path);
+// load(dir) on checkpoint_candidates(path) in turn until one throws no DataError; its result.
+// Each one passed over is given to on_skip ("path: problem"). A lone candidate's DataError is
+// thrown as it is; else, where every one fails, a DataError listing them all.
+template <typename Load>
+auto load_first_intact(const std::string& path, Load load,
+                       const std::function<void(const std::string&)>& on_skip = {}) {
+  const std::vector<std::string> candidates = checkpoint_candidates(path);
+  std::string problems;
+  for (const auto& dir : candidates) {
+    try {
+      return load(dir);
+    } catch (const DataError& e) {
+      if (candidates.size() == 1) throw;
+      if (on_skip) on_skip(e.what());
+      problems += std::string("\n  ") + e.what();
+    }
+  }
+  throw DataError(path, "every checkpoint here is damaged:" + problems);
+}
 
 // The newest intact checkpoint under root. Each damaged one passed over is appended to *skipped
 // as "path: problem". DataError, listing every problem, if none is intact.
 Checkpoint read_latest_checkpoint(const std::string& root, std::vector<std::string>* skipped);
-// A checkpoint directory, or a root: then read_latest_checkpoint's.
-Checkpoint read_checkpoint_at(const std::string& path, std::vector<std::string>* skipped);
 
 }  // namespace dsgd::runtime

@@ -132,17 +132,13 @@ Checkpoint checkpoint_to_resume(const DriverState& prev, const std::string& root
                         "in {}",
                         e.what(), root);
   }
-  std::string problems;
-  for (const auto& dir : checkpoint_candidates(root)) {
-    try {
-      *path = dir;
-      return read_whole(dir, state);
-    } catch (const DataError& e) {
-      control::log().warn("trainer: passed over a damaged checkpoint: {}", e.what());
-      problems += std::string("\n  ") + e.what();
-    }
-  }
-  throw DataError(root, "every checkpoint here is damaged:" + problems);
+  return load_first_intact(
+      root,
+      [&](const std::string& dir) {
+        *path = dir;
+        return read_whole(dir, state);
+      },
+      [](const std::string& s) { control::log().warn("trainer: passed over a damaged checkpoint: {}", s); });
 }
 
 }  // namespace

@@ -1,4 +1,4 @@
-// The job's snapshots on disk (runtime/driver/job_checkpoints.h).
+// The job's checkpoints on disk (runtime/driver/job_checkpoints.h).
 #include "runtime/driver/job_checkpoints.h"
 
 #include <algorithm>
@@ -109,7 +109,7 @@ bool JobCheckpoints::start_by_workers(int64_t epoch, int64_t batch, const Checkp
   if (job_.generation != generation) {
     std::error_code ec;
     std::filesystem::remove_all(f.tmp, ec);
-    failed(job.step, "a worker was lost while the shares were copied", 0);
+    failed(job.step, "a worker was lost while the shares were copied", 0, /*disk=*/false);
     return true;
   }
   if (!seen) {  // those that saw it started a write: waited for, then dropped
@@ -151,7 +151,8 @@ double JobCheckpoints::finish_by_workers() {
     }
   });
   const std::string dir = checkpoint_path(config.checkpoints.dir, f.job.step);
-  if (error.empty() && !here()) error = "a worker was lost while it was written";
+  const bool lost = error.empty() && !here();
+  if (lost) error = "a worker was lost while it was written";
   if (error.empty()) {
     try {
       commit_sharded_checkpoint(f.tmp, dir, make_manifest(f.header, files, static_cast<int>(files.size())), "");
@@ -163,7 +164,7 @@ double JobCheckpoints::finish_by_workers() {
   if (!error.empty()) {
     std::error_code ec;
     std::filesystem::remove_all(f.tmp, ec);
-    failed(f.job.step, error, std::max(bytes, f.bytes));
+    failed(f.job.step, error, std::max(bytes, f.bytes), !lost);
     return waited;
   }
   control::log().debug("trainer: checkpoint {} ({} bytes in {} shares) written by the workers", dir, bytes,
@@ -177,11 +178,17 @@ void JobCheckpoints::written(const std::string& path, const CheckpointWriter::Jo
   job_.restart.checkpoint_written(last_, job.steps_done, job.batches_per_epoch);
 }
 
-void JobCheckpoints::failed(int64_t step, const std::string& error, uint64_t bytes) {
+void JobCheckpoints::failed(int64_t step, const std::string& error, uint64_t bytes, bool disk) {
   const auto& config = job_.config;
   if (config.checkpoints.fail_on_write_error) throw DataError(config.checkpoints.dir, error);
   ++call_failures_;
   ++total_failures_;
+  if (!disk) {
+    control::log().warn("trainer: checkpoint of step {} NOT written: {}. Training goes on; the newest checkpoint on "
+                        "disk is {}; the next one is written by the group as it is now",
+                        step, error, last_.empty() ? std::string("none of this job's") : last_);
+    return;
+  }
   std::error_code ec;
   const auto space = std::filesystem::space(config.checkpoints.dir, ec);
   const double mib = 1.0 / (1 << 20);

@@ -70,7 +70,9 @@ class JobCheckpoints {
   // Waits for the write in flight, commits and rotates it, or counts it failed. Returns the
   // seconds it waited for a write still going (0: it had ended).
   double finish_by_workers();
-  void failed(int64_t step, const std::string& error, uint64_t bytes);
+  // Warned about (with the disk's free space and what to do where `disk`: the volume, not a
+  // lost worker) and counted, or thrown with checkpoints.fail_on_write_error.
+  void failed(int64_t step, const std::string& error, uint64_t bytes, bool disk = true);
   void written(const std::string& path, const CheckpointWriter::Job& job);
 
   Job& job_;

@@ -65,21 +65,13 @@ std::unique_ptr<torch_glue::ReplicaRuntime> operator_runtime(const nlohmann::jso
 std::unique_ptr<LoadedOperator> load_operator(const std::string& path, int threads) {
   if (threads < 1) throw ConfigError("load_operator: threads must be >= 1, got " + std::to_string(threads));
   // A checkpoint directory, or a root of step-* ones (the newest intact one, either format).
-  const std::vector<std::string> candidates = runtime::checkpoint_candidates(path);
-  std::string problems;
-  for (const auto& dir : candidates) {
-    try {
-      if (runtime::is_sharded_checkpoint(dir)) {
-        runtime::ShardReader reader(dir);
-        return std::make_unique<Loaded>(reader, dir, threads);
-      }
-      return std::make_unique<Loaded>(runtime::read_checkpoint(dir), dir, threads);
-    } catch (const DataError& e) {
-      if (candidates.size() == 1) throw;
-      problems += std::string("\n  ") + e.what();
+  return runtime::load_first_intact(path, [threads](const std::string& dir) -> std::unique_ptr<LoadedOperator> {
+    if (runtime::is_sharded_checkpoint(dir)) {
+      runtime::ShardReader reader(dir);
+      return std::make_unique<Loaded>(reader, dir, threads);
     }
-  }
-  throw DataError(path, "every checkpoint here is damaged:" + problems);
+    return std::make_unique<Loaded>(runtime::read_checkpoint(dir), dir, threads);
+  });
 }
 
 void export_model(const std::string& checkpoint, const std::string& out, int threads) {

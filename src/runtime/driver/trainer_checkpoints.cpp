@@ -75,19 +75,9 @@ void Trainer::save(const std::string& path) {
 void Trainer::load(const std::string& path) {
   auto& d = *job_;
   // A checkpoint directory, or a root: its newest intact step-* one (either format).
-  const std::vector<std::string> candidates = runtime::checkpoint_candidates(path);
-  std::string problems;
-  for (const auto& dir : candidates) {
-    try {
-      load_checkpoint(d, dir);
-      return;
-    } catch (const DataError& e) {
-      if (candidates.size() == 1) throw;
-      control::log().warn("trainer: passed over a damaged checkpoint: {}", e.what());
-      problems += std::string("\n  ") + e.what();
-    }
-  }
-  throw DataError(path, "every checkpoint here is damaged:" + problems);
+  runtime::load_first_intact(
+      path, [&](const std::string& dir) { load_checkpoint(d, dir); },
+      [](const std::string& s) { control::log().warn("trainer: passed over a damaged checkpoint: {}", s); });
 }
 
 }  // namespace dsgd

@@ -76,16 +76,12 @@ proto::ShareReply read_shares(const Replicas& replicas, const proto::ReadShareRe
 
 namespace {
 
-constexpr size_t kStageAlign = 4096;  // as the share's file lays its regions out
-
-size_t aligned(size_t n) { return (n + kStageAlign - 1) / kStageAlign * kStageAlign; }
-
-// A share laid out in `buffer` (grown as needed, else reused) as its file will be: its regions
-// point there, to be filled by copy_regions.
+// A share's regions end to end in `buffer` (grown as needed, else reused; write_share_file lays
+// out the file itself): its regions point there, to be filled by copy_regions.
 template <typename Buffer>
 torch_glue::StateShare lay_out(const torch_glue::StateShare& share, const std::shared_ptr<Buffer>& buffer) {
   size_t total = 0;
-  for (const auto& r : share.regions) total = aligned(total) + r.bytes;
+  for (const auto& r : share.regions) total += r.bytes;
   if (buffer->size < total) {  // uninitialised: a zero-fill of 0.5 GB held the first checkpoint 0.26 s
     buffer->data.reset(new char[total]);
     buffer->size = total;
@@ -94,7 +90,6 @@ torch_glue::StateShare lay_out(const torch_glue::StateShare& share, const std::s
   out.keep = buffer;
   size_t at = 0;
   for (const auto& r : share.regions) {
-    at = aligned(at);
     torch_glue::StateRegion copy = r;
     copy.data = buffer->data.get() + at;
     out.regions.push_back(std::move(copy));

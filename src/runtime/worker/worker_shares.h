@@ -39,7 +39,7 @@ proto::ShareReply write_shares(const Replicas& replicas, const proto::WriteShare
 proto::ShareReply read_shares(const Replicas& replicas, const proto::ReadShareRequest& in);
 
 // A worker's periodic checkpoints (WriteShareRequest::background): start() copies each replica's
-// share into a buffer kept from one checkpoint to the next, laid out as its file will be, and
+// share into a buffer kept from one checkpoint to the next, and
 // writes the files on a thread of its own while training goes on; finish() waits for that
 // thread and gives the files' records. With `overlap`, start() copies only what forward changes
 // (buffers, the blobs) and the thread the rest (the parameters and optimizer state, alike until
